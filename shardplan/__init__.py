@@ -1,0 +1,19 @@
+"""shardplan: operator-level (SPMD) parallel plans for DNN training, found by the Double-Recursive
+algorithm (D-Rec) with a symbolic, profiling-free cost model.
+
+Public API: `zoo.build`, `Graph`/`GraphBuilder`, `Mesh`/`parse_mesh`, `plan`, `evaluate`, `Plan`.
+Heavy frameworks (jax, torch, onnx) are imported only by the importers and backends that need them.
+"""
+
+from __future__ import annotations
+
+from shardplan import errors, zoo
+from shardplan.ir import DimKind, Graph, GraphBuilder, Op, Role, Tensor
+from shardplan.mesh import Mesh, parse_mesh
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DimKind", "Graph", "GraphBuilder", "Mesh", "Op", "Role", "Tensor", "__version__", "errors",
+    "parse_mesh", "zoo",
+]

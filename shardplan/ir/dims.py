@@ -1,0 +1,62 @@
+"""Loop dims and their kinds: the vocabulary an operator uses to declare its meaning as data.
+
+A loop dim is a named index of an operator's iteration space. Its kind says what cutting it means:
+PARALLEL indexes every result (a free split), REDUCE indexes inputs only (cutting it leaves
+partial results to be combined with the reducer), WINDOW is a conv/pool spatial index (cutting it
+needs a halo exchange of `halo` rows per boundary), FROZEN is never cut (softmax axis, kernel taps).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from shardplan.errors import SignatureError
+
+
+class DimKind(enum.Enum):
+    PARALLEL = "parallel"
+    REDUCE = "reduce"
+    WINDOW = "window"
+    FROZEN = "frozen"
+
+
+class Reducer(enum.Enum):
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+@dataclass(frozen=True, slots=True)
+class LoopDim:
+    """One index of an operator's iteration space.
+
+    Attributes:
+        name: unique within its operator (`b`, `m`, `k`, ...).
+        extent: number of iterations, >= 1.
+        kind: what cutting it means (see DimKind).
+        reducer: for REDUCE dims, how partial results combine.
+        halo: for WINDOW dims, rows each part needs from its neighbour when cut.
+    """
+
+    name: str
+    extent: int
+    kind: DimKind = DimKind.PARALLEL
+    reducer: Reducer | None = None
+    halo: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise SignatureError(f"loop dim name {self.name!r} must be an identifier")
+        if self.extent < 1:
+            raise SignatureError(f"loop dim {self.name!r} has extent {self.extent}; must be >= 1")
+        if self.kind is DimKind.REDUCE and self.reducer is None:
+            object.__setattr__(self, "reducer", Reducer.SUM)
+        if self.kind is not DimKind.REDUCE and self.reducer is not None:
+            raise SignatureError(f"loop dim {self.name!r}: a reducer needs kind REDUCE")
+        if self.halo < 0:
+            raise SignatureError(f"loop dim {self.name!r}: halo {self.halo} must be >= 0")
+
+    @property
+    def splittable(self) -> bool:
+        return self.kind is not DimKind.FROZEN

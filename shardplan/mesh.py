@@ -1,0 +1,195 @@
+"""The device mesh: axes (outermost = slowest link first), their bandwidths, memory and FLOP rate.
+
+Each axis of size n is factored into prime rounds in ascending order (8 -> 2,2,2; 6 -> 2,3;
+12 -> 2,2,3), outer axes first. A round splits every device group into q parts over that axis's links; the search makes one
+cut per operator per round. Parsing and factoring are O(log n) per axis.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from shardplan.errors import MeshError
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """A datasheet-style preset: link bandwidths (bytes/s per device), HBM bytes, FLOP/s."""
+
+    name: str
+    intra_node_bytes_per_s: float
+    inter_node_bytes_per_s: float
+    memory_bytes: float
+    flops_per_s: float
+    devices_per_node: int
+    description: str
+
+
+MACHINES: dict[str, Machine] = {
+    m.name: m
+    for m in (
+        Machine("a100", 300e9, 25e9, 80e9, 312e12, 8,
+                "8x A100-80GB per node, NVLink3 300 GB/s per direction, 200 Gb/s IB per GPU"),
+        Machine("h100", 450e9, 50e9, 80e9, 989e12, 8,
+                "8x H100-80GB per node, NVLink4 450 GB/s per direction, 400 Gb/s IB per GPU"),
+        Machine("ascend910", 56e9, 12.5e9, 32e9, 256e12, 8,
+                "8x Ascend 910 per node, HCCS 56 GB/s, 100 Gb/s RoCE per NPU"),
+        Machine("uniform", 1e9, 1e9, 80e9, 1e12, 1 << 30,
+                "every link alike (1 GB/s) — pure communication-volume comparisons"),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One step of the device recursion: split each device group q ways along `mesh_axis`."""
+
+    index: int
+    mesh_axis: int
+    axis_name: str
+    q: int
+    bandwidth_bytes_per_s: float
+
+
+def _prime_factors(n: int) -> list[int]:
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        factors.append(n)
+    return factors
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """Devices as a tuple of axes, outermost (slowest) first.
+
+    Example: `Mesh((4, 8), ("node", "gpu"), (25e9, 300e9))` is 4 nodes x 8 GPUs.
+    `memory_bytes` is the per-device budget used when a plan is asked to fit (None: unchecked).
+    """
+
+    shape: tuple[int, ...]
+    names: tuple[str, ...] = ()
+    bandwidth_bytes_per_s: tuple[float, ...] = ()
+    memory_bytes: float | None = None
+    flops_per_s: float = 312e12
+    machine: str = "a100"
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(s) for s in self.shape)
+        if not shape:
+            raise MeshError("a mesh needs at least one axis, e.g. '8' or '2x8'")
+        if any(s < 1 for s in shape):
+            raise MeshError(f"mesh axis sizes must be >= 1, got {shape}")
+        object.__setattr__(self, "shape", shape)
+        names = self.names or default_names(len(shape))
+        if len(names) != len(shape) or len(set(names)) != len(names):
+            raise MeshError(f"mesh axis names {names} must be unique, one per axis of {shape}")
+        object.__setattr__(self, "names", tuple(names))
+        bw = self.bandwidth_bytes_per_s or default_bandwidths(shape, MACHINES[self.machine])
+        if len(bw) != len(shape) or any(b <= 0 for b in bw):
+            raise MeshError(f"need one positive bandwidth per mesh axis {shape}, got {bw}")
+        object.__setattr__(self, "bandwidth_bytes_per_s", tuple(float(b) for b in bw))
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise MeshError(f"per-device memory must be positive, got {self.memory_bytes}")
+        if self.flops_per_s <= 0:
+            raise MeshError(f"FLOP rate must be positive, got {self.flops_per_s}")
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def rounds(self) -> tuple[Round, ...]:
+        out: list[Round] = []
+        for axis, n in enumerate(self.shape):
+            for q in _prime_factors(n):
+                out.append(Round(len(out), axis, self.names[axis], q,
+                                 self.bandwidth_bytes_per_s[axis]))
+        return tuple(out)
+
+    def text(self) -> str:
+        return "x".join(str(s) for s in self.shape)
+
+    def with_memory(self, memory_bytes: float | None) -> Mesh:
+        return replace(self, memory_bytes=memory_bytes)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"shape": list(self.shape), "names": list(self.names),
+                "bandwidth_bytes_per_s": list(self.bandwidth_bytes_per_s),
+                "memory_bytes": self.memory_bytes, "flops_per_s": self.flops_per_s,
+                "machine": self.machine}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Mesh:
+        try:
+            return cls(tuple(data["shape"]), tuple(data["names"]),  # type: ignore[arg-type]
+                       tuple(data["bandwidth_bytes_per_s"]),  # type: ignore[arg-type]
+                       data.get("memory_bytes"), float(data["flops_per_s"]),  # type: ignore
+                       str(data.get("machine", "a100")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MeshError(f"mesh JSON {data!r} is malformed: {e}") from e
+
+
+def default_names(rank: int) -> tuple[str, ...]:
+    if rank == 1:
+        return ("dev",)
+    if rank == 2:
+        return ("node", "gpu")
+    return tuple(f"axis{i}" for i in range(rank))
+
+
+def default_bandwidths(shape: tuple[int, ...], machine: Machine) -> tuple[float, ...]:
+    """Innermost axis gets intra-node links when it fits in a node; every outer axis inter-node."""
+    inner = machine.intra_node_bytes_per_s if shape[-1] <= machine.devices_per_node else (
+        machine.inter_node_bytes_per_s)
+    return tuple([machine.inter_node_bytes_per_s] * (len(shape) - 1) + [inner])
+
+
+_MESH_TEXT = re.compile(r"^\s*\d+(\s*[x×*,]\s*\d+)*\s*$")
+
+
+def parse_mesh(text: str | int | Mesh, machine: str = "a100", memory_bytes: float | None = None,
+               names: tuple[str, ...] = ()) -> Mesh:
+    """Parse `"8"`, `"2x8"`, `"4x8"`, `"3x4"` (also `4,8`) into a Mesh with `machine`'s constants.
+
+    A single axis larger than the machine's node (e.g. 1024 GPUs) is read as a flat axis of
+    inter-node links.
+    """
+    if isinstance(text, Mesh):
+        return text
+    if machine not in MACHINES:
+        raise MeshError(f"unknown machine {machine!r}; choose one of {sorted(MACHINES)}")
+    spec = MACHINES[machine]
+    raw = str(text)
+    if not _MESH_TEXT.match(raw):
+        raise MeshError(f"cannot parse mesh {raw!r}; write axis sizes like '8', '2x8' or '4x8'")
+    shape = tuple(int(s) for s in re.split(r"[x×*,]", raw.replace(" ", "")))
+    if any(s < 1 for s in shape):
+        raise MeshError(f"mesh {raw!r}: every axis size must be >= 1")
+    return Mesh(shape, names, default_bandwidths(shape, spec), memory_bytes, spec.flops_per_s,
+                machine)
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str | float | int) -> float:
+    """Parse `80GB`, `16GiB`, `512MB` or a plain number of bytes."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _SIZE.match(text)
+    if not m:
+        raise MeshError(f"cannot parse memory size {text!r}; write e.g. '80GB' or '16GiB'")
+    value, unit = float(m.group(1)), (m.group(2) or "B").upper()
+    scale = {"B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12,
+             "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KI": 2**10,
+             "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+    return value * scale

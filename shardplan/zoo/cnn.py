@@ -1,0 +1,1 @@
+"""Convolutional models (placeholder module; builders are being written)."""

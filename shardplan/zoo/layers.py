@@ -1,0 +1,72 @@
+"""Layer helpers shared by the zoo builders: each adds parameters and catalogue ops to a builder."""
+
+from __future__ import annotations
+
+from shardplan.ir.graph import GraphBuilder
+
+
+def dense(b: GraphBuilder, x: str, out_features: int, name: str, bias: bool = True) -> str:
+    """nn.Linear: weight [out, in] (+ bias [out])."""
+    in_features = b.shape(x)[-1]
+    with b.scope(name):
+        w = b.param("weight", (out_features, in_features))
+        y = b.apply("linear", x, w, name="linear")
+        if bias:
+            y = b.apply("bias_add", y, b.param("bias", (out_features,)), name="bias_add")
+    return y
+
+
+def layer_norm(b: GraphBuilder, x: str, name: str, rms: bool = False) -> str:
+    h = b.shape(x)[-1]
+    with b.scope(name):
+        gamma = b.param("weight", (h,))
+        if rms:
+            return b.apply("rms_norm", x, gamma, name="norm")
+        return b.apply("layer_norm", x, gamma, b.param("bias", (h,)), name="norm")
+
+
+def attention(b: GraphBuilder, x: str, heads: int, name: str, causal: bool) -> str:
+    """Multi-head self-attention with separate q/k/v projections (same parameters as fused qkv)."""
+    batch, seq, hidden = b.shape(x)
+    head_dim = hidden // heads
+    with b.scope(name):
+        def split_heads(t: str, tag: str) -> str:
+            t = b.apply("reshape", t, shape=(batch, seq, heads, head_dim), name=f"{tag}_split")
+            return b.apply("transpose", t, perm=(0, 2, 1, 3), name=f"{tag}_heads")
+
+        q = split_heads(dense(b, x, hidden, "q"), "q")
+        k = split_heads(dense(b, x, hidden, "k"), "k")
+        v = split_heads(dense(b, x, hidden, "v"), "v")
+        scores = b.apply("bmm", q, k, transpose_b=True, name="scores")
+        scores = b.apply("scale", scores, value=head_dim ** -0.5, name="scale")
+        if causal:
+            mask = b.constant("causal_mask", (seq, seq))
+            scores = b.apply("add", scores, mask, name="mask")
+        probs = b.apply("softmax", scores, axis=-1, name="softmax")
+        ctx = b.apply("bmm", probs, v, name="context")
+        ctx = b.apply("transpose", ctx, perm=(0, 2, 1, 3), name="merge_t")
+        ctx = b.apply("reshape", ctx, shape=(batch, seq, hidden), name="merge")
+        return dense(b, ctx, hidden, "out")
+
+
+def mlp_block(b: GraphBuilder, x: str, ffn: int, name: str, act: str = "gelu") -> str:
+    hidden = b.shape(x)[-1]
+    with b.scope(name):
+        h = dense(b, x, ffn, "fc")
+        h = b.apply(act, h, name="act")
+        return dense(b, h, hidden, "proj")
+
+
+def transformer_block(b: GraphBuilder, x: str, heads: int, ffn: int, name: str,
+                      causal: bool, pre_norm: bool = True) -> str:
+    """Pre-norm (GPT, ViT) or post-norm (BERT) transformer layer."""
+    with b.scope(name):
+        if pre_norm:
+            h = attention(b, layer_norm(b, x, "ln_1"), heads, "attn", causal)
+            x = b.apply("add", x, h, name="residual_1")
+            h = mlp_block(b, layer_norm(b, x, "ln_2"), ffn, "mlp")
+            return b.apply("add", x, h, name="residual_2")
+        h = attention(b, x, heads, "attn", causal)
+        x = layer_norm(b, b.apply("add", x, h, name="residual_1"), "ln_1")
+        h = mlp_block(b, x, ffn, "mlp")
+        return layer_norm(b, b.apply("add", x, h, name="residual_2"), "ln_2")

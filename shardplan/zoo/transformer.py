@@ -1,0 +1,172 @@
+"""Transformer models: GPT-2/GPT-3 (decoder, tied LM head), BERT (encoder), ViT, a MoE layer."""
+
+from __future__ import annotations
+
+from shardplan.errors import IRError
+from shardplan.ir.graph import Graph, GraphBuilder
+from shardplan.zoo.layers import dense, layer_norm, mlp_block, transformer_block
+
+
+def _check_heads(hidden: int, heads: int) -> None:
+    if hidden % heads:
+        raise IRError(f"hidden size {hidden} is not divisible by {heads} heads")
+
+
+def gpt(batch: int = 8, seq: int = 1024, layers: int = 12, hidden: int = 768, heads: int = 12,
+        vocab: int = 50257, max_positions: int | None = None, name: str = "gpt") -> Graph:
+    """GPT-2/GPT-3 style decoder: token + position embeddings, pre-norm blocks, tied LM head, loss."""
+    _check_heads(hidden, heads)
+    b = GraphBuilder(name)
+    ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
+    positions = b.input("position_ids", (batch, seq), dtype_bytes=4)
+    labels = b.input("labels", (batch, seq), dtype_bytes=4)
+    wte = b.param("wte", (vocab, hidden))
+    wpe = b.param("wpe", (max_positions or max(seq, 1024), hidden))
+    x = b.apply("add", b.apply("embedding", wte, ids, name="tok_emb"),
+                b.apply("embedding", wpe, positions, name="pos_emb"), name="emb")
+    for i in range(layers):
+        x = transformer_block(b, x, heads, 4 * hidden, f"h.{i}", causal=True)
+    x = layer_norm(b, x, "ln_f")
+    logits = b.apply("linear", x, wte, name="lm_head")
+    b.apply("cross_entropy", logits, labels, name="loss")
+    return b.build()
+
+
+def bert(batch: int = 8, seq: int = 512, layers: int = 12, hidden: int = 768, heads: int = 12,
+         vocab: int = 30522, max_positions: int = 512, classes: int = 2,
+         name: str = "bert") -> Graph:
+    """BERT encoder: word + position + token-type embeddings, post-norm blocks, pooler, classifier."""
+    _check_heads(hidden, heads)
+    b = GraphBuilder(name)
+    ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
+    positions = b.input("position_ids", (batch, seq), dtype_bytes=4)
+    types = b.input("token_type_ids", (batch, seq), dtype_bytes=4)
+    labels = b.input("labels", (batch,), dtype_bytes=4)
+    with b.scope("embeddings"):
+        x = b.apply("embedding", b.param("word", (vocab, hidden)), ids, name="word_emb")
+        x = b.apply("add", x, b.apply("embedding", b.param("position", (max_positions, hidden)),
+                                      positions, name="pos_emb"), name="add_pos")
+        x = b.apply("add", x, b.apply("embedding", b.param("token_type", (2, hidden)), types,
+                                      name="type_emb"), name="add_type")
+    x = layer_norm(b, x, "embeddings.ln")
+    for i in range(layers):
+        x = transformer_block(b, x, heads, 4 * hidden, f"layer.{i}", causal=False, pre_norm=False)
+    # the pooler reads the first token; a mean over tokens keeps the graph slice-free (same params)
+    pooled = b.apply("reduce_mean", x, axes=(1,), name="pool")
+    pooled = b.apply("tanh", dense(b, pooled, hidden, "pooler"), name="pooler_act")
+    logits = dense(b, pooled, classes, "classifier")
+    b.apply("cross_entropy", logits, labels, name="loss")
+    return b.build()
+
+
+def vit(batch: int = 8, image: int = 224, patch: int = 16, layers: int = 12, hidden: int = 768,
+        heads: int = 12, classes: int = 1000, name: str = "vit") -> Graph:
+    """ViT: patch conv, class token, position embeddings, pre-norm blocks, head on the class token
+    (read as a mean over tokens so the graph stays slice-free; the parameters are ViT's)."""
+    _check_heads(hidden, heads)
+    if image % patch:
+        raise IRError(f"image size {image} is not a multiple of patch size {patch}")
+    b = GraphBuilder(name)
+    pixels = b.input("pixels", (batch, 3, image, image))
+    labels = b.input("labels", (batch,), dtype_bytes=4)
+    grid = image // patch
+    tokens = grid * grid
+    with b.scope("patch"):
+        x = b.apply("conv2d", pixels, b.param("weight", (hidden, 3, patch, patch)), stride=patch,
+                    name="conv")
+        x = b.apply("bias_add", x, b.param("bias", (hidden,)), axis=1, name="bias_add")
+    x = b.apply("reshape", x, shape=(batch, hidden, tokens), name="flatten")
+    x = b.apply("transpose", x, perm=(0, 2, 1), name="to_tokens")
+    cls = b.apply("add", b.constant("zeros", (batch, 1, hidden)), b.param("cls", (1, 1, hidden)),
+                  name="cls_expand")
+    x = b.apply("concat", cls, x, axis=1, name="cat_cls")
+    x = b.apply("add", x, b.param("pos", (1, tokens + 1, hidden)), name="add_pos")
+    for i in range(layers):
+        x = transformer_block(b, x, heads, 4 * hidden, f"block.{i}", causal=False)
+    x = layer_norm(b, x, "ln")
+    x = b.apply("reduce_mean", x, axes=(1,), name="pool")
+    logits = dense(b, x, classes, "head")
+    b.apply("cross_entropy", logits, labels, name="loss")
+    return b.build()
+
+
+def moe(batch: int = 8, seq: int = 1024, hidden: int = 1024, heads: int = 16, experts: int = 8,
+        ffn: int = 4096, capacity_factor: float = 1.0, name: str = "moe") -> Graph:
+    """One GShard-style Mixture-of-Experts transformer layer (attention + top-1 routed experts).
+
+    The router's dispatch mask [b, s, e, c] is an input (it is an argmax, not differentiable); the
+    gate probabilities scale it into the combine weights, so the gate is trained.
+    """
+    _check_heads(hidden, heads)
+    capacity = max(1, int(capacity_factor * batch * seq / experts))
+    b = GraphBuilder(name)
+    x = b.input("x", (batch, seq, hidden))
+    dispatch = b.input("dispatch", (batch, seq, experts, capacity))
+    target = b.input("target", (batch, seq, hidden))
+    from shardplan.zoo.layers import attention
+
+    h = attention(b, layer_norm(b, x, "ln_1"), heads, "attn", causal=True)
+    x = b.apply("add", x, h, name="residual_1")
+    y = layer_norm(b, x, "ln_2")
+    with b.scope("moe"):
+        gates = b.apply("softmax", dense(b, y, experts, "router", bias=False), name="gates")
+        gates = b.apply("reshape", gates, shape=(batch, seq, experts, 1), name="gates_4d")
+        combine = b.apply("mul", dispatch, gates, name="combine_weights")
+        routed = b.apply("einsum", dispatch, y, spec="b s e c, b s m -> e c m", name="dispatch")
+        w1 = b.param("w1", (experts, ffn, hidden))
+        w2 = b.param("w2", (experts, hidden, ffn))
+        z = b.apply("einsum", routed, w1, spec="e c m, e f m -> e c f", name="expert_fc")
+        z = b.apply("gelu", z, name="expert_act")
+        z = b.apply("einsum", z, w2, spec="e c f, e m f -> e c m", name="expert_proj")
+        out = b.apply("einsum", combine, z, spec="b s e c, e c m -> b s m", name="combine")
+    x = b.apply("add", x, out, name="residual_2")
+    diff = b.apply("sub", x, target, name="error")
+    sq = b.apply("mul", diff, diff, name="square")
+    b.apply("reduce_mean", sq, name="loss")
+    return b.build()
+
+
+def mlp(batch: int = 256, sizes: tuple[int, ...] = (784, 512, 512, 10), name: str = "mlp") -> Graph:
+    """Plain MLP: dense + ReLU layers, a classification loss."""
+    b = GraphBuilder(name)
+    x = b.input("x", (batch, sizes[0]))
+    labels = b.input("labels", (batch,), dtype_bytes=4)
+    for i, width in enumerate(sizes[1:]):
+        x = dense(b, x, width, f"fc{i}")
+        if i < len(sizes) - 2:
+            x = b.apply("relu", x, name=f"relu{i}")
+    b.apply("cross_entropy", x, labels, name="loss")
+    return b.build()
+
+
+def sapp_tutorial(batch: int = 256, name: str = "sapp-mlp") -> Graph:
+    """MindSpore's SAPP tutorial network: Flatten -> Dense 784->512 -> ReLU -> Dense 512->512 ->
+    ReLU -> Dense 512->1 (reference-drec.md §9.2 A), images [b, 1, 28, 28]."""
+    b = GraphBuilder(name)
+    x = b.input("image", (batch, 1, 28, 28))
+    x = b.apply("reshape", x, shape=(batch, 784), name="flatten")
+    x = b.apply("relu", dense(b, x, 512, "dense1"), name="relu1")
+    x = b.apply("relu", dense(b, x, 512, "dense2"), name="relu2")
+    dense(b, x, 1, "dense3")
+    return b.build()
+
+
+def wide_deep(batch: int = 2048, fields: int = 26, vocab: int = 100_000, embed: int = 32,
+              dense_features: int = 13, deep: tuple[int, ...] = (1024, 512, 256),
+              name: str = "wide-deep") -> Graph:
+    """Wide&Deep (Criteo-style): per-field embeddings + a deep MLP, plus a wide linear part."""
+    b = GraphBuilder(name)
+    labels = b.input("labels", (batch,), dtype_bytes=4)
+    dense_x = b.input("dense_x", (batch, dense_features))
+    embs = []
+    for f in range(fields):
+        ids = b.input(f"ids_{f}", (batch,), dtype_bytes=4)
+        embs.append(b.apply("embedding", b.param(f"emb_{f}", (vocab, embed)), ids, name=f"lookup_{f}"))
+    x = b.apply("concat", *embs, dense_x, axis=1, name="concat")
+    for i, width in enumerate(deep):
+        x = b.apply("relu", dense(b, x, width, f"deep{i}"), name=f"deep_relu{i}")
+    deep_logits = dense(b, x, 2, "deep_out")
+    wide_logits = dense(b, dense_x, 2, "wide")
+    logits = b.apply("add", deep_logits, wide_logits, name="logits")
+    b.apply("cross_entropy", logits, labels, name="loss")
+    return b.build()
