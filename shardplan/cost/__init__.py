@@ -1,0 +1,8 @@
+"""The symbolic, profiling-free cost model: every formula of shardplan lives in this package."""
+
+from shardplan.cost.evaluate import CostBreakdown, OpCost, evaluate_strategies
+from shardplan.cost.presets import PRESETS, CostOptions, CostPreset, Optimizer, get_preset
+from shardplan.cost.terms import CommTerms
+
+__all__ = ["PRESETS", "CommTerms", "CostBreakdown", "CostOptions", "CostPreset", "OpCost",
+           "Optimizer", "evaluate_strategies", "get_preset"]

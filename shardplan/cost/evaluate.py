@@ -1,0 +1,271 @@
+"""The one evaluator: scores any set of strategies (from any method) with the same cost terms.
+
+For every op and round: intra-operator terms of its cut (terms.intra_terms), compute over its cuts;
+for every edge (producer -> consumer operand, or a parameter's home layout -> consumer) and round:
+redistribution terms. Memory per device: parameters + gradients + optimizer state divided by the
+cuts of each parameter's home layout, plus activations kept for backward (training) or the
+largest op working set (inference). O(rounds * sum of operand counts): linear in the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import replace as dataclass_replace
+
+from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import (
+    ZERO,
+    CommTerms,
+    OperandInfo,
+    compute_cost,
+    faster,
+    intra_terms,
+    redistribution_terms,
+    reduces,
+    replicate_symbolic,
+)
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.mesh import Mesh, Round
+from shardplan.sharding import (
+    Layout,
+    Strategy,
+    check_strategy,
+    cut_problem,
+    local_extents,
+    operand_layout,
+    resolved,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """One row of the breakdown: an op's compute, its own comm and its incoming redistribution."""
+
+    name: str
+    compute: float
+    intra: float
+    redistribution: float
+    activation_bytes: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.intra + self.redistribution
+
+
+@dataclass(frozen=True, slots=True)
+class CostBreakdown:
+    """Predicted cost of a plan. `units` is "s" (shardplan preset) or "elements" (mindspore)."""
+
+    total: float
+    compute: float
+    comm: CommTerms
+    memory_per_device: float
+    param_memory: float
+    activation_memory: float
+    units: str
+    ops: tuple[OpCost, ...]
+
+    def to_dict(self, per_op: bool = False) -> dict[str, object]:
+        c = self.comm
+        out: dict[str, object] = {
+            "units": self.units, "total": self.total, "compute": self.compute,
+            "communication": c.total, "intra_fwd": c.intra_fwd, "intra_bwd": c.intra_bwd,
+            "grad_sync": c.grad_sync, "halo": c.halo,
+            "redistribution": c.redistribution_fwd + c.redistribution_bwd,
+            "redistribution_fwd": c.redistribution_fwd, "redistribution_bwd": c.redistribution_bwd,
+            "memory_per_device_bytes": self.memory_per_device,
+            "param_memory_bytes": self.param_memory,
+            "activation_memory_bytes": self.activation_memory,
+            "collective_bytes": {"all-reduce": c.all_reduce_bytes, "all-gather": c.all_gather_bytes,
+                                 "all-to-all": c.all_to_all_bytes, "halo": c.halo_bytes},
+        }
+        if per_op:
+            out["ops"] = [{"name": o.name, "compute": o.compute, "intra": o.intra,
+                           "redistribution": o.redistribution} for o in self.ops]
+        return out
+
+
+def round_numels(numel: float, layout: Layout, rounds: Sequence[Round]) -> list[float]:
+    """Local size before each round, and after the last: [n_0, ..., n_R]."""
+    sizes = [float(numel)]
+    for r, s in zip(rounds, layout, strict=True):
+        sizes.append(sizes[-1] / r.q if s >= 0 else sizes[-1])
+    return sizes
+
+
+def operand_infos(graph: Graph, op: Op, strategy: Strategy, is_output: bool,
+                  rounds: Sequence[Round], opts: CostOptions) -> list[list[OperandInfo]]:
+    """Per round, per operand: local size before the round, dtype, role, requires_grad and the
+    hierarchical all-reduce divisor (product of q of faster rounds that split or reduce it)."""
+    names = op.outputs if is_output else op.inputs
+    groups = op.signature.outputs if is_output else op.signature.inputs
+    per_operand = []
+    for i, name in enumerate(names):
+        t = graph.tensors[name]
+        layout = operand_layout(op, strategy, i, is_output)
+        sizes = round_numels(t.numel, layout, rounds)
+        grad = name in graph.requires_grad
+        shrinks = [layout[j] >= 0 or reduces(op, strategy[j], groups[i], is_output, grad,
+                                              opts.train) for j in range(len(rounds))]
+        infos = []
+        for r, rnd in enumerate(rounds):
+            divisor = 1.0
+            for j, other in enumerate(rounds):
+                if j != r and faster(other, rnd) and shrinks[j] and not (j < r and layout[j] >= 0):
+                    divisor *= other.q
+            infos.append(OperandInfo(sizes[r], t.dtype_bytes, t.role, grad, divisor))
+        per_operand.append(infos)
+    return [[p[r] for p in per_operand] for r in range(len(rounds))]
+
+
+def edge_numels(numel: float, src: Layout, dst: Layout, rounds: Sequence[Round]) -> list[float]:
+    """Per round, the volume an edge's collective moves: the consumer's local size, shrunk by the
+    faster rounds in which the edge also changes layout (hierarchical gather/all-to-all)."""
+    sizes = round_numels(numel, dst, rounds)
+    out = []
+    for r, rnd in enumerate(rounds):
+        divisor = 1.0
+        for j, other in enumerate(rounds):
+            if j == r or not faster(other, rnd):
+                continue
+            if (j > r and (dst[j] >= 0 or src[j] != dst[j])) or (j < r and dst[j] < 0
+                                                                 and src[j] != dst[j]):
+                divisor *= other.q
+        out.append(sizes[r] / divisor)
+    return out
+
+
+def op_intra(graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round],
+             opts: CostOptions, charged: set[tuple[str, int, Layout]] | None = None) -> CommTerms:
+    """Intra-operator terms of a whole strategy, round by round.
+
+    `charged` collects (tensor, round, layout) gradient all-reduces already paid by an earlier
+    consumer of a fan-out tensor; a later consumer with the same layout does not pay again.
+    """
+    ins = operand_infos(graph, op, strategy, False, rounds, opts)
+    if charged is not None:
+        for i, name in enumerate(op.inputs):
+            layout = operand_layout(op, strategy, i)
+            for r in range(len(rounds)):
+                if not reduces(op, strategy[r], op.signature.inputs[i], False,
+                               name in graph.requires_grad, opts.train):
+                    continue
+                key = (name, r, layout)
+                if key in charged:
+                    ins[r][i] = dataclass_replace(ins[r][i], grad_shared=True)
+                charged.add(key)
+    outs = operand_infos(graph, op, strategy, True, rounds, opts)
+    total = ZERO
+    for r, rnd in enumerate(rounds):
+        extents = local_extents(op, strategy, rounds, r)
+        cut = strategy[r]
+        if cut is None:
+            if opts.preset.symbolic:
+                cuts = [intra_terms(op, d.name, rnd, ins[r], outs[r], extents[d.name], opts).total
+                        for d in op.signature.loop_dims
+                        if cut_problem(op, d.name, extents[d.name], rnd.q) is None]
+                if cuts:
+                    total = total + CommTerms(intra_fwd=replicate_symbolic(min(cuts), opts.preset))
+            continue
+        total = total + intra_terms(op, cut, rnd, ins[r], outs[r], extents[cut], opts)
+    return total
+
+
+def param_homes(graph: Graph, strategies: Mapping[str, Strategy],
+                overrides: Mapping[str, Layout] | None = None) -> dict[str, Layout]:
+    """Where each parameter lives: an explicit override (e.g. FSDP) or its first consumer's layout."""
+    homes: dict[str, Layout] = dict(overrides or {})
+    for op in graph.ops:
+        for i, name in enumerate(op.inputs):
+            if graph.tensors[name].role is Role.PARAMETER and name not in homes:
+                homes[name] = operand_layout(op, strategies[op.name], i)
+    return homes
+
+
+def evaluate_strategies(graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy],
+                        opts: CostOptions,
+                        param_layouts: Mapping[str, Layout] | None = None) -> CostBreakdown:
+    """Score one complete assignment of strategies (raises PlanError if one is invalid)."""
+    rounds = mesh.rounds
+    for op in graph.ops:
+        check_strategy(op, strategies[op.name], rounds)
+    homes = param_homes(graph, strategies, param_layouts)
+    out_layout: dict[str, Layout] = {}
+    for op in graph.ops:
+        for i, name in enumerate(op.outputs):
+            out_layout[name] = resolved(operand_layout(op, strategies[op.name], i, True))
+    comm = ZERO
+    compute = 0.0
+    rows: list[OpCost] = []
+    charged: set[tuple[str, int, Layout]] = set()
+    for op in graph.ops:
+        strategy = strategies[op.name]
+        intra = op_intra(graph, op, strategy, rounds, opts, charged)
+        parts = 1
+        for r, cut in zip(rounds, strategy, strict=True):
+            if cut is not None:
+                parts *= r.q
+        op_compute = compute_cost(op.flops / parts, opts, mesh.flops_per_s)
+        redis = ZERO
+        for i, name in enumerate(op.inputs):
+            t = graph.tensors[name]
+            src = out_layout.get(name) or homes.get(name)
+            if src is None:
+                continue  # graph inputs and constants arrive in whatever layout the op reads
+            dst = operand_layout(op, strategy, i)
+            sizes = edge_numels(t.numel, src, dst, rounds)
+            grad = name in graph.requires_grad
+            for r, rnd in enumerate(rounds):
+                if src[r] != dst[r]:
+                    redis = redis + redistribution_terms(src[r], dst[r], sizes[r], t.dtype_bytes,
+                                                         rnd, grad, opts)
+        act = sum(_local_bytes(graph, name, out_layout[name], rounds) for name in op.outputs)
+        rows.append(OpCost(op.name, op_compute, intra.total, redis.total, act))
+        comm = comm + intra + redis
+        compute += op_compute
+    param_mem, act_mem = memory_per_device(graph, rounds, homes, out_layout, strategies, opts)
+    total = comm.total + compute
+    return CostBreakdown(total, compute, comm, param_mem + act_mem, param_mem, act_mem,
+                         "elements" if opts.preset.symbolic else "s", tuple(rows))
+
+
+def _local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
+    t = graph.tensors[name]
+    return round_numels(t.numel, layout, rounds)[-1] * t.dtype_bytes
+
+
+def memory_per_device(graph: Graph, rounds: Sequence[Round], homes: Mapping[str, Layout],
+                      out_layout: Mapping[str, Layout], strategies: Mapping[str, Strategy],
+                      opts: CostOptions) -> tuple[float, float]:
+    """(parameter state bytes, activation bytes) per device.
+
+    Training: weights + gradients (dtype each) + optimizer state (fp32) per parameter element held
+    by the device, plus every activation kept for the backward pass and the local inputs.
+    Inference: weights, plus the largest working set of one op (its inputs and outputs).
+    """
+    per_param = opts.optimizer.state_bytes_per_param if opts.train else 0
+    param_mem = 0.0
+    for name, layout in homes.items():
+        t = graph.tensors[name]
+        local = round_numels(t.numel, layout, rounds)[-1]
+        param_mem += local * (t.dtype_bytes * (2 if opts.train else 1) + per_param)
+    if opts.train:
+        act = sum(_local_bytes(graph, n, lay, rounds) for n, lay in out_layout.items())
+        for op in graph.ops:
+            for i, name in enumerate(op.inputs):
+                t = graph.tensors[name]
+                if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
+                    act += _local_bytes(graph, name, operand_layout(op, strategies[op.name], i),
+                                        rounds)
+        return param_mem, act
+    peak = 0.0
+    for op in graph.ops:
+        strategy = strategies[op.name]
+        work = sum(_local_bytes(graph, n, out_layout[n], rounds) for n in op.outputs)
+        for i, name in enumerate(op.inputs):
+            if graph.tensors[name].role is not Role.PARAMETER:
+                work += _local_bytes(graph, name, operand_layout(op, strategy, i), rounds)
+        peak = max(peak, work)
+    return param_mem, peak

@@ -1,0 +1,74 @@
+"""Cost presets: the general "shardplan" model and D-Rec's published "mindspore" constants.
+
+"shardplan": costs in seconds — bytes over the round's link bandwidth with ring collectives, plus
+compute (FLOPs over the cuts, x3 in training for the backward pass) at the mesh's FLOP rate.
+"mindspore": D-Rec/SAPP as in reference-drec.md §3.8 — costs in elements, (q-1)/q of the tensor a
+cut does not index, mu = 0.25 on parameter tensors (MATMUL_MEM_COEF), any layout mismatch costs
+REDIS_COEF = 16 x the local tensor size, "no cut" costs (1.5 * cheapest cut)^2 / 350, no compute.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from shardplan.errors import ShardplanError
+
+
+class Optimizer(enum.Enum):
+    NONE = "none"
+    SGD_MOMENTUM = "sgd-momentum"
+    ADAM = "adam"
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """fp32 optimizer state per parameter: Adam m and v, SGD's momentum buffer."""
+        return {"none": 0, "sgd-momentum": 4, "adam": 8}[self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class CostPreset:
+    """Constants of one cost model; `symbolic=True` means D-Rec's element-count formulas."""
+
+    name: str
+    symbolic: bool
+    param_coef: float = 1.0
+    redis_coef: float = 16.0
+    expert_coef: float = 1.5
+    replicate_below: float = 350.0
+    training_flops_factor: float = 3.0
+
+
+PRESETS: dict[str, CostPreset] = {
+    "shardplan": CostPreset("shardplan", symbolic=False),
+    "mindspore": CostPreset("mindspore", symbolic=True, param_coef=0.25),
+}
+
+
+def get_preset(preset: str | CostPreset) -> CostPreset:
+    if isinstance(preset, CostPreset):
+        return preset
+    if preset not in PRESETS:
+        raise ShardplanError(f"unknown cost preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[preset]
+
+
+@dataclass(frozen=True, slots=True)
+class CostOptions:
+    """What the evaluator and the search are asked to model."""
+
+    preset: CostPreset = PRESETS["shardplan"]
+    train: bool = True
+    optimizer: Optimizer = Optimizer.ADAM
+
+    @classmethod
+    def make(cls, preset: str | CostPreset = "shardplan", train: bool = True,
+             optimizer: str | Optimizer = "adam") -> CostOptions:
+        if not isinstance(optimizer, Optimizer):
+            try:
+                optimizer = Optimizer(optimizer)
+            except ValueError as e:
+                raise ShardplanError(
+                    f"unknown optimizer {optimizer!r}; choose one of "
+                    f"{[o.value for o in Optimizer]}") from e
+        return cls(get_preset(preset), train, optimizer)

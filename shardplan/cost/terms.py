@@ -1,0 +1,196 @@
+"""Per-round cost terms of one cut (intra-operator) and of one edge (redistribution).
+
+Both the evaluator and the searches call these two functions, so a plan is scored exactly as it
+was searched. Sizes are the local sizes before the round (already divided by earlier cuts).
+
+Intra-operator, cutting loop dim d q ways in round r over bandwidth B:
+  * each input T that d does not index is replicated across the q parts; in training its gradient
+    is partial: all-reduce |T| backward (for a parameter: the data-parallel gradient sync);
+  * an output that d does not index (d is REDUCE) holds partial sums: all-reduce |Y| forward;
+  * a WINDOW d exchanges `halo` rows with both neighbours, forward and (training) backward.
+Redistribution of a tensor between the producer's layout s and the consumer's layout t in round r:
+  s == t -> 0; split i -> split j: all-to-all (both directions in training); split -> replicated:
+  all-gather forward (its backward is a local slice of the already-reduced gradient);
+  replicated -> split: a free local slice forward, an all-gather of the gradient backward.
+In the symbolic "mindspore" preset the same structure counts elements: (q-1)/q of each
+non-indexed tensor (x mu for parameters), and 16 x the local size for any mismatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardplan.cost import collectives as coll
+from shardplan.cost.presets import CostOptions, CostPreset
+from shardplan.ir.dims import DimKind
+from shardplan.ir.op import Op, Role
+from shardplan.ir.signature import loop_names
+from shardplan.mesh import Round
+from shardplan.sharding import REPLICATED
+
+
+@dataclass(frozen=True, slots=True)
+class CommTerms:
+    """Cost (seconds, or elements when symbolic) by category, plus bytes per collective kind.
+
+    `*_bytes` follow the convention of an engine's HLO: the result buffer size per device
+    (all-reduce: the reduced tensor; all-gather: the gathered tensor; all-to-all: the local part).
+    """
+
+    intra_fwd: float = 0.0
+    intra_bwd: float = 0.0
+    grad_sync: float = 0.0
+    halo: float = 0.0
+    redistribution_fwd: float = 0.0
+    redistribution_bwd: float = 0.0
+    all_reduce_bytes: float = 0.0
+    all_gather_bytes: float = 0.0
+    all_to_all_bytes: float = 0.0
+    halo_bytes: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (self.intra_fwd + self.intra_bwd + self.grad_sync + self.halo
+                + self.redistribution_fwd + self.redistribution_bwd)
+
+    def __add__(self, other: CommTerms) -> CommTerms:
+        return CommTerms(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
+
+
+def _fields(t: CommTerms) -> tuple[float, ...]:
+    return (t.intra_fwd, t.intra_bwd, t.grad_sync, t.halo, t.redistribution_fwd,
+            t.redistribution_bwd, t.all_reduce_bytes, t.all_gather_bytes, t.all_to_all_bytes,
+            t.halo_bytes)
+
+
+ZERO = CommTerms()
+
+
+@dataclass(frozen=True, slots=True)
+class OperandInfo:
+    """What the cost terms need to know about one operand of an op at one round.
+
+    `ar_divisor` shrinks this operand's all-reduce volume by the q of faster rounds that reduce
+    it hierarchically first (see `faster`): a multi-round all-reduce then telescopes to the ring
+    volume 2(1 - 1/Q)|T|, the slow links carrying the smallest pieces. `grad_shared` says another
+    consumer with the same layout already all-reduces this tensor's gradient in this round
+    (gradients of a fan-out tensor are summed locally first, then reduced once).
+    """
+
+    numel: float
+    dtype_bytes: int
+    role: Role
+    requires_grad: bool
+    ar_divisor: float = 1.0
+    grad_shared: bool = False
+
+
+def intra_terms(op: Op, loop_dim: str | None, rnd: Round, inputs: Sequence[OperandInfo],
+                outputs: Sequence[OperandInfo], local_extent: int, opts: CostOptions) -> CommTerms:
+    """Intra-operator communication of cutting `loop_dim` in round `rnd` (None: replicate -> 0).
+
+    `local_extent` is the loop dim's extent before the round (used for the halo of WINDOW cuts).
+    """
+    if loop_dim is None:
+        return ZERO
+    q, bandwidth = rnd.q, rnd.bandwidth_bytes_per_s
+    preset = opts.preset
+    dim = op.signature.loop_dim(loop_dim)
+    share = (q - 1) / q
+    fwd = bwd = sync = halo = ar_bytes = halo_bytes = 0.0
+    for info, dims in zip(inputs, op.signature.inputs, strict=True):
+        if loop_dim in loop_names(dims):
+            if dim.kind is DimKind.WINDOW and dim.halo:
+                rows = info.numel / max(local_extent, 1) * dim.halo
+                if preset.symbolic:
+                    halo += share * info.numel
+                else:
+                    hb = rows * info.dtype_bytes
+                    passes = 2 if (opts.train and info.requires_grad) else 1
+                    halo += passes * coll.halo_exchange_s(hb, bandwidth)
+                    halo_bytes += passes * 2 * hb
+            continue
+        if preset.symbolic:
+            cost = share * info.numel * (preset.param_coef if info.role is Role.PARAMETER else 1)
+        elif opts.train and info.requires_grad and not info.grad_shared:
+            nbytes = info.numel * info.dtype_bytes / info.ar_divisor
+            cost = coll.all_reduce_s(nbytes, q, bandwidth)
+            ar_bytes += nbytes
+        else:
+            continue
+        if info.role is Role.PARAMETER:
+            sync += cost
+        else:
+            bwd += cost
+    if dim.kind is DimKind.REDUCE:
+        for info, dims in zip(outputs, op.signature.outputs, strict=True):
+            if loop_dim in loop_names(dims):
+                continue
+            if preset.symbolic:
+                fwd += share * info.numel
+            else:
+                nbytes = info.numel * info.dtype_bytes / info.ar_divisor
+                fwd += coll.all_reduce_s(nbytes, q, bandwidth)
+                ar_bytes += nbytes
+    return CommTerms(intra_fwd=fwd, intra_bwd=bwd, grad_sync=sync, halo=halo,
+                     all_reduce_bytes=ar_bytes, halo_bytes=halo_bytes)
+
+
+def faster(j: Round, r: Round) -> bool:
+    """Hierarchical collectives run on faster links first (ties: the inner round first)."""
+    if j.bandwidth_bytes_per_s != r.bandwidth_bytes_per_s:
+        return j.bandwidth_bytes_per_s > r.bandwidth_bytes_per_s
+    return j.index > r.index
+
+
+def reduces(op: Op, loop_dim: str | None, dims: object, is_output: bool, requires_grad: bool,
+            train: bool) -> bool:
+    """Does cutting `loop_dim` all-reduce this operand (its gradient, or its partial sums)?"""
+    if loop_dim is None or loop_dim in loop_names(dims):  # type: ignore[arg-type]
+        return False
+    if is_output:
+        return op.signature.loop_dim(loop_dim).kind is DimKind.REDUCE
+    return train and requires_grad
+
+
+def replicate_symbolic(min_cut_cost: float, preset: CostPreset) -> float:
+    """D-Rec's "no cut" option: attractive only for tiny operators."""
+    return (preset.expert_coef * min_cut_cost) ** 2 / preset.replicate_below
+
+
+def redistribution_terms(src: int, dst: int, numel: float, dtype_bytes: int, rnd: Round,
+                         requires_grad: bool, opts: CostOptions) -> CommTerms:
+    """Cost of one edge in one round: producer layout `src` -> consumer layout `dst`.
+
+    `numel` is the tensor's size local to the round (before this round's split).
+    """
+    if src == dst:
+        return ZERO
+    if opts.preset.symbolic:
+        return CommTerms(redistribution_fwd=opts.preset.redis_coef * numel)
+    q, bandwidth = rnd.q, rnd.bandwidth_bytes_per_s
+    nbytes = numel * dtype_bytes
+    backward = opts.train and requires_grad
+    if src >= 0 and dst >= 0:
+        cost = coll.all_to_all_s(nbytes, q, bandwidth)
+        passes = 2 if backward else 1
+        return CommTerms(redistribution_fwd=cost, redistribution_bwd=cost if backward else 0.0,
+                         all_to_all_bytes=passes * nbytes / q)
+    if src >= 0 and dst == REPLICATED:
+        return CommTerms(redistribution_fwd=coll.all_gather_s(nbytes, q, bandwidth),
+                         all_gather_bytes=nbytes)
+    if src == REPLICATED and dst >= 0:
+        if not backward:
+            return ZERO
+        return CommTerms(redistribution_bwd=coll.all_gather_s(nbytes, q, bandwidth),
+                         all_gather_bytes=nbytes)
+    raise AssertionError(f"unexpected layout pair {src} -> {dst}")
+
+
+def compute_cost(flops_local: float, opts: CostOptions, flops_per_s: float) -> float:
+    """Seconds of compute for `flops_local` FLOPs per device (0 in the symbolic preset)."""
+    if opts.preset.symbolic:
+        return 0.0
+    factor = opts.preset.training_flops_factor if opts.train else 1.0
+    return flops_local * factor / flops_per_s
