@@ -1,0 +1,277 @@
+"""D-Rec, the Double-Recursive search (Wang, Li, Tachon et al., Euro-Par 2021), made general.
+
+Outer recursion over the devices: one round per prime factor q of the mesh (outermost axis
+first); in each round every operator cuts one loop dim q ways or none, and local sizes shrink.
+Inner pass over the graph, per round r:
+  1. heavy operators (see flex.py), heaviest first — weight = the largest cost among their valid
+     cuts, ties by graph index — each pick the cut c minimising
+        intra(c) + compute_extra(c) + sum over flex neighbours decided in round r of redist(c)
+        [+ lambda * memory kept replicated by c, when a memory budget forces it]
+     with round r's bandwidth and the local sizes left by rounds < r;
+  2. layout-transparent operators then take their cut from their immediate neighbours: a forward
+     pass in topological order, then a backward pass (reverse order) against all neighbours, so a
+     chain between two heavy ops carries one layout unless the chain itself forces a change.
+Cost: per round O(|V| log |V| + |E| * budget) — a sort plus dictionary look-ups — so the search is
+O((|V| log |V| + |E|) * rounds): linear in the graph, logarithmic in the devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import (
+    OperandInfo,
+    compute_cost,
+    faster,
+    intra_terms,
+    redistribution_terms,
+    reduces,
+    replicate_symbolic,
+)
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.mesh import Mesh, Round
+from shardplan.search.flex import FlexEdge, build_flex_edges, heavy_ops
+from shardplan.sharding import PARTIAL, REPLICATED, Strategy, cut_problem, layout_of_cut
+
+ELSEWHERE = 1 << 20
+"""Layout value of a split on a tensor dim that does not survive a flex chain."""
+
+
+@dataclass(slots=True)
+class _OpState:
+    """Mutable per-search state of one op (local to one `drec` call)."""
+
+    op: Op
+    extents: dict[str, int]
+    in_numel: list[float]
+    out_numel: list[float]
+    cuts: list[str | None] = field(default_factory=list)
+    preds: list[FlexEdge] = field(default_factory=list)
+    succs: list[FlexEdge] = field(default_factory=list)
+
+
+def _layout(op: Op, cut: str | None, pos: int, is_output: bool) -> int:
+    dims = (op.signature.outputs if is_output else op.signature.inputs)[pos]
+    value = layout_of_cut(dims, cut, is_output, op)
+    return REPLICATED if value == PARTIAL else value
+
+
+class _Search:
+    """One D-Rec run; holds only state local to the call (no module state)."""
+
+    def __init__(self, graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float) -> None:
+        self.graph, self.mesh, self.opts = graph, mesh, opts
+        self.rounds = mesh.rounds
+        self.memory_lambda = memory_lambda
+        self.states = [
+            _OpState(op, op.signature.extents,
+                     [float(graph.tensors[t].numel) for t in op.inputs],
+                     [float(graph.tensors[t].numel) for t in op.outputs])
+            for op in graph.ops]
+        self.heavy = heavy_ops(graph)
+        for edge in build_flex_edges(graph, self.heavy):
+            self.states[edge.consumer].preds.append(edge)
+            self.states[edge.producer].succs.append(edge)
+        self.candidates = [
+            [d.name for d in op.signature.loop_dims if d.splittable] + [None] for op in graph.ops]
+
+    # -- per-round helpers --------------------------------------------------------------------
+    def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
+        """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
+        already done count when they reduced the operand, faster later rounds are assumed to."""
+        st, rnd = self.states[i], self.rounds[r]
+        op, graph, train = st.op, self.graph, self.opts.train
+        out: list[list[OperandInfo]] = [[], []]
+        for side, names, groups, sizes in ((0, op.inputs, op.signature.inputs, st.in_numel),
+                                           (1, op.outputs, op.signature.outputs, st.out_numel)):
+            for pos, name in enumerate(names):
+                t = graph.tensors[name]
+                grad = name in graph.requires_grad
+                divisor = 1.0
+                for j, other in enumerate(self.rounds):
+                    if j == r or not faster(other, rnd):
+                        continue
+                    if j > r:
+                        divisor *= other.q
+                    elif (layout_of_cut(groups[pos], st.cuts[j], bool(side), op) < 0
+                          and reduces(op, st.cuts[j], groups[pos], bool(side), grad, train)):
+                        divisor *= other.q
+                out[side].append(OperandInfo(sizes[pos], t.dtype_bytes, t.role, grad, divisor))
+        return out[0], out[1]
+
+    def _own_costs(self, i: int, r: int, charged: set[tuple[str, int]]) -> dict[str | None, float]:
+        """Intra + compute + memory terms of every valid candidate of op i in round r."""
+        st, rnd, opts = self.states[i], self.rounds[r], self.opts
+        op = st.op
+        ins, outs = self._infos(i, r)
+        costs: dict[str | None, float] = {}
+        for cut in self.candidates[i]:
+            if cut is not None and cut_problem(op, cut, st.extents[cut], rnd.q) is not None:
+                continue
+            infos = ins
+            if cut is not None and charged:
+                infos = [OperandInfo(x.numel, x.dtype_bytes, x.role, x.requires_grad,
+                                     x.ar_divisor, (name, r) in charged)
+                         for x, name in zip(ins, op.inputs, strict=True)]
+            extent = st.extents[cut] if cut is not None else 1
+            costs[cut] = intra_terms(op, cut, rnd, infos, outs, extent, opts).total
+        if None in costs:
+            if opts.preset.symbolic:
+                cuts = [c for k, c in costs.items() if k is not None]
+                costs[None] = replicate_symbolic(min(cuts), opts.preset) if cuts else 0.0
+            else:
+                flops = op.flops
+                for j, c in enumerate(st.cuts):
+                    if c is not None:
+                        flops /= self.rounds[j].q
+                costs[None] = compute_cost(flops * (rnd.q - 1) / rnd.q, opts, self.mesh.flops_per_s)
+        if self.memory_lambda:
+            for cut in costs:
+                costs[cut] += self.memory_lambda * self._kept_bytes(i, cut, rnd)
+        return costs
+
+    def _kept_bytes(self, i: int, cut: str | None, rnd: Round) -> float:
+        """Bytes per device this cut leaves replicated (parameters count with their state)."""
+        st, graph, opts = self.states[i], self.graph, self.opts
+        per_param = 2 + opts.optimizer.state_bytes_per_param / 4 if opts.train else 1
+        kept = 0.0
+        for pos, name in enumerate(st.op.inputs):
+            t = graph.tensors[name]
+            if t.role is Role.PARAMETER and _layout(st.op, cut, pos, False) < 0:
+                kept += st.in_numel[pos] * t.dtype_bytes * per_param
+        if opts.train:
+            for pos, name in enumerate(st.op.outputs):
+                if _layout(st.op, cut, pos, True) < 0:
+                    kept += st.out_numel[pos] * graph.tensors[name].dtype_bytes
+        return kept * (rnd.q - 1) / rnd.q
+
+    def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
+        if src == dst:
+            return 0.0
+        t = self.graph.tensors[name]
+        return redistribution_terms(src, dst, numel, t.dtype_bytes, rnd,
+                                    name in self.graph.requires_grad, self.opts).total
+
+    def _flex_cost(self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]) -> float:
+        st = self.states[i]
+        op = st.op
+        cost = 0.0
+        for e in st.preds:
+            if e.producer not in decided:
+                continue
+            u = self.states[e.producer].op
+            src = _layout(u, decided[e.producer], e.out_pos, True)
+            if src >= 0:
+                src = dict(e.to_consumer).get(src, ELSEWHERE)
+            dst = _layout(op, cut, e.in_pos, False)
+            cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
+        for e in st.succs:
+            if e.consumer not in decided:
+                continue
+            w = self.states[e.consumer].op
+            dst = _layout(w, decided[e.consumer], e.in_pos, False)
+            if dst >= 0:
+                back = {c: p for p, c in e.to_consumer}
+                dst = back.get(dst, ELSEWHERE)
+            src = _layout(op, cut, e.out_pos, True)
+            cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
+        return cost + self._shared_param_cost(i, cut, rnd, decided)
+
+    def _shared_param_cost(self, i: int, cut: str | None, rnd: Round,
+                           decided: dict[int, str | None]) -> float:
+        st, graph = self.states[i], self.graph
+        cost = 0.0
+        for pos, name in enumerate(st.op.inputs):
+            if graph.tensors[name].role is not Role.PARAMETER:
+                continue
+            for other, other_pos in graph.consumers[name]:
+                if other != i and other in decided:
+                    src = _layout(graph.ops[other], decided[other], other_pos, False)
+                    dst = _layout(st.op, cut, pos, False)
+                    cost += self._edge(src, dst, st.in_numel[pos], name, rnd)
+        return cost
+
+    def _near_cost(self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]) -> float:
+        """Redistribution against immediate (non-flex) neighbours decided in this round."""
+        st, graph = self.states[i], self.graph
+        op = st.op
+        cost = 0.0
+        for pos, name in enumerate(op.inputs):
+            p = graph.producer.get(name)
+            if p is not None and p in decided:
+                producer = graph.ops[p]
+                src = _layout(producer, decided[p], producer.outputs.index(name), True)
+                cost += self._edge(src, _layout(op, cut, pos, False), st.in_numel[pos], name, rnd)
+        for pos, name in enumerate(op.outputs):
+            src = _layout(op, cut, pos, True)
+            for w, w_pos in graph.consumers.get(name, ()):
+                if w in decided:
+                    dst = _layout(graph.ops[w], decided[w], w_pos, False)
+                    cost += self._edge(src, dst, st.out_numel[pos], name, rnd)
+        return cost + self._shared_param_cost(i, cut, rnd, decided)
+
+    @staticmethod
+    def _pick(costs: dict[str | None, float], extra: dict[str | None, float]) -> str | None:
+        best, best_cost = None, float("inf")
+        for cut, c in costs.items():  # candidate order; strict < keeps the first of equals
+            total = c + extra[cut]
+            if total < best_cost:
+                best, best_cost = cut, total
+        return best
+
+    def _charge(self, i: int, cut: str | None, r: int, charged: set[tuple[str, int]]) -> None:
+        op = self.states[i].op
+        for pos, name in enumerate(op.inputs):
+            if reduces(op, cut, op.signature.inputs[pos], False, name in self.graph.requires_grad,
+                       self.opts.train):
+                charged.add((name, r))
+
+    # -- the double recursion -----------------------------------------------------------------
+    def run_round(self, r: int) -> None:
+        rnd = self.rounds[r]
+        decided: dict[int, str | None] = {}
+        charged: set[tuple[str, int]] = set()
+        own = {i: self._own_costs(i, r, charged) for i in self.heavy}
+        order = sorted(self.heavy, key=lambda i: (-max(own[i].values()), i))
+        for i in order:
+            costs = self._own_costs(i, r, charged) if charged else own[i]
+            extra = {cut: self._flex_cost(i, cut, rnd, decided) for cut in costs}
+            decided[i] = self._pick(costs, extra)
+            self._charge(i, decided[i], r, charged)
+        light = [i for i in range(len(self.states)) if i not in self.heavy]
+        for sweep in (light, light[::-1]):
+            for i in sweep:
+                decided.pop(i, None)
+                costs = self._own_costs(i, r, charged)
+                extra = {cut: self._near_cost(i, cut, rnd, decided) for cut in costs}
+                decided[i] = self._pick(costs, extra)
+        for i, st in enumerate(self.states):
+            cut = decided.get(i)
+            st.cuts.append(cut)
+            if cut is None:
+                continue
+            st.extents[cut] //= rnd.q
+            for pos in range(len(st.op.inputs)):
+                if _layout(st.op, cut, pos, False) >= 0:
+                    st.in_numel[pos] /= rnd.q
+            for pos in range(len(st.op.outputs)):
+                if _layout(st.op, cut, pos, True) >= 0:
+                    st.out_numel[pos] /= rnd.q
+
+    def run(self) -> dict[str, Strategy]:
+        for r in range(len(self.rounds)):
+            self.run_round(r)
+        return {st.op.name: tuple(st.cuts) for st in self.states}
+
+
+def drec(graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0) -> dict[str, Strategy]:
+    """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
+    keep tensors replicated, used by the memory-aware driver in `search.api`."""
+    return _Search(graph, mesh, opts, memory_lambda).run()
+
+
+def heavy_names(graph: Graph) -> Sequence[str]:
+    return [graph.ops[i].name for i in sorted(heavy_ops(graph))]

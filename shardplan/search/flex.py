@@ -1,0 +1,87 @@
+"""The flex-edge graph: heavy operators see each other through chains of layout-transparent ones.
+
+An op is layout-transparent when every loop dim is PARALLEL or FROZEN (no REDUCE, no WINDOW):
+elementwise ops, casts, bias-add, activations, dropout, transpose, reshape, softmax, norms over
+a frozen axis, concat. A flex edge joins a heavy producer u to a heavy consumer v when v reads,
+through such a chain, what u wrote; it carries the tensor-dim mapping composed along the chain
+(v's tensor dim -> u's tensor dim; a dim that does not survive the chain maps to nothing).
+
+Each walk visits at most `budget` transparent ops (breadth first, nearest first), so building the
+flex graph is O((|V| + |E|) * budget) = linear in the graph.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from shardplan.ir.dims import DimKind
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.ir.signature import major_positions
+
+
+def is_transparent(op: Op) -> bool:
+    return all(d.kind in (DimKind.PARALLEL, DimKind.FROZEN) for d in op.signature.loop_dims)
+
+
+def dim_map(op: Op, input_pos: int, output_pos: int = 0) -> dict[int, int]:
+    """Input tensor dim -> output tensor dim of a transparent op (through shared major loop dims)."""
+    out_major = major_positions(op.signature.outputs[output_pos])
+    return {pos: out_major[group[0]]
+            for pos, group in enumerate(op.signature.inputs[input_pos])
+            if group and group[0] in out_major}
+
+
+@dataclass(frozen=True, slots=True)
+class FlexEdge:
+    """Heavy `producer` output `out_pos` reaches heavy `consumer` input `in_pos`.
+
+    `to_consumer` maps the producer's output tensor dims to the consumer's input tensor dims.
+    """
+
+    producer: int
+    out_pos: int
+    consumer: int
+    in_pos: int
+    to_consumer: tuple[tuple[int, int], ...]
+
+
+def build_flex_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -> list[FlexEdge]:
+    """Every flex edge of the graph, found by walking backwards from each heavy op's inputs."""
+    edges: list[FlexEdge] = []
+    for v in sorted(heavy):
+        op = graph.ops[v]
+        for in_pos, tensor in enumerate(op.inputs):
+            rank = len(graph.tensors[tensor].shape)
+            # state: tensor reached, mapping (its dim -> v's dim)
+            queue = deque([(tensor, {d: d for d in range(rank)})])
+            seen = {tensor}
+            visited = 0
+            while queue:
+                name, mapping = queue.popleft()
+                u = graph.producer.get(name)
+                if u is None:
+                    continue
+                producer = graph.ops[u]
+                out_pos = producer.outputs.index(name)
+                if u in heavy:
+                    edges.append(FlexEdge(u, out_pos, v, in_pos, tuple(sorted(mapping.items()))))
+                    continue
+                visited += 1
+                if visited > budget:
+                    break
+                for j, source in enumerate(producer.inputs):
+                    if source in seen or graph.tensors[source].role is not Role.ACTIVATION:
+                        continue
+                    seen.add(source)
+                    through = dim_map(producer, j, out_pos)
+                    composed = {src: mapping[mid] for src, mid in through.items() if mid in mapping}
+                    queue.append((source, composed))
+    return edges
+
+
+def heavy_ops(graph: Graph) -> frozenset[int]:
+    """Ops that decide first in each round; all ops when the graph has no heavy one."""
+    heavy = frozenset(i for i, op in enumerate(graph.ops) if not is_transparent(op))
+    return heavy or frozenset(range(len(graph.ops)))
