@@ -14,6 +14,15 @@ from shardplan.mesh import Mesh, parse_mesh
 __version__ = "0.1.0"
 
 __all__ = [
-    "DimKind", "Graph", "GraphBuilder", "Mesh", "Op", "Role", "Tensor", "__version__", "errors",
-    "parse_mesh", "zoo",
+    "DimKind",
+    "Graph",
+    "GraphBuilder",
+    "Mesh",
+    "Op",
+    "Role",
+    "Tensor",
+    "__version__",
+    "errors",
+    "parse_mesh",
+    "zoo",
 ]

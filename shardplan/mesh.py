@@ -1,7 +1,8 @@
 """The device mesh: axes (outermost = slowest link first), their bandwidths, memory and FLOP rate.
 
 Each axis of size n is factored into prime rounds in ascending order (8 -> 2,2,2; 6 -> 2,3;
-12 -> 2,2,3), outer axes first. A round splits every device group into q parts over that axis's links; the search makes one
+12 -> 2,2,3), outer axes first. A round splits every device group into q parts over that
+axis's links; the search makes one
 cut per operator per round. Parsing and factoring are O(log n) per axis.
 """
 
@@ -29,14 +30,42 @@ class Machine:
 MACHINES: dict[str, Machine] = {
     m.name: m
     for m in (
-        Machine("a100", 300e9, 25e9, 80e9, 312e12, 8,
-                "8x A100-80GB per node, NVLink3 300 GB/s per direction, 200 Gb/s IB per GPU"),
-        Machine("h100", 450e9, 50e9, 80e9, 989e12, 8,
-                "8x H100-80GB per node, NVLink4 450 GB/s per direction, 400 Gb/s IB per GPU"),
-        Machine("ascend910", 56e9, 12.5e9, 32e9, 256e12, 8,
-                "8x Ascend 910 per node, HCCS 56 GB/s, 100 Gb/s RoCE per NPU"),
-        Machine("uniform", 1e9, 1e9, 80e9, 1e12, 1 << 30,
-                "every link alike (1 GB/s) — pure communication-volume comparisons"),
+        Machine(
+            "a100",
+            300e9,
+            25e9,
+            80e9,
+            312e12,
+            8,
+            "8x A100-80GB per node, NVLink3 300 GB/s per direction, 200 Gb/s IB per GPU",
+        ),
+        Machine(
+            "h100",
+            450e9,
+            50e9,
+            80e9,
+            989e12,
+            8,
+            "8x H100-80GB per node, NVLink4 450 GB/s per direction, 400 Gb/s IB per GPU",
+        ),
+        Machine(
+            "ascend910",
+            56e9,
+            12.5e9,
+            32e9,
+            256e12,
+            8,
+            "8x Ascend 910 per node, HCCS 56 GB/s, 100 Gb/s RoCE per NPU",
+        ),
+        Machine(
+            "uniform",
+            1e9,
+            1e9,
+            80e9,
+            1e12,
+            1 << 30,
+            "every link alike (1 GB/s) — pure communication-volume comparisons",
+        ),
     )
 }
 
@@ -90,6 +119,8 @@ class Mesh:
         if len(names) != len(shape) or len(set(names)) != len(names):
             raise MeshError(f"mesh axis names {names} must be unique, one per axis of {shape}")
         object.__setattr__(self, "names", tuple(names))
+        if self.machine not in MACHINES:
+            raise MeshError(f"unknown machine {self.machine!r}; choose one of {sorted(MACHINES)}")
         bw = self.bandwidth_bytes_per_s or default_bandwidths(shape, MACHINES[self.machine])
         if len(bw) != len(shape) or any(b <= 0 for b in bw):
             raise MeshError(f"need one positive bandwidth per mesh axis {shape}, got {bw}")
@@ -111,8 +142,9 @@ class Mesh:
         out: list[Round] = []
         for axis, n in enumerate(self.shape):
             for q in _prime_factors(n):
-                out.append(Round(len(out), axis, self.names[axis], q,
-                                 self.bandwidth_bytes_per_s[axis]))
+                out.append(
+                    Round(len(out), axis, self.names[axis], q, self.bandwidth_bytes_per_s[axis])
+                )
         return tuple(out)
 
     def text(self) -> str:
@@ -122,18 +154,26 @@ class Mesh:
         return replace(self, memory_bytes=memory_bytes)
 
     def to_dict(self) -> dict[str, object]:
-        return {"shape": list(self.shape), "names": list(self.names),
-                "bandwidth_bytes_per_s": list(self.bandwidth_bytes_per_s),
-                "memory_bytes": self.memory_bytes, "flops_per_s": self.flops_per_s,
-                "machine": self.machine}
+        return {
+            "shape": list(self.shape),
+            "names": list(self.names),
+            "bandwidth_bytes_per_s": list(self.bandwidth_bytes_per_s),
+            "memory_bytes": self.memory_bytes,
+            "flops_per_s": self.flops_per_s,
+            "machine": self.machine,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Mesh:
         try:
-            return cls(tuple(data["shape"]), tuple(data["names"]),  # type: ignore[arg-type]
-                       tuple(data["bandwidth_bytes_per_s"]),  # type: ignore[arg-type]
-                       data.get("memory_bytes"), float(data["flops_per_s"]),  # type: ignore
-                       str(data.get("machine", "a100")))
+            return cls(
+                tuple(data["shape"]),
+                tuple(data["names"]),  # type: ignore[arg-type]
+                tuple(data["bandwidth_bytes_per_s"]),  # type: ignore[arg-type]
+                data.get("memory_bytes"),
+                float(data["flops_per_s"]),  # type: ignore
+                str(data.get("machine", "a100")),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise MeshError(f"mesh JSON {data!r} is malformed: {e}") from e
 
@@ -148,16 +188,23 @@ def default_names(rank: int) -> tuple[str, ...]:
 
 def default_bandwidths(shape: tuple[int, ...], machine: Machine) -> tuple[float, ...]:
     """Innermost axis gets intra-node links when it fits in a node; every outer axis inter-node."""
-    inner = machine.intra_node_bytes_per_s if shape[-1] <= machine.devices_per_node else (
-        machine.inter_node_bytes_per_s)
+    inner = (
+        machine.intra_node_bytes_per_s
+        if shape[-1] <= machine.devices_per_node
+        else (machine.inter_node_bytes_per_s)
+    )
     return tuple([machine.inter_node_bytes_per_s] * (len(shape) - 1) + [inner])
 
 
 _MESH_TEXT = re.compile(r"^\s*\d+(\s*[x×*,]\s*\d+)*\s*$")
 
 
-def parse_mesh(text: str | int | Mesh, machine: str = "a100", memory_bytes: float | None = None,
-               names: tuple[str, ...] = ()) -> Mesh:
+def parse_mesh(
+    text: str | int | Mesh,
+    machine: str = "a100",
+    memory_bytes: float | None = None,
+    names: tuple[str, ...] = (),
+) -> Mesh:
     """Parse `"8"`, `"2x8"`, `"4x8"`, `"3x4"` (also `4,8`) into a Mesh with `machine`'s constants.
 
     A single axis larger than the machine's node (e.g. 1024 GPUs) is read as a flat axis of
@@ -174,8 +221,9 @@ def parse_mesh(text: str | int | Mesh, machine: str = "a100", memory_bytes: floa
     shape = tuple(int(s) for s in re.split(r"[x×*,]", raw.replace(" ", "")))
     if any(s < 1 for s in shape):
         raise MeshError(f"mesh {raw!r}: every axis size must be >= 1")
-    return Mesh(shape, names, default_bandwidths(shape, spec), memory_bytes, spec.flops_per_s,
-                machine)
+    return Mesh(
+        shape, names, default_bandwidths(shape, spec), memory_bytes, spec.flops_per_s, machine
+    )
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -189,7 +237,23 @@ def parse_bytes(text: str | float | int) -> float:
     if not m:
         raise MeshError(f"cannot parse memory size {text!r}; write e.g. '80GB' or '16GiB'")
     value, unit = float(m.group(1)), (m.group(2) or "B").upper()
-    scale = {"B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12,
-             "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KI": 2**10,
-             "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+    scale = {
+        "B": 1,
+        "K": 1e3,
+        "KB": 1e3,
+        "M": 1e6,
+        "MB": 1e6,
+        "G": 1e9,
+        "GB": 1e9,
+        "T": 1e12,
+        "TB": 1e12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+        "KI": 2**10,
+        "MI": 2**20,
+        "GI": 2**30,
+        "TI": 2**40,
+    }[unit]
     return value * scale

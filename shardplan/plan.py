@@ -62,8 +62,13 @@ class Plan:
         object.__setattr__(self, "param_layouts", MappingProxyType(dict(self.param_layouts)))
         if self.cost is None:
             validate(self)
-            object.__setattr__(self, "cost", evaluate_strategies(
-                self.graph, self.mesh, self.strategies, self.options, self.param_layouts))
+            object.__setattr__(
+                self,
+                "cost",
+                evaluate_strategies(
+                    self.graph, self.mesh, self.strategies, self.options, self.param_layouts
+                ),
+            )
 
     # -- derived views ------------------------------------------------------------------------
     def in_strategy(self, op_name: str) -> tuple[tuple[int, ...], ...]:
@@ -97,18 +102,29 @@ class Plan:
         for op in self.graph.ops:
             strategy = self.strategies[op.name]
             c = costs.get(op.name)
-            rows.append({
-                "name": op.name, "kind": op.kind, "layer": op.layer,
-                "strategy": [d for d in strategy],
-                "in_strategy": [list(s) for s in self.in_strategy(op.name)],
-                "local_shapes": [list(local_shape(self.graph.tensors[t].shape,
-                                                  operand_layout(op, strategy, i), rounds))
-                                 for i, t in enumerate(op.inputs)],
-                "output_layout": [layout_text(operand_layout(op, strategy, i, True))
-                                  for i in range(len(op.outputs))],
-                "comm": (c.intra + c.redistribution) if c else 0.0,
-                "activation_bytes": c.activation_bytes if c else 0.0,
-            })
+            rows.append(
+                {
+                    "name": op.name,
+                    "kind": op.kind,
+                    "layer": op.layer,
+                    "strategy": [d for d in strategy],
+                    "in_strategy": [list(s) for s in self.in_strategy(op.name)],
+                    "local_shapes": [
+                        list(
+                            local_shape(
+                                self.graph.tensors[t].shape, operand_layout(op, strategy, i), rounds
+                            )
+                        )
+                        for i, t in enumerate(op.inputs)
+                    ],
+                    "output_layout": [
+                        layout_text(operand_layout(op, strategy, i, True))
+                        for i in range(len(op.outputs))
+                    ],
+                    "comm": (c.intra + c.redistribution) if c else 0.0,
+                    "activation_bytes": c.activation_bytes if c else 0.0,
+                }
+            )
         return rows
 
     # -- JSON ---------------------------------------------------------------------------------
@@ -120,8 +136,11 @@ class Plan:
             "method": self.method,
             "status": self.status,
             "search_seconds": self.search_seconds,
-            "options": {"preset": self.options.preset.name, "train": self.options.train,
-                        "optimizer": self.options.optimizer.value},
+            "options": {
+                "preset": self.options.preset.name,
+                "train": self.options.train,
+                "optimizer": self.options.optimizer.value,
+            },
             "cost": self.cost.to_dict() if self.cost else None,
             "notes": list(self.notes),
             "ops": self.op_rows(),
@@ -139,19 +158,30 @@ class Plan:
         except json.JSONDecodeError as e:
             raise PlanError(f"plan JSON does not parse: {e}") from e
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise PlanError(f"not a shardplan plan (schema must be {SCHEMA!r}); "
-                            "write plans with `shardplan plan --json FILE`")
+            raise PlanError(
+                f"not a shardplan plan (schema must be {SCHEMA!r}); "
+                "write plans with `shardplan plan --json FILE`"
+            )
         try:
             graph = graph_from_dict(data["graph"])
             mesh = Mesh.from_dict(data["mesh"])
             o = data["options"]
-            options = CostOptions(get_preset(o["preset"]), bool(o["train"]),
-                                  Optimizer(o["optimizer"]))
+            options = CostOptions(
+                get_preset(o["preset"]), bool(o["train"]), Optimizer(o["optimizer"])
+            )
             strategies = {row["name"]: tuple(row["strategy"]) for row in data["ops"]}
             params = {k: tuple(v) for k, v in data.get("param_layouts", {}).items()}
-            return cls(graph, mesh, strategies, str(data["method"]), options,
-                       float(data["search_seconds"]), params, str(data.get("status", "ok")),
-                       tuple(data.get("notes", ())))
+            return cls(
+                graph,
+                mesh,
+                strategies,
+                str(data["method"]),
+                options,
+                float(data["search_seconds"]),
+                params,
+                str(data.get("status", "ok")),
+                tuple(data.get("notes", ())),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"plan JSON is malformed: {e!r}") from e
 
@@ -181,14 +211,16 @@ def validate(plan: Plan) -> None:
                 counts[s] *= r.q
         for dim, (size, c) in enumerate(zip(t.shape, counts, strict=True)):
             if size % c:
-                raise PlanError(f"parameter {name!r}: dim {dim} of size {size} is not divisible "
-                                f"into {c} parts")
+                raise PlanError(
+                    f"parameter {name!r}: dim {dim} of size {size} is not divisible into {c} parts"
+                )
 
 
 def evaluate(plan: Plan, options: CostOptions | None = None) -> CostBreakdown:
     """Score `plan` (optionally under other cost options) with the one evaluator."""
-    return evaluate_strategies(plan.graph, plan.mesh, plan.strategies, options or plan.options,
-                               plan.param_layouts)
+    return evaluate_strategies(
+        plan.graph, plan.mesh, plan.strategies, options or plan.options, plan.param_layouts
+    )
 
 
 def with_status(plan: Plan, status: str, notes: tuple[str, ...] = ()) -> Plan:

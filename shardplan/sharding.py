@@ -65,8 +65,9 @@ def cut_problem(op: Op, loop_dim: str, local_extent: int, q: int) -> str | None:
     return None
 
 
-def local_extents(op: Op, strategy: Strategy, rounds: Sequence[Round],
-                  upto: int | None = None) -> dict[str, int]:
+def local_extents(
+    op: Op, strategy: Strategy, rounds: Sequence[Round], upto: int | None = None
+) -> dict[str, int]:
     """Loop-dim extents after the cuts of rounds [0, upto) (all rounds by default)."""
     extents = op.signature.extents
     for r, loop_dim in zip(rounds[:upto], strategy[:upto], strict=False):
@@ -78,8 +79,10 @@ def local_extents(op: Op, strategy: Strategy, rounds: Sequence[Round],
 def check_strategy(op: Op, strategy: Strategy, rounds: Sequence[Round]) -> None:
     """Raise PlanError naming the op if `strategy` is not valid on these rounds."""
     if len(strategy) != len(rounds):
-        raise PlanError(f"op {op.name!r}: strategy {strategy} has {len(strategy)} cuts but the "
-                        f"mesh has {len(rounds)} rounds")
+        raise PlanError(
+            f"op {op.name!r}: strategy {strategy} has {len(strategy)} cuts but the "
+            f"mesh has {len(rounds)} rounds"
+        )
     extents = op.signature.extents
     for r, loop_dim in zip(rounds, strategy, strict=True):
         if loop_dim is None:
@@ -104,11 +107,14 @@ def local_shape(shape: Sequence[int], layout: Layout, rounds: Sequence[Round]) -
     return tuple(max(1, s // c) for s, c in zip(shape, counts, strict=True))
 
 
-def in_strategy(op: Op, strategy: Strategy, graph: Graph, mesh: Mesh) -> tuple[tuple[int, ...], ...]:
+def in_strategy(
+    op: Op, strategy: Strategy, graph: Graph, mesh: Mesh
+) -> tuple[tuple[int, ...], ...]:
     rounds = mesh.rounds
     return tuple(
         split_counts(operand_layout(op, strategy, i), len(graph.tensors[t].shape), rounds)
-        for i, t in enumerate(op.inputs))
+        for i, t in enumerate(op.inputs)
+    )
 
 
 def layout_text(layout: Layout) -> str:

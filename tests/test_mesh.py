@@ -127,9 +127,6 @@ def test_bad_mesh_parameters():
         Mesh.from_dict({"shape": [8]})
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "Mesh.__post_init__ indexes MACHINES[self.machine] without checking the name, so an "
-    "unknown machine raises KeyError instead of MeshError (parse_mesh checks, Mesh does not)"))
 def test_mesh_with_unknown_machine_is_a_mesh_error():
     with pytest.raises(MeshError, match="nope"):
         Mesh((8,), machine="nope")

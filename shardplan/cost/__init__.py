@@ -4,5 +4,14 @@ from shardplan.cost.evaluate import CostBreakdown, OpCost, evaluate_strategies
 from shardplan.cost.presets import PRESETS, CostOptions, CostPreset, Optimizer, get_preset
 from shardplan.cost.terms import CommTerms
 
-__all__ = ["PRESETS", "CommTerms", "CostBreakdown", "CostOptions", "CostPreset", "OpCost",
-           "Optimizer", "evaluate_strategies", "get_preset"]
+__all__ = [
+    "PRESETS",
+    "CommTerms",
+    "CostBreakdown",
+    "CostOptions",
+    "CostPreset",
+    "OpCost",
+    "Optimizer",
+    "evaluate_strategies",
+    "get_preset",
+]

@@ -70,20 +70,37 @@ class CostBreakdown:
     def to_dict(self, per_op: bool = False) -> dict[str, object]:
         c = self.comm
         out: dict[str, object] = {
-            "units": self.units, "total": self.total, "compute": self.compute,
-            "communication": c.total, "intra_fwd": c.intra_fwd, "intra_bwd": c.intra_bwd,
-            "grad_sync": c.grad_sync, "halo": c.halo,
+            "units": self.units,
+            "total": self.total,
+            "compute": self.compute,
+            "communication": c.total,
+            "intra_fwd": c.intra_fwd,
+            "intra_bwd": c.intra_bwd,
+            "grad_sync": c.grad_sync,
+            "halo": c.halo,
             "redistribution": c.redistribution_fwd + c.redistribution_bwd,
-            "redistribution_fwd": c.redistribution_fwd, "redistribution_bwd": c.redistribution_bwd,
+            "redistribution_fwd": c.redistribution_fwd,
+            "redistribution_bwd": c.redistribution_bwd,
             "memory_per_device_bytes": self.memory_per_device,
             "param_memory_bytes": self.param_memory,
             "activation_memory_bytes": self.activation_memory,
-            "collective_bytes": {"all-reduce": c.all_reduce_bytes, "all-gather": c.all_gather_bytes,
-                                 "all-to-all": c.all_to_all_bytes, "halo": c.halo_bytes},
+            "collective_bytes": {
+                "all-reduce": c.all_reduce_bytes,
+                "all-gather": c.all_gather_bytes,
+                "all-to-all": c.all_to_all_bytes,
+                "halo": c.halo_bytes,
+            },
         }
         if per_op:
-            out["ops"] = [{"name": o.name, "compute": o.compute, "intra": o.intra,
-                           "redistribution": o.redistribution} for o in self.ops]
+            out["ops"] = [
+                {
+                    "name": o.name,
+                    "compute": o.compute,
+                    "intra": o.intra,
+                    "redistribution": o.redistribution,
+                }
+                for o in self.ops
+            ]
         return out
 
 
@@ -95,8 +112,14 @@ def round_numels(numel: float, layout: Layout, rounds: Sequence[Round]) -> list[
     return sizes
 
 
-def operand_infos(graph: Graph, op: Op, strategy: Strategy, is_output: bool,
-                  rounds: Sequence[Round], opts: CostOptions) -> list[list[OperandInfo]]:
+def operand_infos(
+    graph: Graph,
+    op: Op,
+    strategy: Strategy,
+    is_output: bool,
+    rounds: Sequence[Round],
+    opts: CostOptions,
+) -> list[list[OperandInfo]]:
     """Per round, per operand: local size before the round, dtype, role, requires_grad and the
     hierarchical all-reduce divisor (product of q of faster rounds that split or reduce it)."""
     names = op.outputs if is_output else op.inputs
@@ -107,8 +130,10 @@ def operand_infos(graph: Graph, op: Op, strategy: Strategy, is_output: bool,
         layout = operand_layout(op, strategy, i, is_output)
         sizes = round_numels(t.numel, layout, rounds)
         grad = name in graph.requires_grad
-        shrinks = [layout[j] >= 0 or reduces(op, strategy[j], groups[i], is_output, grad,
-                                              opts.train) for j in range(len(rounds))]
+        shrinks = [
+            layout[j] >= 0 or reduces(op, strategy[j], groups[i], is_output, grad, opts.train)
+            for j in range(len(rounds))
+        ]
         infos = []
         for r, rnd in enumerate(rounds):
             divisor = 1.0
@@ -130,15 +155,22 @@ def edge_numels(numel: float, src: Layout, dst: Layout, rounds: Sequence[Round])
         for j, other in enumerate(rounds):
             if j == r or not faster(other, rnd):
                 continue
-            if (j > r and (dst[j] >= 0 or src[j] != dst[j])) or (j < r and dst[j] < 0
-                                                                 and src[j] != dst[j]):
+            if (j > r and (dst[j] >= 0 or src[j] != dst[j])) or (
+                j < r and dst[j] < 0 and src[j] != dst[j]
+            ):
                 divisor *= other.q
         out.append(sizes[r] / divisor)
     return out
 
 
-def op_intra(graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round],
-             opts: CostOptions, charged: set[tuple[str, int, Layout]] | None = None) -> CommTerms:
+def op_intra(
+    graph: Graph,
+    op: Op,
+    strategy: Strategy,
+    rounds: Sequence[Round],
+    opts: CostOptions,
+    charged: set[tuple[str, int, Layout]] | None = None,
+) -> CommTerms:
     """Intra-operator terms of a whole strategy, round by round.
 
     `charged` collects (tensor, round, layout) gradient all-reduces already paid by an earlier
@@ -149,8 +181,14 @@ def op_intra(graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round],
         for i, name in enumerate(op.inputs):
             layout = operand_layout(op, strategy, i)
             for r in range(len(rounds)):
-                if not reduces(op, strategy[r], op.signature.inputs[i], False,
-                               name in graph.requires_grad, opts.train):
+                if not reduces(
+                    op,
+                    strategy[r],
+                    op.signature.inputs[i],
+                    False,
+                    name in graph.requires_grad,
+                    opts.train,
+                ):
                     continue
                 key = (name, r, layout)
                 if key in charged:
@@ -163,9 +201,11 @@ def op_intra(graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round],
         cut = strategy[r]
         if cut is None:
             if opts.preset.symbolic:
-                cuts = [intra_terms(op, d.name, rnd, ins[r], outs[r], extents[d.name], opts).total
-                        for d in op.signature.loop_dims
-                        if cut_problem(op, d.name, extents[d.name], rnd.q) is None]
+                cuts = [
+                    intra_terms(op, d.name, rnd, ins[r], outs[r], extents[d.name], opts).total
+                    for d in op.signature.loop_dims
+                    if cut_problem(op, d.name, extents[d.name], rnd.q) is None
+                ]
                 if cuts:
                     total = total + CommTerms(intra_fwd=replicate_symbolic(min(cuts), opts.preset))
             continue
@@ -173,9 +213,10 @@ def op_intra(graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round],
     return total
 
 
-def param_homes(graph: Graph, strategies: Mapping[str, Strategy],
-                overrides: Mapping[str, Layout] | None = None) -> dict[str, Layout]:
-    """Where each parameter lives: an explicit override (e.g. FSDP) or its first consumer's layout."""
+def param_homes(
+    graph: Graph, strategies: Mapping[str, Strategy], overrides: Mapping[str, Layout] | None = None
+) -> dict[str, Layout]:
+    """Where each parameter lives: an override (e.g. FSDP) or its first consumer's layout."""
     homes: dict[str, Layout] = dict(overrides or {})
     for op in graph.ops:
         for i, name in enumerate(op.inputs):
@@ -184,9 +225,13 @@ def param_homes(graph: Graph, strategies: Mapping[str, Strategy],
     return homes
 
 
-def evaluate_strategies(graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy],
-                        opts: CostOptions,
-                        param_layouts: Mapping[str, Layout] | None = None) -> CostBreakdown:
+def evaluate_strategies(
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    param_layouts: Mapping[str, Layout] | None = None,
+) -> CostBreakdown:
     """Score one complete assignment of strategies (raises PlanError if one is invalid)."""
     rounds = mesh.rounds
     for op in graph.ops:
@@ -219,16 +264,25 @@ def evaluate_strategies(graph: Graph, mesh: Mesh, strategies: Mapping[str, Strat
             grad = name in graph.requires_grad
             for r, rnd in enumerate(rounds):
                 if src[r] != dst[r]:
-                    redis = redis + redistribution_terms(src[r], dst[r], sizes[r], t.dtype_bytes,
-                                                         rnd, grad, opts)
+                    redis = redis + redistribution_terms(
+                        src[r], dst[r], sizes[r], t.dtype_bytes, rnd, grad, opts
+                    )
         act = sum(_local_bytes(graph, name, out_layout[name], rounds) for name in op.outputs)
         rows.append(OpCost(op.name, op_compute, intra.total, redis.total, act))
         comm = comm + intra + redis
         compute += op_compute
     param_mem, act_mem = memory_per_device(graph, rounds, homes, out_layout, strategies, opts)
     total = comm.total + compute
-    return CostBreakdown(total, compute, comm, param_mem + act_mem, param_mem, act_mem,
-                         "elements" if opts.preset.symbolic else "s", tuple(rows))
+    return CostBreakdown(
+        total,
+        compute,
+        comm,
+        param_mem + act_mem,
+        param_mem,
+        act_mem,
+        "elements" if opts.preset.symbolic else "s",
+        tuple(rows),
+    )
 
 
 def _local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
@@ -236,9 +290,14 @@ def _local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round
     return round_numels(t.numel, layout, rounds)[-1] * t.dtype_bytes
 
 
-def memory_per_device(graph: Graph, rounds: Sequence[Round], homes: Mapping[str, Layout],
-                      out_layout: Mapping[str, Layout], strategies: Mapping[str, Strategy],
-                      opts: CostOptions) -> tuple[float, float]:
+def memory_per_device(
+    graph: Graph,
+    rounds: Sequence[Round],
+    homes: Mapping[str, Layout],
+    out_layout: Mapping[str, Layout],
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+) -> tuple[float, float]:
     """(parameter state bytes, activation bytes) per device.
 
     Training: weights + gradients (dtype each) + optimizer state (fp32) per parameter element held
@@ -257,8 +316,9 @@ def memory_per_device(graph: Graph, rounds: Sequence[Round], homes: Mapping[str,
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
-                    act += _local_bytes(graph, name, operand_layout(op, strategies[op.name], i),
-                                        rounds)
+                    act += _local_bytes(
+                        graph, name, operand_layout(op, strategies[op.name], i), rounds
+                    )
         return param_mem, act
     peak = 0.0
     for op in graph.ops:

@@ -62,13 +62,17 @@ class CostOptions:
     optimizer: Optimizer = Optimizer.ADAM
 
     @classmethod
-    def make(cls, preset: str | CostPreset = "shardplan", train: bool = True,
-             optimizer: str | Optimizer = "adam") -> CostOptions:
+    def make(
+        cls,
+        preset: str | CostPreset = "shardplan",
+        train: bool = True,
+        optimizer: str | Optimizer = "adam",
+    ) -> CostOptions:
         if not isinstance(optimizer, Optimizer):
             try:
                 optimizer = Optimizer(optimizer)
             except ValueError as e:
                 raise ShardplanError(
-                    f"unknown optimizer {optimizer!r}; choose one of "
-                    f"{[o.value for o in Optimizer]}") from e
+                    f"unknown optimizer {optimizer!r}; choose one of {[o.value for o in Optimizer]}"
+                ) from e
         return cls(get_preset(preset), train, optimizer)

@@ -34,8 +34,9 @@ from shardplan.sharding import REPLICATED
 class CommTerms:
     """Cost (seconds, or elements when symbolic) by category, plus bytes per collective kind.
 
-    `*_bytes` follow the convention of an engine's HLO: the result buffer size per device
-    (all-reduce: the reduced tensor; all-gather: the gathered tensor; all-to-all: the local part).
+    `*_bytes` are the bytes one device sends with ring algorithms (all-reduce 2(q-1)/q |T|,
+    all-gather (q-1)/q |T|, all-to-all (q-1)/q |T|/q, halo both neighbours), so a collective an
+    engine runs once over q0*q1 devices compares equal to our per-round pieces.
     """
 
     intra_fwd: float = 0.0
@@ -51,17 +52,32 @@ class CommTerms:
 
     @property
     def total(self) -> float:
-        return (self.intra_fwd + self.intra_bwd + self.grad_sync + self.halo
-                + self.redistribution_fwd + self.redistribution_bwd)
+        return (
+            self.intra_fwd
+            + self.intra_bwd
+            + self.grad_sync
+            + self.halo
+            + self.redistribution_fwd
+            + self.redistribution_bwd
+        )
 
     def __add__(self, other: CommTerms) -> CommTerms:
         return CommTerms(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
 
 
 def _fields(t: CommTerms) -> tuple[float, ...]:
-    return (t.intra_fwd, t.intra_bwd, t.grad_sync, t.halo, t.redistribution_fwd,
-            t.redistribution_bwd, t.all_reduce_bytes, t.all_gather_bytes, t.all_to_all_bytes,
-            t.halo_bytes)
+    return (
+        t.intra_fwd,
+        t.intra_bwd,
+        t.grad_sync,
+        t.halo,
+        t.redistribution_fwd,
+        t.redistribution_bwd,
+        t.all_reduce_bytes,
+        t.all_gather_bytes,
+        t.all_to_all_bytes,
+        t.halo_bytes,
+    )
 
 
 ZERO = CommTerms()
@@ -86,8 +102,15 @@ class OperandInfo:
     grad_shared: bool = False
 
 
-def intra_terms(op: Op, loop_dim: str | None, rnd: Round, inputs: Sequence[OperandInfo],
-                outputs: Sequence[OperandInfo], local_extent: int, opts: CostOptions) -> CommTerms:
+def intra_terms(
+    op: Op,
+    loop_dim: str | None,
+    rnd: Round,
+    inputs: Sequence[OperandInfo],
+    outputs: Sequence[OperandInfo],
+    local_extent: int,
+    opts: CostOptions,
+) -> CommTerms:
     """Intra-operator communication of cutting `loop_dim` in round `rnd` (None: replicate -> 0).
 
     `local_extent` is the loop dim's extent before the round (used for the halo of WINDOW cuts).
@@ -116,7 +139,7 @@ def intra_terms(op: Op, loop_dim: str | None, rnd: Round, inputs: Sequence[Opera
         elif opts.train and info.requires_grad and not info.grad_shared:
             nbytes = info.numel * info.dtype_bytes / info.ar_divisor
             cost = coll.all_reduce_s(nbytes, q, bandwidth)
-            ar_bytes += nbytes
+            ar_bytes += coll.all_reduce_bytes(nbytes, q)
         else:
             continue
         if info.role is Role.PARAMETER:
@@ -132,9 +155,15 @@ def intra_terms(op: Op, loop_dim: str | None, rnd: Round, inputs: Sequence[Opera
             else:
                 nbytes = info.numel * info.dtype_bytes / info.ar_divisor
                 fwd += coll.all_reduce_s(nbytes, q, bandwidth)
-                ar_bytes += nbytes
-    return CommTerms(intra_fwd=fwd, intra_bwd=bwd, grad_sync=sync, halo=halo,
-                     all_reduce_bytes=ar_bytes, halo_bytes=halo_bytes)
+                ar_bytes += coll.all_reduce_bytes(nbytes, q)
+    return CommTerms(
+        intra_fwd=fwd,
+        intra_bwd=bwd,
+        grad_sync=sync,
+        halo=halo,
+        all_reduce_bytes=ar_bytes,
+        halo_bytes=halo_bytes,
+    )
 
 
 def faster(j: Round, r: Round) -> bool:
@@ -144,8 +173,9 @@ def faster(j: Round, r: Round) -> bool:
     return j.index > r.index
 
 
-def reduces(op: Op, loop_dim: str | None, dims: object, is_output: bool, requires_grad: bool,
-            train: bool) -> bool:
+def reduces(
+    op: Op, loop_dim: str | None, dims: object, is_output: bool, requires_grad: bool, train: bool
+) -> bool:
     """Does cutting `loop_dim` all-reduce this operand (its gradient, or its partial sums)?"""
     if loop_dim is None or loop_dim in loop_names(dims):  # type: ignore[arg-type]
         return False
@@ -159,8 +189,15 @@ def replicate_symbolic(min_cut_cost: float, preset: CostPreset) -> float:
     return (preset.expert_coef * min_cut_cost) ** 2 / preset.replicate_below
 
 
-def redistribution_terms(src: int, dst: int, numel: float, dtype_bytes: int, rnd: Round,
-                         requires_grad: bool, opts: CostOptions) -> CommTerms:
+def redistribution_terms(
+    src: int,
+    dst: int,
+    numel: float,
+    dtype_bytes: int,
+    rnd: Round,
+    requires_grad: bool,
+    opts: CostOptions,
+) -> CommTerms:
     """Cost of one edge in one round: producer layout `src` -> consumer layout `dst`.
 
     `numel` is the tensor's size local to the round (before this round's split).
@@ -175,16 +212,23 @@ def redistribution_terms(src: int, dst: int, numel: float, dtype_bytes: int, rnd
     if src >= 0 and dst >= 0:
         cost = coll.all_to_all_s(nbytes, q, bandwidth)
         passes = 2 if backward else 1
-        return CommTerms(redistribution_fwd=cost, redistribution_bwd=cost if backward else 0.0,
-                         all_to_all_bytes=passes * nbytes / q)
+        return CommTerms(
+            redistribution_fwd=cost,
+            redistribution_bwd=cost if backward else 0.0,
+            all_to_all_bytes=passes * coll.all_gather_bytes(nbytes, q) / q,
+        )
     if src >= 0 and dst == REPLICATED:
-        return CommTerms(redistribution_fwd=coll.all_gather_s(nbytes, q, bandwidth),
-                         all_gather_bytes=nbytes)
+        return CommTerms(
+            redistribution_fwd=coll.all_gather_s(nbytes, q, bandwidth),
+            all_gather_bytes=coll.all_gather_bytes(nbytes, q),
+        )
     if src == REPLICATED and dst >= 0:
         if not backward:
             return ZERO
-        return CommTerms(redistribution_bwd=coll.all_gather_s(nbytes, q, bandwidth),
-                         all_gather_bytes=nbytes)
+        return CommTerms(
+            redistribution_bwd=coll.all_gather_s(nbytes, q, bandwidth),
+            all_gather_bytes=coll.all_gather_bytes(nbytes, q),
+        )
     raise AssertionError(f"unexpected layout pair {src} -> {dst}")
 
 

@@ -8,6 +8,19 @@ from shardplan.ir.signature import Signature, major_positions
 from shardplan.ir.verify import verify
 
 __all__ = [
-    "CATALOGUE", "DimKind", "Graph", "GraphBuilder", "LoopDim", "Op", "OpForm", "Reducer", "Role",
-    "Signature", "Tensor", "make_graph", "major_positions", "op_form", "verify",
+    "CATALOGUE",
+    "DimKind",
+    "Graph",
+    "GraphBuilder",
+    "LoopDim",
+    "Op",
+    "OpForm",
+    "Reducer",
+    "Role",
+    "Signature",
+    "Tensor",
+    "make_graph",
+    "major_positions",
+    "op_form",
+    "verify",
 ]

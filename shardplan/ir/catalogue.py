@@ -64,6 +64,8 @@ def _axis(axis: int, rank: int, kind: str) -> int:
 
 def elementwise(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """`d0 d1 ..., d0 d1 ... -> d0 d1 ...` with numpy broadcasting (size-1 dims map to `()`)."""
+    if not shapes:
+        raise ShapeError("elementwise ops need at least one input")
     rank = max(len(s) for s in shapes)
     out: list[int] = [1] * rank
     for shape in shapes:
@@ -76,8 +78,12 @@ def elementwise(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     ins: list[TensorDims] = []
     for shape in shapes:
         offset = rank - len(shape)
-        ins.append(tuple((names[offset + i],) if size == out[offset + i] else ()
-                         for i, size in enumerate(shape)))
+        ins.append(
+            tuple(
+                (names[offset + i],) if size == out[offset + i] else ()
+                for i, size in enumerate(shape)
+            )
+        )
     dims = [LoopDim(n, e) for n, e in zip(names, out, strict=True)]
     return _form(dims, ins, [_single(names)], [tuple(out)], _numel(out))
 
@@ -100,8 +106,10 @@ def softmax(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     (x,) = shapes
     axis = _axis(int(attrs.get("axis", -1)), len(x), "softmax")
     names = _names("d", len(x))
-    dims = [LoopDim(n, e, DimKind.FROZEN if i == axis else DimKind.PARALLEL)
-            for i, (n, e) in enumerate(zip(names, x, strict=True))]
+    dims = [
+        LoopDim(n, e, DimKind.FROZEN if i == axis else DimKind.PARALLEL)
+        for i, (n, e) in enumerate(zip(names, x, strict=True))
+    ]
     return _form(dims, [_single(names)], [_single(names)], [x], 5 * _numel(x))
 
 
@@ -113,17 +121,21 @@ def norm_last(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     for p in shapes[1:]:
         if p != (x[-1],):
             raise ShapeError(f"norm: parameter shape {p} must be ({x[-1]},)")
-    dims = [LoopDim(n, e, DimKind.FROZEN if i == len(x) - 1 else DimKind.PARALLEL)
-            for i, (n, e) in enumerate(zip(names, x, strict=True))]
+    dims = [
+        LoopDim(n, e, DimKind.FROZEN if i == len(x) - 1 else DimKind.PARALLEL)
+        for i, (n, e) in enumerate(zip(names, x, strict=True))
+    ]
     ins = [_single(names)] + [((names[-1],),)] * (len(shapes) - 1)
     return _form(dims, ins, [_single(names)], [x], 8 * _numel(x))
 
 
 def batch_norm(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
-    """`n c y x, c, c -> n c y x`: statistics over n, y, x (their tiny all-reduce is not modelled)."""
+    """`n c y x, c, c -> n c y x`: statistics over n, y, x (their tiny all-reduce unmodelled)."""
     _need("batch_norm", shapes, (3,))
     x = shapes[0]
-    if len(x) < 2 or shapes[1] != (x[1],) or shapes[2] != (x[1],):
+    if len(x) < 2:
+        raise ShapeError(f"batch_norm: input {x} needs rank >= 2 ([n, c, ...])")
+    if shapes[1] != (x[1],) or shapes[2] != (x[1],):
         raise ShapeError(f"batch_norm: input {x} with scale/shift {shapes[1:]} (need ({x[1]},))")
     names = _names("d", len(x))
     dims = [LoopDim(n, e) for n, e in zip(names, x, strict=True)]
@@ -189,23 +201,33 @@ def conv2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """`n c y x, o c r s -> n o y x`: c REDUCE(sum), y x WINDOW (halo r-stride), r s FROZEN."""
     _need("conv2d", shapes, (2,))
     x, w = shapes
+    if int(attrs.get("groups", 1)) != 1:
+        raise UnsupportedOpError(
+            f"conv2d: groups={attrs.get('groups')} is not in the catalogue (only groups=1); "
+            "import with unknown='replicate' to keep such convolutions replicated"
+        )
     if len(x) != 4 or len(w) != 4 or x[1] != w[1]:
         raise ShapeError(f"conv2d: input {x} and weight {w} need [n,c,h,w] and [o,c,r,s]")
-    if int(attrs.get("groups", 1)) != 1:
-        raise UnsupportedOpError("conv2d: only groups=1 is in the catalogue")
     sy, sx = _pair(attrs.get("stride", 1))
     py, px = _pair(attrs.get("padding", 0))
     r, s = w[2], w[3]
     oy, ox = (x[2] + 2 * py - r) // sy + 1, (x[3] + 2 * px - s) // sx + 1
     if oy < 1 or ox < 1:
         raise ShapeError(f"conv2d: input {x} too small for kernel {(r, s)}")
-    dims = [LoopDim("n", x[0]), LoopDim("o", w[0]), LoopDim("y", oy, DimKind.WINDOW, halo=max(r - sy, 0)),
-            LoopDim("x", ox, DimKind.WINDOW, halo=max(s - sx, 0)),
-            LoopDim("c", x[1], DimKind.REDUCE, Reducer.SUM),
-            LoopDim("r", r, DimKind.FROZEN), LoopDim("s", s, DimKind.FROZEN)]
+    dims = [
+        LoopDim("n", x[0]),
+        LoopDim("o", w[0]),
+        LoopDim("y", oy, DimKind.WINDOW, halo=max(r - sy, 0)),
+        LoopDim("x", ox, DimKind.WINDOW, halo=max(s - sx, 0)),
+        LoopDim("c", x[1], DimKind.REDUCE, Reducer.SUM),
+        LoopDim("r", r, DimKind.FROZEN),
+        LoopDim("s", s, DimKind.FROZEN),
+    ]
     ins = [(("n",), ("c",), ("y",), ("x",)), (("o",), ("c",), ("r",), ("s",))]
     out = (x[0], w[0], oy, ox)
-    return _form(dims, ins, [(("n",), ("o",), ("y",), ("x",))], [out], 2 * _numel(out) * x[1] * r * s)
+    return _form(
+        dims, ins, [(("n",), ("o",), ("y",), ("x",))], [out], 2 * _numel(out) * x[1] * r * s
+    )
 
 
 def pool2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
@@ -220,9 +242,12 @@ def pool2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     oy, ox = (x[2] + 2 * py - ky) // sy + 1, (x[3] + 2 * px - kx) // sx + 1
     if oy < 1 or ox < 1:
         raise ShapeError(f"pool2d: input {x} too small for kernel {(ky, kx)}")
-    dims = [LoopDim("n", x[0]), LoopDim("c", x[1]),
-            LoopDim("y", oy, DimKind.WINDOW, halo=max(ky - sy, 0)),
-            LoopDim("x", ox, DimKind.WINDOW, halo=max(kx - sx, 0))]
+    dims = [
+        LoopDim("n", x[0]),
+        LoopDim("c", x[1]),
+        LoopDim("y", oy, DimKind.WINDOW, halo=max(ky - sy, 0)),
+        LoopDim("x", ox, DimKind.WINDOW, halo=max(kx - sx, 0)),
+    ]
     out = (x[0], x[1], oy, ox)
     io = (("n",), ("c",), ("y",), ("x",))
     return _form(dims, [io], [io], [out], _numel(out) * ky * kx)
@@ -236,8 +261,10 @@ def reduce(shapes: Sequence[Shape], attrs: Mapping[str, Any], reducer: Reducer) 
     axes = tuple(range(len(x))) if axes is None else tuple(_axis(a, len(x), "reduce") for a in axes)
     keep = bool(attrs.get("keepdims", False))
     names = _names("d", len(x))
-    dims = [LoopDim(n, e, DimKind.REDUCE, reducer) if i in axes else LoopDim(n, e)
-            for i, (n, e) in enumerate(zip(names, x, strict=True))]
+    dims = [
+        LoopDim(n, e, DimKind.REDUCE, reducer) if i in axes else LoopDim(n, e)
+        for i, (n, e) in enumerate(zip(names, x, strict=True))
+    ]
     out_dims: list[Group] = []
     out_shape: list[int] = []
     for i, n in enumerate(names):
@@ -360,11 +387,14 @@ def concat(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     rank = len(shapes[0])
     axis = _axis(int(attrs.get("axis", 0)), rank, "concat")
     for s in shapes:
-        if len(s) != rank or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0], strict=True))
-                                 if i != axis):
+        if len(s) != rank or any(
+            a != b for i, (a, b) in enumerate(zip(s, shapes[0], strict=True)) if i != axis
+        ):
             raise ShapeError(f"concat: shapes {list(shapes)} differ outside axis {axis}")
     names = _names("d", rank)
-    dims = [LoopDim(n, e) for i, (n, e) in enumerate(zip(names, shapes[0], strict=True)) if i != axis]
+    dims = [
+        LoopDim(n, e) for i, (n, e) in enumerate(zip(names, shapes[0], strict=True)) if i != axis
+    ]
     ins: list[TensorDims] = []
     for k, s in enumerate(shapes):
         dims.append(LoopDim(f"c{k}", s[axis], DimKind.FROZEN))
@@ -406,14 +436,19 @@ def einsum(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
         for group, size in zip(dims_, shape, strict=True):
             (name,) = group
             if extents.setdefault(name, size) != size:
-                raise ShapeError(f"einsum {spec!r}: loop dim {name!r} has sizes {extents[name]}, {size}")
+                raise ShapeError(
+                    f"einsum {spec!r}: loop dim {name!r} has sizes {extents[name]}, {size}"
+                )
     out_names = [g[0] for g in out]
     frozen = set(attrs.get("frozen", ()))
     order = out_names + [n for n in extents if n not in out_names]
     dims = []
     for n in order:
-        kind = DimKind.FROZEN if n in frozen else (
-            DimKind.PARALLEL if n in out_names else DimKind.REDUCE)
+        kind = (
+            DimKind.FROZEN
+            if n in frozen
+            else (DimKind.PARALLEL if n in out_names else DimKind.REDUCE)
+        )
         dims.append(LoopDim(n, extents[n], kind, Reducer.SUM if kind is DimKind.REDUCE else None))
     out_shape = tuple(extents[n] for n in out_names)
     return _form(dims, list(ins), [out], [out_shape], 2 * _numel(extents.values()))
@@ -423,32 +458,47 @@ def _reducer(reducer: Reducer) -> Rule:
     return lambda shapes, attrs: reduce(shapes, attrs, reducer)
 
 
-UNARY = ("relu", "gelu", "silu", "tanh", "sigmoid", "dropout", "cast", "exp", "neg", "scale",
-         "sqrt", "rsqrt", "identity")
+UNARY = (
+    "relu",
+    "gelu",
+    "silu",
+    "tanh",
+    "sigmoid",
+    "dropout",
+    "cast",
+    "exp",
+    "neg",
+    "scale",
+    "sqrt",
+    "rsqrt",
+    "identity",
+)
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 
-CATALOGUE: Mapping[str, Rule] = MappingProxyType({
-    **{k: elementwise for k in UNARY + BINARY},
-    "bias_add": bias_add,
-    "softmax": softmax,
-    "layer_norm": norm_last,
-    "rms_norm": norm_last,
-    "batch_norm": batch_norm,
-    "linear": linear,
-    "matmul": matmul,
-    "bmm": bmm,
-    "conv2d": conv2d,
-    "pool2d": pool2d,
-    "reduce_sum": _reducer(Reducer.SUM),
-    "reduce_mean": _reducer(Reducer.SUM),
-    "reduce_max": _reducer(Reducer.MAX),
-    "reshape": reshape,
-    "transpose": transpose,
-    "embedding": embedding,
-    "concat": concat,
-    "cross_entropy": cross_entropy,
-    "einsum": einsum,
-})
+CATALOGUE: Mapping[str, Rule] = MappingProxyType(
+    {
+        **{k: elementwise for k in UNARY + BINARY},
+        "bias_add": bias_add,
+        "softmax": softmax,
+        "layer_norm": norm_last,
+        "rms_norm": norm_last,
+        "batch_norm": batch_norm,
+        "linear": linear,
+        "matmul": matmul,
+        "bmm": bmm,
+        "conv2d": conv2d,
+        "pool2d": pool2d,
+        "reduce_sum": _reducer(Reducer.SUM),
+        "reduce_mean": _reducer(Reducer.SUM),
+        "reduce_max": _reducer(Reducer.MAX),
+        "reshape": reshape,
+        "transpose": transpose,
+        "embedding": embedding,
+        "concat": concat,
+        "cross_entropy": cross_entropy,
+        "einsum": einsum,
+    }
+)
 
 
 def op_form(kind: str, shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
@@ -462,4 +512,7 @@ def op_form(kind: str, shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpF
             f"op kind {kind!r} is not in the catalogue; similar: {close}. "
             "Add it to shardplan/ir/catalogue.py or map it to an existing kind"
         )
-    return rule([tuple(int(d) for d in s) for s in shapes], attrs)
+    try:
+        return rule([tuple(int(d) for d in s) for s in shapes], attrs)
+    except KeyError as e:
+        raise ShapeError(f"{kind}: missing attribute {e.args[0]!r}") from e

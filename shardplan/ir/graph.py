@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from shardplan.errors import CycleError, IRError
+from shardplan.errors import CycleError, IRError, ShardplanError
 from shardplan.ir.catalogue import op_form
 from shardplan.ir.op import Op, Role, Tensor
 
@@ -108,11 +108,13 @@ class GraphBuilder:
 
     def param(self, name: str, shape: tuple[int, ...], dtype_bytes: int | None = None) -> str:
         return self.add_tensor(
-            Tensor(self._qualify(name), shape, dtype_bytes or self.dtype_bytes, Role.PARAMETER))
+            Tensor(self._qualify(name), shape, dtype_bytes or self.dtype_bytes, Role.PARAMETER)
+        )
 
     def constant(self, name: str, shape: tuple[int, ...], dtype_bytes: int | None = None) -> str:
         return self.add_tensor(
-            Tensor(self._qualify(name), shape, dtype_bytes or self.dtype_bytes, Role.CONSTANT))
+            Tensor(self._qualify(name), shape, dtype_bytes or self.dtype_bytes, Role.CONSTANT)
+        )
 
     def shape(self, tensor: str) -> tuple[int, ...]:
         if tensor not in self._tensors:
@@ -121,21 +123,27 @@ class GraphBuilder:
 
     # -- ops ----------------------------------------------------------------------------------
     def add_op(self, op: Op) -> Op:
-        """Add a fully formed op; its output tensors are created as activations if missing."""
+        """Add a fully formed op; declare its output tensors first with `add_tensor`."""
         if op.name in self._op_names:
             raise IRError(f"op name {op.name!r} is used twice in graph {self.name!r}")
         self._op_names.add(op.name)
         self._ops.append(op)
         return op
 
-    def apply(self, kind: str, *inputs: str, name: str | None = None,
-              out_dtype_bytes: int | None = None, **attrs: Any) -> str:
+    def apply(
+        self,
+        kind: str,
+        *inputs: str,
+        name: str | None = None,
+        out_dtype_bytes: int | None = None,
+        **attrs: Any,
+    ) -> str:
         """Add an op of catalogue `kind` on `inputs`; return its (first) result tensor name."""
         shapes = [self.shape(t) for t in inputs]
         op_name = self._qualify(name) if name else self._fresh(kind)
         try:
             form = op_form(kind, shapes, attrs)
-        except IRError as e:
+        except ShardplanError as e:
             raise type(e)(f"op {op_name!r} ({kind}): {e}") from e
         outs = []
         for i, shape in enumerate(form.output_shapes):
@@ -144,8 +152,18 @@ class GraphBuilder:
             self.add_tensor(Tensor(out, shape, dtype, Role.ACTIVATION))
             outs.append(out)
         layer = ".".join(self._scope)
-        self.add_op(Op(op_name, kind, form.signature, tuple(inputs), tuple(outs), form.flops,
-                       tuple(attrs.items()), layer))
+        self.add_op(
+            Op(
+                op_name,
+                kind,
+                form.signature,
+                tuple(inputs),
+                tuple(outs),
+                form.flops,
+                tuple(attrs.items()),
+                layer,
+            )
+        )
         return outs[0]
 
     def build(self) -> Graph:
@@ -158,7 +176,8 @@ class GraphBuilder:
                 if t in producer_of:
                     raise IRError(
                         f"tensor {t!r} is produced by both {self._ops[producer_of[t]].name!r} "
-                        f"and {op.name!r}")
+                        f"and {op.name!r}"
+                    )
                 producer_of[t] = i
         pending = [0] * len(self._ops)
         users: dict[int, list[int]] = {}

@@ -23,38 +23,49 @@ def verify(graph: Graph) -> Graph:
     for op in graph.ops:
         extents = op.signature.extents
         window = {d.name for d in op.signature.loop_dims if d.kind is DimKind.WINDOW}
-        for side, names, groups in (("input", op.inputs, op.signature.inputs),
-                                    ("output", op.outputs, op.signature.outputs)):
+        for side, names, groups in (
+            ("input", op.inputs, op.signature.inputs),
+            ("output", op.outputs, op.signature.outputs),
+        ):
             for pos, (tname, dims) in enumerate(zip(names, groups, strict=True)):
                 if tname not in graph.tensors:
-                    raise IRError(f"op {op.name!r} ({op.kind}): {side} {pos} names unknown "
-                                  f"tensor {tname!r}; define it before use")
+                    raise IRError(
+                        f"op {op.name!r} ({op.kind}): {side} {pos} names unknown "
+                        f"tensor {tname!r}; define it before use"
+                    )
                 tensor = graph.tensors[tname]
                 if side == "input" and tname not in defined:
                     if tname in graph.producer:
                         raise CycleError(
                             f"op {op.name!r} uses {tname!r} before it is produced by "
-                            f"{graph.ops[graph.producer[tname]].name!r}: the graph has a cycle")
-                    raise IRError(f"op {op.name!r}: input {tname!r} is a dangling activation "
-                                  "(no op produces it); declare it as an input or parameter")
+                            f"{graph.ops[graph.producer[tname]].name!r}: the graph has a cycle"
+                        )
+                    raise IRError(
+                        f"op {op.name!r}: input {tname!r} is a dangling activation "
+                        "(no op produces it); declare it as an input or parameter"
+                    )
                 if len(dims) != len(tensor.shape):
                     raise ShapeError(
                         f"op {op.name!r} ({op.kind}): {side} {pos} {tname!r} has rank "
                         f"{len(tensor.shape)} but the signature {op.signature.text()!r} gives "
-                        f"{len(dims)} dims")
+                        f"{len(dims)} dims"
+                    )
                 for j, (group, size) in enumerate(zip(dims, tensor.shape, strict=True)):
                     if side == "input" and window & set(group):
                         continue
                     if group_extent(group, extents) != size:
                         raise ShapeError(
                             f"op {op.name!r} ({op.kind}): {side} {pos} {tname!r} dim {j} has "
-                            f"size {size} but loop dims {group} give {group_extent(group, extents)}")
+                            f"size {size} but loop dims {group} give {group_extent(group, extents)}"
+                        )
         for tname in op.outputs:
             if tname in produced:
                 raise IRError(f"tensor {tname!r} is produced twice (second time by {op.name!r})")
             if graph.tensors[tname].role is not Role.ACTIVATION:
-                raise IRError(f"op {op.name!r} writes {tname!r}, which is a "
-                              f"{graph.tensors[tname].role.value}; outputs must be activations")
+                raise IRError(
+                    f"op {op.name!r} writes {tname!r}, which is a "
+                    f"{graph.tensors[tname].role.value}; outputs must be activations"
+                )
             produced.add(tname)
             defined.add(tname)
     for name, tensor in graph.tensors.items():

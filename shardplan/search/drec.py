@@ -59,6 +59,19 @@ def _layout(op: Op, cut: str | None, pos: int, is_output: bool) -> int:
     return REPLICATED if value == PARTIAL else value
 
 
+def _candidate_order(op: Op) -> list[str | None]:
+    """Tie order: dims of the result in its order (batch, rows, columns), then the other
+    splittable dims (reductions), then "no cut"."""
+    names: list[str | None] = []
+    for dims in op.signature.outputs:
+        for group in dims:
+            for name in group:
+                if name not in names and op.signature.loop_dim(name).splittable:
+                    names.append(name)
+    names += [d.name for d in op.signature.loop_dims if d.splittable and d.name not in names]
+    return names + [None]
+
+
 class _Search:
     """One D-Rec run; holds only state local to the call (no module state)."""
 
@@ -67,16 +80,19 @@ class _Search:
         self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
         self.states = [
-            _OpState(op, op.signature.extents,
-                     [float(graph.tensors[t].numel) for t in op.inputs],
-                     [float(graph.tensors[t].numel) for t in op.outputs])
-            for op in graph.ops]
+            _OpState(
+                op,
+                op.signature.extents,
+                [float(graph.tensors[t].numel) for t in op.inputs],
+                [float(graph.tensors[t].numel) for t in op.outputs],
+            )
+            for op in graph.ops
+        ]
         self.heavy = heavy_ops(graph)
         for edge in build_flex_edges(graph, self.heavy):
             self.states[edge.consumer].preds.append(edge)
             self.states[edge.producer].succs.append(edge)
-        self.candidates = [
-            [d.name for d in op.signature.loop_dims if d.splittable] + [None] for op in graph.ops]
+        self.candidates = [_candidate_order(op) for op in graph.ops]
 
     # -- per-round helpers --------------------------------------------------------------------
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
@@ -85,8 +101,10 @@ class _Search:
         st, rnd = self.states[i], self.rounds[r]
         op, graph, train = st.op, self.graph, self.opts.train
         out: list[list[OperandInfo]] = [[], []]
-        for side, names, groups, sizes in ((0, op.inputs, op.signature.inputs, st.in_numel),
-                                           (1, op.outputs, op.signature.outputs, st.out_numel)):
+        for side, names, groups, sizes in (
+            (0, op.inputs, op.signature.inputs, st.in_numel),
+            (1, op.outputs, op.signature.outputs, st.out_numel),
+        ):
             for pos, name in enumerate(names):
                 t = graph.tensors[name]
                 grad = name in graph.requires_grad
@@ -96,8 +114,9 @@ class _Search:
                         continue
                     if j > r:
                         divisor *= other.q
-                    elif (layout_of_cut(groups[pos], st.cuts[j], bool(side), op) < 0
-                          and reduces(op, st.cuts[j], groups[pos], bool(side), grad, train)):
+                    elif layout_of_cut(groups[pos], st.cuts[j], bool(side), op) < 0 and reduces(
+                        op, st.cuts[j], groups[pos], bool(side), grad, train
+                    ):
                         divisor *= other.q
                 out[side].append(OperandInfo(sizes[pos], t.dtype_bytes, t.role, grad, divisor))
         return out[0], out[1]
@@ -113,9 +132,17 @@ class _Search:
                 continue
             infos = ins
             if cut is not None and charged:
-                infos = [OperandInfo(x.numel, x.dtype_bytes, x.role, x.requires_grad,
-                                     x.ar_divisor, (name, r) in charged)
-                         for x, name in zip(ins, op.inputs, strict=True)]
+                infos = [
+                    OperandInfo(
+                        x.numel,
+                        x.dtype_bytes,
+                        x.role,
+                        x.requires_grad,
+                        x.ar_divisor,
+                        (name, r) in charged,
+                    )
+                    for x, name in zip(ins, op.inputs, strict=True)
+                ]
             extent = st.extents[cut] if cut is not None else 1
             costs[cut] = intra_terms(op, cut, rnd, infos, outs, extent, opts).total
         if None in costs:
@@ -152,10 +179,13 @@ class _Search:
         if src == dst:
             return 0.0
         t = self.graph.tensors[name]
-        return redistribution_terms(src, dst, numel, t.dtype_bytes, rnd,
-                                    name in self.graph.requires_grad, self.opts).total
+        return redistribution_terms(
+            src, dst, numel, t.dtype_bytes, rnd, name in self.graph.requires_grad, self.opts
+        ).total
 
-    def _flex_cost(self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]) -> float:
+    def _flex_cost(
+        self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
+    ) -> float:
         st = self.states[i]
         op = st.op
         cost = 0.0
@@ -164,24 +194,29 @@ class _Search:
                 continue
             u = self.states[e.producer].op
             src = _layout(u, decided[e.producer], e.out_pos, True)
+            dst = _layout(op, cut, e.in_pos, False)
             if src >= 0:
                 src = dict(e.to_consumer).get(src, ELSEWHERE)
-            dst = _layout(op, cut, e.in_pos, False)
+                if src == ELSEWHERE:  # the chain cannot carry that split: it gathers on the way
+                    dst = REPLICATED
             cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
         for e in st.succs:
             if e.consumer not in decided:
                 continue
             w = self.states[e.consumer].op
             dst = _layout(w, decided[e.consumer], e.in_pos, False)
+            src = _layout(op, cut, e.out_pos, True)
             if dst >= 0:
                 back = {c: p for p, c in e.to_consumer}
-                dst = back.get(dst, ELSEWHERE)
-            src = _layout(op, cut, e.out_pos, True)
+                dst = back.get(dst, REPLICATED)
+            if src >= 0 and src not in dict(e.to_consumer):
+                dst = REPLICATED  # the chain cannot carry this split: it gathers on the way
             cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
         return cost + self._shared_param_cost(i, cut, rnd, decided)
 
-    def _shared_param_cost(self, i: int, cut: str | None, rnd: Round,
-                           decided: dict[int, str | None]) -> float:
+    def _shared_param_cost(
+        self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
+    ) -> float:
         st, graph = self.states[i], self.graph
         cost = 0.0
         for pos, name in enumerate(st.op.inputs):
@@ -194,7 +229,9 @@ class _Search:
                     cost += self._edge(src, dst, st.in_numel[pos], name, rnd)
         return cost
 
-    def _near_cost(self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]) -> float:
+    def _near_cost(
+        self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
+    ) -> float:
         """Redistribution against immediate (non-flex) neighbours decided in this round."""
         st, graph = self.states[i], self.graph
         op = st.op
@@ -225,8 +262,14 @@ class _Search:
     def _charge(self, i: int, cut: str | None, r: int, charged: set[tuple[str, int]]) -> None:
         op = self.states[i].op
         for pos, name in enumerate(op.inputs):
-            if reduces(op, cut, op.signature.inputs[pos], False, name in self.graph.requires_grad,
-                       self.opts.train):
+            if reduces(
+                op,
+                cut,
+                op.signature.inputs[pos],
+                False,
+                name in self.graph.requires_grad,
+                self.opts.train,
+            ):
                 charged.add((name, r))
 
     # -- the double recursion -----------------------------------------------------------------
@@ -267,7 +310,9 @@ class _Search:
         return {st.op.name: tuple(st.cuts) for st in self.states}
 
 
-def drec(graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0) -> dict[str, Strategy]:
+def drec(
+    graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0
+) -> dict[str, Strategy]:
     """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
     keep tensors replicated, used by the memory-aware driver in `search.api`."""
     return _Search(graph, mesh, opts, memory_lambda).run()

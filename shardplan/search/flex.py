@@ -26,11 +26,14 @@ def is_transparent(op: Op) -> bool:
 
 
 def dim_map(op: Op, input_pos: int, output_pos: int = 0) -> dict[int, int]:
-    """Input tensor dim -> output tensor dim of a transparent op (through shared major loop dims)."""
+    """Input tensor dim -> output tensor dim of a transparent op, through a shared major loop dim
+    that may be cut (a split on a FROZEN dim, e.g. a norm's hidden axis, does not pass)."""
     out_major = major_positions(op.signature.outputs[output_pos])
-    return {pos: out_major[group[0]]
-            for pos, group in enumerate(op.signature.inputs[input_pos])
-            if group and group[0] in out_major}
+    return {
+        pos: out_major[group[0]]
+        for pos, group in enumerate(op.signature.inputs[input_pos])
+        if group and group[0] in out_major and op.signature.loop_dim(group[0]).splittable
+    }
 
 
 @dataclass(frozen=True, slots=True)

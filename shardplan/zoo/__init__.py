@@ -34,52 +34,185 @@ class ModelEntry:
         return getattr({"cnn": cnn, "transformer": transformer}[module], function)
 
 
-def _entry(name: str, builder: str, description: str,
-           published: float | None = None, small: dict[str, Any] | None = None,
-           **defaults: Any) -> ModelEntry:
-    return ModelEntry(name, builder, MappingProxyType(defaults), description, published,
-                      MappingProxyType(small or {}))
+def _entry(
+    name: str,
+    builder: str,
+    description: str,
+    published: float | None = None,
+    small: dict[str, Any] | None = None,
+    **defaults: Any,
+) -> ModelEntry:
+    return ModelEntry(
+        name,
+        builder,
+        MappingProxyType(defaults),
+        description,
+        published,
+        MappingProxyType(small or {}),
+    )
 
 
 _TINY_TF = {"batch": 4, "seq": 16, "layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
 
-MODELS: Mapping[str, ModelEntry] = MappingProxyType({e.name: e for e in (
-    _entry("mlp", "transformer.mlp", "3-layer MLP on 784-dim inputs", None, {"batch": 16}),
-    _entry("sapp-mlp", "transformer.sapp_tutorial", "MindSpore SAPP tutorial MLP (784-512-512-1)",
-           None, {"batch": 16}),
-    _entry("alexnet", "cnn.alexnet", "AlexNet (ImageNet, 224x224)", 61.1e6,
-           {"batch": 2, "image": 64, "classes": 10}),
-    _entry("vgg16", "cnn.vgg16", "VGG-16 (ImageNet, 224x224)", 138.4e6,
-           {"batch": 2, "image": 32, "classes": 10, "width": 8}),
-    _entry("resnet50", "cnn.resnet50", "ResNet-50 (ImageNet, 224x224)", 25.6e6,
-           {"batch": 2, "image": 32, "classes": 10, "width": 8}),
-    _entry("resnet152", "cnn.resnet152", "ResNet-152 (ImageNet, 224x224)", 60.2e6,
-           {"batch": 2, "image": 32, "classes": 10, "width": 8}),
-    _entry("bert-base", "transformer.bert", "BERT-base encoder, 12 layers, hidden 768", 110e6,
-           {**_TINY_TF, "max_positions": 16}, layers=12, hidden=768, heads=12, seq=512),
-    _entry("bert-large", "transformer.bert", "BERT-large encoder, 24 layers, hidden 1024", 340e6,
-           {**_TINY_TF, "max_positions": 16}, layers=24, hidden=1024, heads=16, seq=512),
-    _entry("gpt2-small", "transformer.gpt", "GPT-2 small, 12 layers, hidden 768", 124e6, _TINY_TF,
-           layers=12, hidden=768, heads=12),
-    _entry("gpt2-medium", "transformer.gpt", "GPT-2 medium, 24 layers, hidden 1024", 355e6,
-           _TINY_TF, layers=24, hidden=1024, heads=16),
-    _entry("gpt2-large", "transformer.gpt", "GPT-2 large, 36 layers, hidden 1280", 774e6, _TINY_TF,
-           layers=36, hidden=1280, heads=20),
-    _entry("gpt2-xl", "transformer.gpt", "GPT-2 xl, 48 layers, hidden 1600", 1558e6, _TINY_TF,
-           layers=48, hidden=1600, heads=25),
-    _entry("gpt3-175b", "transformer.gpt", "GPT-3 175B, 96 layers, hidden 12288, seq 2048", 175e9,
-           {**_TINY_TF, "max_positions": 16}, layers=96, hidden=12288, heads=96, seq=2048,
-           max_positions=2048, batch=8),
-    _entry("gpt3", "transformer.gpt", "GPT-3-style decoder: set layers/hidden/heads", None, _TINY_TF,
-           layers=24, hidden=2048, heads=16, seq=2048, max_positions=2048),
-    _entry("vit-b16", "transformer.vit", "ViT-B/16 (224x224, 1000 classes)", 86.6e6,
-           {"batch": 2, "image": 32, "patch": 8, "layers": 2, "hidden": 64, "heads": 4,
-            "classes": 10}),
-    _entry("moe", "transformer.moe", "one Mixture-of-Experts transformer layer (8 experts, top-1)",
-           None, {"batch": 2, "seq": 16, "hidden": 32, "heads": 4, "experts": 4, "ffn": 64}),
-    _entry("wide-deep", "transformer.wide_deep", "Wide&Deep (26 sparse fields, deep 1024-512-256)",
-           None, {"batch": 16, "fields": 3, "vocab": 64, "embed": 8, "deep": (32, 16)}),
-)})
+MODELS: Mapping[str, ModelEntry] = MappingProxyType(
+    {
+        e.name: e
+        for e in (
+            _entry("mlp", "transformer.mlp", "3-layer MLP on 784-dim inputs", None, {"batch": 16}),
+            _entry(
+                "sapp-mlp",
+                "transformer.sapp_tutorial",
+                "MindSpore SAPP tutorial MLP (784-512-512-1)",
+                None,
+                {"batch": 16},
+            ),
+            _entry(
+                "alexnet",
+                "cnn.alexnet",
+                "AlexNet (ImageNet, 224x224)",
+                61.1e6,
+                {"batch": 2, "image": 64, "classes": 10},
+            ),
+            _entry(
+                "vgg16",
+                "cnn.vgg16",
+                "VGG-16 (ImageNet, 224x224)",
+                138.4e6,
+                {"batch": 2, "image": 32, "classes": 10, "width": 8},
+            ),
+            _entry(
+                "resnet50",
+                "cnn.resnet50",
+                "ResNet-50 (ImageNet, 224x224)",
+                25.6e6,
+                {"batch": 2, "image": 32, "classes": 10, "width": 8},
+            ),
+            _entry(
+                "resnet152",
+                "cnn.resnet152",
+                "ResNet-152 (ImageNet, 224x224)",
+                60.2e6,
+                {"batch": 2, "image": 32, "classes": 10, "width": 8},
+            ),
+            _entry(
+                "bert-base",
+                "transformer.bert",
+                "BERT-base encoder, 12 layers, hidden 768",
+                110e6,
+                {**_TINY_TF, "max_positions": 16},
+                layers=12,
+                hidden=768,
+                heads=12,
+                seq=512,
+            ),
+            _entry(
+                "bert-large",
+                "transformer.bert",
+                "BERT-large encoder, 24 layers, hidden 1024",
+                340e6,
+                {**_TINY_TF, "max_positions": 16},
+                layers=24,
+                hidden=1024,
+                heads=16,
+                seq=512,
+            ),
+            _entry(
+                "gpt2-small",
+                "transformer.gpt",
+                "GPT-2 small, 12 layers, hidden 768",
+                124e6,
+                _TINY_TF,
+                layers=12,
+                hidden=768,
+                heads=12,
+            ),
+            _entry(
+                "gpt2-medium",
+                "transformer.gpt",
+                "GPT-2 medium, 24 layers, hidden 1024",
+                355e6,
+                _TINY_TF,
+                layers=24,
+                hidden=1024,
+                heads=16,
+            ),
+            _entry(
+                "gpt2-large",
+                "transformer.gpt",
+                "GPT-2 large, 36 layers, hidden 1280",
+                774e6,
+                _TINY_TF,
+                layers=36,
+                hidden=1280,
+                heads=20,
+            ),
+            _entry(
+                "gpt2-xl",
+                "transformer.gpt",
+                "GPT-2 xl, 48 layers, hidden 1600",
+                1558e6,
+                _TINY_TF,
+                layers=48,
+                hidden=1600,
+                heads=25,
+            ),
+            _entry(
+                "gpt3-175b",
+                "transformer.gpt",
+                "GPT-3 175B, 96 layers, hidden 12288, seq 2048",
+                175e9,
+                {**_TINY_TF, "max_positions": 16},
+                layers=96,
+                hidden=12288,
+                heads=96,
+                seq=2048,
+                max_positions=2048,
+                batch=8,
+            ),
+            _entry(
+                "gpt3",
+                "transformer.gpt",
+                "GPT-3-style decoder: set layers/hidden/heads",
+                None,
+                _TINY_TF,
+                layers=24,
+                hidden=2048,
+                heads=16,
+                seq=2048,
+                max_positions=2048,
+            ),
+            _entry(
+                "vit-b16",
+                "transformer.vit",
+                "ViT-B/16 (224x224, 1000 classes)",
+                86.6e6,
+                {
+                    "batch": 2,
+                    "image": 32,
+                    "patch": 8,
+                    "layers": 2,
+                    "hidden": 64,
+                    "heads": 4,
+                    "classes": 10,
+                },
+            ),
+            _entry(
+                "moe",
+                "transformer.moe",
+                "one Mixture-of-Experts transformer layer (8 experts, top-1)",
+                None,
+                {"batch": 2, "seq": 16, "hidden": 32, "heads": 4, "experts": 4, "ffn": 64},
+            ),
+            _entry(
+                "wide-deep",
+                "transformer.wide_deep",
+                "Wide&Deep (26 sparse fields, deep 1024-512-256)",
+                None,
+                {"batch": 16, "fields": 3, "vocab": 64, "embed": 8, "deep": (32, 16)},
+            ),
+        )
+    }
+)
 
 
 def build(name: str, small: bool = False, **overrides: Any) -> Graph:
@@ -91,7 +224,8 @@ def build(name: str, small: bool = False, **overrides: Any) -> Graph:
     if entry is None:
         close = difflib.get_close_matches(name, list(MODELS), n=3)
         raise UnknownModelError(
-            f"no zoo model {name!r}; similar: {close}. `shardplan models` lists them all")
+            f"no zoo model {name!r}; similar: {close}. `shardplan models` lists them all"
+        )
     kwargs = {**entry.defaults, **(entry.small if small else {})}
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     accepted = set(inspect.signature(entry.builder).parameters)

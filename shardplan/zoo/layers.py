@@ -30,6 +30,7 @@ def attention(b: GraphBuilder, x: str, heads: int, name: str, causal: bool) -> s
     batch, seq, hidden = b.shape(x)
     head_dim = hidden // heads
     with b.scope(name):
+
         def split_heads(t: str, tag: str) -> str:
             t = b.apply("reshape", t, shape=(batch, seq, heads, head_dim), name=f"{tag}_split")
             return b.apply("transpose", t, perm=(0, 2, 1, 3), name=f"{tag}_heads")
@@ -38,7 +39,7 @@ def attention(b: GraphBuilder, x: str, heads: int, name: str, causal: bool) -> s
         k = split_heads(dense(b, x, hidden, "k"), "k")
         v = split_heads(dense(b, x, hidden, "v"), "v")
         scores = b.apply("bmm", q, k, transpose_b=True, name="scores")
-        scores = b.apply("scale", scores, value=head_dim ** -0.5, name="scale")
+        scores = b.apply("scale", scores, value=head_dim**-0.5, name="scale")
         if causal:
             mask = b.constant("causal_mask", (seq, seq))
             scores = b.apply("add", scores, mask, name="mask")
@@ -57,8 +58,9 @@ def mlp_block(b: GraphBuilder, x: str, ffn: int, name: str, act: str = "gelu") -
         return dense(b, h, hidden, "proj")
 
 
-def transformer_block(b: GraphBuilder, x: str, heads: int, ffn: int, name: str,
-                      causal: bool, pre_norm: bool = True) -> str:
+def transformer_block(
+    b: GraphBuilder, x: str, heads: int, ffn: int, name: str, causal: bool, pre_norm: bool = True
+) -> str:
     """Pre-norm (GPT, ViT) or post-norm (BERT) transformer layer."""
     with b.scope(name):
         if pre_norm:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shardplan.errors import IRError
 from shardplan.ir.graph import Graph, GraphBuilder
-from shardplan.zoo.layers import dense, layer_norm, mlp_block, transformer_block
+from shardplan.zoo.layers import dense, layer_norm, transformer_block
 
 
 def _check_heads(hidden: int, heads: int) -> None:
@@ -12,9 +12,17 @@ def _check_heads(hidden: int, heads: int) -> None:
         raise IRError(f"hidden size {hidden} is not divisible by {heads} heads")
 
 
-def gpt(batch: int = 8, seq: int = 1024, layers: int = 12, hidden: int = 768, heads: int = 12,
-        vocab: int = 50257, max_positions: int | None = None, name: str = "gpt") -> Graph:
-    """GPT-2/GPT-3 style decoder: token + position embeddings, pre-norm blocks, tied LM head, loss."""
+def gpt(
+    batch: int = 8,
+    seq: int = 1024,
+    layers: int = 12,
+    hidden: int = 768,
+    heads: int = 12,
+    vocab: int = 50257,
+    max_positions: int | None = None,
+    name: str = "gpt",
+) -> Graph:
+    """GPT-2/GPT-3 style decoder: token + position embeddings, pre-norm blocks, tied head."""
     _check_heads(hidden, heads)
     b = GraphBuilder(name)
     ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
@@ -22,8 +30,12 @@ def gpt(batch: int = 8, seq: int = 1024, layers: int = 12, hidden: int = 768, he
     labels = b.input("labels", (batch, seq), dtype_bytes=4)
     wte = b.param("wte", (vocab, hidden))
     wpe = b.param("wpe", (max_positions or max(seq, 1024), hidden))
-    x = b.apply("add", b.apply("embedding", wte, ids, name="tok_emb"),
-                b.apply("embedding", wpe, positions, name="pos_emb"), name="emb")
+    x = b.apply(
+        "add",
+        b.apply("embedding", wte, ids, name="tok_emb"),
+        b.apply("embedding", wpe, positions, name="pos_emb"),
+        name="emb",
+    )
     for i in range(layers):
         x = transformer_block(b, x, heads, 4 * hidden, f"h.{i}", causal=True)
     x = layer_norm(b, x, "ln_f")
@@ -32,10 +44,18 @@ def gpt(batch: int = 8, seq: int = 1024, layers: int = 12, hidden: int = 768, he
     return b.build()
 
 
-def bert(batch: int = 8, seq: int = 512, layers: int = 12, hidden: int = 768, heads: int = 12,
-         vocab: int = 30522, max_positions: int = 512, classes: int = 2,
-         name: str = "bert") -> Graph:
-    """BERT encoder: word + position + token-type embeddings, post-norm blocks, pooler, classifier."""
+def bert(
+    batch: int = 8,
+    seq: int = 512,
+    layers: int = 12,
+    hidden: int = 768,
+    heads: int = 12,
+    vocab: int = 30522,
+    max_positions: int = 512,
+    classes: int = 2,
+    name: str = "bert",
+) -> Graph:
+    """BERT encoder: word/position/type embeddings, post-norm blocks, pooler, head."""
     _check_heads(hidden, heads)
     b = GraphBuilder(name)
     ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
@@ -44,10 +64,20 @@ def bert(batch: int = 8, seq: int = 512, layers: int = 12, hidden: int = 768, he
     labels = b.input("labels", (batch,), dtype_bytes=4)
     with b.scope("embeddings"):
         x = b.apply("embedding", b.param("word", (vocab, hidden)), ids, name="word_emb")
-        x = b.apply("add", x, b.apply("embedding", b.param("position", (max_positions, hidden)),
-                                      positions, name="pos_emb"), name="add_pos")
-        x = b.apply("add", x, b.apply("embedding", b.param("token_type", (2, hidden)), types,
-                                      name="type_emb"), name="add_type")
+        x = b.apply(
+            "add",
+            x,
+            b.apply(
+                "embedding", b.param("position", (max_positions, hidden)), positions, name="pos_emb"
+            ),
+            name="add_pos",
+        )
+        x = b.apply(
+            "add",
+            x,
+            b.apply("embedding", b.param("token_type", (2, hidden)), types, name="type_emb"),
+            name="add_type",
+        )
     x = layer_norm(b, x, "embeddings.ln")
     for i in range(layers):
         x = transformer_block(b, x, heads, 4 * hidden, f"layer.{i}", causal=False, pre_norm=False)
@@ -59,8 +89,16 @@ def bert(batch: int = 8, seq: int = 512, layers: int = 12, hidden: int = 768, he
     return b.build()
 
 
-def vit(batch: int = 8, image: int = 224, patch: int = 16, layers: int = 12, hidden: int = 768,
-        heads: int = 12, classes: int = 1000, name: str = "vit") -> Graph:
+def vit(
+    batch: int = 8,
+    image: int = 224,
+    patch: int = 16,
+    layers: int = 12,
+    hidden: int = 768,
+    heads: int = 12,
+    classes: int = 1000,
+    name: str = "vit",
+) -> Graph:
     """ViT: patch conv, class token, position embeddings, pre-norm blocks, head on the class token
     (read as a mean over tokens so the graph stays slice-free; the parameters are ViT's)."""
     _check_heads(hidden, heads)
@@ -72,13 +110,22 @@ def vit(batch: int = 8, image: int = 224, patch: int = 16, layers: int = 12, hid
     grid = image // patch
     tokens = grid * grid
     with b.scope("patch"):
-        x = b.apply("conv2d", pixels, b.param("weight", (hidden, 3, patch, patch)), stride=patch,
-                    name="conv")
+        x = b.apply(
+            "conv2d",
+            pixels,
+            b.param("weight", (hidden, 3, patch, patch)),
+            stride=patch,
+            name="conv",
+        )
         x = b.apply("bias_add", x, b.param("bias", (hidden,)), axis=1, name="bias_add")
     x = b.apply("reshape", x, shape=(batch, hidden, tokens), name="flatten")
     x = b.apply("transpose", x, perm=(0, 2, 1), name="to_tokens")
-    cls = b.apply("add", b.constant("zeros", (batch, 1, hidden)), b.param("cls", (1, 1, hidden)),
-                  name="cls_expand")
+    cls = b.apply(
+        "add",
+        b.constant("zeros", (batch, 1, hidden)),
+        b.param("cls", (1, 1, hidden)),
+        name="cls_expand",
+    )
     x = b.apply("concat", cls, x, axis=1, name="cat_cls")
     x = b.apply("add", x, b.param("pos", (1, tokens + 1, hidden)), name="add_pos")
     for i in range(layers):
@@ -90,8 +137,16 @@ def vit(batch: int = 8, image: int = 224, patch: int = 16, layers: int = 12, hid
     return b.build()
 
 
-def moe(batch: int = 8, seq: int = 1024, hidden: int = 1024, heads: int = 16, experts: int = 8,
-        ffn: int = 4096, capacity_factor: float = 1.0, name: str = "moe") -> Graph:
+def moe(
+    batch: int = 8,
+    seq: int = 1024,
+    hidden: int = 1024,
+    heads: int = 16,
+    experts: int = 8,
+    ffn: int = 4096,
+    capacity_factor: float = 1.0,
+    name: str = "moe",
+) -> Graph:
     """One GShard-style Mixture-of-Experts transformer layer (attention + top-1 routed experts).
 
     The router's dispatch mask [b, s, e, c] is an input (it is an argmax, not differentiable); the
@@ -151,9 +206,15 @@ def sapp_tutorial(batch: int = 256, name: str = "sapp-mlp") -> Graph:
     return b.build()
 
 
-def wide_deep(batch: int = 2048, fields: int = 26, vocab: int = 100_000, embed: int = 32,
-              dense_features: int = 13, deep: tuple[int, ...] = (1024, 512, 256),
-              name: str = "wide-deep") -> Graph:
+def wide_deep(
+    batch: int = 2048,
+    fields: int = 26,
+    vocab: int = 100_000,
+    embed: int = 32,
+    dense_features: int = 13,
+    deep: tuple[int, ...] = (1024, 512, 256),
+    name: str = "wide-deep",
+) -> Graph:
     """Wide&Deep (Criteo-style): per-field embeddings + a deep MLP, plus a wide linear part."""
     b = GraphBuilder(name)
     labels = b.input("labels", (batch,), dtype_bytes=4)
@@ -161,7 +222,9 @@ def wide_deep(batch: int = 2048, fields: int = 26, vocab: int = 100_000, embed: 
     embs = []
     for f in range(fields):
         ids = b.input(f"ids_{f}", (batch,), dtype_bytes=4)
-        embs.append(b.apply("embedding", b.param(f"emb_{f}", (vocab, embed)), ids, name=f"lookup_{f}"))
+        embs.append(
+            b.apply("embedding", b.param(f"emb_{f}", (vocab, embed)), ids, name=f"lookup_{f}")
+        )
     x = b.apply("concat", *embs, dense_x, axis=1, name="concat")
     for i, width in enumerate(deep):
         x = b.apply("relu", dense(b, x, width, f"deep{i}"), name=f"deep_relu{i}")

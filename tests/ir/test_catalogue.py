@@ -281,26 +281,16 @@ def test_shape_errors_name_the_kind(kind, shapes, attrs, match):
         op_form(kind, shapes, attrs)
 
 
-@pytest.mark.xfail(strict=True, raises=ShapeError, reason=(
-    "catalogue.conv2d checks x[1] == w[1] before `groups`, so a real grouped conv (weight "
-    "[o, c/groups, r, s]) raises a misleading ShapeError instead of UnsupportedOpError"))
 def test_grouped_conv_is_unsupported():
     with pytest.raises(UnsupportedOpError, match="only groups=1"):
         op_form("conv2d", [(2, 4, 8, 8), (4, 2, 3, 3)], {"groups": 2})
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=(
-    "catalogue.batch_norm formats x[1] in its error message, so a rank<2 input raises "
-    "IndexError instead of ShapeError"))
 def test_batch_norm_rank_one_input_is_a_shape_error():
     with pytest.raises(ShapeError, match="batch_norm"):
         op_form("batch_norm", [(5,), (5,), (5,)], {})
 
 
-@pytest.mark.xfail(strict=True, raises=(KeyError, ValueError), reason=(
-    "catalogue rules read required attrs with attrs[...] (reshape 'shape', transpose 'perm', "
-    "einsum 'spec') and elementwise calls max() on the inputs: missing attrs raise KeyError and "
-    "zero inputs ValueError instead of a typed ShapeError"))
 @pytest.mark.parametrize(("kind", "shapes"), [("reshape", [(2, 3)]), ("transpose", [(2, 3)]),
                                               ("einsum", [(2, 3)]), ("add", [])])
 def test_missing_attrs_or_inputs_are_shape_errors(kind, shapes):

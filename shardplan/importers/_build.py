@@ -1,0 +1,315 @@
+"""Shared machinery of the framework importers: translation tables, the graph emitter, the result.
+
+Every importer walks a framework graph once and turns each framework op into catalogue ops through
+one `TranslationTable` keyed by the framework's canonical op identity (`str(OpOverload)` for
+torch.export, `(domain, op_type)` for ONNX). It emits through an `Emitter`, which derives each op's
+signature from the catalogue, checks the result shape against the framework's own shape, and keeps
+the two lists a user needs to trust the import: ops replicated as opaque (never cut) and framework
+ops whose catalogue form is an approximation (right shapes and dim kinds, not the exact function).
+
+Forms used for what the catalogue does not name (all `einsum` rows, FLOPs = result size):
+- gather-like (slice, select, split, index, gather, topk): `a0 c a2, i0 i1 -> a0 i0 i1 a2`. The
+  indexed axis `c` is REDUCE(sum): a device holding part of `c` looks up the indices it owns and
+  writes zeros elsewhere, and the partial results add up (the catalogue's embedding rule). For
+  selections that need the whole axis (topk) `c` is FROZEN. The index operand is a real tensor
+  (index, gather) or a small int64 constant (slice: the selected positions).
+- broadcast (expand): `a0 u1 a2, n1 -> a0 n1 a2` with a CONSTANT ones tensor `n1`; the size-1 dim
+  `u1` is a REDUCE of extent 1. This one is exact: the einsum computes the broadcast.
+- opaque (unknown ops with `unknown="replicate"`): every loop dim FROZEN, one per result dim and
+  one per operand dim, so the op can never be cut and its neighbours pay any redistribution.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from shardplan.errors import IRError, ShapeError, UnsupportedOpError
+from shardplan.ir.catalogue import op_form
+from shardplan.ir.dims import DimKind, LoopDim
+from shardplan.ir.graph import Graph, GraphBuilder
+from shardplan.ir.op import Op, Role, Tensor
+from shardplan.ir.signature import Signature
+
+K = TypeVar("K")
+V = TypeVar("V")
+Shape = tuple[int, ...]
+UnknownPolicy = Literal["error", "replicate"]
+OPAQUE = "opaque"
+
+
+class ReplicatedOpsWarning(UserWarning):
+    """An import replaced framework ops it cannot translate by opaque, never-cut operators."""
+
+
+class TranslationTable(Generic[K, V]):
+    """A named registry of translation rules: duplicate keys and failed lookups are errors."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._entries: dict[K, V] = {}
+
+    def register(self, *keys: K) -> Callable[[V], V]:
+        def add(value: V) -> V:
+            for key in keys:
+                if key in self._entries:
+                    raise IRError(f"{self.name}: {key!r} is registered twice")
+                self._entries[key] = value
+            return value
+
+        return add
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys(self) -> tuple[K, ...]:
+        return tuple(self._entries)
+
+    def get(self, key: K) -> V | None:
+        return self._entries.get(key)
+
+    def similar(self, key: K) -> list[str]:
+        return difflib.get_close_matches(str(key), [str(k) for k in self._entries], n=3)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatedOp:
+    """A framework op imported as an opaque, replicated operator."""
+
+    op: str
+    source: str
+    module: str = ""
+
+    def __str__(self) -> str:
+        where = f" in {self.module!r}" if self.module else ""
+        return f"{self.op} ({self.source}{where})"
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """An imported graph plus what the import could not translate exactly.
+
+    Attributes:
+        graph: the verified graph.
+        replicated: framework ops imported as opaque operators (never cut), in graph order.
+        approximated: framework op -> how many of its nodes map to a catalogue form that keeps
+            shapes and dim kinds but not the exact function (see each importer's table).
+    """
+
+    graph: Graph
+    replicated: tuple[ReplicatedOp, ...] = ()
+    approximated: Mapping[str, int] = field(default_factory=dict)
+
+    def report(self) -> str:
+        g = self.graph
+        lines = [f"{g.name}: {len(g.ops)} ops, {g.num_params:,} parameters, {g.flops:.3g} FLOPs"]
+        if self.replicated:
+            lines.append(f"replicated (opaque, never cut): {len(self.replicated)}")
+            lines += [f"  {r}" for r in self.replicated]
+        if self.approximated:
+            lines.append("approximated (shapes exact, function approximate):")
+            lines += [f"  {k}: {n}" for k, n in sorted(self.approximated.items())]
+        return "\n".join(lines)
+
+
+def warn_replicated(result: ImportResult, importer: str) -> None:
+    if result.replicated:
+        import warnings
+
+        names = ", ".join(str(r) for r in result.replicated[:10])
+        more = "" if len(result.replicated) <= 10 else f" and {len(result.replicated) - 10} more"
+        warnings.warn(
+            f"{importer}: {len(result.replicated)} op(s) imported as opaque replicated operators "
+            f"(never cut): {names}{more}; call the import_* function for the full report",
+            ReplicatedOpsWarning,
+            stacklevel=3,
+        )
+
+
+def check_policy(unknown: str) -> UnknownPolicy:
+    if unknown not in ("error", "replicate"):
+        raise ValueError(f"unknown={unknown!r}; use 'error' or 'replicate'")
+    return unknown  # type: ignore[return-value]
+
+
+def _numel(shape: Iterable[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def opaque_signature(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) -> Signature:
+    """All loop dims FROZEN: one per result dim, one per operand dim (never cut)."""
+    dims: list[LoopDim] = []
+    groups: list[tuple[tuple[str, ...], ...]] = []
+    for prefix, shapes in (("o", out_shapes), ("i", in_shapes)):
+        for t, shape in enumerate(shapes):
+            names = [f"{prefix}{t}_{j}" for j in range(len(shape))]
+            dims += [LoopDim(n, max(int(e), 1), DimKind.FROZEN) for n, e in zip(names, shape,
+                                                                                strict=True)]
+            groups.append(tuple((n,) for n in names))
+    n_out = len(out_shapes)
+    return Signature(tuple(dims), tuple(groups[n_out:]), tuple(groups[:n_out]))
+
+
+class Emitter:
+    """Adds tensors and catalogue ops to a `GraphBuilder`, checking each result shape."""
+
+    def __init__(self, name: str, policy: UnknownPolicy) -> None:
+        self.builder = GraphBuilder(name)
+        self.policy = policy
+        self.replicated: list[ReplicatedOp] = []
+        self.approximated: Counter[str] = Counter()
+
+    # -- tensors ------------------------------------------------------------------------------
+    def shape(self, tensor: str) -> Shape:
+        return self.builder.shape(tensor)
+
+    def has(self, tensor: str) -> bool:
+        return tensor in self.builder._tensors
+
+    def tensor(self, name: str, shape: Sequence[int], dtype_bytes: int, role: Role) -> str:
+        """Add a graph input, parameter or constant (idempotent for constants)."""
+        if role is Role.CONSTANT and self.has(name):
+            return name
+        return self.builder.add_tensor(Tensor(name, _shape(shape, name), dtype_bytes, role))
+
+    # -- ops ----------------------------------------------------------------------------------
+    def op(self, kind: str, inputs: Sequence[str], *, name: str, layer: str = "",
+           dtype_bytes: int = 4, expect: Sequence[int] | None = None, flops: float | None = None,
+           approx: str | None = None, **attrs: Any) -> str:
+        """Add one catalogue op; its result tensor is named `name`.
+
+        Args:
+            expect: the framework's result shape; a mismatch is a translation bug (ShapeError).
+            flops: overrides the catalogue's count (gather/broadcast forms cost one copy).
+            approx: the framework op this form approximates (counted in the import report).
+        """
+        shapes = [self.shape(t) for t in inputs]
+        try:
+            form = op_form(kind, shapes, attrs)
+        except IRError as e:
+            raise type(e)(f"op {name!r} ({kind} of {shapes}): {e}") from e
+        (out_shape,) = form.output_shapes
+        if expect is not None and tuple(out_shape) != tuple(int(s) for s in expect):
+            raise ShapeError(f"op {name!r} ({kind}): the catalogue gives shape {out_shape} but the "
+                             f"framework says {tuple(expect)}; the translation rule is wrong")
+        self.builder.add_tensor(Tensor(name, out_shape, dtype_bytes, Role.ACTIVATION))
+        self.builder.add_op(Op(name, kind, form.signature, tuple(inputs), (name,),
+                               form.flops if flops is None else float(flops),
+                               tuple(attrs.items()), layer))
+        if approx:
+            self.approximated[approx] += 1
+        return name
+
+    def opaque(self, inputs: Sequence[str], out_shapes: Sequence[Sequence[int]],
+               out_dtype_bytes: Sequence[int], *, name: str, source: str, layer: str = "",
+               module: str = "") -> list[str]:
+        """Add an opaque op (all loop dims FROZEN) and record it as replicated."""
+        outs = [name] if len(out_shapes) == 1 else [f"{name}:{i}" for i in range(len(out_shapes))]
+        shapes = [_shape(s, name) for s in out_shapes]
+        for out, shape, nbytes in zip(outs, shapes, out_dtype_bytes, strict=True):
+            self.builder.add_tensor(Tensor(out, shape, nbytes, Role.ACTIVATION))
+        signature = opaque_signature([self.shape(t) for t in inputs], shapes)
+        self.builder.add_op(Op(name, OPAQUE, signature, tuple(inputs), tuple(outs),
+                               float(sum(_numel(s) for s in shapes)), (("source", source),),
+                               layer))
+        self.replicated.append(ReplicatedOp(name, source, module or layer))
+        return outs
+
+    def unsupported(self, message: str) -> UnsupportedOpError:
+        return UnsupportedOpError(message)
+
+    # -- einsum forms ---------------------------------------------------------------------------
+    def gather(self, x: str, index: Sequence[str], axis: int, *, name: str, layer: str = "",
+               dtype_bytes: int = 4, expect: Sequence[int] | None = None,
+               frozen: bool = False, approx: str | None = None, **attrs: Any) -> str:
+        """`x[..., index, ...]` along `axis` with one or more (broadcast) index tensors.
+
+        The index tensors' dims (right-aligned) replace `x`'s dim `axis`; several index tensors
+        index consecutive axes from `axis` on (torch advanced indexing with adjacent indices).
+        """
+        shape = self.shape(x)
+        idx_shapes = [self.shape(t) for t in index]
+        rank = max((len(s) for s in idx_shapes), default=0)
+        out_idx = [1] * rank
+        for s in idx_shapes:
+            for j, size in enumerate(s):
+                k = rank - len(s) + j
+                out_idx[k] = max(out_idx[k], size)
+        x_names = [f"a{j}" for j in range(len(shape))]
+        indexed = list(range(axis, axis + len(index)))
+        for j in indexed:
+            x_names[j] = f"c{j}"
+        idx_names = [f"i{k}" for k in range(rank)]
+        operands = [" ".join(x_names)]
+        for t, s in enumerate(idx_shapes):
+            names = []
+            for j, size in enumerate(s):
+                k = rank - len(s) + j
+                names.append(idx_names[k] if size == out_idx[k] else f"u{t}_{k}")
+            operands.append(" ".join(names))
+        out_names = x_names[:axis] + idx_names + x_names[axis + len(index):]
+        spec = f"{', '.join(operands)} -> {' '.join(out_names)}"
+        frozen_dims = tuple(x_names[j] for j in indexed) if frozen else ()
+        out_numel = _numel(shape[:axis]) * _numel(out_idx) * _numel(shape[axis + len(index):])
+        return self.op("einsum", [x, *index], name=name, layer=layer, dtype_bytes=dtype_bytes,
+                       expect=expect, flops=out_numel, approx=approx, spec=spec,
+                       frozen=frozen_dims, **attrs)
+
+    def broadcast(self, x: str, shape: Sequence[int], *, name: str, layer: str = "",
+                  dtype_bytes: int = 4) -> str:
+        """Exact broadcast of `x` to `shape` as an einsum with a CONSTANT ones tensor."""
+        src = self.shape(x)
+        lead = len(shape) - len(src)
+        if lead < 0:
+            raise ShapeError(f"op {name!r}: cannot broadcast {src} to {tuple(shape)}")
+        x_names, ones_names, ones_shape, out_names = [], [], [], []
+        for j, size in enumerate(shape):
+            if j < lead:
+                out_names.append(f"n{j}")
+                ones_names.append(f"n{j}")
+                ones_shape.append(size)
+                continue
+            s = src[j - lead]
+            if s == size:
+                x_names.append(f"a{j}")
+                out_names.append(f"a{j}")
+            elif s == 1:
+                x_names.append(f"u{j}")
+                out_names.append(f"n{j}")
+                ones_names.append(f"n{j}")
+                ones_shape.append(size)
+            else:
+                raise ShapeError(f"op {name!r}: cannot broadcast {src} to {tuple(shape)}")
+        ones = self.tensor(f"{name}/ones", ones_shape, dtype_bytes, Role.CONSTANT)
+        spec = f"{' '.join(x_names)}, {' '.join(ones_names)} -> {' '.join(out_names)}"
+        return self.op("einsum", [x, ones], name=name, layer=layer, dtype_bytes=dtype_bytes,
+                       expect=shape, flops=_numel(shape), spec=spec)
+
+    def build(self) -> ImportResult:
+        graph = self.builder.build()
+        return ImportResult(graph, tuple(self.replicated), dict(self.approximated))
+
+
+def _shape(shape: Sequence[Any], name: str) -> Shape:
+    out = []
+    for s in shape:
+        if not isinstance(s, int):
+            try:
+                s = int(s)
+            except Exception as e:  # a symbolic size: the graph needs static shapes
+                raise ShapeError(f"tensor {name!r} has a symbolic size {s!r}; import with "
+                                 "static example inputs (no dynamic shapes)") from e
+        out.append(s)
+    if any(s < 1 for s in out):
+        raise ShapeError(f"tensor {name!r} has shape {tuple(out)}; zero-size tensors cannot be "
+                         "planned")
+    return tuple(out)

@@ -1,0 +1,161 @@
+"""Expert plans as ordinary strategies, so the one evaluator scores them like any search result.
+
+* data-parallel: every op cuts its batch loop dim in every round (the loop dim that carries dim 0
+  of the graph inputs, followed through the graph); ops without a batch dim replicate.
+* megatron: rounds of the innermost mesh axis are tensor-parallel — an op with a parameter cuts
+  the REDUCE dim its activation arrives split on (row-parallel), else a parameter-only REDUCE dim
+  (vocab-parallel embedding), else a PARALLEL dim only its parameter carries (column-parallel);
+  ops without parameters follow their input's split (heads through reshape/transpose/bmm).
+  Rounds of outer axes are data-parallel.
+* fsdp: data-parallel cuts, with every parameter stored split along its largest divisible dims
+  across all rounds (ZeRO-3): all-gathers before use, sharded gradients and optimizer state.
+Each is one pass in topological order per round: O(|V| + |E|) per round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shardplan.ir.dims import DimKind
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.ir.signature import loop_names, major_positions
+from shardplan.mesh import Mesh
+from shardplan.sharding import Layout, Strategy, cut_problem
+
+Chooser = Callable[[Op, dict[int, int]], list[str]]
+"""(op, {input position: split tensor dim}) -> loop dims to try in order."""
+
+
+def _propagate(
+    graph: Graph,
+    mesh: Mesh,
+    rounds_to_use: set[int],
+    seed: Callable[[str], int | None],
+    choose: Chooser,
+) -> dict[str, list[str | None]]:
+    """Per round, walk ops in order: each cuts the first valid loop dim `choose` proposes, and
+    the split tensor dim of its outputs is recorded for its consumers."""
+    cuts: dict[str, list[str | None]] = {op.name: [] for op in graph.ops}
+    extents = {op.name: op.signature.extents for op in graph.ops}
+    for r, rnd in enumerate(mesh.rounds):
+        split: dict[str, int] = {}
+        for op in graph.ops:
+            chosen: str | None = None
+            if r in rounds_to_use:
+                arriving: dict[int, int] = {}
+                for pos, name in enumerate(op.inputs):
+                    dim = split.get(name)
+                    if dim is None and name not in graph.producer:
+                        dim = seed(name)
+                    if dim is not None:
+                        arriving[pos] = dim
+                for loop_dim in choose(op, arriving):
+                    if cut_problem(op, loop_dim, extents[op.name][loop_dim], rnd.q) is None:
+                        chosen = loop_dim
+                        break
+            cuts[op.name].append(chosen)
+            if chosen is not None:
+                extents[op.name][chosen] //= rnd.q
+                for pos, name in enumerate(op.outputs):
+                    position = major_positions(op.signature.outputs[pos]).get(chosen)
+                    if position is not None:
+                        split[name] = position
+    return cuts
+
+
+def _follow(op: Op, arriving: dict[int, int]) -> list[str]:
+    """Loop dims that keep the arriving splits in place (first arriving input first)."""
+    out = []
+    for pos, dim in sorted(arriving.items()):
+        group = op.signature.inputs[pos][dim]
+        if group and group[0] not in out:
+            out.append(group[0])
+    return out
+
+
+def _batch_seed(graph: Graph) -> Callable[[str], int | None]:
+    def seed(name: str) -> int | None:
+        t = graph.tensors[name]
+        return 0 if t.role is Role.INPUT and t.shape else None
+
+    return seed
+
+
+def data_parallel(graph: Graph, mesh: Mesh) -> dict[str, Strategy]:
+    cuts = _propagate(graph, mesh, set(range(len(mesh.rounds))), _batch_seed(graph), _follow)
+    return {k: tuple(v) for k, v in cuts.items()}
+
+
+def _tensor_parallel_choice(graph: Graph) -> Chooser:
+    def choose(op: Op, arriving: dict[int, int]) -> list[str]:
+        params = [i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
+        if not params:
+            return _follow(op, arriving)
+        kinds = {d.name: d.kind for d in op.signature.loop_dims}
+        activation_dims: set[str] = set()
+        for i, dims in enumerate(op.signature.inputs):
+            if i not in params:
+                activation_dims |= loop_names(dims)
+        param_dims = set().union(*(loop_names(op.signature.inputs[i]) for i in params))
+        followed = _follow(op, arriving)
+        row = [d for d in followed if kinds[d] is DimKind.REDUCE]
+        along = [d for d in followed if kinds[d] is not DimKind.REDUCE]
+        vocab = [
+            d.name
+            for d in op.signature.loop_dims
+            if d.kind is DimKind.REDUCE and d.name in param_dims - activation_dims
+        ]
+        column = [
+            d.name
+            for d in op.signature.loop_dims
+            if d.kind is DimKind.PARALLEL and d.name in param_dims - activation_dims
+        ]
+        return row + along + vocab + column
+
+    return choose
+
+
+def megatron(graph: Graph, mesh: Mesh) -> dict[str, Strategy]:
+    """Tensor parallel on the innermost mesh axis, data parallel on the outer ones."""
+    inner = len(mesh.shape) - 1
+    rounds = mesh.rounds
+    tp = {r.index for r in rounds if r.mesh_axis == inner}
+    dp = {r.index for r in rounds if r.mesh_axis != inner}
+    dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow)
+    tp_cuts = _propagate(graph, mesh, tp, lambda name: None, _tensor_parallel_choice(graph))
+    # both walks shrink extents independently; re-check the merged strategy round by round
+    merged: dict[str, Strategy] = {}
+    for op in graph.ops:
+        extents = op.signature.extents
+        strategy: list[str | None] = []
+        for r, rnd in enumerate(rounds):
+            cut = (dp_cuts if r in dp else tp_cuts)[op.name][r]
+            if cut is not None and cut_problem(op, cut, extents[cut], rnd.q) is None:
+                extents[cut] //= rnd.q
+            else:
+                cut = None
+            strategy.append(cut)
+        merged[op.name] = tuple(strategy)
+    return merged
+
+
+def fsdp_param_layouts(graph: Graph, mesh: Mesh) -> dict[str, Layout]:
+    """Every parameter split across all rounds: each round splits its largest divisible dim."""
+    layouts: dict[str, Layout] = {}
+    for t in graph.parameters:
+        local = list(t.shape)
+        layout: list[int] = []
+        for rnd in mesh.rounds:
+            options = [d for d in range(len(local)) if local[d] % rnd.q == 0]
+            if not options:
+                layout.append(-1)
+                continue
+            d = max(options, key=lambda k: (local[k], -k))
+            local[d] //= rnd.q
+            layout.append(d)
+        layouts[t.name] = tuple(layout)
+    return layouts
+
+
+EXPERTS = ("data-parallel", "megatron", "fsdp")
