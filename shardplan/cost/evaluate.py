@@ -169,31 +169,15 @@ def op_intra(
     strategy: Strategy,
     rounds: Sequence[Round],
     opts: CostOptions,
-    charged: set[tuple[str, int, Layout]] | None = None,
+    shared: Sequence[tuple[int, int]] = (),
 ) -> CommTerms:
     """Intra-operator terms of a whole strategy, round by round.
 
-    `charged` collects (tensor, round, layout) gradient all-reduces already paid by an earlier
-    consumer of a fan-out tensor; a later consumer with the same layout does not pay again.
+    `shared` lists (input position, round) whose gradient all-reduce another consumer pays.
     """
     ins = operand_infos(graph, op, strategy, False, rounds, opts)
-    if charged is not None:
-        for i, name in enumerate(op.inputs):
-            layout = operand_layout(op, strategy, i)
-            for r in range(len(rounds)):
-                if not reduces(
-                    op,
-                    strategy[r],
-                    op.signature.inputs[i],
-                    False,
-                    name in graph.requires_grad,
-                    opts.train,
-                ):
-                    continue
-                key = (name, r, layout)
-                if key in charged:
-                    ins[r][i] = dataclass_replace(ins[r][i], grad_shared=True)
-                charged.add(key)
+    for pos, r in shared:
+        ins[r][pos] = dataclass_replace(ins[r][pos], grad_shared=True)
     outs = operand_infos(graph, op, strategy, True, rounds, opts)
     total = ZERO
     for r, rnd in enumerate(rounds):
@@ -213,8 +197,90 @@ def op_intra(
     return total
 
 
+def unary_terms(
+    graph: Graph, op: Op, strategy: Strategy, mesh: Mesh, opts: CostOptions
+) -> tuple[CommTerms, float]:
+    """What an op's strategy costs on its own: (intra-operator terms, compute)."""
+    parts = 1
+    for r, cut in zip(mesh.rounds, strategy, strict=True):
+        if cut is not None:
+            parts *= r.q
+    compute = compute_cost(op.flops / parts, opts, mesh.flops_per_s)
+    return op_intra(graph, op, strategy, mesh.rounds, opts), compute
+
+
+def edge_terms(
+    graph: Graph,
+    tensor: str,
+    src: Layout,
+    dst: Layout,
+    rounds: Sequence[Round],
+    opts: CostOptions,
+) -> CommTerms:
+    """Redistribution of `tensor` from layout `src` (producer or parameter home) to `dst`."""
+    t = graph.tensors[tensor]
+    sizes = edge_numels(t.numel, src, dst, rounds)
+    grad = tensor in graph.requires_grad
+    total = ZERO
+    for r, rnd in enumerate(rounds):
+        if src[r] != dst[r]:
+            total = total + redistribution_terms(
+                src[r], dst[r], sizes[r], t.dtype_bytes, rnd, grad, opts
+            )
+    return total
+
+
+def shared_rounds(
+    graph: Graph,
+    tensor: str,
+    prev: tuple[Op, int, Strategy],
+    cur: tuple[Op, int, Strategy],
+    opts: CostOptions,
+) -> list[int]:
+    """Rounds in which `cur` need not all-reduce `tensor`'s gradient: the previous consumer of the
+    same tensor reads it in the same layout and reduces it in that round too (gradients are
+    summed locally first, then reduced once). Pairwise by construction, so the ILP can model it."""
+    (p_op, p_pos, p_strategy), (c_op, c_pos, c_strategy) = prev, cur
+    if operand_layout(p_op, p_strategy, p_pos) != operand_layout(c_op, c_strategy, c_pos):
+        return []
+    grad = tensor in graph.requires_grad
+    return [
+        r
+        for r in range(len(c_strategy))
+        if reduces(p_op, p_strategy[r], p_op.signature.inputs[p_pos], False, grad, opts.train)
+        and reduces(c_op, c_strategy[r], c_op.signature.inputs[c_pos], False, grad, opts.train)
+    ]
+
+
+def share_credit(
+    graph: Graph,
+    tensor: str,
+    prev: tuple[Op, int, Strategy],
+    cur: tuple[Op, int, Strategy],
+    mesh: Mesh,
+    opts: CostOptions,
+) -> CommTerms:
+    """The (negative) terms `cur` saves thanks to `prev` (see `shared_rounds`)."""
+    rounds = shared_rounds(graph, tensor, prev, cur, opts)
+    if not rounds:
+        return ZERO
+    c_op, c_pos, c_strategy = cur
+    full = op_intra(graph, c_op, c_strategy, mesh.rounds, opts)
+    cut = op_intra(graph, c_op, c_strategy, mesh.rounds, opts, [(c_pos, r) for r in rounds])
+    return cut - full
+
+
+def previous_consumer(graph: Graph, tensor: str, op_index: int, pos: int) -> tuple[int, int] | None:
+    """The consumer (op index, operand position) of `tensor` just before (op_index, pos)."""
+    users = graph.consumers.get(tensor, ())
+    k = users.index((op_index, pos))
+    return users[k - 1] if k > 0 else None
+
+
 def param_homes(
-    graph: Graph, strategies: Mapping[str, Strategy], overrides: Mapping[str, Layout] | None = None
+    graph: Graph,
+    strategies: Mapping[str, Strategy],
+    overrides: Mapping[str, Layout] | None = None,
 ) -> dict[str, Layout]:
     """Where each parameter lives: an override (e.g. FSDP) or its first consumer's layout."""
     homes: dict[str, Layout] = dict(overrides or {})
@@ -232,7 +298,11 @@ def evaluate_strategies(
     opts: CostOptions,
     param_layouts: Mapping[str, Layout] | None = None,
 ) -> CostBreakdown:
-    """Score one complete assignment of strategies (raises PlanError if one is invalid)."""
+    """Score one complete assignment of strategies (raises PlanError if one is invalid).
+
+    total = sum over ops of unary_terms + sum over edges of edge_terms + sum over consecutive
+    consumers of a tensor of share_credit: unary and pairwise terms only (what the ILP models).
+    """
     rounds = mesh.rounds
     for op in graph.ops:
         check_strategy(op, strategies[op.name], rounds)
@@ -244,29 +314,28 @@ def evaluate_strategies(
     comm = ZERO
     compute = 0.0
     rows: list[OpCost] = []
-    charged: set[tuple[str, int, Layout]] = set()
-    for op in graph.ops:
+    for index, op in enumerate(graph.ops):
         strategy = strategies[op.name]
-        intra = op_intra(graph, op, strategy, rounds, opts, charged)
-        parts = 1
-        for r, cut in zip(rounds, strategy, strict=True):
-            if cut is not None:
-                parts *= r.q
-        op_compute = compute_cost(op.flops / parts, opts, mesh.flops_per_s)
+        intra, op_compute = unary_terms(graph, op, strategy, mesh, opts)
         redis = ZERO
         for i, name in enumerate(op.inputs):
-            t = graph.tensors[name]
+            prev = previous_consumer(graph, name, index, i)
+            if prev is not None:
+                p_op = graph.ops[prev[0]]
+                intra = intra + share_credit(
+                    graph,
+                    name,
+                    (p_op, prev[1], strategies[p_op.name]),
+                    (op, i, strategy),
+                    mesh,
+                    opts,
+                )
             src = out_layout.get(name) or homes.get(name)
             if src is None:
                 continue  # graph inputs and constants arrive in whatever layout the op reads
             dst = operand_layout(op, strategy, i)
-            sizes = edge_numels(t.numel, src, dst, rounds)
-            grad = name in graph.requires_grad
-            for r, rnd in enumerate(rounds):
-                if src[r] != dst[r]:
-                    redis = redis + redistribution_terms(
-                        src[r], dst[r], sizes[r], t.dtype_bytes, rnd, grad, opts
-                    )
+            if src != dst:
+                redis = redis + edge_terms(graph, name, src, dst, rounds, opts)
         act = sum(_local_bytes(graph, name, out_layout[name], rounds) for name in op.outputs)
         rows.append(OpCost(op.name, op_compute, intra.total, redis.total, act))
         comm = comm + intra + redis

@@ -64,6 +64,9 @@ class CommTerms:
     def __add__(self, other: CommTerms) -> CommTerms:
         return CommTerms(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
 
+    def __sub__(self, other: CommTerms) -> CommTerms:
+        return CommTerms(*(a - b for a, b in zip(_fields(self), _fields(other), strict=True)))
+
 
 def _fields(t: CommTerms) -> tuple[float, ...]:
     return (

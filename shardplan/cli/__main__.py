@@ -1,0 +1,3 @@
+from shardplan.cli.main import main
+
+raise SystemExit(main())
