@@ -459,6 +459,7 @@ def forward_fn(graph: Graph, layouts: Layouts | None = None,
 
 def loss_from_outputs(graph: Graph, outputs: Mapping[str, Any]) -> Any:
     """The training loss: the graph's scalar output(s) if any, else the sum of all outputs."""
+    _require_jax()
     import jax.numpy as jnp
 
     scalars = [t for t in graph.outputs if graph.tensors[t].shape == ()]
