@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -82,6 +83,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def make_console() -> Console:
+    """Wide tables when the output is a file or a pipe (rich would fold them at 80 columns)."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 def _human(n: float) -> str:
     for unit in ("", "K", "M", "G", "T"):
         if abs(n) < 1000:
@@ -107,7 +113,7 @@ def run_models(args: argparse.Namespace) -> int:
             str(len(g.ops)),
             entry.description,
         )
-    Console().print(table)
+    make_console().print(table)
     return 0
 
 
@@ -133,7 +139,7 @@ def run_show(args: argparse.Namespace) -> int:
             _human(op.flops),
             _bytes(pbytes) if pbytes else "",
         )
-    console = Console()
+    console = make_console()
     console.print(table)
     if limit < len(g.ops):
         console.print(f"(showing {limit} of {len(g.ops)} ops; --limit 0 shows all)")
@@ -156,7 +162,7 @@ def run_plan(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         **extra,
     )
-    console = Console()
+    console = make_console()
     print_plan(console, p, args.ops)
     if args.json:
         data = p.to_dict()
@@ -229,6 +235,11 @@ def print_plan(console: Console, p, which: str = "heavy") -> None:  # noqa: ANN0
         f"(params+grads+optimizer {_bytes(c.param_memory)}, "
         f"activations {_bytes(c.activation_memory)})",
     )
+    hbm = MACHINES[p.mesh.machine].memory_bytes
+    if p.mesh.memory_bytes is None and c.memory_per_device > hbm:
+        summary.add_row("[bold yellow]warning[/]",
+                        f"needs more than the {p.mesh.machine}'s {_bytes(hbm)} per device; pass "
+                        "--memory to make the search fit it (or fail saying by how much)")
     summary.add_row("search time", f"{p.search_seconds:.3f} s")
     summary.add_row("status", p.status)
     for note in p.notes:

@@ -1,0 +1,37 @@
+import json
+
+from shardplan.cli.main import main
+
+
+def test_models_lists_every_zoo_model(capsys):
+    from shardplan.zoo import MODELS
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in MODELS:
+        assert name in out
+
+
+def test_show_prints_ops(capsys):
+    assert main(["show", "gpt2-small", "--small"]) == 0
+    out = capsys.readouterr().out
+    assert "h.0.attn.q.linear" in out and "linear" in out
+
+
+def test_plan_writes_json(tmp_path, capsys):
+    out_file = tmp_path / "plan.json"
+    assert main(["plan", "gpt2-small", "--small", "--mesh", "2x2", "--json", str(out_file)]) == 0
+    data = json.loads(out_file.read_text())
+    for key in ("model", "mesh", "method", "search_seconds", "cost", "ops"):
+        assert key in data
+    assert data["model"] == "gpt2-small" and "total" in data["cost"]
+    assert {"name", "kind", "strategy", "in_strategy"} <= set(data["ops"][0])
+    assert "summary" in capsys.readouterr().out
+
+
+def test_errors_have_exit_codes(capsys):
+    assert main(["plan", "gpt9", "--mesh", "8"]) == 2
+    assert "no zoo model 'gpt9'" in capsys.readouterr().err
+    assert main(["plan", "mlp", "--mesh", "8x"]) == 4
+    assert main(["plan", "mlp", "--mesh", "8", "--memory", "1KB"]) == 6
+    assert main(["plan", "mlp", "--mesh", "8", "--memory", "lots"]) == 4

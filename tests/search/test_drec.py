@@ -1,0 +1,99 @@
+"""D-Rec: the MindSpore test vector, rediscovery of expert patterns, determinism, validity."""
+
+import json
+
+import pytest
+
+import shardplan as sp
+from shardplan.errors import InfeasibleError, SolverError
+from shardplan.search import plan
+
+
+def test_sapp_tutorial_vector():
+    """reference-drec.md §9.2 A: MindSpore prints ((4,2),(1,2)) for the first MatMul."""
+    p = plan(sp.zoo.build("sapp-mlp"), "8", preset="mindspore")
+    assert p.in_strategy("dense1.linear") == ((4, 2), (1, 2))
+    assert p.in_strategy("dense1.bias_add") == ((4, 1), (1,))
+    assert p.in_strategy("relu1") == ((4, 1),)
+
+
+def _linear_cuts(p, suffix):
+    return {c for name, s in p.strategies.items() if name.endswith(suffix) for c in s} - {None}
+
+
+def test_large_model_small_batch_rediscovers_megatron():
+    g = sp.zoo.build("gpt3", layers=2, hidden=4096, heads=32, batch=1, seq=1024)
+    p = plan(g, "8")
+    # column-parallel q/k/v and fc, row-parallel out and proj, heads split in attention
+    for suffix in ("q.linear", "k.linear", "v.linear", "fc.linear"):
+        assert _linear_cuts(p, suffix) == {"n"}, suffix
+    for suffix in ("out.linear", "proj.linear"):
+        assert _linear_cuts(p, suffix) == {"k"}, suffix
+    for suffix in ("attn.scores", "attn.context"):
+        assert _linear_cuts(p, suffix) == {"b1"}, suffix  # b1 is the heads loop dim
+    assert p.cost.total < plan(g, "8", "data-parallel").cost.total
+
+
+def test_large_batch_chooses_data_parallelism():
+    g = sp.zoo.build("gpt2-small", batch=256, seq=1024)
+    p = plan(g, "8")
+    for op in g.ops:
+        if op.kind in ("linear", "bmm") and op.name != "lm_head":
+            assert p.strategies[op.name] in (("b",) * 3, ("b0",) * 3), op.name
+    assert p.cost.total == pytest.approx(plan(g, "8", "data-parallel").cost.total)
+
+
+def test_no_tensor_parallel_cuts_on_the_slow_outer_axis():
+    g = sp.zoo.build("gpt2-xl", batch=8, seq=1024)
+    mesh = sp.parse_mesh("4x8")
+    p = plan(g, mesh)
+    outer = [r.index for r in mesh.rounds if r.mesh_axis == 0]
+    for op in g.ops:
+        if op.kind == "linear" and op.name != "lm_head":
+            assert all(p.strategies[op.name][r] in ("b", "m") for r in outer), op.name
+    experts = [plan(g, mesh, m).cost.total for m in ("data-parallel", "megatron", "fsdp")]
+    assert p.cost.total <= min(experts)
+
+
+def test_plans_are_deterministic():
+    g = sp.zoo.build("bert-base", small=True)
+    a = plan(g, "2x4").to_dict()
+    b = plan(g, "2x4").to_dict()
+    a.pop("search_seconds"), b.pop("search_seconds")
+    assert json.dumps(a) == json.dumps(b)
+
+
+@pytest.mark.parametrize("mesh", ["2", "6", "12", "24", "96", "3x4", "2x8"])
+def test_any_device_count(mesh):
+    g = sp.zoo.build("gpt2-small", small=True, batch=24, seq=12, heads=6, hidden=48)
+    p = plan(g, mesh)
+    assert len(next(iter(p.strategies.values()))) == len(sp.parse_mesh(mesh).rounds)
+
+
+@pytest.mark.parametrize("name", sorted(sp.zoo.MODELS))
+def test_every_small_zoo_model_plans_validly(name):
+    g = sp.zoo.build(name, small=True)
+    p = plan(g, "2x4")  # Plan() runs the validator
+    assert p.cost.total > 0
+
+
+def test_memory_budget_is_met_or_infeasible():
+    g = sp.zoo.build("gpt2-small", batch=8, seq=256)
+    free = plan(g, "8")
+    budget = free.cost.memory_per_device * 0.8
+    tight = plan(g, "8", memory=budget)
+    assert tight.cost.memory_per_device <= budget
+    assert tight.notes
+    with pytest.raises(InfeasibleError, match="over by"):
+        plan(g, "8", memory=1e6)
+
+
+def test_expert_over_budget_is_infeasible():
+    g = sp.zoo.build("gpt2-small", batch=8, seq=1024)
+    with pytest.raises(InfeasibleError, match="data-parallel plan .* over the .* budget"):
+        plan(g, "8", "data-parallel", memory="1GB")
+
+
+def test_unknown_method():
+    with pytest.raises(SolverError, match="unknown method 'greedy'"):
+        plan(sp.zoo.build("mlp"), "8", "greedy")
