@@ -1,0 +1,124 @@
+"""D-Rec search time and evaluator time against graph size and device count.
+
+(a) GPT with 1..96 layers (hidden 1024, 16 heads) on 8 devices: search and evaluate seconds
+    per op; the log-log slope of time against op count (1.0 = linear).
+(b) GPT-2 small-shaped graph (12 layers) on 2..4096 devices: search seconds against the number
+    of rounds (log2 of the devices); time per round.
+Run: python benchmarks/drec_scaling.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import loglog_slope, table, write  # noqa: E402
+
+import shardplan as sp  # noqa: E402
+from shardplan.cost import CostOptions, evaluate_strategies  # noqa: E402
+from shardplan.search.drec import drec  # noqa: E402
+
+
+def best_of(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, one repeat")
+    args = parser.parse_args()
+    repeat = 1 if args.quick else 3
+    opts = CostOptions.make()
+    layer_counts = [1, 2, 4, 8, 16, 32] if args.quick else [1, 2, 4, 8, 16, 32, 64, 96]
+    mesh8 = sp.parse_mesh("8")
+    size_rows = []
+    for layers in layer_counts:
+        g = sp.zoo.build("gpt3", layers=layers, hidden=1024, heads=16, batch=8, seq=1024)
+        strategies = drec(g, mesh8, opts)
+        t_search = best_of(lambda g=g: drec(g, mesh8, opts), repeat)
+        t_eval = best_of(lambda g=g, s=strategies: evaluate_strategies(g, mesh8, s, opts), repeat)
+        size_rows.append(
+            {"layers": layers, "ops": len(g.ops), "search_s": t_search, "evaluate_s": t_eval}
+        )
+    devices = (
+        [2, 4, 8, 16, 64, 256, 1024]
+        if args.quick
+        else [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    )
+    g = sp.zoo.build("gpt3", layers=12, hidden=768, heads=12, batch=4096, seq=1024)
+    device_rows = []
+    for n in devices:
+        mesh = sp.parse_mesh(str(n))
+        t = best_of(lambda m=mesh: drec(g, m, opts), repeat)
+        device_rows.append(
+            {
+                "devices": n,
+                "rounds": len(mesh.rounds),
+                "search_s": t,
+                "per_round_s": t / len(mesh.rounds),
+            }
+        )
+    ops = [r["ops"] for r in size_rows]
+    slope_search = loglog_slope(ops, [r["search_s"] for r in size_rows])
+    slope_eval = loglog_slope(ops, [r["evaluate_s"] for r in size_rows])
+    rounds = [r["rounds"] for r in device_rows]
+    slope_rounds = loglog_slope(rounds, [r["search_s"] for r in device_rows])
+    md = "# D-Rec scaling\n\nCommand: `python benchmarks/drec_scaling.py" + (
+        " --quick`\n\n" if args.quick else "`\n\n"
+    )
+    md += "## Search and evaluation time against graph size (mesh 8)\n\n"
+    md += table(
+        ["layers", "ops", "search s", "search µs/op", "evaluate s", "evaluate µs/op"],
+        [
+            [
+                r["layers"],
+                r["ops"],
+                f"{r['search_s']:.3f}",
+                f"{1e6 * r['search_s'] / r['ops']:.0f}",
+                f"{r['evaluate_s']:.3f}",
+                f"{1e6 * r['evaluate_s'] / r['ops']:.0f}",
+            ]
+            for r in size_rows
+        ],
+    )
+    md += (
+        f"\nLog-log slope of time against ops: search {slope_search:.2f}, evaluate "
+        f"{slope_eval:.2f} (1.00 = linear).\n\n"
+    )
+    md += "## Search time against devices (12-layer GPT, batch 4096)\n\n"
+    md += table(
+        ["devices", "rounds", "search s", "s per round"],
+        [
+            [r["devices"], r["rounds"], f"{r['search_s']:.3f}", f"{r['per_round_s']:.3f}"]
+            for r in device_rows
+        ],
+    )
+    md += (
+        f"\nLog-log slope of search time against the number of rounds: {slope_rounds:.2f} "
+        "(1.00 = time proportional to log2(devices), i.e. logarithmic in the devices).\n"
+    )
+    write(
+        "drec_scaling",
+        {
+            "quick": args.quick,
+            "sizes": size_rows,
+            "devices": device_rows,
+            "slope_search_vs_ops": slope_search,
+            "slope_evaluate_vs_ops": slope_eval,
+            "slope_search_vs_rounds": slope_rounds,
+        },
+        md,
+    )
+
+
+if __name__ == "__main__":
+    main()
