@@ -10,6 +10,8 @@ from __future__ import annotations
 from shardplan import errors, zoo
 from shardplan.ir import DimKind, Graph, GraphBuilder, Op, Role, Tensor
 from shardplan.mesh import Mesh, parse_mesh
+from shardplan.plan import Plan, evaluate
+from shardplan.search import plan  # rebinds `shardplan.plan` from the module to the function
 
 __version__ = "0.1.0"
 
@@ -19,10 +21,13 @@ __all__ = [
     "GraphBuilder",
     "Mesh",
     "Op",
+    "Plan",
     "Role",
     "Tensor",
     "__version__",
     "errors",
+    "evaluate",
     "parse_mesh",
+    "plan",
     "zoo",
 ]

@@ -95,6 +95,26 @@ class Plan:
                     out[name] = operand_layout(op, self.strategies[op.name], i)
         return out
 
+    def mindspore_strategies(self) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """MindSpore `in_strategy` of every op (split count per operand dim)."""
+        return {op.name: self.in_strategy(op.name) for op in self.graph.ops}
+
+    # convenience entry points; the exporters own the logic (imported lazily, torch/jax optional)
+    def placements(self) -> dict[str, Any]:
+        """DTensor placements per tensor over a DeviceMesh with one dim per round."""
+        from shardplan.exporters.dtensor import placements
+
+        return placements(self)
+
+    def partition_specs(self) -> dict[str, Any]:
+        """JAX PartitionSpecs per tensor over a jax Mesh with one axis per round."""
+        from shardplan.backends.jax import partition_spec
+
+        return {
+            name: partition_spec(layout, len(self.graph.tensors[name].shape), self.mesh)
+            for name, layout in {**self.input_layouts(), **self.tensor_layouts()}.items()
+        }
+
     def op_rows(self) -> list[dict[str, Any]]:
         rounds = self.mesh.rounds
         rows = []
