@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
     OperandInfo,
@@ -51,6 +52,8 @@ class _OpState:
     cuts: list[str | None] = field(default_factory=list)
     preds: list[FlexEdge] = field(default_factory=list)
     succs: list[FlexEdge] = field(default_factory=list)
+    ar_history: dict[tuple[bool, int], list[tuple[int, float]]] = field(default_factory=dict)
+    """(is_output, position) -> [(round, all-reduce cost charged then)]."""
 
 
 def _layout(op: Op, cut: str | None, pos: int, is_output: bool) -> int:
@@ -155,10 +158,48 @@ class _Search:
                     if c is not None:
                         flops /= self.rounds[j].q
                 costs[None] = compute_cost(flops * (rnd.q - 1) / rnd.q, opts, self.mesh.flops_per_s)
+        if not opts.preset.symbolic:
+            self._add_backlog(i, r, costs)
         if self.memory_lambda:
             for cut in costs:
                 costs[cut] += self.memory_lambda * self._kept_bytes(i, cut, rnd)
         return costs
+
+    def _add_backlog(self, i: int, r: int, costs: dict[str | None, float]) -> None:
+        """Earlier, slower rounds priced their all-reduces assuming this faster round would shrink
+        the operand first (hierarchical reduction). A cut that neither splits nor reduces it
+        breaks that assumption: it pays the (q-1)-fold growth of those earlier pieces."""
+        st, rnd, graph = self.states[i], self.rounds[r], self.graph
+        op = st.op
+        for (is_output, pos), history in st.ar_history.items():
+            backlog = sum(c for j, c in history if faster(rnd, self.rounds[j])) * (rnd.q - 1)
+            if not backlog:
+                continue
+            groups = (op.signature.outputs if is_output else op.signature.inputs)[pos]
+            name = (op.outputs if is_output else op.inputs)[pos]
+            grad = name in graph.requires_grad
+            for cut in costs:
+                if layout_of_cut(groups, cut, is_output, op) < 0 and not reduces(
+                    op, cut, groups, is_output, grad, self.opts.train
+                ):
+                    costs[cut] += backlog
+
+    def _record_all_reduces(self, i: int, r: int, cut: str | None) -> None:
+        st, rnd = self.states[i], self.rounds[r]
+        if cut is None or self.opts.preset.symbolic:
+            return
+        op = st.op
+        ins, outs = self._infos(i, r)
+        for is_output, infos, groups in (
+            (False, ins, op.signature.inputs),
+            (True, outs, op.signature.outputs),
+        ):
+            for pos, info in enumerate(infos):
+                if reduces(op, cut, groups[pos], is_output, info.requires_grad, self.opts.train):
+                    nbytes = info.numel * info.dtype_bytes / info.ar_divisor
+                    st.ar_history.setdefault((is_output, pos), []).append(
+                        (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s))
+                    )
 
     def _kept_bytes(self, i: int, cut: str | None, rnd: Round) -> float:
         """Bytes per device this cut leaves replicated (parameters count with their state)."""
@@ -273,7 +314,8 @@ class _Search:
                 charged.add((name, r))
 
     # -- the double recursion -----------------------------------------------------------------
-    def run_round(self, r: int) -> None:
+    def _greedy(self, r: int) -> dict[int, str | None]:
+        """Heavy ops, heaviest first, each against the flex neighbours decided before it."""
         rnd = self.rounds[r]
         decided: dict[int, str | None] = {}
         charged: set[tuple[str, int]] = set()
@@ -284,15 +326,66 @@ class _Search:
             extra = {cut: self._flex_cost(i, cut, rnd, decided) for cut in costs}
             decided[i] = self._pick(costs, extra)
             self._charge(i, decided[i], r, charged)
-        light = [i for i in range(len(self.states)) if i not in self.heavy]
-        for sweep in (light, light[::-1]):
+        return decided
+
+    def _settle(self, r: int, decided: dict[int, str | None], ops: list[int]) -> None:
+        """Each op of `ops` (forward, then backward) re-picks against its decided neighbours."""
+        rnd = self.rounds[r]
+        charged: set[tuple[str, int]] = set()
+        for i in range(len(self.states)):
+            if i in decided:
+                self._charge(i, decided[i], r, charged)
+        for sweep in (ops, ops[::-1]):
             for i in sweep:
                 decided.pop(i, None)
                 costs = self._own_costs(i, r, charged)
                 extra = {cut: self._near_cost(i, cut, rnd, decided) for cut in costs}
                 decided[i] = self._pick(costs, extra)
+
+    def _round_cost(self, r: int, decided: dict[int, str | None]) -> float:
+        """The round's cost of a complete assignment: own terms plus every edge once."""
+        rnd, graph = self.rounds[r], self.graph
+        charged: set[tuple[str, int]] = set()
+        total = 0.0
+        for i, st in enumerate(self.states):
+            op, cut = st.op, decided[i]
+            total += self._own_costs(i, r, charged)[cut]
+            self._charge(i, cut, r, charged)
+            for pos, name in enumerate(op.inputs):
+                dst = _layout(op, cut, pos, False)
+                p = graph.producer.get(name)
+                if p is not None:
+                    producer = graph.ops[p]
+                    src = _layout(producer, decided[p], producer.outputs.index(name), True)
+                    total += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                elif graph.tensors[name].role is Role.PARAMETER:
+                    first, first_pos = graph.consumers[name][0]
+                    if first != i:
+                        src = _layout(graph.ops[first], decided[first], first_pos, False)
+                        total += self._edge(src, dst, st.in_numel[pos], name, rnd)
+        return total
+
+    def run_round(self, r: int) -> None:
+        """Greedy D-Rec assignment, checked against continuing the previous round's cuts; the
+        cheaper (by the round's full cost) is then locally improved, one op at a time."""
+        rnd = self.rounds[r]
+        light = [i for i in range(len(self.states)) if i not in self.heavy]
+        decided = self._greedy(r)
+        self._settle(r, decided, light)
+        if r > 0:
+            previous: dict[int, str | None] = {}
+            for i in self.heavy:
+                st = self.states[i]
+                cut = st.cuts[-1]
+                valid = cut is not None and cut_problem(st.op, cut, st.extents[cut], rnd.q) is None
+                previous[i] = cut if valid else None
+            self._settle(r, previous, light)
+            if self._round_cost(r, previous) < self._round_cost(r, decided):
+                decided = previous
+        self._settle(r, decided, list(range(len(self.states))))
         for i, st in enumerate(self.states):
             cut = decided.get(i)
+            self._record_all_reduces(i, r, cut)
             st.cuts.append(cut)
             if cut is None:
                 continue
