@@ -82,6 +82,8 @@ class _Search:
         self.graph, self.mesh, self.opts = graph, mesh, opts
         self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
+        self._cache: dict[tuple[int, int, tuple[int, ...]], dict[str | None, float]] = {}
+        self._edge_cache: dict[tuple[int, int, float, str, int], float] = {}
         self.states = [
             _OpState(
                 op,
@@ -96,6 +98,21 @@ class _Search:
             self.states[edge.consumer].preds.append(edge)
             self.states[edge.producer].succs.append(edge)
         self.candidates = [_candidate_order(op) for op in graph.ops]
+        self.layouts = [
+            {
+                cut: (
+                    tuple(_layout(op, cut, p, False) for p in range(len(op.inputs))),
+                    tuple(_layout(op, cut, p, True) for p in range(len(op.outputs))),
+                )
+                for cut in cuts
+            }
+            for op, cuts in zip(graph.ops, self.candidates, strict=True)
+        ]
+        self.out_pos = {t: op.outputs.index(t) for op in graph.ops for t in op.outputs}
+        self.param_positions = [
+            [p for p, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
+            for op in graph.ops
+        ]
 
     # -- per-round helpers --------------------------------------------------------------------
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
@@ -125,7 +142,19 @@ class _Search:
         return out[0], out[1]
 
     def _own_costs(self, i: int, r: int, charged: set[tuple[str, int]]) -> dict[str | None, float]:
-        """Intra + compute + memory terms of every valid candidate of op i in round r."""
+        """Intra + compute + memory terms of every valid candidate of op i in round r (cached per
+        round: they change only with which inputs' gradients another consumer already reduces)."""
+        op = self.states[i].op
+        shared = tuple(pos for pos, name in enumerate(op.inputs) if (name, r) in charged)
+        key = (r, i, shared)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._compute_own_costs(i, r, charged)
+        return dict(cached)
+
+    def _compute_own_costs(
+        self, i: int, r: int, charged: set[tuple[str, int]]
+    ) -> dict[str | None, float]:
         st, rnd, opts = self.states[i], self.rounds[r], self.opts
         op = st.op
         ins, outs = self._infos(i, r)
@@ -219,10 +248,20 @@ class _Search:
     def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
         if src == dst:
             return 0.0
-        t = self.graph.tensors[name]
-        return redistribution_terms(
-            src, dst, numel, t.dtype_bytes, rnd, name in self.graph.requires_grad, self.opts
-        ).total
+        key = (src, dst, numel, name, rnd.index)
+        cost = self._edge_cache.get(key)
+        if cost is None:
+            t = self.graph.tensors[name]
+            cost = self._edge_cache[key] = redistribution_terms(
+                src, dst, numel, t.dtype_bytes, rnd, name in self.graph.requires_grad, self.opts
+            ).total
+        return cost
+
+    def _in(self, i: int, cut: str | None, pos: int) -> int:
+        return self.layouts[i][cut][0][pos]
+
+    def _out(self, i: int, cut: str | None, pos: int) -> int:
+        return self.layouts[i][cut][1][pos]
 
     def _flex_cost(
         self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
@@ -233,9 +272,8 @@ class _Search:
         for e in st.preds:
             if e.producer not in decided:
                 continue
-            u = self.states[e.producer].op
-            src = _layout(u, decided[e.producer], e.out_pos, True)
-            dst = _layout(op, cut, e.in_pos, False)
+            src = self._out(e.producer, decided[e.producer], e.out_pos)
+            dst = self._in(i, cut, e.in_pos)
             if src >= 0:
                 src = dict(e.to_consumer).get(src, ELSEWHERE)
                 if src == ELSEWHERE:  # the chain cannot carry that split: it gathers on the way
@@ -244,52 +282,57 @@ class _Search:
         for e in st.succs:
             if e.consumer not in decided:
                 continue
-            w = self.states[e.consumer].op
-            dst = _layout(w, decided[e.consumer], e.in_pos, False)
-            src = _layout(op, cut, e.out_pos, True)
+            dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
+            src = self._out(i, cut, e.out_pos)
             if dst >= 0:
                 back = {c: p for p, c in e.to_consumer}
                 dst = back.get(dst, REPLICATED)
             if src >= 0 and src not in dict(e.to_consumer):
                 dst = REPLICATED  # the chain cannot carry this split: it gathers on the way
             cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
-        return cost + self._shared_param_cost(i, cut, rnd, decided)
+        return cost + self._shared_param_costs(i, [cut], rnd, decided)[cut]
 
-    def _shared_param_cost(
-        self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
-    ) -> float:
+    def _shared_param_costs(
+        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+    ) -> dict[str | None, float]:
+        """Redistribution between this op's reading of a shared parameter and other readers'."""
         st, graph = self.states[i], self.graph
-        cost = 0.0
-        for pos, name in enumerate(st.op.inputs):
-            if graph.tensors[name].role is not Role.PARAMETER:
-                continue
+        costs = dict.fromkeys(cuts, 0.0)
+        for pos in self.param_positions[i]:
+            name = st.op.inputs[pos]
             for other, other_pos in graph.consumers[name]:
                 if other != i and other in decided:
-                    src = _layout(graph.ops[other], decided[other], other_pos, False)
-                    dst = _layout(st.op, cut, pos, False)
-                    cost += self._edge(src, dst, st.in_numel[pos], name, rnd)
-        return cost
+                    src = self._in(other, decided[other], other_pos)
+                    for cut in cuts:
+                        dst = self._in(i, cut, pos)
+                        if src != dst:
+                            costs[cut] += self._edge(src, dst, st.in_numel[pos], name, rnd)
+        return costs
 
-    def _near_cost(
-        self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
-    ) -> float:
-        """Redistribution against immediate (non-flex) neighbours decided in this round."""
+    def _near_costs(
+        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+    ) -> dict[str | None, float]:
+        """Redistribution of each candidate against the immediate neighbours decided so far."""
         st, graph = self.states[i], self.graph
         op = st.op
-        cost = 0.0
+        costs = self._shared_param_costs(i, cuts, rnd, decided)
         for pos, name in enumerate(op.inputs):
             p = graph.producer.get(name)
             if p is not None and p in decided:
-                producer = graph.ops[p]
-                src = _layout(producer, decided[p], producer.outputs.index(name), True)
-                cost += self._edge(src, _layout(op, cut, pos, False), st.in_numel[pos], name, rnd)
+                src = self._out(p, decided[p], self.out_pos[name])
+                for cut in cuts:
+                    dst = self._in(i, cut, pos)
+                    if src != dst:
+                        costs[cut] += self._edge(src, dst, st.in_numel[pos], name, rnd)
         for pos, name in enumerate(op.outputs):
-            src = _layout(op, cut, pos, True)
             for w, w_pos in graph.consumers.get(name, ()):
                 if w in decided:
-                    dst = _layout(graph.ops[w], decided[w], w_pos, False)
-                    cost += self._edge(src, dst, st.out_numel[pos], name, rnd)
-        return cost + self._shared_param_cost(i, cut, rnd, decided)
+                    dst = self._in(w, decided[w], w_pos)
+                    for cut in cuts:
+                        src = self._out(i, cut, pos)
+                        if src != dst:
+                            costs[cut] += self._edge(src, dst, st.out_numel[pos], name, rnd)
+        return costs
 
     @staticmethod
     def _pick(costs: dict[str | None, float], extra: dict[str | None, float]) -> str | None:
@@ -339,7 +382,7 @@ class _Search:
             for i in sweep:
                 decided.pop(i, None)
                 costs = self._own_costs(i, r, charged)
-                extra = {cut: self._near_cost(i, cut, rnd, decided) for cut in costs}
+                extra = self._near_costs(i, list(costs), rnd, decided)
                 decided[i] = self._pick(costs, extra)
 
     def _round_cost(self, r: int, decided: dict[int, str | None]) -> float:
@@ -352,16 +395,15 @@ class _Search:
             total += self._own_costs(i, r, charged)[cut]
             self._charge(i, cut, r, charged)
             for pos, name in enumerate(op.inputs):
-                dst = _layout(op, cut, pos, False)
+                dst = self._in(i, cut, pos)
                 p = graph.producer.get(name)
                 if p is not None:
-                    producer = graph.ops[p]
-                    src = _layout(producer, decided[p], producer.outputs.index(name), True)
+                    src = self._out(p, decided[p], self.out_pos[name])
                     total += self._edge(src, dst, st.in_numel[pos], name, rnd)
                 elif graph.tensors[name].role is Role.PARAMETER:
                     first, first_pos = graph.consumers[name][0]
                     if first != i:
-                        src = _layout(graph.ops[first], decided[first], first_pos, False)
+                        src = self._in(first, decided[first], first_pos)
                         total += self._edge(src, dst, st.in_numel[pos], name, rnd)
         return total
 
@@ -369,6 +411,8 @@ class _Search:
         """Greedy D-Rec assignment, checked against continuing the previous round's cuts; the
         cheaper (by the round's full cost) is then locally improved, one op at a time."""
         rnd = self.rounds[r]
+        self._cache.clear()
+        self._edge_cache.clear()
         light = [i for i in range(len(self.states)) if i not in self.heavy]
         decided = self._greedy(r)
         self._settle(r, decided, light)
@@ -379,9 +423,10 @@ class _Search:
                 cut = st.cuts[-1]
                 valid = cut is not None and cut_problem(st.op, cut, st.extents[cut], rnd.q) is None
                 previous[i] = cut if valid else None
-            self._settle(r, previous, light)
-            if self._round_cost(r, previous) < self._round_cost(r, decided):
-                decided = previous
+            if any(previous[i] != decided[i] for i in self.heavy):
+                self._settle(r, previous, light)
+                if self._round_cost(r, previous) < self._round_cost(r, decided):
+                    decided = previous
         self._settle(r, decided, list(range(len(self.states))))
         for i, st in enumerate(self.states):
             cut = decided.get(i)
