@@ -42,12 +42,22 @@ def main() -> None:
     mesh8 = sp.parse_mesh("8")
     size_rows = []
     for layers in layer_counts:
+        t_build = best_of(
+            lambda layers=layers: sp.zoo.build("gpt3", layers=layers, hidden=1024, heads=16),
+            repeat,
+        )
         g = sp.zoo.build("gpt3", layers=layers, hidden=1024, heads=16, batch=8, seq=1024)
         strategies = drec(g, mesh8, opts)
         t_search = best_of(lambda g=g: drec(g, mesh8, opts), repeat)
         t_eval = best_of(lambda g=g, s=strategies: evaluate_strategies(g, mesh8, s, opts), repeat)
         size_rows.append(
-            {"layers": layers, "ops": len(g.ops), "search_s": t_search, "evaluate_s": t_eval}
+            {
+                "layers": layers,
+                "ops": len(g.ops),
+                "search_s": t_search,
+                "evaluate_s": t_eval,
+                "build_s": t_build,
+            }
         )
     devices = (
         [2, 4, 8, 16, 64, 256, 1024]
@@ -70,6 +80,7 @@ def main() -> None:
     ops = [r["ops"] for r in size_rows]
     slope_search = loglog_slope(ops, [r["search_s"] for r in size_rows])
     slope_eval = loglog_slope(ops, [r["evaluate_s"] for r in size_rows])
+    slope_build = loglog_slope(ops, [r["build_s"] for r in size_rows])
     rounds = [r["rounds"] for r in device_rows]
     slope_rounds = loglog_slope(rounds, [r["search_s"] for r in device_rows])
     md = "# D-Rec scaling\n\nCommand: `python benchmarks/drec_scaling.py" + (
@@ -77,11 +88,12 @@ def main() -> None:
     )
     md += "## Search and evaluation time against graph size (mesh 8)\n\n"
     md += table(
-        ["layers", "ops", "search s", "search µs/op", "evaluate s", "evaluate µs/op"],
+        ["layers", "ops", "build s", "search s", "search µs/op", "evaluate s", "evaluate µs/op"],
         [
             [
                 r["layers"],
                 r["ops"],
+                f"{r['build_s']:.3f}",
                 f"{r['search_s']:.3f}",
                 f"{1e6 * r['search_s'] / r['ops']:.0f}",
                 f"{r['evaluate_s']:.3f}",
@@ -91,8 +103,8 @@ def main() -> None:
         ],
     )
     md += (
-        f"\nLog-log slope of time against ops: search {slope_search:.2f}, evaluate "
-        f"{slope_eval:.2f} (1.00 = linear).\n\n"
+        f"\nLog-log slope of time against ops: graph build {slope_build:.2f}, search "
+        f"{slope_search:.2f}, evaluate {slope_eval:.2f} (1.00 = linear).\n\n"
     )
     md += "## Search time against devices (12-layer GPT, batch 4096)\n\n"
     md += table(
@@ -114,6 +126,7 @@ def main() -> None:
             "devices": device_rows,
             "slope_search_vs_ops": slope_search,
             "slope_evaluate_vs_ops": slope_eval,
+            "slope_build_vs_ops": slope_build,
             "slope_search_vs_rounds": slope_rounds,
         },
         md,
