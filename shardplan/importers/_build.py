@@ -16,18 +16,18 @@ Forms used for what the catalogue does not name (all `einsum` rows, FLOPs = resu
 - broadcast (expand): `a0 u1 a2, n1 -> a0 n1 a2` with a CONSTANT ones tensor `n1`; the size-1 dim
   `u1` is a REDUCE of extent 1. This one is exact: the einsum computes the broadcast.
 - opaque (unknown ops with `unknown="replicate"`): every loop dim FROZEN, one per result dim and
-  one per operand dim, so the op can never be cut and its neighbours pay any redistribution.
+  one per operand dim, so the op can never be cut and its neighbours pay any redistribution;
+  its FLOPs are one per result element (a guess: the importer cannot know the kernel).
 """
 
 from __future__ import annotations
 
-import difflib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from shardplan.errors import IRError, ShapeError, UnsupportedOpError
+from shardplan.errors import IRError, ShapeError, ShardplanError
 from shardplan.ir.catalogue import op_form
 from shardplan.ir.dims import DimKind, LoopDim
 from shardplan.ir.graph import Graph, GraphBuilder
@@ -39,6 +39,15 @@ V = TypeVar("V")
 Shape = tuple[int, ...]
 UnknownPolicy = Literal["error", "replicate"]
 OPAQUE = "opaque"
+
+
+@dataclass(slots=True)
+class Lazy:
+    """A value not yet in the graph: a folded constant, or a pending 2-D transpose (`transpose_of`
+    names the untransposed tensor, so a matmul can read it as a linear weight)."""
+
+    make: Callable[[], str]
+    transpose_of: str | None = None
 
 
 class ReplicatedOpsWarning(UserWarning):
@@ -73,9 +82,6 @@ class TranslationTable(Generic[K, V]):
 
     def get(self, key: K) -> V | None:
         return self._entries.get(key)
-
-    def similar(self, key: K) -> list[str]:
-        return difflib.get_close_matches(str(key), [str(k) for k in self._entries], n=3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +140,8 @@ def warn_replicated(result: ImportResult, importer: str) -> None:
 
 def check_policy(unknown: str) -> UnknownPolicy:
     if unknown not in ("error", "replicate"):
-        raise ValueError(f"unknown={unknown!r}; use 'error' or 'replicate'")
+        raise ShardplanError(f"unknown={unknown!r} is not an unknown-op policy; use 'error' "
+                             "(raise UnsupportedOpError) or 'replicate' (opaque, never-cut op)")
     return unknown  # type: ignore[return-value]
 
 
@@ -165,6 +172,7 @@ class Emitter:
     def __init__(self, name: str, policy: UnknownPolicy) -> None:
         self.builder = GraphBuilder(name)
         self.policy = policy
+        self._roles: dict[str, Role] = {}
         self.replicated: list[ReplicatedOp] = []
         self.approximated: Counter[str] = Counter()
 
@@ -173,13 +181,20 @@ class Emitter:
         return self.builder.shape(tensor)
 
     def has(self, tensor: str) -> bool:
-        return tensor in self.builder._tensors
+        return tensor in self._roles
+
+    def role(self, tensor: str) -> Role:
+        return self._roles[tensor]
 
     def tensor(self, name: str, shape: Sequence[int], dtype_bytes: int, role: Role) -> str:
         """Add a graph input, parameter or constant (idempotent for constants)."""
         if role is Role.CONSTANT and self.has(name):
             return name
-        return self.builder.add_tensor(Tensor(name, _shape(shape, name), dtype_bytes, role))
+        return self._add(Tensor(name, _shape(shape, name), dtype_bytes, role))
+
+    def _add(self, tensor: Tensor) -> str:
+        self._roles[tensor.name] = tensor.role
+        return self.builder.add_tensor(tensor)
 
     # -- ops ----------------------------------------------------------------------------------
     def op(self, kind: str, inputs: Sequence[str], *, name: str, layer: str = "",
@@ -201,7 +216,7 @@ class Emitter:
         if expect is not None and tuple(out_shape) != tuple(int(s) for s in expect):
             raise ShapeError(f"op {name!r} ({kind}): the catalogue gives shape {out_shape} but the "
                              f"framework says {tuple(expect)}; the translation rule is wrong")
-        self.builder.add_tensor(Tensor(name, out_shape, dtype_bytes, Role.ACTIVATION))
+        self._add(Tensor(name, out_shape, dtype_bytes, Role.ACTIVATION))
         self.builder.add_op(Op(name, kind, form.signature, tuple(inputs), (name,),
                                form.flops if flops is None else float(flops),
                                tuple(attrs.items()), layer))
@@ -216,16 +231,13 @@ class Emitter:
         outs = [name] if len(out_shapes) == 1 else [f"{name}:{i}" for i in range(len(out_shapes))]
         shapes = [_shape(s, name) for s in out_shapes]
         for out, shape, nbytes in zip(outs, shapes, out_dtype_bytes, strict=True):
-            self.builder.add_tensor(Tensor(out, shape, nbytes, Role.ACTIVATION))
+            self._add(Tensor(out, shape, nbytes, Role.ACTIVATION))
         signature = opaque_signature([self.shape(t) for t in inputs], shapes)
         self.builder.add_op(Op(name, OPAQUE, signature, tuple(inputs), tuple(outs),
                                float(sum(_numel(s) for s in shapes)), (("source", source),),
                                layer))
         self.replicated.append(ReplicatedOp(name, source, module or layer))
         return outs
-
-    def unsupported(self, message: str) -> UnsupportedOpError:
-        return UnsupportedOpError(message)
 
     # -- einsum forms ---------------------------------------------------------------------------
     def gather(self, x: str, index: Sequence[str], axis: int, *, name: str, layer: str = "",
@@ -264,10 +276,31 @@ class Emitter:
                        expect=expect, flops=out_numel, approx=approx, spec=spec,
                        frozen=frozen_dims, **attrs)
 
+    def gather_elements(self, x: str, index: str, axis: int, *, name: str, layer: str = "",
+                        dtype_bytes: int = 4, expect: Sequence[int] | None = None,
+                        approx: str | None = None, **attrs: Any) -> str:
+        """`out[.., j, ..] = x[.., index[.., j, ..], ..]` along `axis` (torch.gather)."""
+        xs, ids = self.shape(x), self.shape(index)
+        if len(xs) != len(ids):
+            raise ShapeError(f"op {name!r}: gather needs equal ranks, got {xs} and {ids}")
+        x_names, i_names = [], []
+        for j, (a, b) in enumerate(zip(xs, ids, strict=True)):
+            if j != axis and a == b:
+                x_names.append(f"a{j}")
+                i_names.append(f"a{j}")
+            else:  # the gathered axis, or a dim the index covers only partly
+                x_names.append(f"c{j}")
+                i_names.append(f"i{j}")
+        spec = f"{' '.join(x_names)}, {' '.join(i_names)} -> {' '.join(i_names)}"
+        return self.op("einsum", [x, index], name=name, layer=layer, dtype_bytes=dtype_bytes,
+                       expect=ids if expect is None else expect, flops=_numel(ids),
+                       approx=approx, spec=spec, **attrs)
+
     def broadcast(self, x: str, shape: Sequence[int], *, name: str, layer: str = "",
-                  dtype_bytes: int = 4) -> str:
+                  dtype_bytes: int = 4, expect: Sequence[int] | None = None, **attrs: Any) -> str:
         """Exact broadcast of `x` to `shape` as an einsum with a CONSTANT ones tensor."""
         src = self.shape(x)
+        shape = tuple(shape)
         lead = len(shape) - len(src)
         if lead < 0:
             raise ShapeError(f"op {name!r}: cannot broadcast {src} to {tuple(shape)}")
@@ -292,7 +325,8 @@ class Emitter:
         ones = self.tensor(f"{name}/ones", ones_shape, dtype_bytes, Role.CONSTANT)
         spec = f"{' '.join(x_names)}, {' '.join(ones_names)} -> {' '.join(out_names)}"
         return self.op("einsum", [x, ones], name=name, layer=layer, dtype_bytes=dtype_bytes,
-                       expect=shape, flops=_numel(shape), spec=spec)
+                       expect=shape if expect is None else expect, flops=_numel(shape), spec=spec,
+                       **attrs)
 
     def build(self) -> ImportResult:
         graph = self.builder.build()
@@ -305,7 +339,7 @@ def _shape(shape: Sequence[Any], name: str) -> Shape:
         if not isinstance(s, int):
             try:
                 s = int(s)
-            except Exception as e:  # a symbolic size: the graph needs static shapes
+            except (TypeError, ValueError, RuntimeError) as e:  # symbolic: needs static shapes
                 raise ShapeError(f"tensor {name!r} has a symbolic size {s!r}; import with "
                                  "static example inputs (no dynamic shapes)") from e
         out.append(s)
