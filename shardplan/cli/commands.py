@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardplan import zoo
-from shardplan.cli.models import add_model_arguments, load_graph
+from shardplan.cli.models import add_model_arguments, load_graph, model_label
 from shardplan.mesh import MACHINES
 from shardplan.search import METHODS, plan
 from shardplan.search.flex import is_transparent
@@ -166,7 +166,7 @@ def run_plan(args: argparse.Namespace) -> int:
     print_plan(console, p, args.ops)
     if args.json:
         data = p.to_dict()
-        data["model"] = args.model
+        data["model"] = model_label(args)
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"plan written to {args.json}")
     return 0
@@ -237,9 +237,11 @@ def print_plan(console: Console, p, which: str = "heavy") -> None:  # noqa: ANN0
     )
     hbm = MACHINES[p.mesh.machine].memory_bytes
     if p.mesh.memory_bytes is None and c.memory_per_device > hbm:
-        summary.add_row("[bold yellow]warning[/]",
-                        f"needs more than the {p.mesh.machine}'s {_bytes(hbm)} per device; pass "
-                        "--memory to make the search fit it (or fail saying by how much)")
+        summary.add_row(
+            "[bold yellow]warning[/]",
+            f"needs more than the {p.mesh.machine}'s {_bytes(hbm)} per device; pass "
+            "--memory to make the search fit it (or fail saying by how much)",
+        )
     summary.add_row("search time", f"{p.search_seconds:.3f} s")
     summary.add_row("status", p.status)
     for note in p.notes:

@@ -1,11 +1,18 @@
-"""Where the CLI gets a graph: a zoo name with size overrides (other sources plug in here)."""
+"""Where the CLI gets a graph: a zoo name, a PyTorch module, a Hugging Face architecture by name,
+or an ONNX file. Framework imports happen only for the source asked for."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import re
+import sys
 from typing import Any
 
+from rich.console import Console
+
 from shardplan import zoo
+from shardplan.errors import IRError, ShardplanError, UnknownModelError
 from shardplan.ir.graph import Graph
 
 SIZE_FLAGS = ("batch", "seq", "image", "layers", "hidden", "heads", "vocab", "experts", "width")
@@ -13,9 +20,38 @@ SIZE_FLAGS = ("batch", "seq", "image", "layers", "hidden", "heads", "vocab", "ex
 
 def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
-        "model", nargs=None if required else "?", help="zoo model name (see `shardplan models`)"
+        "model",
+        nargs="?",
+        help="zoo model name (see `shardplan models`); omit with --torch/--hf/--onnx",
     )
-    group = parser.add_argument_group("model size (zoo models)")
+    source = parser.add_argument_group("other model sources")
+    source.add_argument(
+        "--torch",
+        metavar="MODULE:FUNCTION",
+        help="a Python function returning an nn.Module, or (module, example_args)",
+    )
+    source.add_argument(
+        "--args",
+        metavar="SHAPES",
+        help="example inputs for --torch, e.g. '8x128:long' or '8x3x224x224' "
+        "(comma-separated; dtypes float (default), long, int, bool)",
+    )
+    source.add_argument(
+        "--hf",
+        metavar="NAME",
+        help="a Hugging Face architecture built offline from its config "
+        "(see docs/importers.md), e.g. bert-base-uncased, gpt2",
+    )
+    source.add_argument("--onnx", metavar="FILE", help="an ONNX model file")
+    source.add_argument(
+        "--unknown",
+        choices=("error", "replicate"),
+        default="error",
+        help="ops outside the import tables: fail (default) or keep replicated",
+    )
+    group = parser.add_argument_group(
+        "model size (zoo models; --hf takes batch/seq/image/layers/hidden/heads)"
+    )
     for flag in SIZE_FLAGS:
         group.add_argument(f"--{flag}", type=int, default=None, help=f"override {flag}")
     group.add_argument(
@@ -23,7 +59,90 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     )
 
 
+def model_label(args: argparse.Namespace) -> str:
+    return args.model or args.hf or args.onnx or args.torch or "?"
+
+
 def load_graph(args: argparse.Namespace) -> Graph:
-    """Build the graph the arguments name."""
-    overrides: dict[str, Any] = {f: getattr(args, f, None) for f in SIZE_FLAGS}
-    return zoo.build(args.model, small=getattr(args, "small", False), **overrides)
+    """Build the graph the arguments name (exactly one source)."""
+    sources = [s for s in ("model", "torch", "hf", "onnx") if getattr(args, s, None)]
+    if len(sources) != 1:
+        raise UnknownModelError(
+            "name exactly one model: a zoo name, --torch MODULE:FUNCTION, --hf NAME or --onnx FILE"
+            f" (got {sources or 'none'})"
+        )
+    if args.model:
+        overrides: dict[str, Any] = {f: getattr(args, f, None) for f in SIZE_FLAGS}
+        return zoo.build(args.model, small=getattr(args, "small", False), **overrides)
+    if args.hf:
+        from shardplan.importers.hf import import_hf
+
+        result = import_hf(
+            args.hf,
+            batch=args.batch or 8,
+            seq=args.seq or 128,
+            image=args.image or 224,
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=args.heads,
+            unknown=args.unknown,
+        )
+    elif args.onnx:
+        from shardplan.importers import import_onnx
+
+        result = import_onnx(args.onnx, unknown=args.unknown)
+    else:
+        from shardplan.importers import import_torch
+
+        module, example = _call_torch_builder(args.torch, args.args)
+        result = import_torch(module, example, unknown=args.unknown)
+    if result.replicated:
+        Console(stderr=True).print(result.report(), highlight=False)
+    return result.graph
+
+
+def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any, ...]]:
+    if ":" not in target:
+        raise IRError(f"--torch {target!r}: write MODULE:FUNCTION, e.g. my_models:build")
+    module_name, function_name = target.split(":", 1)
+    sys.path.insert(0, ".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise IRError(f"--torch: cannot import module {module_name!r}: {e}") from e
+    finally:
+        sys.path.pop(0)
+    function = getattr(module, function_name, None)
+    if function is None:
+        raise IRError(f"--torch: module {module_name!r} has no function {function_name!r}")
+    built = function()
+    if isinstance(built, tuple):
+        model, example = built[0], tuple(built[1])
+        if shapes:
+            example = parse_example_args(shapes)
+        return model, example
+    if not shapes:
+        raise IRError(f"--torch {target}: the function returned a module; give --args shapes")
+    return built, parse_example_args(shapes)
+
+
+_DTYPES = {"float": "float32", "long": "int64", "int": "int32", "bool": "bool"}
+
+
+def parse_example_args(text: str) -> tuple[Any, ...]:
+    """'8x128:long,8x128' -> (torch.zeros(8,128, dtype=int64), torch.randn(8,128))."""
+    import torch
+
+    out = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+(?:x\d+)*)\s*(?::\s*(\w+))?\s*", part)
+        if not m or (m.group(2) and m.group(2) not in _DTYPES):
+            raise ShardplanError(
+                f"--args {part!r}: write shapes like 8x128:long (dtypes: {sorted(_DTYPES)})"
+            )
+        shape = tuple(int(s) for s in m.group(1).split("x"))
+        dtype = getattr(torch, _DTYPES[m.group(2) or "float"])
+        out.append(
+            torch.randn(shape) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+        )
+    return tuple(out)
