@@ -1,0 +1,314 @@
+"""The exact method: an integer linear program over the whole strategy space, solved by HiGHS.
+
+It minimises the evaluator's own cost (see `space.build_model`: unary + pairwise terms computed
+with the evaluator's functions), so its optimum is the yardstick for D-Rec's quality.
+
+Formulation (one block of columns per op, one per pair term):
+  variables
+    x[u, s] in {0, 1}      op u takes strategy s (every valid strategy: space.py);
+    y[e, a, b] in [0, 1]   pair term e sees class a on its first op and class b on its second
+                           (classes = layouts for edges, (layout, reducing rounds) for credits;
+                           identical rows/columns merged, one-row/one-column tables folded into
+                           the unary costs, constant tables into the objective);
+    P >= 0                 only for an inference memory budget: parameter bytes per device.
+  objective
+    min  sum U[u, s] x[u, s] + sum T_e[a, b] y[e, a, b]     (+ the folded constant)
+  constraints
+    one-hot        sum_s x[u, s] = 1                                      one row per op
+    marginals      tables with a positive entry (edges): for each row class a
+                   sum_b y[e, a, b] = sum_{s in a} x[u, s], for each column class b
+                   sum_a y[e, a, b] = sum_{t in b} x[v, t]  (the local polytope: at integer x
+                   the only feasible y is the product of the two one-hot class vectors);
+                   tables of credits (entries <= 0) keep only their non-zero entries, with
+                   sum_b y[e, a, b] <= sum_{s in a} x[u, s] and the column analogue: minimising
+                   pushes y up to the product, and at integer x nothing else is feasible;
+                   a table with both signs is split into its positive and negative parts;
+    memory         training: sum_{u, s} M[u, s] x[u, s] <= budget (parameter state of the ops
+                   that first read each parameter + kept activations, see cost/linear.py);
+                   inference: P = sum of parameter pieces, P + W[u, s] x[u, s] <= budget per op.
+  size: sum_u |S_u| binaries, sum_e |A_e| |B_e| continuous, |V| + sum_e (|A_e| + |B_e|) rows;
+  |S_u| <= (dims + 1) ** rounds, so the size is exponential in the number of rounds (mesh 8: a
+  GPT-2 2-layer toy has ~6 k binaries and ~0.45 M pair columns; mesh 4x8 ~100 times more).
+
+Costs are divided by a scale (the sum of the ops' cheapest unary costs) so HiGHS works on O(1)
+numbers; the relative MIP gap defaults to 1e-7. The reported status is HiGHS's: "optimal", or
+"time-limit (gap X%)" when the limit stopped it with a feasible plan; no plan at all within the
+limit raises SolverError, an infeasible memory budget raises InfeasibleError.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from shardplan.cost.linear import memory_piece_arrays
+from shardplan.cost.presets import CostOptions
+from shardplan.errors import InfeasibleError, SolverError
+from shardplan.ir.graph import Graph
+from shardplan.mesh import Mesh
+from shardplan.plan import Plan
+from shardplan.search.space import CostModel, build_model
+
+MAX_STRATEGIES = 2_000_000
+"""Refuse (SolverError) spaces with more binaries than this: HiGHS would not finish anyway."""
+MAX_PAIR_COLUMNS = 4_000_000
+"""Refuse formulations with more pair columns than this (about 1 GB of matrix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IlpResult:
+    """What one HiGHS run gave: the choice per op, its objective (evaluator units), the status."""
+
+    choice: tuple[int, ...]
+    objective: float
+    solver_objective: float
+    status: str
+    gap: float
+    size: dict[str, int]
+    seconds: float
+
+
+class _Matrix:
+    """COO triplets of the constraint matrix, appended block by block with numpy arrays."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+        self.cols: list[np.ndarray] = []
+        self.vals: list[np.ndarray] = []
+        self.lower: list[np.ndarray] = []
+        self.upper: list[np.ndarray] = []
+        self.n_rows = 0
+
+    def add(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray) -> None:
+        self.rows.append(rows + self.n_rows)
+        self.cols.append(cols)
+        self.vals.append(vals)
+
+    def close_rows(self, count: int, lower: float | np.ndarray, upper: float | np.ndarray) -> None:
+        self.lower.append(np.broadcast_to(np.asarray(lower, dtype=float), (count,)))
+        self.upper.append(np.broadcast_to(np.asarray(upper, dtype=float), (count,)))
+        self.n_rows += count
+
+    def build(self, n_cols: int) -> tuple[sparse.csr_array, np.ndarray, np.ndarray]:
+        a = sparse.coo_array(
+            (np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols))),
+            shape=(self.n_rows, n_cols),
+        ).tocsr()
+        return a, np.concatenate(self.lower), np.concatenate(self.upper)
+
+
+def _marginals(
+    m: _Matrix,
+    y_index: np.ndarray,
+    classes: np.ndarray,
+    x_offset: int,
+    by: int,
+    n_classes: int,
+    equal: bool,
+) -> None:
+    """Rows  sum_{y in class c} y  -/=  sum_{s: classes[s] = c} x[s]  (<= 0 or == 0).
+
+    `y_index` is (n_rows_classes, n_col_classes) of column indices (-1: no variable); `by` = 0
+    sums over columns (row classes), 1 over rows (column classes).
+    """
+    grid = y_index if by == 0 else y_index.T
+    keep = grid >= 0
+    r, _ = np.nonzero(keep)
+    m.add(r, grid[keep], np.ones(len(r)))
+    s = np.arange(len(classes))
+    m.add(classes, x_offset + s, -np.ones(len(s)))
+    m.close_rows(n_classes, 0.0 if equal else -np.inf, 0.0)
+
+
+def formulate(
+    model: CostModel,
+    memory: float | None,
+    opts: CostOptions,
+    max_pair_columns: int | None = MAX_PAIR_COLUMNS,
+):
+    """The MILP arrays: (c, integrality, bounds, constraint, scale, size, x offsets)."""
+    unary = model.unary
+    n_x = int(sum(len(u) for u in unary))
+    x_off = np.concatenate([[0], np.cumsum([len(u) for u in unary])]).astype(np.int64)
+    pair_cols = 0
+    for p in model.pairs:
+        t = p.table
+        pair_cols += t.size if (t > 0).any() else 0
+        pair_cols += int((t < 0).sum())
+    if max_pair_columns is not None and pair_cols > max_pair_columns:
+        raise SolverError(
+            f"ilp did not finish: the formulation of {model.space.graph.name!r} on mesh "
+            f"{model.space.mesh.text()} would have {pair_cols:,} pair columns (limit "
+            f"{max_pair_columns:,}) and {n_x:,} binaries; use drec, a smaller model or fewer "
+            "devices"
+        )
+    mins = sum(float(u.min()) for u in unary)
+    scale = mins if mins > 0 else max(float(max(np.abs(u).max() for u in unary)), 1e-30)
+    costs = [np.concatenate(unary) / scale]
+    m = _Matrix()
+    # one-hot rows
+    m.add(np.repeat(np.arange(len(unary)), [len(u) for u in unary]), np.arange(n_x), np.ones(n_x))
+    m.close_rows(len(unary), 1.0, 1.0)
+    n_cols = n_x
+    for p in model.pairs:
+        t = p.table
+        parts = []
+        if (t > 0).any():
+            parts.append((np.where(t > 0, t, 0.0), np.ones(t.shape, dtype=bool), True))
+        if (t < 0).any():
+            parts.append((np.where(t < 0, t, 0.0), t < 0, False))
+        for values, present, equal in parts:
+            count = int(present.sum())
+            y_index = np.full(t.shape, -1, dtype=np.int64)
+            y_index[present] = n_cols + np.arange(count)
+            costs.append(values[present] / scale)
+            _marginals(m, y_index, p.u_class, int(x_off[p.u]), 0, t.shape[0], equal)
+            _marginals(m, y_index, p.v_class, int(x_off[p.v]), 1, t.shape[1], equal)
+            n_cols += count
+    integrality = np.concatenate([np.ones(n_x), np.zeros(n_cols - n_x)])
+    lower = np.zeros(n_cols)
+    upper = np.ones(n_cols)
+    if memory is not None:
+        graph, mesh = model.space.graph, model.space.mesh
+        pieces = memory_piece_arrays(graph, mesh.rounds, model.space.strategies, opts)
+        additive = np.concatenate([pc.param + pc.activation for pc in pieces]) / memory
+        if opts.train:
+            m.add(np.zeros(n_x, dtype=np.int64), np.arange(n_x), additive)
+            m.close_rows(1, -np.inf, 1.0)
+        else:
+            p_col = n_cols
+            n_cols += 1
+            costs.append(np.zeros(1))
+            integrality = np.append(integrality, 0.0)
+            lower, upper = np.append(lower, 0.0), np.append(upper, np.inf)
+            m.add(np.zeros(n_x, dtype=np.int64), np.arange(n_x), additive)
+            m.add(np.zeros(1, dtype=np.int64), np.array([p_col]), np.array([-1.0]))
+            m.close_rows(1, 0.0, 0.0)
+            for u, pc in enumerate(pieces):
+                k = len(pc.working_set)
+                m.add(np.zeros(k, dtype=np.int64), x_off[u] + np.arange(k), pc.working_set / memory)
+                m.add(np.zeros(1, dtype=np.int64), np.array([p_col]), np.array([1.0]))
+                m.close_rows(1, -np.inf, 1.0)
+    a, lo, hi = m.build(n_cols)
+    size = {
+        "binaries": n_x,
+        "continuous": n_cols - n_x,
+        "rows": int(a.shape[0]),
+        "nonzeros": int(a.nnz),
+    }
+    return (
+        np.concatenate(costs),
+        integrality,
+        Bounds(lower, upper),
+        LinearConstraint(a, lo, hi),
+        scale,
+        size,
+        x_off,
+    )
+
+
+def solve_model(
+    model: CostModel,
+    opts: CostOptions,
+    memory: float | None = None,
+    time_limit: float = 60.0,
+    mip_rel_gap: float = 1e-7,
+    max_pair_columns: int | None = MAX_PAIR_COLUMNS,
+) -> IlpResult:
+    """Run HiGHS on the model; raise InfeasibleError / SolverError as the module doc says."""
+    start = time.perf_counter()
+    graph, mesh = model.space.graph, model.space.mesh
+    c, integrality, bounds, constraint, scale, size, x_off = formulate(
+        model, memory, opts, max_pair_columns
+    )
+    remaining = time_limit - (time.perf_counter() - start)
+    if remaining <= 0:
+        raise SolverError(f"ilp did not finish within {time_limit:g} s (building the MILP)")
+    res = milp(
+        c,
+        integrality=integrality,
+        bounds=bounds,
+        constraints=constraint,
+        options={"time_limit": remaining, "mip_rel_gap": mip_rel_gap, "disp": False},
+    )
+    where = f"{graph.name!r} on mesh {mesh.text()}"
+    if res.status == 2:
+        budget = f" within {memory / 1e9:.3g} GB per device" if memory is not None else ""
+        raise InfeasibleError(
+            f"ilp: no plan of {where} fits{budget}: HiGHS proved the MILP infeasible; use more "
+            "devices, a smaller batch or a larger --memory"
+        )
+    if res.x is None:
+        raise SolverError(
+            f"ilp did not finish within {time_limit:g} s on {where}: HiGHS found no feasible "
+            f"plan ({res.message}); formulation {size}"
+        )
+    choice = []
+    for u in range(len(model.unary)):
+        block = res.x[x_off[u] : x_off[u + 1]]
+        choice.append(int(np.argmax(block)))
+    gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
+    if res.status == 0:
+        status = "optimal"
+    elif res.status == 1:
+        status = f"time-limit (gap {100 * gap:.2f}%)"
+    else:  # pragma: no cover - HiGHS reports other failures without a usable point
+        status = f"solver stopped: {res.message} (gap {100 * gap:.2f}%)"
+    return IlpResult(
+        tuple(choice),
+        model.objective(choice),
+        float(res.fun) * scale + model.constant,
+        status,
+        gap,
+        size,
+        time.perf_counter() - start,
+    )
+
+
+def solve_ilp(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory: float | None = None,
+    time_limit: float = 60.0,
+    mip_rel_gap: float = 1e-7,
+    max_strategies: int | None = MAX_STRATEGIES,
+    max_pair_columns: int | None = MAX_PAIR_COLUMNS,
+) -> Plan:
+    """The optimal plan of our cost model (or the best HiGHS found within `time_limit` seconds,
+    with the gap in its status); `memory` bounds the bytes per device."""
+    start = time.perf_counter()
+    model = build_model(
+        graph,
+        mesh,
+        opts,
+        deadline=start + time_limit,
+        max_strategies=max_strategies,
+        max_entries=None if max_pair_columns is None else 4 * max_pair_columns,
+        method="ilp",
+        time_limit=time_limit,
+    )
+    remaining = time_limit - (time.perf_counter() - start)
+    if remaining <= 0:
+        raise SolverError(f"ilp did not finish within {time_limit:g} s (building the cost tables)")
+    result = solve_model(model, opts, memory, remaining, mip_rel_gap, max_pair_columns)
+    size = result.size
+    note = (
+        f"ilp: {size['binaries']} binaries, {size['continuous']} continuous, {size['rows']} rows, "
+        f"{size['nonzeros']} nonzeros; tables {model.build_seconds:.2f} s, "
+        f"HiGHS {result.seconds:.2f} s"
+    )
+    return Plan(
+        graph,
+        mesh,
+        model.strategies(result.choice),
+        "ilp",
+        opts,
+        time.perf_counter() - start,
+        status=result.status,
+        notes=(note,),
+    )
