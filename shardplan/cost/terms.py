@@ -25,7 +25,6 @@ from shardplan.cost import collectives as coll
 from shardplan.cost.presets import CostOptions, CostPreset
 from shardplan.ir.dims import DimKind
 from shardplan.ir.op import Op, Role
-from shardplan.ir.signature import loop_names
 from shardplan.mesh import Round
 from shardplan.sharding import REPLICATED
 
@@ -86,6 +85,11 @@ def _fields(t: CommTerms) -> tuple[float, ...]:
 ZERO = CommTerms()
 
 
+def _indexes(dims: object, loop_dim: str) -> bool:
+    """Does this operand (tensor dims as groups of loop dims) carry `loop_dim`?"""
+    return any(loop_dim in group for group in dims)  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True, slots=True)
 class OperandInfo:
     """What the cost terms need to know about one operand of an op at one round.
@@ -126,7 +130,7 @@ def intra_terms(
     share = (q - 1) / q
     fwd = bwd = sync = halo = ar_bytes = halo_bytes = 0.0
     for info, dims in zip(inputs, op.signature.inputs, strict=True):
-        if loop_dim in loop_names(dims):
+        if _indexes(dims, loop_dim):
             if dim.kind is DimKind.WINDOW and dim.halo:
                 rows = info.numel / max(local_extent, 1) * dim.halo
                 if preset.symbolic:
@@ -151,7 +155,7 @@ def intra_terms(
             bwd += cost
     if dim.kind is DimKind.REDUCE:
         for info, dims in zip(outputs, op.signature.outputs, strict=True):
-            if loop_dim in loop_names(dims):
+            if _indexes(dims, loop_dim):
                 continue
             if preset.symbolic:
                 fwd += share * info.numel
@@ -180,7 +184,7 @@ def reduces(
     op: Op, loop_dim: str | None, dims: object, is_output: bool, requires_grad: bool, train: bool
 ) -> bool:
     """Does cutting `loop_dim` all-reduce this operand (its gradient, or its partial sums)?"""
-    if loop_dim is None or loop_dim in loop_names(dims):  # type: ignore[arg-type]
+    if loop_dim is None or _indexes(dims, loop_dim):  # type: ignore[arg-type]
         return False
     if is_output:
         return op.signature.loop_dim(loop_dim).kind is DimKind.REDUCE

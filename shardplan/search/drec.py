@@ -17,6 +17,7 @@ O((|V| log |V| + |E|) * rounds): linear in the graph, logarithmic in the devices
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -84,6 +85,11 @@ class _Search:
         self.memory_lambda = memory_lambda
         self._cache: dict[tuple[int, int, tuple[int, ...]], dict[str | None, float]] = {}
         self._edge_cache: dict[tuple[int, int, float, str, int], float] = {}
+        self._info_cache: dict[tuple[int, int], tuple[list[OperandInfo], list[OperandInfo]]] = {}
+        self.faster_than = [
+            [(j, other.q) for j, other in enumerate(self.rounds) if j != r and faster(other, rnd)]
+            for r, rnd in enumerate(self.rounds)
+        ]
         self.states = [
             _OpState(
                 op,
@@ -118,7 +124,11 @@ class _Search:
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
         """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
         already done count when they reduced the operand, faster later rounds are assumed to."""
-        st, rnd = self.states[i], self.rounds[r]
+        key = (r, i)
+        cached = self._info_cache.get(key)
+        if cached is not None:
+            return cached
+        st = self.states[i]
         op, graph, train = st.op, self.graph, self.opts.train
         out: list[list[OperandInfo]] = [[], []]
         for side, names, groups, sizes in (
@@ -129,17 +139,16 @@ class _Search:
                 t = graph.tensors[name]
                 grad = name in graph.requires_grad
                 divisor = 1.0
-                for j, other in enumerate(self.rounds):
-                    if j == r or not faster(other, rnd):
-                        continue
+                for j, q in self.faster_than[r]:
                     if j > r:
-                        divisor *= other.q
+                        divisor *= q
                     elif layout_of_cut(groups[pos], st.cuts[j], bool(side), op) < 0 and reduces(
                         op, st.cuts[j], groups[pos], bool(side), grad, train
                     ):
-                        divisor *= other.q
+                        divisor *= q
                 out[side].append(OperandInfo(sizes[pos], t.dtype_bytes, t.role, grad, divisor))
-        return out[0], out[1]
+        result = self._info_cache[key] = (out[0], out[1])
+        return result
 
     def _own_costs(self, i: int, r: int, charged: set[tuple[str, int]]) -> dict[str | None, float]:
         """Intra + compute + memory terms of every valid candidate of op i in round r (cached per
@@ -385,6 +394,42 @@ class _Search:
                 extra = self._near_costs(i, list(costs), rnd, decided)
                 decided[i] = self._pick(costs, extra)
 
+    def _neighbours(self, i: int) -> list[int]:
+        graph, op = self.graph, self.states[i].op
+        out = [graph.producer[t] for t in op.inputs if t in graph.producer]
+        out += [w for t in op.outputs for w, _ in graph.consumers.get(t, ())]
+        out += [w for pos in self.param_positions[i] for w, _ in graph.consumers[op.inputs[pos]]]
+        return out
+
+    def _improve(self, r: int, decided: dict[int, str | None], max_visits: int = 4) -> None:
+        """Local improvement: starting from the heavy ops, an op re-picks against its decided
+        neighbours; when it changes, its neighbours are revisited (lowest graph index first;
+        each op at most `max_visits` times, so the pass stays linear)."""
+        rnd = self.rounds[r]
+        charged: set[tuple[str, int]] = set()
+        for i, cut in decided.items():
+            self._charge(i, cut, r, charged)
+        heap = sorted(self.heavy)
+        queued = set(heap)
+        visits: dict[int, int] = {}
+        while heap:
+            i = heapq.heappop(heap)
+            queued.discard(i)
+            if visits.get(i, 0) >= max_visits:
+                continue
+            visits[i] = visits.get(i, 0) + 1
+            old = decided.pop(i)
+            costs = self._own_costs(i, r, charged)
+            extra = self._near_costs(i, list(costs), rnd, decided)
+            if old in costs and costs[old] + extra[old] <= min(costs[c] + extra[c] for c in costs):
+                decided[i] = old  # keep the current cut on ties: the pass only ever improves
+                continue
+            decided[i] = self._pick(costs, extra)
+            for j in self._neighbours(i):
+                if j not in queued and j != i:
+                    queued.add(j)
+                    heapq.heappush(heap, j)
+
     def _round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""
         rnd, graph = self.rounds[r], self.graph
@@ -407,15 +452,12 @@ class _Search:
                         total += self._edge(src, dst, st.in_numel[pos], name, rnd)
         return total
 
-    def run_round(self, r: int) -> None:
-        """Greedy D-Rec assignment, checked against continuing the previous round's cuts; the
-        cheaper (by the round's full cost) is then locally improved, one op at a time."""
+    def _alternatives(self, r: int) -> list[dict[int, str | None]]:
+        """Whole-round assignments the greedy result is checked against: every heavy op
+        continuing its previous round's cut, and every heavy op cutting the leading dim of its
+        result (the first valid candidate), so a uniform split is never missed by greediness."""
         rnd = self.rounds[r]
-        self._cache.clear()
-        self._edge_cache.clear()
-        light = [i for i in range(len(self.states)) if i not in self.heavy]
-        decided = self._greedy(r)
-        self._settle(r, decided, light)
+        out: list[dict[int, str | None]] = []
         if r > 0:
             previous: dict[int, str | None] = {}
             for i in self.heavy:
@@ -423,11 +465,40 @@ class _Search:
                 cut = st.cuts[-1]
                 valid = cut is not None and cut_problem(st.op, cut, st.extents[cut], rnd.q) is None
                 previous[i] = cut if valid else None
-            if any(previous[i] != decided[i] for i in self.heavy):
-                self._settle(r, previous, light)
-                if self._round_cost(r, previous) < self._round_cost(r, decided):
-                    decided = previous
-        self._settle(r, decided, list(range(len(self.states))))
+            out.append(previous)
+        leading: dict[int, str | None] = {}
+        for i in self.heavy:
+            st = self.states[i]
+            leading[i] = next(
+                (
+                    c
+                    for c in self.candidates[i]
+                    if c is None or cut_problem(st.op, c, st.extents[c], rnd.q) is None
+                ),
+                None,
+            )
+        out.append(leading)
+        return out
+
+    def run_round(self, r: int) -> None:
+        """Greedy D-Rec assignment, checked against the whole-round alternatives; the cheapest
+        (by the round's full cost) is then locally improved, one op at a time."""
+        rnd = self.rounds[r]
+        self._cache.clear()
+        self._edge_cache.clear()
+        self._info_cache.clear()
+        light = [i for i in range(len(self.states)) if i not in self.heavy]
+        decided = self._greedy(r)
+        self._settle(r, decided, light)
+        best = self._round_cost(r, decided)
+        for alternative in self._alternatives(r):
+            if all(alternative[i] == decided[i] for i in self.heavy):
+                continue
+            self._settle(r, alternative, light)
+            cost = self._round_cost(r, alternative)
+            if cost < best:
+                decided, best = alternative, cost
+        self._improve(r, decided)
         for i, st in enumerate(self.states):
             cut = decided.get(i)
             self._record_all_reduces(i, r, cut)
