@@ -448,6 +448,38 @@ def _addmm(ctx: _Context, node: Node) -> Any:
     return _with_bias(ctx, node, _matmul(ctx, node, a, b, part="mm"), bias)
 
 
+def _matmul_nd(ctx: _Context, node: Node) -> Any:
+    """aten.matmul kept whole (see torch.py): a 2-D right operand -> matmul/linear; equal-rank
+    batched operands -> one bmm over all batch dims, so heads stay a separate loop dim instead
+    of being merged with the batch by ATen's reshape-bmm-reshape decomposition."""
+    a, b = node.args[:2]
+    ra, rb = len(ctx.shape(a)), len(ctx.shape(b))
+    if rb == 2 and ra >= 2:
+        return _matmul(ctx, node, a, b)
+    if ra == rb >= 3 and ctx.shape(a)[:-2] == ctx.shape(b)[:-2]:
+        return ctx.emit("bmm", [a, b], node)
+    raise UnsupportedOpError(f"matmul of shapes {ctx.shape(a)} x {ctx.shape(b)}")
+
+
+def _linear(ctx: _Context, node: Node) -> Any:
+    """aten.linear kept whole: `linear` on the [out, in] weight over all leading dims, then the
+    bias (ATen's decomposition would flatten the tokens into one dim around an addmm)."""
+    x, w = node.args[:2]
+    bias = _arg(node, 2)
+    if len(ctx.shape(w)) != 2:
+        raise UnsupportedOpError(f"linear with a {len(ctx.shape(w))}-D weight")
+    if bias is None:
+        return ctx.emit("linear", [x, w], node)
+    y = ctx.emit("linear", [x, w], node, part="mm")
+    return _with_bias(ctx, node, y, bias)
+
+
+def simple_matmul(a_shape: Sequence[int], b_shape: Sequence[int]) -> bool:
+    """Shapes `_matmul_nd` translates (torch.py keeps aten.matmul only when all are)."""
+    ra, rb = len(a_shape), len(b_shape)
+    return (rb == 2 and ra >= 2) or (ra == rb >= 3 and tuple(a_shape[:-2]) == tuple(b_shape[:-2]))
+
+
 def _bmm(ctx: _Context, node: Node) -> Any:
     return ctx.emit("bmm", node.args[:2], node)
 
@@ -657,6 +689,8 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.mm.default")(_mm)                            # mm(x, t(W)) -> linear(x, W)
     reg("aten.addmm.default")(_addmm)                      # matmul/linear + bias_add
     reg("aten.bmm.default")(_bmm)
+    reg("aten.matmul.default")(_matmul_nd)
+    reg("aten.linear.default")(_linear)
     reg("aten.baddbmm.default")(_baddbmm)
     reg("aten.convolution.default")(_convolution)
     reg("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default")(_pool)

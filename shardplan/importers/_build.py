@@ -171,6 +171,7 @@ class Emitter:
 
     def __init__(self, name: str, policy: UnknownPolicy) -> None:
         self.builder = GraphBuilder(name)
+        self._cse: dict[tuple[Any, ...], str] = {}
         self.policy = policy
         self._roles: dict[str, Role] = {}
         self.replicated: list[ReplicatedOp] = []
@@ -207,6 +208,11 @@ class Emitter:
             flops: overrides the catalogue's count (gather/broadcast forms cost one copy).
             approx: the framework op this form approximates (counted in the import report).
         """
+        # common subexpressions (e.g. one view of a tensor taken once per q/k/v projection) are
+        # emitted once, so consumers share the tensor — and its gradient all-reduce
+        key = (kind, tuple(inputs), repr(sorted(attrs.items())), dtype_bytes, flops)
+        if key in self._cse:
+            return self._cse[key]
         shapes = [self.shape(t) for t in inputs]
         try:
             form = op_form(kind, shapes, attrs)
@@ -222,6 +228,7 @@ class Emitter:
                                tuple(attrs.items()), layer))
         if approx:
             self.approximated[approx] += 1
+        self._cse[key] = name
         return name
 
     def opaque(self, inputs: Sequence[str], out_shapes: Sequence[Sequence[int]],

@@ -95,11 +95,29 @@ def import_torch(module: Any, example_args: Sequence[Any] = (),
         program = module
     else:
         program = torch.export.export(module, tuple(example_args), example_kwargs or {})
-    ep = program.run_decompositions()
+    ep = program.run_decompositions(_decompositions(torch, program))
     default = "exported_program" if program is module else type(module).__name__
     ctx = _Context(ep, Emitter(name or default, policy), aten_table())
     ctx.run()
     return ctx.emitter.build()
+
+
+def _decompositions(torch: Any, program: Any) -> Any:
+    """Core ATen, but keep `aten.matmul` whole when every call of it is one the table translates
+    exactly (its decomposition merges heads into the batch, hiding head parallelism)."""
+    from shardplan.importers._aten import simple_matmul
+
+    table = torch.export.default_decompositions()
+    table.pop(torch.ops.aten.linear.default, None)
+    matmul = torch.ops.aten.matmul.default
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target == matmul:
+            shapes = [getattr(arg, "meta", {}).get("val") for arg in node.args[:2]]
+            if any(s is None for s in shapes) or not simple_matmul(shapes[0].shape,
+                                                                   shapes[1].shape):
+                return table
+    table.pop(matmul, None)
+    return table
 
 
 def from_torch(module: Any, example_args: Sequence[Any] = (),

@@ -79,10 +79,18 @@ def _candidate_order(op: Op) -> list[str | None]:
 class _Search:
     """One D-Rec run; holds only state local to the call (no module state)."""
 
-    def __init__(self, graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        opts: CostOptions,
+        memory_lambda: float,
+        round_checks: bool = True,
+    ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
         self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
+        self.round_checks = round_checks
         self._cache: dict[tuple[int, int, tuple[int, ...]], dict[str | None, float]] = {}
         self._edge_cache: dict[tuple[int, int, float, str, int], float] = {}
         self._info_cache: dict[tuple[int, int], tuple[list[OperandInfo], list[OperandInfo]]] = {}
@@ -458,6 +466,8 @@ class _Search:
         result (the first valid candidate), so a uniform split is never missed by greediness."""
         rnd = self.rounds[r]
         out: list[dict[int, str | None]] = []
+        if not self.round_checks:
+            return out
         if r > 0:
             previous: dict[int, str | None] = {}
             for i in self.heavy:
@@ -523,8 +533,24 @@ def drec(
     graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0
 ) -> dict[str, Strategy]:
     """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
-    keep tensors replicated, used by the memory-aware driver in `search.api`."""
-    return _Search(graph, mesh, opts, memory_lambda).run()
+    keep tensors replicated, used by the memory-aware driver in `search.api`.
+
+    Two policies run — the plain greedy rounds, and rounds checked against whole-round
+    alternatives — and the plan the evaluator scores lower (cost + lambda * memory) is kept:
+    each policy is myopic in its own way, and together they cost twice one linear search.
+    """
+    from shardplan.cost.evaluate import evaluate_strategies
+
+    best: dict[str, Strategy] | None = None
+    best_score = float("inf")
+    for round_checks in (True, False):
+        strategies = _Search(graph, mesh, opts, memory_lambda, round_checks).run()
+        cost = evaluate_strategies(graph, mesh, strategies, opts)
+        score = cost.total + memory_lambda * cost.memory_per_device
+        if score < best_score:
+            best, best_score = strategies, score
+    assert best is not None
+    return best
 
 
 def heavy_names(graph: Graph) -> Sequence[str]:
