@@ -36,6 +36,8 @@ from shardplan.search.space import CostModel, build_model
 
 MAX_TABLE_ENTRIES = 60_000_000
 """Refuse (SolverError) models whose dense tables would exceed this many float64 entries."""
+MAX_STRATEGIES = 2_000_000
+"""Refuse (SolverError) spaces with more strategies than this in all."""
 BLOCK = 4_000_000
 """Entries per numpy block in the min-plus products (32 MB)."""
 
@@ -284,11 +286,19 @@ def solve_dp(
     opts: CostOptions,
     time_limit: float = 60.0,
     max_entries: int | None = MAX_TABLE_ENTRIES,
+    max_strategies: int | None = MAX_STRATEGIES,
 ) -> Plan:
     """The optimal plan of our cost model by graph elimination + enumeration (see module doc)."""
     start = time.perf_counter()
     model = build_model(
-        graph, mesh, opts, deadline=start + time_limit, method="dp", time_limit=time_limit
+        graph,
+        mesh,
+        opts,
+        deadline=start + time_limit,
+        max_strategies=max_strategies,
+        max_entries=max_entries,
+        method="dp",
+        time_limit=time_limit,
     )
     choice, _, stats = solve_model(model, time_limit, max_entries, start)
     return Plan(

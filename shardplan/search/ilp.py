@@ -6,34 +6,45 @@ with the evaluator's functions), so its optimum is the yardstick for D-Rec's qua
 Formulation (one block of columns per op, one per pair term):
   variables
     x[u, s] in {0, 1}      op u takes strategy s (every valid strategy: space.py);
-    y[e, a, b] in [0, 1]   pair term e sees class a on its first op and class b on its second
+    y[e, a, b] in [0, 1]   table form of pair term e: its first op is in class a, its second in b
                            (classes = layouts for edges, (layout, reducing rounds) for credits;
-                           identical rows/columns merged, one-row/one-column tables folded into
-                           the unary costs, constant tables into the objective);
+                           identical rows/columns merged; one-row/one-column tables are folded
+                           into the unary costs and constant tables into the objective);
+    p[e, j, al, be], z[e, r, al, be, f] in [0, 1]
+                           round-split form of an edge (tables over 4096 entries, `SPLIT_ABOVE`):
+                           p = the two layouts in round j; z = the pair moves from al to be in
+                           round r while the other rounds show the feature bits f that set the
+                           volume (see space.RoundSplit);
     P >= 0                 only for an inference memory budget: parameter bytes per device.
   objective
-    min  sum U[u, s] x[u, s] + sum T_e[a, b] y[e, a, b]     (+ the folded constant)
+    min  sum U[u, s] x[u, s] + sum T_e[a, b] y[e, a, b] + sum V_e,r[al, be, f] z[e, r, al, be, f]
   constraints
-    one-hot        sum_s x[u, s] = 1                                      one row per op
-    marginals      tables with a positive entry (edges): for each row class a
-                   sum_b y[e, a, b] = sum_{s in a} x[u, s], for each column class b
-                   sum_a y[e, a, b] = sum_{t in b} x[v, t]  (the local polytope: at integer x
-                   the only feasible y is the product of the two one-hot class vectors);
-                   tables of credits (entries <= 0) keep only their non-zero entries, with
-                   sum_b y[e, a, b] <= sum_{s in a} x[u, s] and the column analogue: minimising
-                   pushes y up to the product, and at integer x nothing else is feasible;
-                   a table with both signs is split into its positive and negative parts;
+    one-hot        sum_s x[u, s] = 1                                      one row per op;
+    table form     edges: sum_b y[e, a, b] = sum_{s in a} x[u, s] and the column analogue (the
+                   local polytope: at integer x the only feasible y is the product of the two
+                   one-hot class vectors); credits (entries <= 0) keep only their non-zero
+                   entries with <= instead of =: minimising pushes y up to the product, and at
+                   integer x nothing above it is feasible; a table with both signs is split;
+    round form     per round j, p is a transportation between the round-j layouts of the two
+                   ops (equalities as above); per round r and moved cell (al != be):
+                   sum_f z[.., f] = p[e, r, al, be]; per feature bit i of round r (round j):
+                   sum_{f: bit i set} z <= F_j and sum_{f: bit i clear} z <= 1 - F_j, F_j linear
+                   in p[e, j] (consumer split in j; or not both replicated in j). At integer x
+                   every marginal is one-hot, so z is the one cell of the true (move, features);
     memory         training: sum_{u, s} M[u, s] x[u, s] <= budget (parameter state of the ops
                    that first read each parameter + kept activations, see cost/linear.py);
                    inference: P = sum of parameter pieces, P + W[u, s] x[u, s] <= budget per op.
-  size: sum_u |S_u| binaries, sum_e |A_e| |B_e| continuous, |V| + sum_e (|A_e| + |B_e|) rows;
-  |S_u| <= (dims + 1) ** rounds, so the size is exponential in the number of rounds (mesh 8: a
-  GPT-2 2-layer toy has ~6 k binaries and ~0.45 M pair columns; mesh 4x8 ~100 times more).
+  size: sum_u |S_u| binaries with |S_u| <= (dims + 1) ** rounds; the table form has |A_e| |B_e|
+  columns per edge (layouts ** 2, i.e. up to 16 ** rounds), the round form
+  rounds * (layouts per round) ** 2 * 2 ** (rounds - 1). A 1-layer GPT (batch 8, seq 512, hidden
+  512): mesh 8: 3.4 k binaries, 94 k continuous; 2x8: 16 k and 22 k; 4x8: 78 k and 68 k.
 
 Costs are divided by a scale (the sum of the ops' cheapest unary costs) so HiGHS works on O(1)
 numbers; the relative MIP gap defaults to 1e-7. The reported status is HiGHS's: "optimal", or
 "time-limit (gap X%)" when the limit stopped it with a feasible plan; no plan at all within the
-limit raises SolverError, an infeasible memory budget raises InfeasibleError.
+limit raises SolverError, an infeasible memory budget raises InfeasibleError. Formulations over
+`MAX_STRATEGIES` binaries or `MAX_PAIR_COLUMNS` pair columns are refused as "did not finish".
+scipy's `milp` takes no starting solution, so HiGHS cannot be seeded with D-Rec's plan.
 """
 
 from __future__ import annotations
@@ -51,12 +62,16 @@ from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plan import Plan
-from shardplan.search.space import CostModel, build_model
+from shardplan.search.space import BSPLIT, CostModel, PairTerm, build_model
 
 MAX_STRATEGIES = 2_000_000
 """Refuse (SolverError) spaces with more binaries than this: HiGHS would not finish anyway."""
 MAX_PAIR_COLUMNS = 4_000_000
 """Refuse formulations with more pair columns than this (about 1 GB of matrix)."""
+MAX_TABLE_ENTRIES = 40_000_000
+"""Refuse models whose class tables (kept for scoring and the DP) exceed this many entries."""
+SPLIT_ABOVE = 4096
+"""With split="auto", tables with more entries than this are formulated round by round."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,21 +139,105 @@ def _marginals(
     m.close_rows(n_classes, 0.0 if equal else -np.inf, 0.0)
 
 
+def _uses_split(p: PairTerm, split: str) -> bool:
+    """Formulate this pair term round by round? ("auto": when that needs fewer columns)."""
+    if p.table is None:
+        return True
+    if p.split is None or split == "never":
+        return False
+    if split == "always":
+        return True
+    return p.table.size > SPLIT_ABOVE and p.split.columns() < p.table.size
+
+
+def _pair_columns(p: PairTerm, split: str) -> int:
+    if _uses_split(p, split):
+        return p.split.columns()  # type: ignore[union-attr]
+    t = p.table
+    assert t is not None
+    return (t.size if (t > 0).any() else 0) + int((t < 0).sum())
+
+
+def _table_block(
+    m: _Matrix, p: PairTerm, x_off: np.ndarray, n_cols: int, scale: float, costs: list
+) -> int:
+    """Local-polytope rows for one class table (positive part: equalities; credits: <=)."""
+    t = p.table
+    assert t is not None and p.u_class is not None and p.v_class is not None
+    parts = []
+    if (t > 0).any():
+        parts.append((np.where(t > 0, t, 0.0), np.ones(t.shape, dtype=bool), True))
+    if (t < 0).any():
+        parts.append((np.where(t < 0, t, 0.0), t < 0, False))
+    for values, present, equal in parts:
+        count = int(present.sum())
+        y_index = np.full(t.shape, -1, dtype=np.int64)
+        y_index[present] = n_cols + np.arange(count)
+        costs.append(values[present] / scale)
+        _marginals(m, y_index, p.u_class, int(x_off[p.u]), 0, t.shape[0], equal)
+        _marginals(m, y_index, p.v_class, int(x_off[p.v]), 1, t.shape[1], equal)
+        n_cols += count
+    return n_cols
+
+
+def _split_block(
+    m: _Matrix, p: PairTerm, x_off: np.ndarray, n_cols: int, scale: float, costs: list
+) -> int:
+    """Round-by-round rows for one edge (see the module docstring)."""
+    split = p.split
+    assert split is not None
+    u0, v0 = int(x_off[p.u]), int(x_off[p.v])
+    pair: list[np.ndarray] = []
+    for j in range(split.src.shape[1]):
+        sv, dv = split.src_values[j], split.dst_values[j]
+        idx = n_cols + np.arange(len(sv) * len(dv)).reshape(len(sv), len(dv))
+        n_cols += idx.size
+        costs.append(np.zeros(idx.size))
+        _marginals(m, idx, np.searchsorted(sv, split.src[:, j]), u0, 0, len(sv), True)
+        _marginals(m, idx, np.searchsorted(dv, split.dst[:, j]), v0, 1, len(dv), True)
+        pair.append(idx)
+    for r, values in enumerate(split.values):
+        ci, ck = np.nonzero((values != 0).any(axis=2))
+        if not len(ci):
+            continue
+        nf = values.shape[2]
+        y = n_cols + np.arange(len(ci) * nf).reshape(len(ci), nf)
+        n_cols += y.size
+        costs.append(values[ci, ck, :].ravel() / scale)
+        m.add(np.repeat(np.arange(len(ci)), nf), y.ravel(), np.ones(y.size))
+        m.add(np.arange(len(ci)), pair[r][ci, ck], -np.ones(len(ci)))
+        m.close_rows(len(ci), 0.0, 0.0)
+        for bit, (j, kind) in enumerate(split.features[r]):
+            on = ((np.arange(nf) >> bit) & 1).astype(bool)
+            sv, dv = split.src_values[j], split.dst_values[j]
+            if kind == BSPLIT:  # F = sum of p_j over consumer-split columns
+                f_cols, coef, c0 = pair[j][:, dv >= 0].ravel(), 1.0, 0.0
+            else:  # F = 1 - p_j[replicated, replicated]
+                f_cols, coef, c0 = pair[j][np.ix_(sv < 0, dv < 0)].ravel(), -1.0, 1.0
+            for cells, sign, rhs in ((y[:, on], -1.0, c0), (y[:, ~on], 1.0, 1.0 - c0)):
+                cells = cells.ravel()
+                m.add(np.zeros(len(cells), dtype=np.int64), cells, np.ones(len(cells)))
+                m.add(
+                    np.zeros(len(f_cols), dtype=np.int64),
+                    f_cols,
+                    np.full(len(f_cols), sign * coef),
+                )
+                m.close_rows(1, -np.inf, rhs)
+    return n_cols
+
+
 def formulate(
     model: CostModel,
     memory: float | None,
     opts: CostOptions,
     max_pair_columns: int | None = MAX_PAIR_COLUMNS,
+    split: str = "auto",
 ):
     """The MILP arrays: (c, integrality, bounds, constraint, scale, size, x offsets)."""
     unary = model.unary
     n_x = int(sum(len(u) for u in unary))
     x_off = np.concatenate([[0], np.cumsum([len(u) for u in unary])]).astype(np.int64)
-    pair_cols = 0
-    for p in model.pairs:
-        t = p.table
-        pair_cols += t.size if (t > 0).any() else 0
-        pair_cols += int((t < 0).sum())
+    pair_cols = sum(_pair_columns(p, split) for p in model.pairs)
     if max_pair_columns is not None and pair_cols > max_pair_columns:
         raise SolverError(
             f"ilp did not finish: the formulation of {model.space.graph.name!r} on mesh "
@@ -154,21 +253,13 @@ def formulate(
     m.add(np.repeat(np.arange(len(unary)), [len(u) for u in unary]), np.arange(n_x), np.ones(n_x))
     m.close_rows(len(unary), 1.0, 1.0)
     n_cols = n_x
+    n_split = 0
     for p in model.pairs:
-        t = p.table
-        parts = []
-        if (t > 0).any():
-            parts.append((np.where(t > 0, t, 0.0), np.ones(t.shape, dtype=bool), True))
-        if (t < 0).any():
-            parts.append((np.where(t < 0, t, 0.0), t < 0, False))
-        for values, present, equal in parts:
-            count = int(present.sum())
-            y_index = np.full(t.shape, -1, dtype=np.int64)
-            y_index[present] = n_cols + np.arange(count)
-            costs.append(values[present] / scale)
-            _marginals(m, y_index, p.u_class, int(x_off[p.u]), 0, t.shape[0], equal)
-            _marginals(m, y_index, p.v_class, int(x_off[p.v]), 1, t.shape[1], equal)
-            n_cols += count
+        if _uses_split(p, split):
+            n_split += 1
+            n_cols = _split_block(m, p, x_off, n_cols, scale, costs)
+        else:
+            n_cols = _table_block(m, p, x_off, n_cols, scale, costs)
     integrality = np.concatenate([np.ones(n_x), np.zeros(n_cols - n_x)])
     lower = np.zeros(n_cols)
     upper = np.ones(n_cols)
@@ -199,6 +290,7 @@ def formulate(
         "continuous": n_cols - n_x,
         "rows": int(a.shape[0]),
         "nonzeros": int(a.nnz),
+        "split_terms": n_split,
     }
     return (
         np.concatenate(costs),
@@ -218,12 +310,13 @@ def solve_model(
     time_limit: float = 60.0,
     mip_rel_gap: float = 1e-7,
     max_pair_columns: int | None = MAX_PAIR_COLUMNS,
+    split: str = "auto",
 ) -> IlpResult:
     """Run HiGHS on the model; raise InfeasibleError / SolverError as the module doc says."""
     start = time.perf_counter()
     graph, mesh = model.space.graph, model.space.mesh
     c, integrality, bounds, constraint, scale, size, x_off = formulate(
-        model, memory, opts, max_pair_columns
+        model, memory, opts, max_pair_columns, split
     )
     remaining = time_limit - (time.perf_counter() - start)
     if remaining <= 0:
@@ -278,6 +371,8 @@ def solve_ilp(
     mip_rel_gap: float = 1e-7,
     max_strategies: int | None = MAX_STRATEGIES,
     max_pair_columns: int | None = MAX_PAIR_COLUMNS,
+    split: str = "auto",
+    max_table_entries: int | None = MAX_TABLE_ENTRIES,
 ) -> Plan:
     """The optimal plan of our cost model (or the best HiGHS found within `time_limit` seconds,
     with the gap in its status); `memory` bounds the bytes per device."""
@@ -288,14 +383,15 @@ def solve_ilp(
         opts,
         deadline=start + time_limit,
         max_strategies=max_strategies,
-        max_entries=None if max_pair_columns is None else 4 * max_pair_columns,
+        max_entries=max_table_entries,
+        table_limit=None if split == "never" else SPLIT_ABOVE,
         method="ilp",
         time_limit=time_limit,
     )
     remaining = time_limit - (time.perf_counter() - start)
     if remaining <= 0:
         raise SolverError(f"ilp did not finish within {time_limit:g} s (building the cost tables)")
-    result = solve_model(model, opts, memory, remaining, mip_rel_gap, max_pair_columns)
+    result = solve_model(model, opts, memory, remaining, mip_rel_gap, max_pair_columns, split)
     size = result.size
     note = (
         f"ilp: {size['binaries']} binaries, {size['continuous']} continuous, {size['rows']} rows, "

@@ -25,7 +25,9 @@ with the evaluator's own functions, so that for any choice of strategies
   * "share" pair terms: `share_credit` (<= 0) between consecutive consumers of one tensor.
 Pair tables are indexed by classes, not strategies: an edge's cost depends only on the two
 layouts, a credit on the previous consumer's (layout, rounds that reduce the gradient) and the
-current consumer's strategy. Identical rows / columns are merged, a table with one row (column)
+current consumer's strategy. Edge and home tables also carry their round-by-round form
+(`RoundSplit`, each piece priced by `edge_terms` and checked against the table), which the ILP
+uses on meshes with many rounds. Identical rows / columns are merged, a table with one row (column)
 folds into the other op's unary vector, a constant table into `constant`, and terms between two
 operands of one op into that op's unary vector. Tables repeated across identical layers are
 computed once (keyed by signatures and tensor sizes), so building is linear in the graph times
@@ -43,12 +45,19 @@ import numpy as np
 
 from shardplan.cost.evaluate import edge_terms, previous_consumer, share_credit, unary_terms
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.terms import reduces
+from shardplan.cost.terms import faster, reduces
 from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.sharding import Layout, Strategy, cut_problem, operand_layout, resolved
+from shardplan.sharding import (
+    REPLICATED,
+    Layout,
+    Strategy,
+    cut_problem,
+    operand_layout,
+    resolved,
+)
 
 
 def candidate_dims(op: Op) -> tuple[str, ...]:
@@ -169,32 +178,123 @@ def build_space(
 # -- the pairwise cost model ------------------------------------------------------------------
 
 
+BSPLIT = 1
+"""Feature of round j in round r's volume: the consumer's layout is split in round j."""
+NOT_BOTH_REPLICATED = 2
+"""Feature of round j in round r's volume: producer and consumer are not both replicated in j."""
+
+
+def round_features(rounds: Sequence[Round]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per round r, the other rounds j whose layouts change round r's redistribution volume, and
+    how (mirrors `evaluate.edge_numels`: earlier splits of the consumer shrink the local size;
+    faster rounds that split or move the tensor shrink a hierarchical collective)."""
+    out = []
+    for r, rnd in enumerate(rounds):
+        feats = []
+        for j, other in enumerate(rounds):
+            if j < r:
+                feats.append((j, NOT_BOTH_REPLICATED if faster(other, rnd) else BSPLIT))
+            elif j > r and faster(other, rnd):
+                feats.append((j, NOT_BOTH_REPLICATED))
+        out.append(tuple(feats))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundSplit:
+    """An edge's redistribution cost split by rounds (used by the ILP on meshes with many rounds):
+
+        C[s, t] = sum_r [a_r != b_r] values[r][i(a_r), k(b_r), f_r]
+
+    where a = src[s], b = dst[t] are per-round layout values, i / k index `src_values[r]` /
+    `dst_values[r]`, and f_r packs one bit per feature (j, kind) of `features[r]` (bit i of f_r is
+    feature i): BSPLIT -> b_j >= 0; NOT_BOTH_REPLICATED -> not (a_j and b_j replicated). Each
+    value is priced by the evaluator's `edge_terms` on a pair that differs in round r only.
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    features: tuple[tuple[tuple[int, int], ...], ...]
+    src_values: tuple[np.ndarray, ...]
+    dst_values: tuple[np.ndarray, ...]
+    values: tuple[np.ndarray, ...]
+
+    def columns(self) -> int:
+        """Variables of the ILP's round-split formulation (per-round pairs + featured cells)."""
+        n = 0
+        for r, v in enumerate(self.values):
+            n += len(self.src_values[r]) * len(self.dst_values[r])
+            n += int((v != 0).any(axis=2).sum()) * v.shape[2]
+        return n
+
+    def dense(self) -> np.ndarray:
+        """C over every (src row, dst row) pair, vectorised."""
+        src, dst = self.src, self.dst
+        out = np.zeros((len(src), len(dst)))
+        for r, feats in enumerate(self.features):
+            f = np.zeros(out.shape, dtype=np.int64)
+            for bit, (j, kind) in enumerate(feats):
+                if kind == BSPLIT:
+                    on = np.broadcast_to((dst[:, j] >= 0)[None, :], out.shape)
+                else:
+                    on = ~((src[:, j] < 0)[:, None] & (dst[:, j] < 0)[None, :])
+                f |= on.astype(np.int64) << bit
+            i = np.searchsorted(self.src_values[r], src[:, r])[:, None]
+            k = np.searchsorted(self.dst_values[r], dst[:, r])[None, :]
+            moved = src[:, r][:, None] != dst[:, r][None, :]
+            out += np.where(moved, self.values[r][i, k, f], 0.0)
+        return out
+
+    def value(self, a: Sequence[int], b: Sequence[int]) -> float:
+        total = 0.0
+        for r, feats in enumerate(self.features):
+            if a[r] == b[r]:
+                continue
+            f = 0
+            for bit, (j, kind) in enumerate(feats):
+                on = b[j] >= 0 if kind == BSPLIT else not (a[j] < 0 and b[j] < 0)
+                f |= int(on) << bit
+            i = int(np.searchsorted(self.src_values[r], a[r]))
+            k = int(np.searchsorted(self.dst_values[r], b[r]))
+            total += float(self.values[r][i, k, f])
+        return total
+
+
 @dataclass(frozen=True, slots=True)
 class PairTerm:
     """A cost between op `u`'s and op `v`'s strategies: table[u_class[s], v_class[t]].
 
     kind: "edge" (u produces what v reads), "home" (u is a parameter's first consumer, v another
     one) or "share" (u and v are consecutive consumers of `tensor`: a gradient credit, <= 0).
+    Large edge/home terms may keep only their round-by-round form (`table` is None then).
     """
 
     kind: str
     tensor: str
     u: int
     v: int
-    u_class: np.ndarray
-    v_class: np.ndarray
-    table: np.ndarray
+    u_class: np.ndarray | None
+    v_class: np.ndarray | None
+    table: np.ndarray | None
+    split: RoundSplit | None = None
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return self.table.shape  # type: ignore[return-value]
+    def entries(self) -> int:
+        """Entries of the class table (0 when only the round split is kept)."""
+        return 0 if self.table is None else int(self.table.size)
 
     def dense(self) -> np.ndarray:
-        """The table over strategies (|S_u| x |S_v|)."""
-        return self.table[np.ix_(self.u_class, self.v_class)]
+        """The cost over strategies (|S_u| x |S_v|)."""
+        if self.table is not None:
+            return self.table[np.ix_(self.u_class, self.v_class)]
+        assert self.split is not None
+        return self.split.dense()
 
     def value(self, s: int, t: int) -> float:
-        return float(self.table[self.u_class[s], self.v_class[t]])
+        if self.table is not None:
+            return float(self.table[self.u_class[s], self.v_class[t]])  # type: ignore[index]
+        assert self.split is not None
+        return self.split.value(self.split.src[s], self.split.dst[t])
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +329,7 @@ class CostModel:
             "ops": len(self.unary),
             "strategies": int(sum(len(u) for u in self.unary)),
             "pair_terms": len(self.pairs),
-            "pair_entries": int(sum(p.table.size for p in self.pairs)),
+            "pair_entries": int(sum(p.entries for p in self.pairs)),
         }
 
 
@@ -274,15 +374,17 @@ class _Builder:
         max_entries: int | None,
         method: str,
         time_limit: float | None = None,
+        table_limit: int | None = None,
     ) -> None:
         self.space, self.opts = space, opts
+        self.table_limit = table_limit
         self.graph, self.mesh = space.graph, space.mesh
         self.rounds = self.mesh.rounds
         self.deadline, self.max_entries, self.method = deadline, max_entries, method
         self.limit = "the time limit" if time_limit is None else f"{time_limit:g} s"
         self.entries = 0
         self.unary_cache: dict[Hashable, np.ndarray] = {}
-        self.table_cache: dict[Hashable, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.table_cache: dict[Hashable, Any] = {}
         self.edge_cache: dict[Hashable, float] = {}
         self.pattern_cache: dict[Hashable, float] = {}
         self.unary = [np.zeros(len(s)) for s in space.strategies]
@@ -366,13 +468,30 @@ class _Builder:
 
     def _layout_table(
         self, tensor: str, src: Sequence[Layout], dst: Sequence[Layout], key: Hashable
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, RoundSplit | None]:
+        """(table, u_class, v_class, split) of one edge or home term; the class table is skipped
+        (None) when it is larger than `table_limit` and the round split stands in for it."""
         cached = self.table_cache.get(key)
         if cached is not None:
             return cached
         u_class, u_keys = _classes(src)
         v_class, v_keys = _classes(dst)
         n = len(u_keys) * len(v_keys)
+        split = self._round_split(tensor, u_keys, v_keys)  # type: ignore[arg-type]
+        if split is not None:
+            split = RoundSplit(
+                split.src[u_class],
+                split.dst[v_class],
+                split.features,
+                split.src_values,
+                split.dst_values,
+                split.values,
+            )
+            big = self.table_limit is not None and n > self.table_limit
+            if big and len(u_keys) > 1 and len(v_keys) > 1:
+                result = (None, None, None, split)
+                self.table_cache[key] = result
+                return result
         if self.max_entries is not None and self.entries + n > self.max_entries:
             raise SolverError(
                 f"{self.method} did not finish: the pairwise cost tables of {self.graph.name!r} on "
@@ -383,9 +502,48 @@ class _Builder:
             )
         self.entries += n
         table = self._pattern_table(tensor, u_keys, v_keys)  # type: ignore[arg-type]
-        result = _compress(table, u_class, v_class)
+        result = (*_compress(table, u_class, v_class), split)
         self.table_cache[key] = result
         return result
+
+    def _round_split(
+        self, tensor: str, src: Sequence[Layout], dst: Sequence[Layout]
+    ) -> RoundSplit | None:
+        """The round-by-round form of a layout table (class level), checked against `edge_terms`
+        on sampled pairs (None: not applicable, or the evaluator no longer splits that way)."""
+        rounds = self.rounds
+        if not len(self.graph.tensors[tensor].shape):
+            return None
+        a = np.array(src, dtype=np.int64).reshape(len(src), len(rounds))
+        b = np.array(dst, dtype=np.int64).reshape(len(dst), len(rounds))
+        features = round_features(rounds)
+        src_values, dst_values, values = [], [], []
+        for r, feats in enumerate(features):
+            self._tick(f"splitting the redistributions of {tensor!r} by rounds")
+            sv, dv = np.unique(a[:, r]), np.unique(b[:, r])
+            v = np.zeros((len(sv), len(dv), 1 << len(feats)))
+            for i, alpha in enumerate(sv):
+                for k, beta in enumerate(dv):
+                    if alpha == beta:
+                        continue
+                    for f in range(v.shape[2]):
+                        la = [REPLICATED] * len(rounds)
+                        for bit, (j, _) in enumerate(feats):
+                            la[j] = 0 if (f >> bit) & 1 else REPLICATED
+                        lb = list(la)
+                        la[r], lb[r] = int(alpha), int(beta)
+                        v[i, k, f] = self._edge_cost(tensor, tuple(la), tuple(lb))
+            src_values.append(sv)
+            dst_values.append(dv)
+            values.append(v)
+        split = RoundSplit(a, b, features, tuple(src_values), tuple(dst_values), tuple(values))
+        rng = np.random.default_rng(len(src) * 104729 + len(dst))
+        for _ in range(16):
+            i, k = int(rng.integers(len(src))), int(rng.integers(len(dst)))
+            want = self._edge_cost(tensor, src[i], dst[k])
+            if abs(split.value(a[i], b[k]) - want) > 1e-9 * max(abs(want), 1e-300):
+                return None  # pragma: no cover - the evaluator changed shape; use the tables
+        return split
 
     def _share_table(
         self, tensor: str, prev: tuple[int, int], cur: tuple[int, int], key: Hashable
@@ -442,18 +600,21 @@ class _Builder:
         tensor: str,
         u: int,
         v: int,
-        table: np.ndarray,
-        uc: np.ndarray,
-        vc: np.ndarray,
+        table: np.ndarray | None,
+        uc: np.ndarray | None,
+        vc: np.ndarray | None,
+        split: RoundSplit | None = None,
     ) -> None:
-        if table.shape[0] == 1 and table.shape[1] == 1:
+        if table is None:
+            self.pairs.append(PairTerm(kind, tensor, u, v, None, None, None, split))
+        elif table.shape[0] == 1 and table.shape[1] == 1:
             self.constant += float(table[0, 0])
         elif table.shape[0] == 1:
-            self.unary[v] = self.unary[v] + table[0, vc]
+            self.unary[v] = self.unary[v] + table[0, vc]  # type: ignore[index]
         elif table.shape[1] == 1:
-            self.unary[u] = self.unary[u] + table[uc, 0]
+            self.unary[u] = self.unary[u] + table[uc, 0]  # type: ignore[index]
         else:
-            self.pairs.append(PairTerm(kind, tensor, u, v, uc, vc, table))
+            self.pairs.append(PairTerm(kind, tensor, u, v, uc, vc, table, split))
 
     # -- the walk -------------------------------------------------------------------------------
     def build(self) -> None:
@@ -478,8 +639,8 @@ class _Builder:
                         for s in space.strategies[pi]
                     ]
                     key = ("edge", tk, producer.signature, out_pos, op.signature, c_pos)
-                    table, uc, vc = self._layout_table(tensor, src, dst, key)
-                    self.add_pair("edge", tensor, pi, ci, table, uc, vc)
+                    table, uc, vc, split = self._layout_table(tensor, src, dst, key)
+                    self.add_pair("edge", tensor, pi, ci, table, uc, vc, split)
                 elif graph.tensors[tensor].role is Role.PARAMETER:
                     fi, f_pos = graph.consumers[tensor][0]
                     if (fi, f_pos) != (ci, c_pos):
@@ -492,8 +653,8 @@ class _Builder:
                             )
                         else:
                             key = ("home", tk, first.signature, f_pos, op.signature, c_pos)
-                            table, uc, vc = self._layout_table(tensor, homes, dst, key)
-                            self.add_pair("home", tensor, fi, ci, table, uc, vc)
+                            table, uc, vc, split = self._layout_table(tensor, homes, dst, key)
+                            self.add_pair("home", tensor, fi, ci, table, uc, vc, split)
                 prev = previous_consumer(graph, tensor, ci, c_pos)
                 if prev is None:
                     continue
@@ -530,17 +691,20 @@ def build_model(
     max_entries: int | None = None,
     method: str = "search",
     time_limit: float | None = None,
+    table_limit: int | None = None,
 ) -> CostModel:
     """The pairwise cost model of `graph` on `mesh` (see the module docstring).
 
-    Raises SolverError when the space has more than `max_strategies` strategies, the class tables
-    more than `max_entries` entries, or the `deadline` (perf_counter seconds) passes
+    Edge and home terms whose class table would exceed `table_limit` entries keep only their
+    round split (None: every table is built). Raises SolverError when the space has more than
+    `max_strategies` strategies, the class tables more than `max_entries` entries, or the
+    `deadline` (perf_counter seconds) passes
     (`time_limit` only words that message).
     """
     start = time.perf_counter()
     if space is None:
         space = build_space(graph, mesh, max_strategies, deadline, method, time_limit)
-    builder = _Builder(space, opts, deadline, max_entries, method, time_limit)
+    builder = _Builder(space, opts, deadline, max_entries, method, time_limit, table_limit)
     builder.build()
     return CostModel(
         space,

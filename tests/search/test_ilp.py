@@ -150,6 +150,24 @@ def test_model_objective_equals_the_evaluator(model, mesh, preset, train):
         assert cost_model.objective(choice) == pytest.approx(want, rel=1e-9)
 
 
+@pytest.mark.parametrize(("mesh", "preset"), [("2x4", "shardplan"), ("2x2x3", "mindspore")])
+def test_round_split_equals_the_tables(mesh, preset):
+    """The round-by-round form of every edge/home term equals its table, everywhere."""
+    graph = sp.zoo.build("gpt2-small", small=True, layers=1)
+    opts = CostOptions.make(preset)
+    model = build_model(graph, parse_mesh(mesh), opts)
+    split_terms = [p for p in model.pairs if p.split is not None]
+    assert len(split_terms) >= len([p for p in model.pairs if p.kind != "share"])
+    for p in split_terms:
+        np.testing.assert_allclose(p.split.dense(), p.dense(), rtol=1e-9, atol=0)
+    lean = build_model(graph, parse_mesh(mesh), opts, table_limit=0)
+    assert any(p.table is None for p in lean.pairs)
+    rng = random.Random(5)
+    for _ in range(5):
+        choice = [rng.randrange(len(u)) for u in model.unary]
+        assert lean.objective(choice) == pytest.approx(model.objective(choice), rel=1e-9)
+
+
 @pytest.mark.parametrize("train", [True, False])
 def test_memory_pieces_add_up_to_the_evaluator(train):
     graph = sp.zoo.build("gpt2-small", small=True)
@@ -186,10 +204,11 @@ def test_ilp_equals_brute_force(graph):
     assert evaluate_strategies(graph, MESH8, model.strategies(choice), OPTS).total == pytest.approx(
         best, rel=1e-9
     )
-    result = ilp.solve_model(model, OPTS)
-    assert result.status == "optimal"
-    assert result.objective == pytest.approx(best, rel=1e-6)
-    assert result.solver_objective == pytest.approx(best, rel=1e-6)
+    for split in ("never", "always"):
+        result = ilp.solve_model(model, OPTS, split=split)
+        assert result.status == "optimal"
+        assert result.objective == pytest.approx(best, rel=1e-6)
+        assert result.solver_objective == pytest.approx(best, rel=1e-6)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -206,9 +225,24 @@ def test_ilp_equals_brute_force_on_chains(layers, batch, width, mesh):
     assume(math.prod(space.sizes) <= 2_000_000)
     model = build_model(graph, mesh, OPTS, space=space)
     best, _ = brute_force(model)
-    result = ilp.solve_model(model, OPTS)
-    assert result.status == "optimal"
-    assert result.objective == pytest.approx(best, rel=1e-6)
+    for split in ("never", "always"):
+        result = ilp.solve_model(model, OPTS, split=split)
+        assert result.status == "optimal"
+        assert result.objective == pytest.approx(best, rel=1e-6)
+        assert result.solver_objective == pytest.approx(best, rel=1e-6)
+
+
+def test_round_split_formulation_matches_on_a_deeper_mesh():
+    """Mesh 2x2x2 (three axes, two bandwidths): both formulations find the same optimum."""
+    graph = tiny_attention(batch=2, seq=4, hidden=2)
+    mesh = parse_mesh("2x2x2")
+    model = build_model(graph, mesh, OPTS)
+    a = ilp.solve_model(model, OPTS, split="never")
+    b = ilp.solve_model(model, OPTS, split="always")
+    assert a.status == b.status == "optimal"
+    assert b.objective == pytest.approx(a.objective, rel=1e-6)
+    assert b.solver_objective == pytest.approx(b.objective, rel=1e-6)
+    assert b.size["split_terms"] > 0 and a.size["split_terms"] == 0
 
 
 def test_ilp_objective_equals_the_evaluator_total():
