@@ -578,7 +578,9 @@ _INSTRUCTION = re.compile(
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
 _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{(\{[\d,\s]*\}(?:\s*,\s*\{[\d,\s]*\})*)?\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[([\d,\s]+)\]<=\[")
-_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+# `device_ids=(...)` (a device permutation) may sit between the mesh and the axes
+_MESH_GROUPS = re.compile(
+    r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=[^{]*?)?\s*\{([^}]*)\}")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _NUM_PARTITIONS = re.compile(r"num_partitions=(\d+)")

@@ -85,6 +85,8 @@ class IlpResult:
     gap: float
     size: dict[str, int]
     seconds: float
+    bound: float = float("nan")
+    """HiGHS's dual bound (evaluator units): no plan costs less than this."""
 
 
 class _Matrix:
@@ -359,6 +361,7 @@ def solve_model(
         gap,
         size,
         time.perf_counter() - start,
+        float(getattr(res, "mip_dual_bound", float("nan")) or 0.0) * scale + model.constant,
     )
 
 
@@ -396,7 +399,7 @@ def solve_ilp(
     note = (
         f"ilp: {size['binaries']} binaries, {size['continuous']} continuous, {size['rows']} rows, "
         f"{size['nonzeros']} nonzeros; tables {model.build_seconds:.2f} s, "
-        f"HiGHS {result.seconds:.2f} s"
+        f"HiGHS {result.seconds:.2f} s; dual bound {result.bound:.6g}"
     )
     return Plan(
         graph,

@@ -25,9 +25,12 @@ with the evaluator's own functions, so that for any choice of strategies
   * "share" pair terms: `share_credit` (<= 0) between consecutive consumers of one tensor.
 Pair tables are indexed by classes, not strategies: an edge's cost depends only on the two
 layouts, a credit on the previous consumer's (layout, rounds that reduce the gradient) and the
-current consumer's strategy. Edge and home tables also carry their round-by-round form
-(`RoundSplit`, each piece priced by `edge_terms` and checked against the table), which the ILP
-uses on meshes with many rounds. Identical rows / columns are merged, a table with one row (column)
+current consumer's strategy; a layout table is priced with one `edge_terms` call per distinct
+per-round relation pattern of its two layouts (spot-checked against direct calls). Edge and home
+terms also carry their round-by-round form (`RoundSplit`: each piece priced by `edge_terms` on a
+pair that differs in one round, checked against direct calls on sampled pairs), which the ILP
+uses for large tables; with `table_limit` those large class tables are not built at all.
+Identical rows / columns are merged, a table with one row (column)
 folds into the other op's unary vector, a constant table into `constant`, and terms between two
 operands of one op into that op's unary vector. Tables repeated across identical layers are
 computed once (keyed by signatures and tensor sizes), so building is linear in the graph times

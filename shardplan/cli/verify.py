@@ -1,0 +1,230 @@
+"""`shardplan verify MODEL|plan.json --mesh 8`: run a plan on JAX and check it.
+
+Prints the numerics verdict (sharded vs unsharded, max error against the stated tolerance) and
+the communication XLA actually inserted against the cost model's prediction, per collective kind
+(bytes one device sends), with the documented cause of every difference beyond 10%.
+
+The JAX CPU backend fakes N devices only when XLA_FLAGS asks for them before jax starts; this
+command sets `--xla_force_host_platform_device_count` itself when jax is not imported yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from shardplan.cli.models import add_model_arguments, load_graph
+from shardplan.errors import PlanError
+from shardplan.mesh import MACHINES, Mesh, parse_mesh
+from shardplan.search import METHODS
+
+_FLAG = "xla_force_host_platform_device_count"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "verify",
+        help="run a plan on JAX: numerics vs unsharded, measured vs predicted collectives",
+        description="Run MODEL's plan (or a saved plan.json) sharded on JAX/XLA and unsharded on "
+        "the same values; report whether the results agree and compare the collectives XLA "
+        "inserts (bytes sent per device) with the cost model's prediction. Example: "
+        "shardplan verify gpt2-small --small --batch 8 --mesh 8 --method megatron",
+    )
+    add_model_arguments(p)
+    p.add_argument(
+        "--mesh",
+        default=None,
+        help="device mesh, e.g. 8 or 2x4 (required for a model; a plan.json has one)",
+    )
+    p.add_argument("--method", default="drec", choices=METHODS, help="search method (models)")
+    p.add_argument(
+        "--machine",
+        default="a100",
+        choices=sorted(MACHINES),
+        help="bandwidth/FLOP preset used to plan (default a100)",
+    )
+    p.add_argument(
+        "--preset",
+        default="shardplan",
+        choices=("shardplan", "mindspore"),
+        help="cost model preset used to plan",
+    )
+    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd-momentum", "none"))
+    p.add_argument("--memory", default=None, help="per-device memory budget for the search")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds for ilp/dp")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--train",
+        dest="train",
+        action="store_true",
+        default=None,
+        help="verify a training step: loss and every gradient (default)",
+    )
+    mode.add_argument(
+        "--infer", dest="train", action="store_false", help="verify the forward pass only"
+    )
+    p.add_argument("--engine", default="jax", choices=("jax",), help="SPMD engine (jax)")
+    p.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (1e-4)")
+    p.add_argument("--atol", type=float, default=None, help="absolute tolerance (1e-6)")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    p.add_argument(
+        "--differences",
+        type=int,
+        default=15,
+        help="list at most N per-operator differences (0: none)",
+    )
+    p.set_defaults(run=run_verify)
+
+
+def _is_plan_file(model: str) -> bool:
+    return model.endswith(".json") or (os.sep in model and Path(model).is_file())
+
+
+def ensure_devices(count: int) -> None:
+    """Ask XLA's CPU backend for `count` fake devices, if jax has not started yet."""
+    if "jax" in sys.modules and sys.modules["jax"] is not None:
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    m = re.search(rf"--{_FLAG}=(\d+)", flags)
+    if m and int(m.group(1)) >= count:
+        return
+    flag = f"--{_FLAG}={count}"
+    flags = re.sub(rf"--{_FLAG}=\d+", flag, flags) if m else f"{flags} {flag}".strip()
+    os.environ["XLA_FLAGS"] = flags
+
+
+def _load_plan(args: argparse.Namespace) -> Any:
+    from shardplan.plan import Plan
+    from shardplan.search import plan as make_plan
+
+    if _is_plan_file(args.model):
+        path = Path(args.model)
+        if not path.is_file():
+            raise PlanError(f"plan file {args.model!r} does not exist")
+        p = Plan.from_json(path.read_text())
+        if args.mesh is not None and parse_mesh(args.mesh).shape != p.mesh.shape:
+            raise PlanError(
+                f"{args.model} is a plan for mesh {p.mesh.text()}, not {args.mesh}; "
+                "drop --mesh or plan again"
+            )
+        return p
+    if args.mesh is None:
+        raise PlanError("verify MODEL needs --mesh (e.g. --mesh 8); a plan.json carries its own")
+    graph = load_graph(args)
+    mesh = parse_mesh(args.mesh, machine=args.machine)
+    extra = {"time_limit": args.time_limit} if args.method in ("ilp", "dp") else {}
+    train = True if args.train is None else args.train
+    return make_plan(
+        graph,
+        mesh,
+        args.method,
+        train=train,
+        memory=args.memory,
+        preset=args.preset,
+        optimizer=args.optimizer,
+        **extra,
+    )
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from shardplan.cli.commands import make_console
+
+    p = _load_plan(args)
+    mesh: Mesh = p.mesh
+    ensure_devices(mesh.size)
+    from shardplan.backends.verify import DEFAULT_ATOL, DEFAULT_RTOL, verify_plan
+
+    train = p.options.train if args.train is None else args.train
+    report = verify_plan(
+        p,
+        train=train,
+        seed=args.seed,
+        rtol=DEFAULT_RTOL if args.rtol is None else args.rtol,
+        atol=DEFAULT_ATOL if args.atol is None else args.atol,
+    )
+    console = make_console()
+    print_report(console, report, args.differences)
+    if args.json:
+        data = report.to_dict()
+        data["plan"] = {"method": p.method, "mesh": mesh.text(), "status": p.status}
+        Path(args.json).write_text(json.dumps(data, indent=1))
+        console.print(f"report written to {args.json}")
+    return 0 if report.numerics_ok else 1
+
+
+def print_report(console: Any, report: Any, differences: int = 15) -> None:
+    from rich.table import Table
+
+    from shardplan.backends.verify import CAUSES, UNEXPLAINED
+
+    mode = "training step (loss + gradients)" if report.train else "forward pass"
+    verdict = "[bold green]OK[/]" if report.numerics_ok else "[bold red]FAIL[/]"
+    console.print(f"{report.model} on mesh {report.mesh}, {report.method} plan, {mode}")
+    console.print(
+        f"numerics: {verdict}  max error {report.max_error:.3g} "
+        f"({report.worst_tensor or '-'}), {len(report.tensors)} tensors; "
+        f"tolerance: {report.tolerance}"
+    )
+    if report.numerics_note:
+        console.print(f"  [yellow]note[/]: {report.numerics_note}", highlight=False)
+    for t in report.tensors[:0] if report.numerics_note else report.tensors:
+        if not t.ok:
+            console.print(
+                f"  [red]{t.name}[/]: max abs error {t.max_abs_error:.3g}, "
+                f"max |reference| {t.max_abs_reference:.3g}"
+            )
+    table = Table(title="communication, bytes sent per device (ring algorithms)")
+    for col in ("kind", "predicted", "measured", "ratio", "count", "causes of the difference"):
+        table.add_column(col, overflow="fold")
+    for k in report.kinds:
+        if not (k.predicted or k.measured):
+            continue
+        ratio = "inf" if k.ratio == float("inf") else f"{k.ratio:.3f}"
+        causes = "within 10%" if k.within else (", ".join(k.causes) or UNEXPLAINED)
+        if not k.explained:
+            causes += f" [red](unexplained {k.unexplained_bytes:.0f} B)[/]"
+        table.add_row(
+            k.kind, f"{k.predicted:,.0f}", f"{k.measured:,.0f}", ratio, str(k.count), causes
+        )
+    table.add_row(
+        "total",
+        f"{report.predicted_total:,.0f}",
+        f"{report.measured_total:,.0f}",
+        f"{report.measured_total / report.predicted_total:.3f}" if report.predicted_total else "-",
+        "",
+        "",
+    )
+    console.print(table)
+    shown = [d for d in report.differences][: max(differences, 0)]
+    if shown:
+        diff = Table(title=f"per-operator differences > 10% ({len(report.differences)} in all)")
+        for col in ("op", "kind", "predicted", "measured", "cause"):
+            diff.add_column(col, overflow="fold")
+        for d in shown:
+            diff.add_row(
+                d.op or "(no operator)",
+                d.kind,
+                f"{d.predicted:,.0f}",
+                f"{d.measured:,.0f}",
+                ", ".join(d.causes),
+            )
+        console.print(diff)
+    seen = report.causes_seen()
+    if seen:
+        console.print("causes (docs/verification.md):")
+        for c in seen:
+            console.print(f"  [bold]{c}[/]: {CAUSES[c]}", highlight=False)
+    if not report.explained:
+        console.print(
+            "[bold yellow]warning[/]: some differences have no known cause; "
+            "please report them with the --json output"
+        )
+
+
+__all__ = ["ensure_devices", "print_report", "register", "run_verify"]

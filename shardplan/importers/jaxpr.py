@@ -1,0 +1,818 @@
+"""Import a plain JAX function as a shardplan Graph, and run it under a plan's shardings.
+
+    graph = from_jaxpr(fn, params, x, labels)      # fn(params, x, labels)
+    p = shardplan.search.plan(graph, "8")
+    sharded_fn = apply_plan(fn, p)                  # same signature and results as fn
+    loss = sharded_fn(params, x, labels)
+
+Conventions:
+- The FIRST argument of `fn` is the parameters pytree: its leaves become PARAMETER tensors named
+  by their pytree paths (`{"layers": [{"w": ...}]}` -> `layers.0.w`). The other arguments are
+  INPUT tensors named by `fn`'s parameter names (`x`, `labels`; pytree arguments get dotted
+  paths, e.g. `batch.ids`; `arg1`, `arg2`, ... for `*args`). Leaves no operator reads are left out.
+- Literals and closed-over arrays become CONSTANT tensors; an equation whose operands are all
+  constants (iota, a broadcast literal, a mask computed from them) is folded into a constant.
+- Operators are named `<scope>.<primitive><n>` where `<scope>` is the `jax.named_scope` stack
+  (dots instead of slashes), so `with jax.named_scope("block0"):` groups a layer.
+
+Translation: ONE table, `RULES`, keyed by JAX primitive name. Sub-jaxprs of `jit`/`pjit`,
+`closed_call`, `core_call`, `custom_jvp_call`, `custom_vjp_call`(`_jaxpr`), `remat`/`checkpoint`
+are translated recursively (inlined). The forms:
+
+- dot_general -> `linear` (x @ W.T), `matmul` (x @ W), `bmm` (leading batch dims), else
+  `einsum` built from the dimension numbers.
+- conv_general_dilated -> `conv2d` (2-D, no dilation, symmetric padding, one group); other
+  dimension orders (NHWC, HWIO) get `transpose` ops around it.
+- add sub mul div max min tanh exp logistic neg sqrt rsqrt convert_element_type -> `add sub mul
+  div maximum minimum tanh exp sigmoid neg sqrt rsqrt cast` (exact).
+- integer_pow (y=2), square -> `mul(x, x)` (exact); other exponents: unary form (approximate).
+- other elementwise (log, erf, abs, select_n, comparisons, ...) -> elementwise form (approximate).
+- reduce_sum, reduce_max -> `reduce_sum`, `reduce_max`; reduce_min, argmax, argmin,
+  reduce_prod/and/or -> the same forms (approximate).
+- reshape, squeeze, expand_dims -> `reshape`; transpose -> `transpose`; concatenate -> `concat`.
+- broadcast_in_dim -> `reshape` (when it inserts size-1 dims), then `add` with a zeros CONSTANT
+  spanning only the broadcast dims.
+- gather (the embedding lookup `table[ids]`) -> `reshape` of the ids + `embedding`.
+- sharding_constraint, stop_gradient, copy, optimization_barrier, ... -> no operator: the result
+  is its operand.
+
+"Approximate" forms keep shapes and the kind of every dim (parallel, reduced) but not the exact
+function: the kind is a generic `identity`/`add`/`reduce_sum`/`reduce_max` with an attribute
+`primitive` naming the JAX primitive, so the planner sees the right sharding structure. They are
+counted in `ImportedJaxpr.approximated`. `broadcast_in_dim` is represented exactly (x + 0 with
+the broadcast dims carried by a small zeros constant) but costs one elementwise pass of FLOPs
+that XLA fuses away; the cost model therefore sees the broadcast as a (cheap) operator.
+
+Unknown primitives raise UnsupportedOpError naming the primitive; with `unknown="replicate"`
+they become opaque operators (every loop dim FROZEN: never cut, neighbours pay any
+redistribution) and a ReplicatedOpsWarning lists them.
+
+jax is imported inside the functions; without it they raise MissingDependencyError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardplan.errors import (
+    IRError,
+    MissingDependencyError,
+    PlanError,
+    ShapeError,
+    UnsupportedOpError,
+)
+from shardplan.ir.dims import DimKind, LoopDim
+from shardplan.ir.graph import Graph, GraphBuilder
+from shardplan.ir.op import Op, Role, Tensor
+from shardplan.ir.signature import Signature
+
+OPAQUE = "opaque"
+
+_INSTALL_HINT = "install it with: pip install 'shardplan[jax]'"
+
+
+def _require_jax() -> Any:
+    try:
+        import jax
+        import jax.extend.core  # noqa: F401  (Literal, Var)
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(
+            f"the jaxpr importer needs the `jax` extra, which is not installed ({e}); "
+            f"{_INSTALL_HINT}"
+        ) from e
+    return jax
+
+
+# -- the translation table -----------------------------------------------------------------------
+
+Rule = Callable[["_Translator", Any, list[str]], list[str]]
+RULES: dict[str, Rule] = {}
+
+
+def _rule(*names: str) -> Callable[[Rule], Rule]:
+    def add(fn: Rule) -> Rule:
+        for n in names:
+            if n in RULES:
+                raise ValueError(f"jaxpr rule for primitive {n!r} is registered twice")
+            RULES[n] = fn
+        return fn
+
+    return add
+
+
+EXACT_ELEMENTWISE = {
+    "add": "add",
+    "add_any": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "max": "maximum",
+    "min": "minimum",
+    "tanh": "tanh",
+    "exp": "exp",
+    "logistic": "sigmoid",
+    "neg": "neg",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "convert_element_type": "cast",
+}
+APPROX_ELEMENTWISE = (
+    "abs", "acos", "acosh", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil",
+    "clamp", "cos", "cosh", "eq", "erf", "erf_inv", "erfc", "exp2", "expm1", "floor", "ge", "gt",
+    "imag", "is_finite", "le", "lgamma", "digamma", "log", "log1p", "lt", "ne", "nextafter", "not",
+    "or", "pow", "real", "rem", "round", "select_n", "shift_left", "shift_right_arithmetic",
+    "shift_right_logical", "sign", "sin", "sinh", "square", "tan", "xor", "population_count",
+    "integer_pow",
+)  # fmt: skip
+PASS_THROUGH = (
+    "sharding_constraint", "stop_gradient", "copy", "copy_p", "optimization_barrier",
+    "reduce_precision", "pvary", "name", "mesh_cast", "reshard",
+)  # fmt: skip
+INLINE = (
+    "jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+    "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint",
+)  # fmt: skip
+"""Primitives whose sub-jaxpr is translated in place."""
+
+
+@_rule(*EXACT_ELEMENTWISE)
+def _exact_elementwise(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    return [t.emit(EXACT_ELEMENTWISE[eqn.primitive.name], ins, eqn.outvars[0])]
+
+
+@_rule(*APPROX_ELEMENTWISE)
+def _approx_elementwise(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    name = eqn.primitive.name
+    if name == "square" or (name == "integer_pow" and eqn.params.get("y") == 2):
+        return [t.emit("mul", [ins[0], ins[0]], eqn.outvars[0])]
+    kind = "identity" if len(ins) == 1 else "add"
+    return [t.emit(kind, ins, eqn.outvars[0], approx=name, primitive=name)]
+
+
+@_rule(*PASS_THROUGH)
+def _pass_through(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    return list(ins[: len(eqn.outvars)])
+
+
+@_rule("dot_general")
+def _dot_general(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
+    a, b = (t.shape(x) for x in ins)
+    out = eqn.outvars[0]
+    if not lb and not rb and lc == (len(a) - 1,) and len(b) == 2 and len(a) >= 1:
+        if rc == (1,):
+            return [t.emit("linear", ins, out)]
+        if rc == (0,):
+            return [t.emit("matmul", ins, out)]
+    nb = len(lb)
+    if (
+        nb >= 1
+        and lb == rb == tuple(range(nb))
+        and len(a) == len(b) == nb + 2
+        and lc == (nb + 1,)
+        and rc in ((nb,), (nb + 1,))
+    ):
+        return [t.emit("bmm", ins, out, transpose_b=rc == (nb + 1,))]
+    left = [f"l{i}" for i in range(len(a))]
+    right = [f"r{i}" for i in range(len(b))]
+    for k, (i, j) in enumerate(zip(lc, rc, strict=True)):
+        left[i] = right[j] = f"c{k}"
+    for k, (i, j) in enumerate(zip(lb, rb, strict=True)):
+        left[i] = right[j] = f"b{k}"
+    result = (
+        [left[i] for i in lb]
+        + [n for i, n in enumerate(left) if i not in lc and i not in lb]
+        + [n for j, n in enumerate(right) if j not in rc and j not in rb]
+    )
+    spec = f"{' '.join(left)}, {' '.join(right)} -> {' '.join(result)}"
+    return [t.emit("einsum", ins, out, spec=spec)]
+
+
+@_rule("conv_general_dilated")
+def _conv(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    strides = tuple(int(s) for s in p["window_strides"])
+    padding = tuple((int(lo), int(hi)) for lo, hi in p["padding"])
+    problem = None
+    if len(strides) != 2:
+        problem = f"{len(strides)} spatial dims (only 2-D)"
+    elif any(int(d) != 1 for d in (*p["lhs_dilation"], *p["rhs_dilation"])):
+        problem = "dilation"
+    elif int(p["feature_group_count"]) != 1 or int(p["batch_group_count"]) != 1:
+        problem = "grouped convolution"
+    elif any(lo != hi for lo, hi in padding):
+        problem = f"asymmetric padding {padding}"
+    if problem:
+        return t.unsupported(eqn, ins, f"conv_general_dilated with {problem}")
+    lhs_spec, rhs_spec, out_spec = (tuple(int(d) for d in s) for s in dn)
+    x, w = ins
+    if lhs_spec != (0, 1, 2, 3):
+        x = t.emit("transpose", [x], None, perm=lhs_spec)
+    if rhs_spec != (0, 1, 2, 3):
+        w = t.emit("transpose", [w], None, perm=rhs_spec)
+    attrs = {"stride": strides, "padding": tuple(lo for lo, _ in padding)}
+    if out_spec == (0, 1, 2, 3):
+        return [t.emit("conv2d", [x, w], eqn.outvars[0], **attrs)]
+    y = t.emit("conv2d", [x, w], None, **attrs)
+    perm = [0] * 4
+    for i, d in enumerate(out_spec):
+        perm[d] = i
+    return [t.emit("transpose", [y], eqn.outvars[0], perm=tuple(perm))]
+
+
+@_rule("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+       "argmax", "argmin")  # fmt: skip
+def _reduce(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    name = eqn.primitive.name
+    axes = tuple(int(a) for a in eqn.params["axes"])
+    if name in ("reduce_sum", "reduce_max"):
+        return [t.emit(name, ins[:1], eqn.outvars[0], axes=axes)]
+    kind = "reduce_max" if name in ("reduce_min", "argmax", "argmin") else "reduce_sum"
+    return [t.emit(kind, ins[:1], eqn.outvars[0], axes=axes, approx=name, primitive=name)]
+
+
+@_rule("reshape", "squeeze", "expand_dims")
+def _reshape(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    if eqn.params.get("dimensions") not in (None, ()) and eqn.primitive.name == "reshape":
+        return t.unsupported(eqn, ins, "reshape with a `dimensions` permutation")
+    shape = tuple(int(s) for s in eqn.outvars[0].aval.shape)
+    return [t.emit("reshape", ins[:1], eqn.outvars[0], shape=shape)]
+
+
+@_rule("transpose")
+def _transpose(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    perm = tuple(int(p) for p in eqn.params["permutation"])
+    return [t.emit("transpose", ins, eqn.outvars[0], perm=perm)]
+
+
+@_rule("broadcast_in_dim")
+def _broadcast(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    x = ins[0]
+    src = t.shape(x)
+    out = tuple(int(s) for s in eqn.outvars[0].aval.shape)
+    dims = tuple(int(d) for d in eqn.params["broadcast_dimensions"])
+    placed = [1] * len(out)
+    for s, d in zip(src, dims, strict=True):
+        placed[d] = s
+    if tuple(placed) == out:  # only size-1 dims inserted: a reshape
+        if src == out:
+            return [x]
+        return [t.emit("reshape", [x], eqn.outvars[0], shape=out)]
+    trailing = dims == tuple(range(len(out) - len(src), len(out)))
+    if not trailing and src:
+        x = t.emit("reshape", [x], None, shape=tuple(placed))
+    zeros_shape = tuple(o if p != o else 1 for p, o in zip(placed, out, strict=True))
+    zeros = t.constant(zeros_shape, t.dtype_bytes(eqn.outvars[0]), "zeros")
+    return [t.emit("add", [x, zeros], eqn.outvars[0], broadcast=True)]
+
+
+@_rule("concatenate")
+def _concat(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    return [t.emit("concat", ins, eqn.outvars[0], axis=int(eqn.params["dimension"]))]
+
+
+@_rule("gather")
+def _gather(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
+    table, ids = ins
+    ts, ix = t.shape(table), t.shape(ids)
+    dn = eqn.params["dimension_numbers"]
+    lookup = (
+        len(ts) == 2
+        and len(ix) >= 2
+        and ix[-1] == 1
+        and tuple(dn.offset_dims) == (len(ix) - 1,)
+        and tuple(dn.collapsed_slice_dims) == (0,)
+        and tuple(dn.start_index_map) == (0,)
+        and not tuple(getattr(dn, "operand_batching_dims", ()))
+        and tuple(int(s) for s in eqn.params["slice_sizes"]) == (1, ts[1])
+    )
+    if not lookup:
+        return t.unsupported(eqn, ins, "gather other than an embedding lookup table[ids]")
+    flat = t.emit("reshape", [ids], None, shape=ix[:-1])
+    return [t.emit("embedding", [table, flat], eqn.outvars[0])]
+
+
+# -- the translator ------------------------------------------------------------------------------
+
+
+@dataclass
+class ImportedJaxpr:
+    """What `import_jaxpr` returns: the graph plus what the import could not translate exactly.
+
+    Attributes:
+        graph: the verified Graph.
+        tensor_of: jaxpr variable -> graph tensor name (every variable of the jaxpr and of the
+            inlined sub-jaxprs that has a tensor; used by `apply_plan`).
+        replicated: opaque operators (unknown primitives with unknown="replicate").
+        approximated: primitive -> number of equations given an approximate form.
+        out_tree: the pytree structure of `fn`'s results.
+    """
+
+    graph: Graph
+    tensor_of: dict[Any, str] = field(repr=False)
+    replicated: tuple[str, ...] = ()
+    approximated: dict[str, int] = field(default_factory=dict)
+    out_tree: Any = None
+    closed_jaxpr: Any = field(default=None, repr=False)
+
+
+class _Translator:
+    def __init__(self, name: str, unknown: str) -> None:
+        if unknown not in ("error", "replicate"):
+            raise ValueError(f"unknown={unknown!r}; use 'error' or 'replicate'")
+        self.b = GraphBuilder(name)
+        self.unknown = unknown
+        self.env: dict[Any, str] = {}
+        self.constants: set[str] = set()
+        self.counts: Counter[str] = Counter()
+        self.replicated: list[str] = []
+        self.approximated: Counter[str] = Counter()
+        self.scope = ""
+        self._current: Any = None
+
+    # -- tensors --------------------------------------------------------------------------------
+    @staticmethod
+    def dtype_bytes(var: Any) -> int:
+        return max(int(getattr(var.aval.dtype, "itemsize", 4)), 1)
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        return self.b.shape(tensor)
+
+    def _unique(self, base: str) -> str:
+        self.counts[base] += 1
+        return f"{base}{self.counts[base]}"
+
+    def add(self, name: str, var: Any, role: Role) -> str:
+        shape = _static_shape(var.aval.shape, name)
+        self.b.add_tensor(Tensor(name, shape, self.dtype_bytes(var), role))
+        if role is Role.CONSTANT:
+            self.constants.add(name)
+        return name
+
+    def constant(self, shape: Sequence[int], dtype_bytes: int, base: str) -> str:
+        name = self._unique(base)
+        self.b.add_tensor(Tensor(name, tuple(shape), dtype_bytes, Role.CONSTANT))
+        self.constants.add(name)
+        return name
+
+    def read(self, atom: Any) -> str:
+        jax = _require_jax()
+        if isinstance(atom, jax.extend.core.Literal):
+            return self.add(self._unique("literal"), atom, Role.CONSTANT)
+        if atom not in self.env:
+            raise ShapeError(f"jaxpr variable {atom} is used before it is defined")
+        return self.env[atom]
+
+    # -- ops ------------------------------------------------------------------------------------
+    def op_name(self, base: str) -> str:
+        return self._unique(f"{self.scope}{base}")
+
+    def emit(
+        self, kind: str, ins: Sequence[str], var: Any, approx: str | None = None, **attrs: Any
+    ) -> str:
+        """Add a catalogue op; check its result shape against the jaxpr variable `var`."""
+        name = self.op_name(self._current.primitive.name)
+        dtype = self.dtype_bytes(var) if var is not None else self.b.dtype_bytes
+        parts = [p for p in self.scope.split(".") if p]
+        with contextlib.ExitStack() as stack:  # the builder's scope sets the op's layer
+            for part in parts:
+                stack.enter_context(self.b.scope(part))
+            out = self.b.apply(
+                kind, *ins, name=name[len(self.scope) :], out_dtype_bytes=dtype, **attrs
+            )
+        if var is not None:
+            want = tuple(int(s) for s in var.aval.shape)
+            if self.shape(out) != want:
+                raise ShapeError(
+                    f"jaxpr equation {self._current.primitive.name} became {kind} {name!r} of "
+                    f"shape {self.shape(out)} but JAX says {want}; the translation rule is wrong"
+                )
+        if approx:
+            self.approximated[approx] += 1
+        return out
+
+    def unsupported(self, eqn: Any, ins: list[str], what: str | None = None) -> list[str]:
+        prim = eqn.primitive.name
+        if self.unknown == "error":
+            hint = "" if what is None else f" ({what})"
+            raise UnsupportedOpError(
+                f"JAX primitive {prim!r}{hint} has no shardplan translation; map it in "
+                "shardplan.importers.jaxpr.RULES or import with unknown='replicate' to keep "
+                "it as an opaque, never-cut operator"
+            )
+        name = self.op_name(prim)
+        outs = [name] if len(eqn.outvars) == 1 else [f"{name}:{i}" for i in range(len(eqn.outvars))]
+        for out, var in zip(outs, eqn.outvars, strict=True):
+            self.b.add_tensor(
+                Tensor(
+                    out, _static_shape(var.aval.shape, out), self.dtype_bytes(var), Role.ACTIVATION
+                )
+            )
+        signature = opaque_signature([self.shape(t) for t in ins], [self.shape(o) for o in outs])
+        flops = float(sum(_numel(self.shape(o)) for o in outs))
+        self.b.add_op(
+            Op(
+                name,
+                OPAQUE,
+                signature,
+                tuple(ins),
+                tuple(outs),
+                flops,
+                (("primitive", prim),),
+                self.scope.rstrip("."),
+            )
+        )
+        self.replicated.append(f"{name} ({prim})")
+        return outs
+
+    # -- equations ------------------------------------------------------------------------------
+    def run(self, jaxpr: Any, consts: Sequence[Any], ins: Sequence[str]) -> None:
+        for var, value in zip(jaxpr.constvars, consts, strict=True):
+            self.env[var] = self.add(self._unique("const"), var, Role.CONSTANT)
+            del value
+        for var, name in zip(jaxpr.invars, ins, strict=True):
+            if name is not None:
+                self.env[var] = name
+        for eqn in jaxpr.eqns:
+            self.equation(eqn)
+
+    def equation(self, eqn: Any) -> None:
+        jax = _require_jax()
+        prim = eqn.primitive.name
+        literal = jax.extend.core.Literal
+        operands = [a for a in eqn.invars if not isinstance(a, literal)]
+        if all(self.env.get(a) in self.constants for a in operands):
+            for var in eqn.outvars:  # only constants in: fold into a constant
+                if not _dropped(var):
+                    self.env[var] = self.add(self._unique("const"), var, Role.CONSTANT)
+            return
+        sub = _sub_jaxpr(eqn) if prim in INLINE else None
+        if sub is not None:
+            jaxpr, consts = sub
+            ins = [self.read(a) for a in eqn.invars]
+            saved = self.scope
+            self.scope = self._scope_of(eqn)
+            self.run(jaxpr, consts, ins[len(ins) - len(jaxpr.invars) :])
+            self.scope = saved
+            for outer, inner in zip(eqn.outvars, jaxpr.outvars, strict=True):
+                if not _dropped(outer):
+                    self.env[outer] = (
+                        self.read(inner)
+                        if not isinstance(inner, literal)
+                        else (self.add(self._unique("literal"), inner, Role.CONSTANT))
+                    )
+            return
+        ins = [self.read(a) for a in eqn.invars]
+        self._current = eqn
+        saved = self.scope
+        self.scope = self._scope_of(eqn)
+        try:
+            rule = RULES.get(prim)
+            outs = rule(self, eqn, ins) if rule is not None else self.unsupported(eqn, ins)
+        finally:
+            self.scope = saved
+        for var, name in zip(eqn.outvars, outs, strict=True):
+            if not _dropped(var):
+                self.env[var] = name
+
+    def _scope_of(self, eqn: Any) -> str:
+        stack = str(getattr(eqn.source_info, "name_stack", "") or "")
+        parts = [re.sub(r"[^A-Za-z0-9_]+", "_", p).strip("_") for p in stack.split("/")]
+        parts = [p for p in parts if p]
+        return "".join(f"{p}." for p in parts) if parts else self.scope
+
+
+def _dropped(var: Any) -> bool:
+    return type(var).__name__ == "DropVar"
+
+
+def _sub_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = eqn.params.get(key)
+        if sub is None or callable(sub) and not hasattr(sub, "eqns") and not hasattr(sub, "jaxpr"):
+            continue
+        if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):  # ClosedJaxpr
+            return sub.jaxpr, list(sub.consts)
+        if hasattr(sub, "eqns"):  # an open Jaxpr
+            return sub, []
+    return None
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _static_shape(shape: Sequence[Any], name: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(s) for s in shape)
+    except (TypeError, ValueError) as e:
+        raise ShapeError(
+            f"tensor {name!r} has a symbolic shape {tuple(shape)}; trace with "
+            "concrete example arguments"
+        ) from e
+    if any(s < 1 for s in out):
+        raise ShapeError(f"tensor {name!r} has shape {out}; zero-size tensors cannot be planned")
+    return out
+
+
+def opaque_signature(
+    in_shapes: Sequence[Sequence[int]], out_shapes: Sequence[Sequence[int]]
+) -> Signature:
+    """Every loop dim FROZEN: one per result dim and one per operand dim (never cut)."""
+    dims: list[LoopDim] = []
+    groups: list[tuple[tuple[str, ...], ...]] = []
+    for prefix, shapes in (("o", out_shapes), ("i", in_shapes)):
+        for k, shape in enumerate(shapes):
+            names = [f"{prefix}{k}_{j}" for j in range(len(shape))]
+            dims += [LoopDim(n, int(e), DimKind.FROZEN) for n, e in zip(names, shape, strict=True)]
+            groups.append(tuple((n,) for n in names))
+    n_out = len(out_shapes)
+    return Signature(tuple(dims), tuple(groups[n_out:]), tuple(groups[:n_out]))
+
+
+# -- argument naming -----------------------------------------------------------------------------
+
+
+def _path_name(path: Sequence[Any]) -> str:
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(re.sub(r"[^A-Za-z0-9_]+", "", str(key)))
+    return ".".join(p for p in parts if p)
+
+
+def _arg_names(fn: Callable[..., Any], count: int) -> list[str]:
+    names: list[str] = []
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    return [names[i] if i < len(names) else f"arg{i}" for i in range(count)]
+
+
+def _leaf_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[list[str]]:
+    jax = _require_jax()
+    arg_names = _arg_names(fn, len(args))
+    out = []
+    for i, arg in enumerate(args):
+        leaves = jax.tree_util.tree_flatten_with_path(arg)[0]
+        names = []
+        for path, _ in leaves:
+            sub = _path_name(path)
+            if i == 0:
+                names.append(sub or "params")
+            else:
+                names.append(f"{arg_names[i]}.{sub}" if sub else arg_names[i])
+        out.append(names)
+    return out
+
+
+# -- public API ----------------------------------------------------------------------------------
+
+
+def import_jaxpr(
+    fn: Callable[..., Any], *example_args: Any, name: str | None = None, unknown: str = "error"
+) -> ImportedJaxpr:
+    """Trace `fn(*example_args)` with `jax.make_jaxpr` and translate it (see the module doc).
+
+    The first argument is the parameters pytree. Raises UnsupportedOpError for a primitive
+    without a rule (unless `unknown="replicate"`), ShapeError for symbolic or zero-size shapes.
+    """
+    jax = _require_jax()
+    if not example_args:
+        raise IRError("from_jaxpr needs example arguments: fn(params, *inputs)")
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
+    graph_name = name or getattr(fn, "__name__", "jaxpr")
+    t = _Translator(graph_name, unknown)
+    names = [n for group in _leaf_names(fn, example_args) for n in group]
+    roles = [Role.PARAMETER] * len(jax.tree_util.tree_leaves(example_args[0]))
+    roles += [Role.INPUT] * (len(names) - len(roles))
+    used = _used_invars(closed.jaxpr)
+    seen: set[str] = set()
+    ins: list[str | None] = []
+    for var, n, role in zip(closed.jaxpr.invars, names, roles, strict=True):
+        if var not in used:
+            ins.append(None)
+            continue
+        if n in seen:
+            raise IRError(f"two arguments of {graph_name!r} are both named {n!r}")
+        seen.add(n)
+        ins.append(t.add(n, var, role))
+    t.run(closed.jaxpr, closed.consts, ins)
+    graph = t.b.build()
+    result = ImportedJaxpr(
+        graph,
+        dict(t.env),
+        tuple(t.replicated),
+        dict(t.approximated),
+        jax.tree_util.tree_structure(out_shape),
+        closed,
+    )
+    if t.replicated:
+        from shardplan.importers._build import ReplicatedOpsWarning
+
+        shown = ", ".join(t.replicated[:10])
+        more = "" if len(t.replicated) <= 10 else f" and {len(t.replicated) - 10} more"
+        warnings.warn(
+            f"from_jaxpr: {len(t.replicated)} equation(s) imported as opaque replicated "
+            f"operators (never cut): {shown}{more}",
+            ReplicatedOpsWarning,
+            stacklevel=3,
+        )
+    return result
+
+
+def _used_invars(jaxpr: Any) -> set[Any]:
+    jax = _require_jax()
+    literal = jax.extend.core.Literal
+    used: set[Any] = set()
+    for eqn in jaxpr.eqns:
+        used.update(a for a in eqn.invars if not isinstance(a, literal))
+    used.update(a for a in jaxpr.outvars if not isinstance(a, literal))
+    return used
+
+
+def from_jaxpr(
+    fn: Callable[..., Any], *example_args: Any, name: str | None = None, unknown: str = "error"
+) -> Graph:
+    """The Graph of `fn(params, *inputs)` traced on `example_args` (see `import_jaxpr`)."""
+    return import_jaxpr(fn, *example_args, name=name, unknown=unknown).graph
+
+
+def apply_plan(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[..., Any]:
+    """`fn` run under `plan`'s shardings: a function with `fn`'s signature and results.
+
+    Each call traces `fn` on its arguments (cached per argument shapes), translates the jaxpr
+    exactly as `from_jaxpr` does and checks that it is the graph the plan was made for (same
+    tensor names and shapes, else PlanError). It then evaluates the jaxpr equation by equation
+    under `jax.jit` on the plan's device mesh: the parameters (first argument) and inputs are
+    placed by the plan's layouts through `in_shardings`, and every value that is a planned tensor
+    is constrained to its layout with `jax.lax.with_sharding_constraint` (in training, JAX applies
+    the same constraint to its gradient). `mesh` overrides the devices: a shardplan Mesh or mesh
+    text with the plan's rounds, or a `jax.sharding.Mesh` whose axes are the rounds (`r0`, ...).
+    """
+    jax = _require_jax()
+    from shardplan.backends import jax as jb
+
+    jmesh = _device_mesh(plan, mesh)
+    layouts = dict(plan.tensor_layouts())
+    layouts.update(plan.input_layouts())
+    cache: dict[Any, Callable[..., Any]] = {}
+
+    def sharding(tensor: str, rank: int) -> Any:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        layout = layouts.get(tensor)
+        if layout is None:
+            return NamedSharding(jmesh, PartitionSpec())
+        return NamedSharding(jmesh, jb.partition_spec(layout, rank, plan.mesh))
+
+    def build(args: tuple[Any, ...]) -> Callable[..., Any]:
+        unknown = "replicate" if any(op.kind == OPAQUE for op in plan.graph.ops) else "error"
+        with warnings.catch_warnings():  # from_jaxpr already warned about opaque operators
+            warnings.simplefilter("ignore")
+            imported = import_jaxpr(fn, *args, name=plan.graph.name, unknown=unknown)
+        _check_same_graph(imported.graph, plan.graph)
+        closed = imported.closed_jaxpr
+        tensor_of = imported.tensor_of
+        leaf_names = [n for group in _leaf_names(fn, args) for n in group]
+        in_leaves = []
+        for var, n in zip(closed.jaxpr.invars, leaf_names, strict=True):
+            rank = len(var.aval.shape)
+            in_leaves.append(sharding(n, rank) if n in plan.graph.tensors else sharding("", rank))
+        treedef = jax.tree_util.tree_structure(args)
+        in_shardings = jax.tree_util.tree_unflatten(treedef, in_leaves)
+
+        def constrain(var: Any, value: Any) -> Any:
+            tensor = tensor_of.get(var)
+            if tensor is None or tensor not in layouts or not hasattr(value, "shape"):
+                return value
+            if tuple(value.shape) != plan.graph.tensors[tensor].shape:
+                return value
+            return jax.lax.with_sharding_constraint(value, sharding(tensor, len(value.shape)))
+
+        def run(*call_args: Any) -> Any:
+            flat = jax.tree_util.tree_leaves(call_args)
+            outs = _evaluate(closed.jaxpr, closed.consts, flat, constrain)
+            return jax.tree_util.tree_unflatten(imported.out_tree, outs)
+
+        return jax.jit(run, in_shardings=tuple(in_shardings))
+
+    def sharded(*args: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        key = (
+            treedef,
+            tuple(
+                (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x)))) for x in leaves
+            ),
+        )
+        if key not in cache:
+            cache[key] = build(args)
+        return cache[key](*args)
+
+    sharded.__name__ = f"sharded_{getattr(fn, '__name__', 'fn')}"
+    sharded.__doc__ = f"{getattr(fn, '__name__', 'fn')} under the {plan.method} plan"
+    return sharded
+
+
+def _evaluate(
+    jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], constrain: Callable[[Any, Any], Any]
+) -> list[Any]:
+    """Evaluate `jaxpr`, inlining jit/closed_call sub-jaxprs, constraining every value."""
+    jax = _require_jax()
+    literal = jax.extend.core.Literal
+    env: dict[Any, Any] = {}
+
+    def read(atom: Any) -> Any:
+        return atom.val if isinstance(atom, literal) else env[atom]
+
+    for var, value in zip(jaxpr.constvars, consts, strict=True):
+        env[var] = value
+    for var, value in zip(jaxpr.invars, args, strict=True):
+        env[var] = constrain(var, value)
+    for eqn in jaxpr.eqns:
+        invals = [read(a) for a in eqn.invars]
+        sub = _sub_jaxpr(eqn) if eqn.primitive.name in _INLINE_EVAL else None
+        if sub is not None:
+            inner, inner_consts = sub
+            outvals = _evaluate(
+                inner, inner_consts, invals[len(invals) - len(inner.invars) :], constrain
+            )
+        else:
+            bound = eqn.primitive.get_bind_params(eqn.params)
+            subfuns, params = ([], bound) if isinstance(bound, dict) else bound  # jax < 0.5
+            result = eqn.primitive.bind(*subfuns, *invals, **params)
+            outvals = list(result) if eqn.primitive.multiple_results else [result]
+        for var, value in zip(eqn.outvars, outvals, strict=True):
+            if not _dropped(var):
+                env[var] = constrain(var, value)
+    return [read(v) for v in jaxpr.outvars]
+
+
+_INLINE_EVAL = ("jit", "pjit", "closed_call", "core_call")
+"""Sub-jaxprs `apply_plan` evaluates in place (custom_jvp/vjp calls keep their rules)."""
+
+
+def _device_mesh(plan: Any, mesh: Any) -> Any:
+    from shardplan.backends import jax as jb
+    from shardplan.mesh import parse_mesh
+
+    if mesh is None:
+        return jb.jax_mesh(plan.mesh)
+    if hasattr(mesh, "axis_names") and hasattr(mesh, "devices"):  # a jax.sharding.Mesh
+        want = jb.axis_names(plan.mesh)
+        sizes = tuple(r.q for r in plan.mesh.rounds)
+        if tuple(mesh.axis_names) != want or tuple(mesh.devices.shape) != sizes:
+            raise PlanError(
+                f"apply_plan: the JAX mesh has axes {tuple(mesh.axis_names)} of sizes "
+                f"{tuple(mesh.devices.shape)}; the plan needs {want} of sizes {sizes}"
+            )
+        return mesh
+    parsed = parse_mesh(mesh)
+    if [r.q for r in parsed.rounds] != [r.q for r in plan.mesh.rounds]:
+        raise PlanError(
+            f"apply_plan: mesh {parsed.text()} has rounds "
+            f"{[r.q for r in parsed.rounds]} but the plan was made for mesh "
+            f"{plan.mesh.text()} with rounds {[r.q for r in plan.mesh.rounds]}"
+        )
+    return jb.jax_mesh(parsed)
+
+
+def _check_same_graph(got: Graph, want: Graph) -> None:
+    diff = [
+        n
+        for n, t in want.tensors.items()
+        if n not in got.tensors or got.tensors[n].shape != t.shape
+    ]
+    if diff or len(got.ops) != len(want.ops):
+        n = diff[0] if diff else ""
+        detail = (
+            f"tensor {n!r} is {want.tensors[n].shape} in the plan but "
+            f"{got.tensors[n].shape if n in got.tensors else 'missing'} in the traced "
+            "function"
+            if diff
+            else f"{len(want.ops)} ops in the plan, {len(got.ops)} traced"
+        )
+        raise PlanError(
+            f"apply_plan: the plan was made for another graph than this function's "
+            f"on these arguments ({detail}); plan the graph of from_jaxpr(fn, *args)"
+        )
