@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -151,10 +152,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def markdown(rows: list[dict[str, Any]], command: str, time_limit: float) -> str:
+def markdown(rows: list[dict[str, Any]], command: str, time_limit: float, version: str) -> str:
     done = [r for r in rows if r.get("ilp_status") == "optimal"]
     gaps = [r["gap"] for r in done]
-    md = f"# D-Rec quality against the ILP optimum\n\nCommand: `{command}`\n\n"
+    md = f"# D-Rec quality against the ILP optimum\n\nCommand: `{command}` (source {version})\n\n"
     md += (
         "Cost model: shardplan preset (seconds per training step, a100 machine), training with "
         "Adam. Transformers are built with one layer at their real width/sequence/batch, the "
@@ -252,6 +253,24 @@ def markdown(rows: list[dict[str, Any]], command: str, time_limit: float) -> str
     return md
 
 
+def source_version() -> str:
+    """The commit the run used, "+dirty" when shardplan/ had uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "shardplan"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="7 models x meshes 8, 6, 12, 2x8")
@@ -259,10 +278,12 @@ def main() -> None:
     parser.add_argument("--models", default=None, help="comma-separated zoo models")
     parser.add_argument("--meshes", default=None, help="comma-separated meshes")
     parser.add_argument("--top", type=int, default=8, help="misses listed per case")
+    parser.add_argument("--name", default="quality", help="results file stem (default quality)")
     args = parser.parse_args()
     models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else zoo.MODELS)
     meshes = args.meshes.split(",") if args.meshes else (QUICK_MESHES if args.quick else MESHES)
     time_limit = args.time_limit or (30.0 if args.quick else 120.0)
+    version = source_version()
     rows = []
     for name in models:
         for mesh in meshes:
@@ -276,9 +297,9 @@ def main() -> None:
                 flush=True,
             )
     command = "python benchmarks/quality.py " + " ".join(sys.argv[1:])
-    md = markdown(rows, command.strip(), time_limit)
-    if plot(rows, RESULTS / "quality.png"):
-        md += "\n![D-Rec / optimum per case](quality.png)\n"
+    md = markdown(rows, command.strip(), time_limit, version)
+    if plot(rows, RESULTS / f"{args.name}.png"):
+        md += f"\n![D-Rec / optimum per case]({args.name}.png)\n"
     done = [r for r in rows if r.get("ilp_status") == "optimal"]
     summary = {
         "proven_cases": len(done),
@@ -288,8 +309,14 @@ def main() -> None:
         "expert_gap_geomean": geomean([r["expert_gap"] for r in done]),
     }
     write(
-        "quality",
-        {"command": command, "quick": args.quick, "time_limit": time_limit, "summary": summary}
+        args.name,
+        {
+            "command": command,
+            "source": version,
+            "quick": args.quick,
+            "time_limit": time_limit,
+            "summary": summary,
+        }
         | {"cases": rows},
         md,
     )

@@ -16,6 +16,7 @@ Writes benchmarks/results/speed.{json,md} (and speed.png when matplotlib is inst
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,8 +44,8 @@ def run(graph: Any, mesh: Any, method: str, time_limit: float) -> dict[str, Any]
         p = plan(graph, mesh, method, **extra)
     except ShardplanError as e:
         text = str(e)
-        kind = "did not finish" if "did not finish" in text else "error"
-        return {"ok": False, "seconds": time.perf_counter() - start, "status": f"{kind}: {text}"}
+        status = text if "did not finish" in text else f"error: {type(e).__name__}: {text}"
+        return {"ok": False, "seconds": time.perf_counter() - start, "status": status}
     wall = time.perf_counter() - start
     seconds = wall if method in EXACT else p.search_seconds
     return {"ok": True, "seconds": seconds, "status": p.status, "cost": p.cost.total}
@@ -67,7 +68,7 @@ def sweep(
                 }
                 continue
             row[method] = run(graph, mesh, method, time_limit)
-            if not row[method]["ok"]:
+            if stopped(row[method]):
                 failed_at[method] = f"{label}={info[label]}"
         drec_s = row["drec"]["seconds"]
         for method in METHODS:
@@ -88,10 +89,11 @@ def sweep(
 
 def cell(r: dict[str, Any]) -> str:
     if r["ok"]:
-        return f"{r['seconds']:.3g} s (x{r['over_drec']:.3g})"
+        text = f"{r['seconds']:.3g} s (x{r['over_drec']:.3g})"
+        return text if r["status"] in ("ok", "optimal") else f"{text}, {r['status']}"
     if r["status"].startswith("skipped"):
         return "skipped"
-    return "did not finish" if r["status"].startswith("did not finish") else "error"
+    return "did not finish" if "did not finish" in r["status"] else "error"
 
 
 def md_table(label: str, rows: list[dict[str, Any]]) -> str:
@@ -101,15 +103,18 @@ def md_table(label: str, rows: list[dict[str, Any]]) -> str:
     )
 
 
+def stopped(r: dict[str, Any]) -> bool:
+    return not r["ok"] or r["status"].startswith("time-limit")
+
+
 def failures(rows: list[dict[str, Any]], label: str) -> str:
     out = []
     for method in METHODS:
-        first = next((r for r in rows if not r[method]["ok"]), None)
+        first = next((r for r in rows if stopped(r[method])), None)
         if first is None:
             continue
-        out.append(
-            f"- **{method}** first failed at {label}={first[label]}: {first[method]['status']}"
-        )
+        status = first[method]["status"]
+        out.append(f"- **{method}** first stopped at {label}={first[label]}: {status}")
     return "\n".join(out) + "\n" if out else "- every method finished every case\n"
 
 
@@ -153,10 +158,29 @@ def plot(size_rows: list[dict], device_rows: list[dict], path: Path) -> bool:
     return True
 
 
+def source_version() -> str:
+    """The commit the run used, "+dirty" when shardplan/ had uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "shardplan"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer sizes, shorter limits")
     parser.add_argument("--time-limit", type=float, default=None, help="ILP/DP seconds per run")
+    parser.add_argument("--name", default="speed", help="results file stem (default speed)")
     args = parser.parse_args()
     time_limit = args.time_limit or (20.0 if args.quick else 120.0)
     layers = [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16, 32, 64, 96]
@@ -165,6 +189,7 @@ def main() -> None:
         if args.quick
         else [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     )
+    version = source_version()
     mesh8 = parse_mesh("8")
     size_cases = [
         (zoo.build("gpt3", layers=n, batch=8, **SHAPE), mesh8, {"layers": n}) for n in layers
@@ -178,11 +203,13 @@ def main() -> None:
     command = "python benchmarks/speed.py " + " ".join(sys.argv[1:])
     size_slopes = slopes(size_rows, "ops")
     device_slopes = slopes(device_rows, "rounds")
-    md = f"# Search time: D-Rec, ILP, DP and the expert plans\n\nCommand: `{command.strip()}`\n\n"
+    md = "# Search time: D-Rec, ILP, DP and the expert plans\n\n"
+    md += f"Command: `{command.strip()}` (source {version})\n\n"
     md += (
         f"ILP and DP time limit: {time_limit:g} s per run (their times include building the cost "
         "tables). Cells: seconds (x ratio to D-Rec on the same problem); a method that failed "
-        "is skipped on larger problems. Graph: GPT, hidden 256, 4 heads, seq 256, vocab 1024.\n\n"
+        "or hit the time limit is skipped on larger problems. Graph: GPT, hidden 256, 4 heads, "
+        "seq 256, vocab 1024.\n\n"
     )
     md += "## Against graph size (mesh 8, batch 8)\n\n" + md_table("layers", size_rows)
     md += "\nLog-log slope of time against ops: " + ", ".join(
@@ -209,12 +236,13 @@ def main() -> None:
             f"\nWhere both exact methods finished ({len(both)} runs) their costs agree within "
             f"{worst:.1e} (relative).\n"
         )
-    if plot(size_rows, device_rows, RESULTS / "speed.png"):
-        md += "\n![search time](speed.png)\n"
+    if plot(size_rows, device_rows, RESULTS / f"{args.name}.png"):
+        md += f"\n![search time]({args.name}.png)\n"
     write(
-        "speed",
+        args.name,
         {
             "command": command,
+            "source": version,
             "quick": args.quick,
             "time_limit": time_limit,
             "sizes": size_rows,
