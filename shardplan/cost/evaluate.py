@@ -146,20 +146,23 @@ def operand_infos(
 
 
 def edge_numels(numel: float, src: Layout, dst: Layout, rounds: Sequence[Round]) -> list[float]:
-    """Per round, the volume an edge's collective moves: the consumer's local size, shrunk by the
-    faster rounds in which the edge also changes layout (hierarchical gather/all-to-all)."""
-    sizes = round_numels(numel, dst, rounds)
+    """Per round, the size of the tensor that round's collective works on.
+
+    A round j other than r divides it when the data stays split along j while r runs: split on
+    both sides (same dim, or an all-to-all), or split on one side only (a gather) and j is
+    faster than r — hierarchical gathers run on the slow links first, while pieces are small.
+    Over rounds of one bandwidth a multi-round gather then telescopes to the ring volume
+    (1 - 1/Q)|T|.
+    """
     out = []
     for r, rnd in enumerate(rounds):
         divisor = 1.0
         for j, other in enumerate(rounds):
-            if j == r or not faster(other, rnd):
+            if j == r:
                 continue
-            if (j > r and (dst[j] >= 0 or src[j] != dst[j])) or (
-                j < r and dst[j] < 0 and src[j] != dst[j]
-            ):
+            if (src[j] >= 0 and dst[j] >= 0) or (src[j] != dst[j] and faster(other, rnd)):
                 divisor *= other.q
-        out.append(sizes[r] / divisor)
+        out.append(numel / divisor)
     return out
 
 

@@ -212,8 +212,8 @@ def _split_block(
         for bit, (j, kind) in enumerate(split.features[r]):
             on = ((np.arange(nf) >> bit) & 1).astype(bool)
             sv, dv = split.src_values[j], split.dst_values[j]
-            if kind == BSPLIT:  # F = sum of p_j over consumer-split columns
-                f_cols, coef, c0 = pair[j][:, dv >= 0].ravel(), 1.0, 0.0
+            if kind == BSPLIT:  # F = sum of p_j over cells split on both sides
+                f_cols, coef, c0 = pair[j][np.ix_(sv >= 0, dv >= 0)].ravel(), 1.0, 0.0
             else:  # F = 1 - p_j[replicated, replicated]
                 f_cols, coef, c0 = pair[j][np.ix_(sv < 0, dv < 0)].ravel(), -1.0, 1.0
             for cells, sign, rhs in ((y[:, on], -1.0, c0), (y[:, ~on], 1.0, 1.0 - c0)):

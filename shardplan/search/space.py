@@ -182,23 +182,21 @@ def build_space(
 
 
 BSPLIT = 1
-"""Feature of round j in round r's volume: the consumer's layout is split in round j."""
+"""Feature of round j in round r's volume: producer and consumer are both split in round j."""
 NOT_BOTH_REPLICATED = 2
 """Feature of round j in round r's volume: producer and consumer are not both replicated in j."""
 
 
 def round_features(rounds: Sequence[Round]) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Per round r, the other rounds j whose layouts change round r's redistribution volume, and
-    how (mirrors `evaluate.edge_numels`: earlier splits of the consumer shrink the local size;
-    faster rounds that split or move the tensor shrink a hierarchical collective)."""
+    how (mirrors `evaluate.edge_numels`: a round split on both sides always shrinks the volume; a
+    faster round shrinks it unless both sides replicate)."""
     out = []
     for r, rnd in enumerate(rounds):
         feats = []
         for j, other in enumerate(rounds):
-            if j < r:
+            if j != r:
                 feats.append((j, NOT_BOTH_REPLICATED if faster(other, rnd) else BSPLIT))
-            elif j > r and faster(other, rnd):
-                feats.append((j, NOT_BOTH_REPLICATED))
         out.append(tuple(feats))
     return tuple(out)
 
@@ -211,7 +209,7 @@ class RoundSplit:
 
     where a = src[s], b = dst[t] are per-round layout values, i / k index `src_values[r]` /
     `dst_values[r]`, and f_r packs one bit per feature (j, kind) of `features[r]` (bit i of f_r is
-    feature i): BSPLIT -> b_j >= 0; NOT_BOTH_REPLICATED -> not (a_j and b_j replicated). Each
+    feature i): BSPLIT -> a_j >= 0 and b_j >= 0; NOT_BOTH_REPLICATED -> not (a_j and b_j replicated). Each
     value is priced by the evaluator's `edge_terms` on a pair that differs in round r only.
     """
 
@@ -238,7 +236,7 @@ class RoundSplit:
             f = np.zeros(out.shape, dtype=np.int64)
             for bit, (j, kind) in enumerate(feats):
                 if kind == BSPLIT:
-                    on = np.broadcast_to((dst[:, j] >= 0)[None, :], out.shape)
+                    on = (src[:, j] >= 0)[:, None] & (dst[:, j] >= 0)[None, :]
                 else:
                     on = ~((src[:, j] < 0)[:, None] & (dst[:, j] < 0)[None, :])
                 f |= on.astype(np.int64) << bit
@@ -255,7 +253,7 @@ class RoundSplit:
                 continue
             f = 0
             for bit, (j, kind) in enumerate(feats):
-                on = b[j] >= 0 if kind == BSPLIT else not (a[j] < 0 and b[j] < 0)
+                on = (a[j] >= 0 and b[j] >= 0) if kind == BSPLIT else not (a[j] < 0 and b[j] < 0)
                 f |= int(on) << bit
             i = int(np.searchsorted(self.src_values[r], a[r]))
             k = int(np.searchsorted(self.dst_values[r], b[r]))
