@@ -210,7 +210,8 @@ class RoundSplit:
     where a = src[s], b = dst[t] are per-round layout values, i / k index `src_values[r]` /
     `dst_values[r]`, and f_r packs one bit per feature (j, kind) of `features[r]` (bit i of f_r is
     feature i): BSPLIT -> a_j >= 0 and b_j >= 0; NOT_BOTH_REPLICATED -> not (a_j and b_j
-    replicated). Each value is priced by the evaluator's `edge_terms` on a pair that differs in round r only.
+    replicated). Each value is priced by the evaluator's `edge_terms` on a pair that differs in
+    round r only.
     """
 
     src: np.ndarray
