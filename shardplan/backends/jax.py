@@ -78,7 +78,7 @@ def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 def _int_range(graph: Graph, tensor: Tensor) -> int | None:
     """Upper bound (exclusive) when `tensor` holds embedding ids or class labels, else None."""
-    if tensor.dtype_bytes != 4:
+    if tensor.dtype_bytes not in (4, 8):  # int32 or int64 ids/labels
         return None
     bound: int | None = None
     for op_index, position in graph.consumers.get(tensor.name, ()):
@@ -139,6 +139,11 @@ def abstract_args(graph: Graph) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 # -- kernels -----------------------------------------------------------------------------------
+
+
+def _gelu_tanh(approximate: Any) -> bool:
+    """torch says approximate="none"|"tanh"; the zoo may pass a bool."""
+    return approximate == "tanh" if isinstance(approximate, str) else bool(approximate)
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -257,7 +262,7 @@ def kernels() -> dict[str, Kernel]:
 
     return {
         "relu": unary(jax.nn.relu),
-        "gelu": lambda op, x: jax.nn.gelu(x, approximate=bool(op.attr("approximate", False))),
+        "gelu": lambda op, x: jax.nn.gelu(x, approximate=_gelu_tanh(op.attr("approximate"))),
         "silu": unary(jax.nn.silu),
         "tanh": unary(jnp.tanh),
         "sigmoid": unary(jax.nn.sigmoid),

@@ -68,7 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     mode.add_argument(
         "--infer", dest="train", action="store_false", help="verify the forward pass only"
     )
-    p.add_argument("--engine", default="jax", choices=("jax",), help="SPMD engine (jax)")
+    p.add_argument(
+        "--engine",
+        default="jax",
+        choices=("jax", "torch"),
+        help="SPMD engine: jax (XLA on fake CPU devices; numerics and collectives) or torch "
+        "(DTensor on N local gloo processes; numerics)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (1e-4)")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance (1e-6)")
@@ -137,6 +143,8 @@ def run_verify(args: argparse.Namespace) -> int:
 
     p = _load_plan(args)
     mesh: Mesh = p.mesh
+    if args.engine == "torch":
+        return _verify_torch(p, args)
     ensure_devices(mesh.size)
     from shardplan.backends.verify import DEFAULT_ATOL, DEFAULT_RTOL, verify_plan
 
@@ -156,6 +164,21 @@ def run_verify(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"report written to {args.json}")
     return 0 if report.numerics_ok else 1
+
+
+def _verify_torch(p: Any, args: argparse.Namespace) -> int:
+    """Run the plan with DTensor on mesh-size gloo processes and compare with one process."""
+    from shardplan.backends.torch_dist import verify_torch
+    from shardplan.cli.commands import make_console
+
+    train = p.options.train if args.train is None else args.train
+    report = verify_torch(p, seed=args.seed, train=train)
+    console = make_console()
+    console.print(report.text(), highlight=False)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1))
+        console.print(f"report written to {args.json}")
+    return 0 if report.ok else 1
 
 
 def print_report(console: Any, report: Any, differences: int = 15) -> None:

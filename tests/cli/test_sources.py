@@ -50,3 +50,11 @@ def test_onnx_file(tmp_path, capsys):
     assert main(["plan", "--onnx", str(path), "--mesh", "2", "--ops", "all"]) == 0
     out = capsys.readouterr().out
     assert "summary" in out and ("Gemm" in out or "linear" in out or "matmul" in out)
+
+
+def test_verify_with_the_torch_engine(capsys):
+    code = main(["verify", "mlp", "--small", "--mesh", "2", "--method", "megatron",
+                 "--engine", "torch"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.startswith("OK: mlp (megatron) on mesh 2")
