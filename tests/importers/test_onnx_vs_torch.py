@@ -1,4 +1,4 @@
-"""The ONNX export of a small BERT plans to the same matmul strategies as its torch.export import."""
+"""The ONNX export of a small BERT plans the same matmul strategies as its torch.export import."""
 
 import io
 
