@@ -21,13 +21,14 @@ MissingDependencyError. Values: parameters are normal * 0.02 (norm scales 1), th
 
 from __future__ import annotations
 
-import string
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from shardplan.backends._common import einsum_letters
+from shardplan.backends._common import pair as _pair
 from shardplan.errors import BackendError, MissingDependencyError, UnsupportedOpError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
@@ -124,38 +125,6 @@ def init_values(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], dic
 
 
 # -- kernels -------------------------------------------------------------------------------------
-
-
-def _pair(value: Any) -> tuple[int, int]:
-    if isinstance(value, int):
-        return value, value
-    a, b = value
-    return int(a), int(b)
-
-
-def einsum_letters(spec: str) -> str:
-    """`"b s e c, b s m -> e c m"` -> `"bsec,bsm->ecm"`: multi-letter loop names become letters."""
-    from shardplan.ir.signature import parse_operands
-
-    lhs, rhs = spec.split("->")
-    sides = [parse_operands(lhs), parse_operands(rhs)]
-    letters: dict[str, str] = {}
-    for operands in sides:
-        for dims in operands:
-            for group in dims:
-                if len(group) != 1:
-                    raise UnsupportedOpError(
-                        f"einsum spec {spec!r}: grouped dims {group} are not supported"
-                    )
-                if group[0] not in letters:
-                    if len(letters) >= len(string.ascii_letters):
-                        raise UnsupportedOpError(f"einsum spec {spec!r} has too many loop dims")
-                    letters[group[0]] = string.ascii_letters[len(letters)]
-
-    def side(operands: Any) -> str:
-        return ",".join("".join(letters[g[0]] for g in dims) for dims in operands)
-
-    return f"{side(sides[0])}->{side(sides[1])}"
 
 
 def _reduce_count(op: Op) -> int:
