@@ -48,8 +48,8 @@ def _require_jax() -> Any:
         import jax
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise MissingDependencyError(
-            f"the JAX backend needs the `jax` extra, which is not installed ({e}); {_INSTALL_HINT}"
-        ) from e
+            f"the JAX backend needs the `jax` extra, which is not installed ({e}); "
+            f"{_INSTALL_HINT}") from e
     return jax
 
 
@@ -66,9 +66,8 @@ def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
     Deterministic in (seed, parameter name).
     """
-    norm_scales = {
-        op.inputs[1] for op in graph.ops if op.kind in _NORM_KINDS and len(op.inputs) > 1
-    }
+    norm_scales = {op.inputs[1] for op in graph.ops
+                   if op.kind in _NORM_KINDS and len(op.inputs) > 1}
     out: dict[str, np.ndarray] = {}
     for t in graph.parameters:
         if t.name in norm_scales:
@@ -195,13 +194,9 @@ def kernels() -> dict[str, Kernel]:
             raise UnsupportedOpError(f"op {op.name!r} (conv2d): only groups=1 is supported")
         sy, sx = _pair(op.attr("stride", 1))
         py, px = _pair(op.attr("padding", 0))
-        return lax.conv_general_dilated(
-            x,
-            w,
-            window_strides=(sy, sx),
-            padding=((py, py), (px, px)),
-            dimension_numbers=("NCHW", "OIHW", "NCHW"),
-        )
+        return lax.conv_general_dilated(x, w, window_strides=(sy, sx),
+                                        padding=((py, py), (px, px)),
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW"))
 
     def pool2d(op: Op, x: Any) -> Any:
         ky, kx = _pair(op.attr("kernel", 2))
@@ -304,8 +299,7 @@ def jax_mesh(mesh: Mesh | str | int) -> Any:
     if len(devices) < mesh.size:
         raise BackendError(
             f"mesh {mesh.text()} needs {mesh.size} devices but JAX sees {len(devices)}; on CPU set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before jax is imported"
-        )
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before jax is imported")
     rounds = mesh.rounds
     names = axis_names(mesh)
     if not rounds:  # a mesh of one device: one trivial axis
@@ -317,25 +311,19 @@ def jax_mesh(mesh: Mesh | str | int) -> Any:
 def _check_layout(layout: Layout, shape: tuple[int, ...], mesh: Mesh, what: str) -> None:
     rounds = mesh.rounds
     if len(layout) != len(rounds):
-        raise BackendError(
-            f"{what}: layout {tuple(layout)} has {len(layout)} entries but mesh "
-            f"{mesh.text()} has {len(rounds)} rounds"
-        )
+        raise BackendError(f"{what}: layout {tuple(layout)} has {len(layout)} entries but mesh "
+                           f"{mesh.text()} has {len(rounds)} rounds")
     counts = [1] * len(shape)
     for r, s in zip(rounds, layout, strict=True):
         if s >= len(shape):
-            raise BackendError(
-                f"{what}: layout {tuple(layout)} splits tensor dim {s} but the "
-                f"tensor has rank {len(shape)} (shape {shape})"
-            )
+            raise BackendError(f"{what}: layout {tuple(layout)} splits tensor dim {s} but the "
+                               f"tensor has rank {len(shape)} (shape {shape})")
         if s >= 0:
             counts[s] *= r.q
     for j, (size, count) in enumerate(zip(shape, counts, strict=True)):
         if size % count:
-            raise BackendError(
-                f"{what}: dim {j} of size {size} is not divisible into {count} "
-                f"parts (layout {tuple(layout)} on mesh {mesh.text()})"
-            )
+            raise BackendError(f"{what}: dim {j} of size {size} is not divisible into {count} "
+                               f"parts (layout {tuple(layout)} on mesh {mesh.text()})")
 
 
 def partition_spec(layout: Layout, rank: int, mesh: Mesh | str | int | None = None) -> Any:
@@ -346,18 +334,16 @@ def partition_spec(layout: Layout, rank: int, mesh: Mesh | str | int | None = No
 
     names = axis_names(mesh) if mesh is not None else tuple(f"r{i}" for i in range(len(layout)))
     if len(names) != len(layout):
-        raise BackendError(
-            f"layout {tuple(layout)} has {len(layout)} entries but the mesh has {len(names)} rounds"
-        )
+        raise BackendError(f"layout {tuple(layout)} has {len(layout)} entries but the mesh has "
+                           f"{len(names)} rounds")
     entries: list[tuple[str, ...] | None] = []
     for j in range(rank):
         axes = tuple(name for name, s in zip(names, layout, strict=True) if s == j)
         entries.append(axes or None)
     for s in layout:
         if s >= rank:
-            raise BackendError(
-                f"layout {tuple(layout)} splits tensor dim {s} of a rank-{rank} tensor"
-            )
+            raise BackendError(f"layout {tuple(layout)} splits tensor dim {s} of a rank-{rank} "
+                               "tensor")
     return PartitionSpec(*entries)
 
 
@@ -370,7 +356,8 @@ def _sharding(jmesh: Any, mesh: Mesh, layout: Layout | None, tensor: Tensor) -> 
     return NamedSharding(jmesh, partition_spec(layout, len(tensor.shape), mesh))
 
 
-def shardings_for(graph: Graph, mesh: Mesh | str | int, tensor_layouts: Layouts) -> dict[str, Any]:
+def shardings_for(graph: Graph, mesh: Mesh | str | int,
+                  tensor_layouts: Layouts) -> dict[str, Any]:
     """`NamedSharding` per tensor of `tensor_layouts` (tensor name -> Layout) on `jax_mesh(mesh)`.
 
     Raises BackendError naming the tensor for an unknown tensor, a layout of the wrong length,
@@ -382,9 +369,8 @@ def shardings_for(graph: Graph, mesh: Mesh | str | int, tensor_layouts: Layouts)
     out: dict[str, Any] = {}
     for name, layout in tensor_layouts.items():
         if name not in graph.tensors:
-            raise BackendError(
-                f"layout given for tensor {name!r}, which graph {graph.name!r} does not have"
-            )
+            raise BackendError(f"layout given for tensor {name!r}, which graph {graph.name!r} "
+                               "does not have")
         out[name] = _sharding(jmesh, mesh, layout, graph.tensors[name])
     return out
 
@@ -397,13 +383,11 @@ def _check_kinds(graph: Graph, table: Mapping[str, Kernel]) -> None:
         if op.kind not in table:
             raise UnsupportedOpError(
                 f"op {op.name!r} has kind {op.kind!r}, which the JAX backend does not implement; "
-                f"implemented kinds: {sorted(table)}"
-            )
+                f"implemented kinds: {sorted(table)}")
 
 
-def forward_fn(
-    graph: Graph, layouts: Layouts | None = None, mesh: Mesh | str | int | None = None
-) -> Callable[[Params, Params], dict[str, Any]]:
+def forward_fn(graph: Graph, layouts: Layouts | None = None,
+               mesh: Mesh | str | int | None = None) -> Callable[[Params, Params], dict[str, Any]]:
     """A pure `f(params, inputs) -> {graph output name: array}` evaluating ops in graph order.
 
     `inputs` holds the graph's inputs and constants (see `make_inputs`). With `layouts` (tensor
@@ -419,11 +403,8 @@ def forward_fn(
         if mesh is None:
             raise BackendError("forward_fn: layouts need a mesh (e.g. mesh='8')")
         produced = {t for op in graph.ops for t in op.outputs}
-        constraints = shardings_for(
-            graph,
-            mesh,
-            {t: lay for t, lay in layouts.items() if t in produced or t not in graph.tensors},
-        )
+        constraints = shardings_for(graph, mesh, {t: lay for t, lay in layouts.items()
+                                                  if t in produced or t not in graph.tensors})
     outputs = graph.outputs
     ops = graph.ops
 
@@ -433,18 +414,14 @@ def forward_fn(
             try:
                 args = [env[t] for t in op.inputs]
             except KeyError as e:
-                raise BackendError(
-                    f"op {op.name!r} ({op.kind}) needs tensor {e.args[0]!r}, which "
-                    "is neither in params, inputs nor produced earlier"
-                ) from None
+                raise BackendError(f"op {op.name!r} ({op.kind}) needs tensor {e.args[0]!r}, which "
+                                   "is neither in params, inputs nor produced earlier") from None
             with jax.named_scope(op.name):
                 result = table[op.kind](op, *args)
                 results = result if isinstance(result, tuple) else (result,)
                 if len(results) != len(op.outputs):
-                    raise BackendError(
-                        f"op {op.name!r} ({op.kind}) gave {len(results)} results; "
-                        f"the graph expects {len(op.outputs)}"
-                    )
+                    raise BackendError(f"op {op.name!r} ({op.kind}) gave {len(results)} results; "
+                                       f"the graph expects {len(op.outputs)}")
                 for name, value in zip(op.outputs, results, strict=True):
                     sharding = constraints.get(name)
                     if sharding is not None:
@@ -468,56 +445,41 @@ def loss_from_outputs(graph: Graph, outputs: Mapping[str, Any]) -> Any:
     return total
 
 
-def loss_fn(
-    graph: Graph, layouts: Layouts | None = None, mesh: Mesh | str | int | None = None
-) -> Callable[[Params, Params], Any]:
+def loss_fn(graph: Graph, layouts: Layouts | None = None,
+            mesh: Mesh | str | int | None = None) -> Callable[[Params, Params], Any]:
     """`f(params, inputs) -> scalar loss` (see `loss_from_outputs`)."""
     forward = forward_fn(graph, layouts, mesh)
     return lambda params, inputs: loss_from_outputs(graph, forward(params, inputs))
 
 
-def _select(
-    graph: Graph, values: Params | None, roles: tuple[Role, ...], what: str, abstract: Params
-) -> dict[str, Any]:
+def _select(graph: Graph, values: Params | None, roles: tuple[Role, ...], what: str,
+            abstract: Params) -> dict[str, Any]:
     names = [t.name for t in graph.tensors.values() if t.role in roles]
     if values is None:
         return {n: abstract[n] for n in names}
     missing = [n for n in names if n not in values]
     if missing:
-        raise BackendError(
-            f"{what} lack {len(missing)} tensors of graph {graph.name!r}, e.g. "
-            f"{missing[:3]}; build them with init_params/make_inputs"
-        )
+        raise BackendError(f"{what} lack {len(missing)} tensors of graph {graph.name!r}, e.g. "
+                           f"{missing[:3]}; build them with init_params/make_inputs")
     return {n: values[n] for n in names}
 
 
-def _jitted(
-    graph: Graph,
-    mesh: Mesh | str | int,
-    param_layouts: Layouts | None,
-    input_layouts: Layouts | None,
-    layouts: Layouts | None,
-    params: Params | None,
-    inputs: Params | None,
-    train: bool,
-) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def _jitted(graph: Graph, mesh: Mesh | str | int, param_layouts: Layouts | None,
+            input_layouts: Layouts | None, layouts: Layouts | None, params: Params | None,
+            inputs: Params | None, train: bool) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     jax = _require_jax()
     mesh = _as_mesh(mesh)
     jmesh = jax_mesh(mesh)
     abstract_p, abstract_i = abstract_args(graph)
     p = _select(graph, params, (Role.PARAMETER,), "params", abstract_p)
     x = _select(graph, inputs, (Role.INPUT, Role.CONSTANT), "inputs", abstract_i)
-    for what, given, allowed in (
-        ("param_layouts", param_layouts, p),
-        ("input_layouts", input_layouts, x),
-    ):
+    for what, given, allowed in (("param_layouts", param_layouts, p),
+                                 ("input_layouts", input_layouts, x)):
         unknown = sorted(set(given or ()) - set(allowed))
         if unknown:
-            raise BackendError(
-                f"{what} names tensors that are not graph "
-                f"{'parameters' if what == 'param_layouts' else 'inputs'}: "
-                f"{unknown[:3]}"
-            )
+            raise BackendError(f"{what} names tensors that are not graph "
+                               f"{'parameters' if what == 'param_layouts' else 'inputs'}: "
+                               f"{unknown[:3]}")
     p_sh = {n: _sharding(jmesh, mesh, (param_layouts or {}).get(n), graph.tensors[n]) for n in p}
     x_sh = {n: _sharding(jmesh, mesh, (input_layouts or {}).get(n), graph.tensors[n]) for n in x}
     forward = forward_fn(graph, layouts, mesh)
@@ -537,16 +499,9 @@ def _jitted(
     return jax.jit(step, in_shardings=(p_sh, x_sh)), p, x
 
 
-def sharded_call(
-    graph: Graph,
-    mesh: Mesh | str | int,
-    param_layouts: Layouts | None,
-    input_layouts: Layouts | None,
-    layouts: Layouts | None,
-    params: Params,
-    inputs: Params,
-    train: bool = False,
-) -> Any:
+def sharded_call(graph: Graph, mesh: Mesh | str | int, param_layouts: Layouts | None,
+                 input_layouts: Layouts | None, layouts: Layouts | None, params: Params,
+                 inputs: Params, train: bool = False) -> Any:
     """Run `graph` jitted on `jax_mesh(mesh)`.
 
     Params and inputs are placed by `param_layouts` / `input_layouts` (tensor name -> Layout;
@@ -559,21 +514,14 @@ def sharded_call(
     try:
         return fn(p, x)
     except (ValueError, TypeError, RuntimeError) as e:
-        raise BackendError(
-            f"JAX failed to run graph {graph.name!r} on mesh {_as_mesh(mesh).text()}: {e}"
-        ) from e
+        raise BackendError(f"JAX failed to run graph {graph.name!r} on mesh "
+                           f"{_as_mesh(mesh).text()}: {e}") from e
 
 
-def compiled_text(
-    graph: Graph,
-    mesh: Mesh | str | int,
-    param_layouts: Layouts | None = None,
-    input_layouts: Layouts | None = None,
-    layouts: Layouts | None = None,
-    params: Params | None = None,
-    inputs: Params | None = None,
-    train: bool = False,
-) -> str:
+def compiled_text(graph: Graph, mesh: Mesh | str | int, param_layouts: Layouts | None = None,
+                  input_layouts: Layouts | None = None, layouts: Layouts | None = None,
+                  params: Params | None = None, inputs: Params | None = None,
+                  train: bool = False) -> str:
     """`jax.jit(...).lower(...).compile().as_text()` of the same call as `sharded_call`.
 
     `params` / `inputs` may be omitted: shapes and dtypes then come from the graph (no data).
@@ -582,65 +530,32 @@ def compiled_text(
     try:
         return str(fn.lower(p, x).compile().as_text())
     except (ValueError, TypeError, RuntimeError) as e:
-        raise BackendError(
-            f"JAX failed to compile graph {graph.name!r} on mesh {_as_mesh(mesh).text()}: {e}"
-        ) from e
+        raise BackendError(f"JAX failed to compile graph {graph.name!r} on mesh "
+                           f"{_as_mesh(mesh).text()}: {e}") from e
 
 
 # -- collectives -------------------------------------------------------------------------------
 
-COLLECTIVE_KINDS = (
-    "all-reduce",
-    "all-gather",
-    "reduce-scatter",
-    "all-to-all",
-    "collective-permute",
-)
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                    "collective-permute")
 
 _DTYPE_BYTES = {
-    "pred": 1,
-    "s2": 1,
-    "u2": 1,
-    "s4": 1,
-    "u4": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "s32": 4,
-    "u32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f16": 2,
-    "bf16": 2,
-    "f32": 4,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
-    "f8e4m3": 1,
-    "f8e4m3b11fnuz": 1,
-    "f8e4m3fnuz": 1,
-    "f8e5m2fnuz": 1,
-    "f8e3m4": 1,
-    "f4e2m1fn": 1,
-    "f8e8m0fnu": 1,
-    "token": 0,
+    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2,
+    "s32": 4, "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8,
+    "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3b11fnuz": 1,
+    "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1, "f4e2m1fn": 1, "f8e8m0fnu": 1, "token": 0,
 }
 
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"
     r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
-    r"(?P<suffix>-start|-done)?\("
-)
+    r"(?P<suffix>-start|-done)?\(")
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
 _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{(\{[\d,\s]*\}(?:\s*,\s*\{[\d,\s]*\})*)?\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[([\d,\s]+)\]<=\[")
 # `device_ids=(...)` (a device permutation) may sit between the mesh and the axes
 _MESH_GROUPS = re.compile(
-    r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=[^{]*?)?\s*\{([^}]*)\}"
-)
+    r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=[^{]*?)?\s*\{([^}]*)\}")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _NUM_PARTITIONS = re.compile(r"num_partitions=(\d+)")
@@ -733,15 +648,8 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
                 dtype, dims = parts[-1]
                 shape = f"{dtype}[{dims}]"
         name = _OP_NAME.search(line)
-        found.append(
-            Collective(
-                kind,
-                _shape_bytes(shape),
-                _group_size(line, kind, devices),
-                name.group(1) if name else "",
-                inst.group("name"),
-            )
-        )
+        found.append(Collective(kind, _shape_bytes(shape), _group_size(line, kind, devices),
+                                name.group(1) if name else "", inst.group("name")))
     return found
 
 
@@ -755,21 +663,8 @@ def collective_summary(collectives: list[Collective]) -> dict[str, tuple[int, in
 
 
 __all__ = [
-    "COLLECTIVE_KINDS",
-    "Collective",
-    "abstract_args",
-    "axis_names",
-    "collective_summary",
-    "compiled_text",
-    "forward_fn",
-    "init_params",
-    "jax_mesh",
-    "kernels",
-    "loss_fn",
-    "loss_from_outputs",
-    "make_inputs",
-    "parse_collectives",
-    "partition_spec",
-    "sharded_call",
+    "COLLECTIVE_KINDS", "Collective", "abstract_args", "axis_names", "collective_summary",
+    "compiled_text", "forward_fn", "init_params", "jax_mesh", "kernels", "loss_fn",
+    "loss_from_outputs", "make_inputs", "parse_collectives", "partition_spec", "sharded_call",
     "shardings_for",
 ]
