@@ -237,7 +237,7 @@ def kernels() -> dict[str, Kernel]:
         "tanh": unary(jnp.tanh),
         "sigmoid": unary(jax.nn.sigmoid),
         "dropout": unary(lambda x: x),  # evaluation mode
-        "cast": unary(lambda x: x),  # the backend computes in float32
+        "cast": unary(lambda x: x),  # the backend computes in one float dtype
         "exp": unary(jnp.exp),
         "neg": unary(jnp.negative),
         "scale": lambda op, x: x * float(op.attr("value", 1.0)),
@@ -582,18 +582,25 @@ class Collective:
     instruction: str = ""
 
 
-def _shape_bytes(shape_text: str) -> int:
-    total = 0
+def hlo_arrays(shape_text: str,
+               element_bytes: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
+    """[(`f32[8,16]`, bytes), ...] of the arrays in an HLO shape (a tuple gives several).
+
+    `element_bytes` overrides the width of HLO element types, e.g. `{"f64": 4}` counts a float64
+    program's buffers at the float32 width of the plan it verifies.
+    """
+    widths = {**_DTYPE_BYTES, **(element_bytes or {})}
+    out = []
     for dtype, dims in _ARRAY.findall(shape_text):
-        if dtype not in _DTYPE_BYTES:
+        if dtype not in widths:
             continue
         n = 1
         for d in dims.split(","):
             d = d.strip().lstrip("<=")
             if d:
                 n *= int(d)
-        total += n * _DTYPE_BYTES[dtype]
-    return total
+        out.append((f"{dtype}[{dims}]", n * widths[dtype]))
+    return out
 
 
 def _group_size(line: str, kind: str, devices: int) -> int:
@@ -623,14 +630,16 @@ def _group_size(line: str, kind: str, devices: int) -> int:
     return devices
 
 
-def parse_collectives(hlo_text: str) -> list[Collective]:
+def parse_collectives(hlo_text: str,
+                      element_bytes: Mapping[str, int] | None = None) -> list[Collective]:
     """Every collective instruction of (compiled) HLO text, in text order.
 
     Understands replica groups written explicitly (`{{0,1},{2,3}}`), as iota tiles
     (`[2,4]<=[8]`, `[4,2]<=[2,4]T(1,0)`) and as mesh axes (`mesh['a'=2,'b'=4] {'b'}`); an empty
     group list means all devices (num_partitions x replica_count of the module). Async pairs
     count once, at `-start` (for all-gather / collective-permute starts, whose result is an
-    (operand, result) tuple, the last tuple element is the result buffer).
+    (operand, result) tuple, the last tuple element is the result buffer). `element_bytes`: see
+    `hlo_arrays`.
     """
     m = _NUM_PARTITIONS.search(hlo_text)
     r = _NUM_REPLICAS.search(hlo_text)
@@ -648,7 +657,8 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
                 dtype, dims = parts[-1]
                 shape = f"{dtype}[{dims}]"
         name = _OP_NAME.search(line)
-        found.append(Collective(kind, _shape_bytes(shape), _group_size(line, kind, devices),
+        nbytes = sum(b for _, b in hlo_arrays(shape, element_bytes))
+        found.append(Collective(kind, nbytes, _group_size(line, kind, devices),
                                 name.group(1) if name else "", inst.group("name")))
     return found
 

@@ -22,19 +22,26 @@ Every per-operator difference above 10% gets a cause from `CAUSES` (the model li
 documented in docs/verification.md), found by rules that read the HLO and the plan; a difference
 no rule explains is reported with cause "unexplained".
 
+Numerics are checked in float64 by default (`dtype="float32"` on request; see
+`shardplan.backends.verify_run`). The cost model prices the plan's own dtype (the zoo's float32:
+4 bytes an element), and XLA does not partition every float64 program like its float32 twin
+(a max-pool's gradient is gathered whole in float64, computed in place in float32), so the
+collectives are always measured on the program compiled in the plan's dtype (`comm_dtype`:
+float32 unless the plan prices floats at 8 bytes), with float buffers counted at the plan's
+width (`plan_element_bytes`). A float64 numerics check therefore compiles the sharded program
+twice: once in float64 to run it, once in float32 to read its collectives.
+
 Numerics: a tensor passes when max|sharded - unsharded| <= rtol * max|unsharded| + atol
-(defaults rtol 1e-4, atol 1e-6 for float32); `max_error` is the largest
-max|sharded - unsharded| / max(max|unsharded|, atol / rtol) over the checked tensors.
+(defaults `TOLERANCES[dtype]`: float64 rtol 1e-9, atol 1e-12; float32 rtol 1e-4, atol 1e-6);
+`max_error` is the largest max|sharded - unsharded| / max(max|unsharded|, atol / rtol) over the
+checked tensors.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from shardplan.backends.verify_causes import (
     CAUSES,
@@ -48,8 +55,10 @@ from shardplan.backends.verify_explain import _Explainer
 from shardplan.backends.verify_hlo import (
     KINDS,
     MeasuredCollective,
+    comm_dtype,
     computed_sizes,
     measure,
+    plan_element_bytes,
     sent_bytes,
 )
 from shardplan.backends.verify_predict import (
@@ -61,14 +70,35 @@ from shardplan.backends.verify_predict import (
     kind_bytes,
     predict_by_op,
 )
+from shardplan.backends.verify_run import (
+    DTYPES,
+    TOLERANCES,
+    TensorError,
+    cast_floats,
+    check_dtype,
+    compile_sharded,
+    flatten_results,
+    plan_layouts,
+    reference,
+    relu_sign_flips,
+    tensor_error,
+    x64,
+)
 from shardplan.errors import BackendError
 from shardplan.plan import Plan
 
-DEFAULT_RTOL = 1e-4
-DEFAULT_ATOL = 1e-6
+DEFAULT_DTYPE = DTYPES[0]
+DEFAULT_RTOL, DEFAULT_ATOL = TOLERANCES[DEFAULT_DTYPE]
 
-# Names moved to verify_causes / verify_hlo / verify_predict stay importable from here.
-_REEXPORTED = (NORM_KINDS, PREDICTED_FIELD, EdgePrediction, gradient_gather_shortfall)
+# Names moved to verify_causes / verify_hlo / verify_predict / verify_run stay importable here.
+_REEXPORTED = (
+    NORM_KINDS,
+    PREDICTED_FIELD,
+    EdgePrediction,
+    gradient_gather_shortfall,
+    compile_sharded,
+    plan_layouts,
+)
 
 
 # -- comparison ----------------------------------------------------------------------------------
@@ -130,9 +160,12 @@ class Comparison:
         raise KeyError(kind)
 
 
-def compare(plan: Plan, hlo_text: str, train: bool) -> Comparison:
-    """Compare the collectives of compiled HLO with `plan`'s predicted bytes (see module doc)."""
-    measured = measure(hlo_text, plan.graph)
+def compare(plan: Plan, hlo_text: str, train: bool, dtype: str = "float32") -> Comparison:
+    """Compare the collectives of compiled HLO with `plan`'s predicted bytes (see module doc).
+
+    `dtype` is the dtype the HLO computes in; its float buffers are counted at the plan's width.
+    """
+    measured = measure(hlo_text, plan.graph, plan_element_bytes(plan.graph, check_dtype(dtype)))
     pred = predict_by_op(plan, byte_options(plan, train))
     p_bytes: dict[tuple[str, str], float] = defaultdict(float)
     m_bytes: dict[tuple[str, str], float] = defaultdict(float)
@@ -185,167 +218,6 @@ def compare(plan: Plan, hlo_text: str, train: bool) -> Comparison:
     )
 
 
-# -- running -------------------------------------------------------------------------------------
-
-
-def plan_layouts(plan: Plan) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(parameter homes, input/constant layouts, activation layouts) of `plan`."""
-    layouts = plan.tensor_layouts()
-    params = {t.name for t in plan.graph.parameters}
-    return (
-        {k: v for k, v in layouts.items() if k in params},
-        plan.input_layouts(),
-        {k: v for k, v in layouts.items() if k not in params},
-    )
-
-
-def compile_sharded(
-    plan: Plan,
-    train: bool,
-    params: Mapping[str, Any] | None = None,
-    inputs: Mapping[str, Any] | None = None,
-) -> tuple[Any, Any, Any, str]:
-    """(compiled executable, params, inputs, HLO text) of the plan's sharded program: parameters
-    and inputs placed by the plan's layouts, every operator output constrained (training: every
-    parameter gradient too). Without params/inputs it compiles from shapes alone."""
-    from shardplan.backends import jax as jb
-
-    p_lay, i_lay, a_lay = plan_layouts(plan)
-    fn, p, x = jb._jitted(plan.graph, plan.mesh, p_lay, i_lay, a_lay, params, inputs, train)
-    try:
-        compiled = fn.lower(p, x).compile()
-    except (ValueError, TypeError, RuntimeError) as e:
-        raise BackendError(
-            f"JAX failed to compile the {plan.method} plan of "
-            f"{plan.graph.name!r} on mesh {plan.mesh.text()}: {e}"
-        ) from e
-    return compiled, p, x, str(compiled.as_text())
-
-
-# -- numerics ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TensorError:
-    """Largest deviation of one checked tensor (output, loss or gradient)."""
-
-    name: str
-    max_abs_error: float
-    max_abs_reference: float
-    relative_error: float
-    ok: bool
-
-
-def tensor_error(name: str, got: Any, want: Any, rtol: float, atol: float) -> TensorError:
-    """max|got - want| against rtol * max|want| + atol (see the module docstring)."""
-    g = np.asarray(got, np.float64)
-    w = np.asarray(want, np.float64)
-    if g.shape != w.shape:
-        return TensorError(
-            name, float("inf"), float(np.abs(w).max(initial=0.0)), float("inf"), False
-        )
-    err = float(np.abs(g - w).max(initial=0.0)) if g.size else 0.0
-    scale = float(np.abs(w).max(initial=0.0)) if w.size else 0.0
-    finite = bool(np.all(np.isfinite(g))) and bool(np.all(np.isfinite(w)))
-    rel = err / max(scale, atol / rtol if rtol > 0 else atol, 1e-30)
-    return TensorError(name, err, scale, rel, finite and err <= rtol * scale + atol)
-
-
-def _reference(plan: Plan, train: bool, params: Any, inputs: Any) -> Any:
-    jax = _jax()
-    from shardplan.backends import jax as jb
-
-    graph = plan.graph
-    forward = jb.forward_fn(graph)
-    if not train:
-        return jax.jit(forward)(params, inputs)
-
-    def step(p: Any, x: Any) -> Any:
-        def objective(q: Any) -> Any:
-            outs = forward(q, x)
-            return jb.loss_from_outputs(graph, outs), outs
-
-        (loss, outs), grads = jax.value_and_grad(objective, has_aux=True)(p)
-        return outs, loss, grads
-
-    return jax.jit(step)(params, inputs)
-
-
-def _jax() -> Any:
-    from shardplan.backends import jax as jb
-
-    return jb._require_jax()
-
-
-def _flatten_results(result: Any, train: bool) -> dict[str, Any]:
-    if not train:
-        return {f"output {k}": v for k, v in result.items()}
-    outs, loss, grads = result
-    flat = {f"output {k}": v for k, v in outs.items()}
-    flat["loss"] = loss
-    flat.update({f"grad {k}": v for k, v in grads.items()})
-    return flat
-
-
-KINK_KINDS = ("relu",)
-"""Operators whose derivative jumps at 0: a float32-noise sign flip of one input element
-changes the gradient by a finite amount."""
-
-
-def relu_sign_flips(plan: Plan, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> int:
-    """Elements feeding a ReLU whose sign differs between the sharded and the unsharded forward
-    pass while they lie within float32 noise of zero (|x| <= 1e-4 max|x| of that tensor).
-
-    One such flip changes the ReLU's derivative from 0 to 1 for that element; after a batch norm
-    over few elements this moves the gradients of the layers below by O(1/elements per channel),
-    far beyond any floating-point tolerance although both programs are correct.
-    """
-    jax = _jax()
-    from shardplan.backends import jax as jb
-
-    graph = plan.graph
-    probes = sorted({op.inputs[0] for op in graph.ops if op.kind in KINK_KINDS})
-    if not probes:
-        return 0
-    table = jb.kernels()
-    p_lay, i_lay, a_lay = plan_layouts(plan)
-    shardings = jb.shardings_for(graph, plan.mesh, a_lay)
-
-    def values(constrain: bool) -> Any:
-        def run(p: Any, x: Any) -> Any:
-            env = {**x, **p}
-            for op in graph.ops:
-                result = table[op.kind](op, *[env[t] for t in op.inputs])
-                results = result if isinstance(result, tuple) else (result,)
-                for name, value in zip(op.outputs, results, strict=True):
-                    if constrain and name in shardings:
-                        value = jax.lax.with_sharding_constraint(value, shardings[name])
-                    env[name] = value
-            return {t: env[t] for t in probes}
-
-        return run
-
-    mesh = plan.mesh
-    jmesh = jb.jax_mesh(mesh)
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    def sharding(name: str, layout: Any) -> Any:
-        if layout is None:
-            return NamedSharding(jmesh, PartitionSpec())
-        return NamedSharding(jmesh, jb.partition_spec(layout, len(graph.tensors[name].shape), mesh))
-
-    p_sh = {n: sharding(n, p_lay.get(n)) for n in params}
-    x_sh = {n: sharding(n, i_lay.get(n)) for n in inputs}
-    want = jax.jit(values(False))(params, inputs)
-    got = jax.jit(values(True), in_shardings=(p_sh, x_sh))(params, inputs)
-    flips = 0
-    for name in probes:
-        a, b = np.asarray(want[name], np.float64), np.asarray(got[name], np.float64)
-        near = np.abs(a) <= 1e-4 * max(float(np.abs(a).max(initial=0.0)), 1e-30)
-        flips += int(np.sum(near & ((a > 0) != (b > 0))))
-    return flips
-
-
 # -- the report ----------------------------------------------------------------------------------
 
 
@@ -370,9 +242,12 @@ class VerifyReport:
     predicted_total: float
     measured_total: float
     compile_seconds: float = 0.0
+    """Seconds to compile the program whose collectives were measured (the plan's dtype)."""
     relu_sign_flips: int | None = None
-    """When gradients fail but outputs and loss pass: ReLU inputs within float32 noise of 0 whose
+    """When gradients fail but outputs and loss pass: ReLU inputs within rounding noise of 0 whose
     sign differs between the two programs (see `relu_sign_flips`); None when not examined."""
+    dtype: str = DEFAULT_DTYPE
+    """The dtype both programs computed in (collective bytes are at the plan's own width)."""
 
     @property
     def ok(self) -> bool:
@@ -384,9 +259,9 @@ class VerifyReport:
         if self.numerics_ok or not self.relu_sign_flips:
             return ""
         return (
-            f"{self.relu_sign_flips} ReLU input(s) within float32 noise of 0 flip sign between "
-            "the sharded and the unsharded forward pass (outputs and loss agree): the gradients "
-            "below them differ by a finite amount although both programs are correct"
+            f"{self.relu_sign_flips} ReLU input(s) within {self.dtype} noise of 0 flip sign "
+            "between the sharded and the unsharded forward pass (outputs and loss agree): the "
+            "gradients below them differ by a finite amount although both programs are correct"
         )
 
     @property
@@ -402,7 +277,7 @@ class VerifyReport:
     def tolerance(self) -> str:
         return (
             f"max|sharded - unsharded| <= {self.rtol:g} * max|unsharded| + {self.atol:g} "
-            "per tensor (float32)"
+            f"per tensor ({self.dtype})"
         )
 
     def kind(self, kind: str) -> KindComparison:
@@ -419,6 +294,7 @@ class VerifyReport:
             "train": self.train,
             "numerics": {
                 "ok": self.numerics_ok,
+                "dtype": self.dtype,
                 "max_error": self.max_error,
                 "worst_tensor": self.worst_tensor,
                 "tolerance": self.tolerance,
@@ -497,9 +373,10 @@ def verify_plan(
     plan: Plan,
     train: bool = True,
     seed: int = 0,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     check_numerics: bool = True,
+    dtype: str = DEFAULT_DTYPE,
 ) -> VerifyReport:
     """Run `plan` sharded on JAX and unsharded on the same values; compare numerics and bytes.
 
@@ -507,12 +384,16 @@ def verify_plan(
         plan: any Plan (D-Rec, an expert plan, one loaded with Plan.from_json).
         train: verify a training step (loss and every gradient) rather than the forward pass.
         seed: seed of `init_params` / `make_inputs`.
-        rtol, atol: tolerance per tensor: max|sharded - unsharded| <= rtol*max|unsharded| + atol.
+        rtol, atol: tolerance per tensor: max|sharded - unsharded| <= rtol*max|unsharded| + atol;
+            None: `TOLERANCES[dtype]`.
         check_numerics: False only compiles and compares communication (no execution).
+        dtype: "float64" (default) or "float32": what both programs compute in for the numerics
+            check. Collectives are read from the program compiled in the plan's own dtype
+            either way (see the module docstring).
 
     Raises:
         MissingDependencyError: jax is not installed.
-        BackendError: the mesh needs more devices than JAX has, or JAX failed.
+        BackendError: the mesh needs more devices than JAX has, an unknown dtype, or JAX failed.
         UnsupportedOpError: an operator kind has no JAX kernel.
     """
     import time
@@ -520,31 +401,43 @@ def verify_plan(
     from shardplan.backends import jax as jb
 
     jb.jax_mesh(plan.mesh)  # BackendError early when there are too few devices
+    default_rtol, default_atol = TOLERANCES[check_dtype(dtype)]
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
     graph = plan.graph
-    params = jb.init_params(graph, seed) if check_numerics else None
-    inputs = jb.make_inputs(graph, seed) if check_numerics else None
-    start = time.perf_counter()
-    compiled, p, x, hlo = compile_sharded(plan, train, params, inputs)
-    compile_seconds = time.perf_counter() - start
+    measured_dtype = comm_dtype(graph)
+    hlo, compile_seconds = "", 0.0
     errors: list[TensorError] = []
-    if check_numerics:
-        try:
-            got = _flatten_results(compiled(p, x), train)
-            want = _flatten_results(_reference(plan, train, params, inputs), train)
-        except (ValueError, TypeError, RuntimeError) as e:
-            raise BackendError(
-                f"JAX failed to run the {plan.method} plan of {graph.name!r} on "
-                f"mesh {plan.mesh.text()}: {e}"
-            ) from e
-        errors = [
-            tensor_error(name, got.get(name), value, rtol, atol) for name, value in want.items()
-        ]
-    worst = max(errors, key=lambda t: t.relative_error, default=None)
     flips = None
-    forward_ok = all(t.ok for t in errors if not t.name.startswith("grad "))
-    if check_numerics and train and forward_ok and not all(t.ok for t in errors):
-        flips = relu_sign_flips(plan, params, inputs)
-    cmp = compare(plan, hlo, train)
+    if check_numerics:
+        params = cast_floats(jb.init_params(graph, seed), dtype)
+        inputs = cast_floats(jb.make_inputs(graph, seed), dtype)
+        with x64(dtype):
+            start = time.perf_counter()
+            compiled, p, x, text = compile_sharded(plan, train, params, inputs, dtype)
+            if dtype == measured_dtype:
+                hlo, compile_seconds = text, time.perf_counter() - start
+            try:
+                got = flatten_results(compiled(p, x), train)
+                want = flatten_results(reference(plan, train, params, inputs), train)
+            except (ValueError, TypeError, RuntimeError) as e:
+                raise BackendError(
+                    f"JAX failed to run the {plan.method} plan of {graph.name!r} on "
+                    f"mesh {plan.mesh.text()}: {e}"
+                ) from e
+            errors = [
+                tensor_error(name, got.get(name), value, rtol, atol) for name, value in want.items()
+            ]
+            forward_ok = all(t.ok for t in errors if not t.name.startswith("grad "))
+            if train and forward_ok and not all(t.ok for t in errors):
+                flips = relu_sign_flips(plan, params, inputs)
+    if not hlo:  # the program the prediction is compared with, compiled from shapes alone
+        with x64(measured_dtype):
+            start = time.perf_counter()
+            hlo = compile_sharded(plan, train, dtype=measured_dtype)[3]
+            compile_seconds = time.perf_counter() - start
+    worst = max(errors, key=lambda t: t.relative_error, default=None)
+    cmp = compare(plan, hlo, train, measured_dtype)
     return VerifyReport(
         model=graph.name,
         mesh=plan.mesh.text(),
@@ -563,14 +456,18 @@ def verify_plan(
         measured_total=cmp.measured_total,
         compile_seconds=compile_seconds,
         relu_sign_flips=flips,
+        dtype=dtype,
     )
 
 
 __all__ = [
     "CAUSES",
     "DEFAULT_ATOL",
+    "DEFAULT_DTYPE",
     "DEFAULT_RTOL",
+    "DTYPES",
     "KINDS",
+    "TOLERANCES",
     "Comparison",
     "Difference",
     "KindComparison",
@@ -579,8 +476,11 @@ __all__ = [
     "TensorError",
     "VerifyReport",
     "compare",
+    "comm_dtype",
     "measure",
+    "plan_element_bytes",
     "predict_by_op",
     "sent_bytes",
+    "tensor_error",
     "verify_plan",
 ]

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from shardplan.backends.jax import hlo_arrays, parse_collectives
 from shardplan.errors import BackendError
 from shardplan.ir.graph import Graph
+from shardplan.ir.op import Role
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -64,43 +66,11 @@ class MeasuredCollective:
         return self.ops[0] if self.ops else ""
 
 
-_DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-}
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
 _GTE = re.compile(r"get-tuple-element\(%?([\w.\-]+)\),\s*index=(\d+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _TUPLE_KINDS = ("all-reduce", "reduce-scatter", "all-to-all")
-
-
-def _arrays(shape_text: str) -> list[tuple[str, int]]:
-    """[(`f32[8,16]`, bytes), ...] of the arrays in an HLO shape (tuples give several)."""
-    out = []
-    for dtype, dims in _ARRAY.findall(shape_text):
-        if dtype not in _DTYPE_BYTES:
-            continue
-        n = 1
-        for d in dims.split(","):
-            d = d.strip().lstrip("<=")
-            if d:
-                n *= int(d)
-        out.append((f"{dtype}[{dims}]", n * _DTYPE_BYTES[dtype]))
-    return out
 
 
 class _OpNames:
@@ -121,12 +91,16 @@ class _OpNames:
         return hit
 
 
-def measure(hlo_text: str, graph: Graph) -> list[MeasuredCollective]:
+def measure(
+    hlo_text: str, graph: Graph, element_bytes: Mapping[str, int] | None = None
+) -> list[MeasuredCollective]:
     """Every collective of compiled HLO, one entry per element of combined (tuple) collectives,
-    in the "bytes one device sends" convention and attributed to shardplan operators."""
-    from shardplan.backends import jax as jb
+    in the "bytes one device sends" convention and attributed to shardplan operators.
 
-    collectives = jb.parse_collectives(hlo_text)
+    `element_bytes` overrides the width of HLO element types (`{"f64": 4}`: a program computed in
+    float64 to verify a float32 plan is measured at the plan's 4 bytes per element).
+    """
+    collectives = parse_collectives(hlo_text, element_bytes)
     wanted = {c.instruction for c in collectives}
     shapes: dict[str, str] = {}
     operands: dict[str, list[str]] = {}
@@ -150,7 +124,7 @@ def measure(hlo_text: str, graph: Graph) -> list[MeasuredCollective]:
     find = _OpNames(graph)
     out: list[MeasuredCollective] = []
     for c in collectives:
-        arrays = _arrays(shapes.get(c.instruction, ""))
+        arrays = hlo_arrays(shapes.get(c.instruction, ""), element_bytes)
         if c.kind in _TUPLE_KINDS and len(arrays) > 1:
             parts = []
             for i, (shape, nbytes) in enumerate(arrays):
@@ -182,6 +156,32 @@ def measure(hlo_text: str, graph: Graph) -> list[MeasuredCollective]:
     return out
 
 
+HLO_FLOAT_TYPES = {"float64": "f64", "float32": "f32"}
+"""Compute dtype of a JAX program -> the HLO element type of its float buffers."""
+
+
+def plan_float_bytes(graph: Graph) -> int:
+    """The float width the cost model prices `graph` at: the most common `dtype_bytes` of its
+    parameters (of its activations when it has none; 4 when it has neither)."""
+    widths = [t.dtype_bytes for t in graph.parameters] or [
+        t.dtype_bytes for t in graph.tensors.values() if t.role is Role.ACTIVATION
+    ]
+    return max(sorted(set(widths)), key=widths.count) if widths else 4
+
+
+def comm_dtype(graph: Graph) -> str:
+    """The dtype whose compiled program is measured against the prediction: float64 for a plan
+    priced at 8 bytes an element, float32 otherwise (the JAX backend has no narrower kernels)."""
+    return "float64" if plan_float_bytes(graph) == 8 else "float32"
+
+
+def plan_element_bytes(graph: Graph, dtype: str) -> dict[str, int]:
+    """HLO element widths that count a program computed in `dtype` at the plan's widths: its
+    float buffers at `plan_float_bytes` (a float32 program measuring a bfloat16 plan: 2 bytes an
+    element, not 4); integer buffers keep their HLO width."""
+    return {HLO_FLOAT_TYPES[dtype]: plan_float_bytes(graph)}
+
+
 def computed_sizes(hlo_text: str, graph: Graph) -> dict[str, int]:
     """Per operator, the largest array (elements per device) its forward instructions produce.
 
@@ -198,7 +198,7 @@ def computed_sizes(hlo_text: str, graph: Graph) -> dict[str, int]:
         ops = find(name.group(1))
         if not ops:
             continue
-        arrays = _arrays(m.group(2))
+        arrays = hlo_arrays(m.group(2))
         if arrays:
             biggest = max(_numel(_dims(a)[1]) for a, _ in arrays)
             sizes[ops[0]] = max(sizes[ops[0]], biggest)

@@ -76,8 +76,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(DTensor on N local gloo processes; numerics)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
-    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (1e-4)")
-    p.add_argument("--atol", type=float, default=None, help="absolute tolerance (1e-6)")
+    p.add_argument(
+        "--dtype",
+        default="float64",
+        choices=("float64", "float32"),
+        help="what both JAX programs compute in (default float64; collective bytes are counted "
+        "at the plan's own dtype either way)",
+    )
+    p.add_argument(
+        "--rtol", type=float, default=None, help="relative tolerance (float64 1e-9, float32 1e-4)"
+    )
+    p.add_argument(
+        "--atol", type=float, default=None, help="absolute tolerance (float64 1e-12, float32 1e-6)"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     p.add_argument(
         "--differences",
@@ -146,15 +157,11 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.engine == "torch":
         return _verify_torch(p, args)
     ensure_devices(mesh.size)
-    from shardplan.backends.verify import DEFAULT_ATOL, DEFAULT_RTOL, verify_plan
+    from shardplan.backends.verify import verify_plan
 
     train = p.options.train if args.train is None else args.train
     report = verify_plan(
-        p,
-        train=train,
-        seed=args.seed,
-        rtol=DEFAULT_RTOL if args.rtol is None else args.rtol,
-        atol=DEFAULT_ATOL if args.atol is None else args.atol,
+        p, train=train, seed=args.seed, rtol=args.rtol, atol=args.atol, dtype=args.dtype
     )
     console = make_console()
     print_report(console, report, args.differences)

@@ -53,6 +53,7 @@ def test_verify_model_prints_numerics_and_communication(devices8, capsys, tmp_pa
     text = capsys.readouterr().out
     assert code == 0
     assert "numerics: OK" in text and "max error" in text and "tolerance" in text
+    assert "(float64)" in text and "1e-09" in text  # numerics in float64 by default
     assert "all-reduce" in text and "predicted" in text and "measured" in text and "1.000" in text
     data = json.loads(out.read_text())
     assert data["numerics"]["ok"] is True
@@ -84,9 +85,10 @@ def test_verify_plan_json_lists_causes(devices8, capsys, tmp_path):
         == 0
     )
     capsys.readouterr()
-    code = main(["verify", str(plan_file), "--infer", "--differences", "3"])
+    code = main(["verify", str(plan_file), "--infer", "--differences", "3", "--dtype", "float32"])
     text = capsys.readouterr().out
     assert code == 0 and "numerics: OK" in text and "forward pass" in text
+    assert "(float32)" in text and "0.0001" in text
     assert "mesh 2x4" in text and "causes" in text
 
 
