@@ -69,52 +69,28 @@ class OpPrediction:
 
 
 def predict_by_op(plan: Plan, options: CostOptions) -> dict[str, OpPrediction]:
-    """Per operator, the terms the evaluator sums (the loop of `evaluate_strategies`)."""
-    from shardplan.cost.evaluate import (
-        edge_terms,
-        op_intra,
-        param_homes,
-        previous_consumer,
-        share_credit,
-        unary_terms,
-    )
-    from shardplan.sharding import operand_layout, resolved
+    """Per operator, the terms the evaluator sums (`shardplan.cost.evaluate.op_terms`)."""
+    from shardplan.cost.evaluate import op_intra, op_terms, output_layouts, param_homes
 
     graph, mesh, strategies = plan.graph, plan.mesh, plan.strategies
     homes = param_homes(graph, strategies, plan.param_layouts)
-    out_layout = {
-        name: resolved(operand_layout(op, strategies[op.name], i, True))
-        for op in graph.ops
-        for i, name in enumerate(op.outputs)
-    }
+    out_layout = output_layouts(graph, strategies)
     result: dict[str, OpPrediction] = {}
-    for index, op in enumerate(graph.ops):
-        strategy = strategies[op.name]
-        intra, _ = unary_terms(graph, op, strategy, mesh, options)
-        full = op_intra(graph, op, strategy, mesh.rounds, options)
-        edges = []
-        for i, name in enumerate(op.inputs):
-            prev = previous_consumer(graph, name, index, i)
-            if prev is not None:
-                p_op = graph.ops[prev[0]]
-                intra = intra + share_credit(
-                    graph,
-                    name,
-                    (p_op, prev[1], strategies[p_op.name]),
-                    (op, i, strategy),
-                    mesh,
-                    options,
-                )
-            src = out_layout.get(name) or homes.get(name)
-            if src is None:
-                continue
-            dst = operand_layout(op, strategy, i)
-            if src != dst:
-                terms = edge_terms(graph, name, src, dst, mesh.rounds, options)
-                short = gradient_gather_shortfall(graph, name, src, dst, mesh, terms, options)
-                edges.append(EdgePrediction(name, i, tuple(src), tuple(dst), terms, short))
-        credit = full.all_reduce_bytes - intra.all_reduce_bytes
-        result[op.name] = OpPrediction(intra, tuple(edges), max(credit, 0.0))
+    for t in op_terms(graph, mesh, strategies, options, homes, out_layout):
+        full = op_intra(graph, t.op, t.strategy, mesh.rounds, options)
+        edges = tuple(
+            EdgePrediction(
+                e.tensor,
+                e.position,
+                tuple(e.src),
+                tuple(e.dst),
+                e.terms,
+                gradient_gather_shortfall(graph, e.tensor, e.src, e.dst, mesh, e.terms, options),
+            )
+            for e in t.edges
+        )
+        credit = full.all_reduce_bytes - t.intra.all_reduce_bytes
+        result[t.op.name] = OpPrediction(t.intra, edges, max(credit, 0.0))
     return result
 
 

@@ -9,7 +9,7 @@ largest op working set (inference). O(rounds * sum of operand counts): linear in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
@@ -294,6 +294,93 @@ def param_homes(
     return homes
 
 
+def output_layouts(graph: Graph, strategies: Mapping[str, Strategy]) -> dict[str, Layout]:
+    """The layout each op output is left in by its producer (partial sums resolved)."""
+    return {
+        name: resolved(operand_layout(op, strategies[op.name], i, True))
+        for op in graph.ops
+        for i, name in enumerate(op.outputs)
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeTerm:
+    """One redistribution: `tensor`, read as operand `position`, moves from `src` to `dst`."""
+
+    tensor: str
+    position: int
+    src: Layout
+    dst: Layout
+    terms: CommTerms
+
+
+@dataclass(frozen=True, slots=True)
+class OpTerms:
+    """What `evaluate_strategies` charges one operator (the `index`-th of the graph).
+
+    `intra`: its own collectives (`unary_terms`) plus the share credits (<= 0) of the operands it
+    reads after another consumer of the same tensor; `compute`: its compute cost; `edges`: the
+    redistributions of its operands, in operand order.
+    """
+
+    index: int
+    op: Op
+    strategy: Strategy
+    intra: CommTerms
+    compute: float
+    edges: tuple[EdgeTerm, ...]
+
+    @property
+    def redistribution(self) -> CommTerms:
+        """The edges' terms summed in operand order."""
+        redis = ZERO
+        for edge in self.edges:
+            redis = redis + edge.terms
+        return redis
+
+
+def op_terms(
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    homes: Mapping[str, Layout],
+    out_layout: Mapping[str, Layout],
+) -> Iterator[OpTerms]:
+    """Per operator in graph order, the terms `evaluate_strategies` sums (see `OpTerms`).
+
+    An operand's source layout is its producer's output layout (`output_layouts`) or its
+    parameter home (`param_homes`); graph inputs and constants have none: they arrive in
+    whatever layout the op reads. The one walk shared by the evaluator and the verifier's
+    per-operator prediction (`shardplan.backends.verify_predict`).
+    """
+    rounds = mesh.rounds
+    for index, op in enumerate(graph.ops):
+        strategy = strategies[op.name]
+        intra, compute = unary_terms(graph, op, strategy, mesh, opts)
+        edges: list[EdgeTerm] = []
+        for i, name in enumerate(op.inputs):
+            prev = previous_consumer(graph, name, index, i)
+            if prev is not None:
+                p_op = graph.ops[prev[0]]
+                intra = intra + share_credit(
+                    graph,
+                    name,
+                    (p_op, prev[1], strategies[p_op.name]),
+                    (op, i, strategy),
+                    mesh,
+                    opts,
+                )
+            src = out_layout.get(name) or homes.get(name)
+            if src is None:
+                continue
+            dst = operand_layout(op, strategy, i)
+            if src != dst:
+                terms = edge_terms(graph, name, src, dst, rounds, opts)
+                edges.append(EdgeTerm(name, i, src, dst, terms))
+        yield OpTerms(index, op, strategy, intra, compute, tuple(edges))
+
+
 def evaluate_strategies(
     graph: Graph,
     mesh: Mesh,
@@ -310,39 +397,16 @@ def evaluate_strategies(
     for op in graph.ops:
         check_strategy(op, strategies[op.name], rounds)
     homes = param_homes(graph, strategies, param_layouts)
-    out_layout: dict[str, Layout] = {}
-    for op in graph.ops:
-        for i, name in enumerate(op.outputs):
-            out_layout[name] = resolved(operand_layout(op, strategies[op.name], i, True))
+    out_layout = output_layouts(graph, strategies)
     comm = ZERO
     compute = 0.0
     rows: list[OpCost] = []
-    for index, op in enumerate(graph.ops):
-        strategy = strategies[op.name]
-        intra, op_compute = unary_terms(graph, op, strategy, mesh, opts)
-        redis = ZERO
-        for i, name in enumerate(op.inputs):
-            prev = previous_consumer(graph, name, index, i)
-            if prev is not None:
-                p_op = graph.ops[prev[0]]
-                intra = intra + share_credit(
-                    graph,
-                    name,
-                    (p_op, prev[1], strategies[p_op.name]),
-                    (op, i, strategy),
-                    mesh,
-                    opts,
-                )
-            src = out_layout.get(name) or homes.get(name)
-            if src is None:
-                continue  # graph inputs and constants arrive in whatever layout the op reads
-            dst = operand_layout(op, strategy, i)
-            if src != dst:
-                redis = redis + edge_terms(graph, name, src, dst, rounds, opts)
-        act = sum(_local_bytes(graph, name, out_layout[name], rounds) for name in op.outputs)
-        rows.append(OpCost(op.name, op_compute, intra.total, redis.total, act))
-        comm = comm + intra + redis
-        compute += op_compute
+    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout):
+        redis = t.redistribution
+        act = sum(_local_bytes(graph, name, out_layout[name], rounds) for name in t.op.outputs)
+        rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
+        comm = comm + t.intra + redis
+        compute += t.compute
     param_mem, act_mem = memory_per_device(graph, rounds, homes, out_layout, strategies, opts)
     total = comm.total + compute
     return CostBreakdown(

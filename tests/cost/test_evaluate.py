@@ -97,6 +97,25 @@ def test_gpt2_small_data_parallel_sync_and_adam_memory():
     assert p.cost.activation_memory >= acts
 
 
+def test_op_terms_are_the_rows_of_the_breakdown():
+    """The per-operator walk the verifier shares with the evaluator sums to its breakdown."""
+    from shardplan.cost.evaluate import op_terms, output_layouts, param_homes
+
+    p = plan(sp.zoo.build("gpt2-small", small=True, batch=8), "2x4", "megatron")
+    g, opts = p.graph, CostOptions.make("shardplan", True)
+    homes = param_homes(g, p.strategies, p.param_layouts)
+    terms = list(op_terms(g, p.mesh, p.strategies, opts, homes, output_layouts(g, p.strategies)))
+    assert [t.op.name for t in terms] == [op.name for op in g.ops]
+    assert any(t.edges for t in terms)  # megatron's activations are redistributed somewhere
+    rows = p.cost.ops
+    assert [t.intra.total for t in terms] == [r.intra for r in rows]
+    assert [t.redistribution.total for t in terms] == [r.redistribution for r in rows]
+    assert [t.compute for t in terms] == [r.compute for r in rows]
+    assert all(
+        e.src != e.dst and e.tensor == t.op.inputs[e.position] for t in terms for e in t.edges
+    )
+
+
 def test_hierarchical_all_reduce_telescopes_to_ring_volume():
     g = _mlp2(batch=64)
     flat = Mesh((8,), bandwidth_bytes_per_s=(1.0,), flops_per_s=1e30)
