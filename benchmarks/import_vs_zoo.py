@@ -48,26 +48,60 @@ def main() -> None:
         for mesh in ("8", "2x8"):
             a = sp.plan(imported, mesh)
             b = sp.plan(zoo_graph, mesh)
-            rows.append({
-                "hf": hf_name, "zoo": zoo_name, "mesh": mesh, "batch": batch, "seq": seq,
-                "hf_params": arch_params, "imported_params": imported.num_params,
-                "zoo_params": zoo_graph.num_params, "imported_ops": len(imported.ops),
-                "zoo_ops": len(zoo_graph.ops), "import_s": import_s,
-                "imported_cost": a.cost.total, "zoo_cost": b.cost.total,
-                "ratio": a.cost.total / b.cost.total,
-            })
+            rows.append(
+                {
+                    "hf": hf_name,
+                    "zoo": zoo_name,
+                    "mesh": mesh,
+                    "batch": batch,
+                    "seq": seq,
+                    "hf_params": arch_params,
+                    "imported_params": imported.num_params,
+                    "zoo_params": zoo_graph.num_params,
+                    "imported_ops": len(imported.ops),
+                    "zoo_ops": len(zoo_graph.ops),
+                    "import_s": import_s,
+                    "imported_cost": a.cost.total,
+                    "zoo_cost": b.cost.total,
+                    "ratio": a.cost.total / b.cost.total,
+                }
+            )
     md = "# Imported Hugging Face models vs the zoo\n\nCommand: `python benchmarks/import_vs_zoo.py"
     md += " --quick`\n\n" if args.quick else "`\n\n"
-    md += table(["HF model", "zoo model", "mesh", "params (HF)", "params (imported)",
-                 "params (zoo)", "ops imported/zoo", "D-Rec cost imported", "D-Rec cost zoo",
-                 "ratio"],
-                [[r["hf"], r["zoo"], r["mesh"], r["hf_params"], r["imported_params"],
-                  r["zoo_params"], f"{r['imported_ops']}/{r['zoo_ops']}",
-                  f"{r['imported_cost']:.4g}", f"{r['zoo_cost']:.4g}", f"{r['ratio']:.3f}"]
-                 for r in rows])
-    md += ("\nThe zoo's BERT has a 2-class head on a mean-pooled output and separate q/k/v; "
-           "HF's uses the first token and its own pooler; GPT-2 in HF fuses q/k/v into one "
-           "Conv1D that the importer splits with slices.\n")
+    md += table(
+        [
+            "HF model",
+            "zoo model",
+            "mesh",
+            "params (HF)",
+            "params (imported)",
+            "params (zoo)",
+            "ops imported/zoo",
+            "D-Rec cost imported",
+            "D-Rec cost zoo",
+            "ratio",
+        ],
+        [
+            [
+                r["hf"],
+                r["zoo"],
+                r["mesh"],
+                r["hf_params"],
+                r["imported_params"],
+                r["zoo_params"],
+                f"{r['imported_ops']}/{r['zoo_ops']}",
+                f"{r['imported_cost']:.4g}",
+                f"{r['zoo_cost']:.4g}",
+                f"{r['ratio']:.3f}",
+            ]
+            for r in rows
+        ],
+    )
+    md += (
+        "\nThe zoo's BERT has a 2-class head on a mean-pooled output and separate q/k/v; "
+        "HF's uses the first token and its own pooler; GPT-2 in HF fuses q/k/v into one "
+        "Conv1D that the importer splits with slices.\n"
+    )
     write("import_vs_zoo", {"rows": rows}, md)
 
 

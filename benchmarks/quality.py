@@ -9,14 +9,21 @@ differs from the ILP's, ranked by how much D-Rec's plan would gain from taking t
 for that op alone (a single-op swap, priced by the same cost model).
 
 Run: python benchmarks/quality.py [--quick] [--time-limit S] [--models a,b] [--meshes 8,2x8]
+                                   [--ilp-cache DIR]
 Writes benchmarks/results/quality.{json,md} (and quality.png when matplotlib is installed).
+
+ILP results are the slow part (minutes per case) and do not depend on D-Rec: `--ilp-cache DIR`
+stores each case's ILP plan keyed by a hash of the ILP, strategy space, cost terms, IR and zoo
+sources, and reuses it only when the current evaluator scores the stored plan at the stored
+objective (so a changed cost model can never pass an old optimum off as current).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,10 +32,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import RESULTS, table, write  # noqa: E402
+from _report import RESULTS, pyplot, run_info, save_figure, table, write  # noqa: E402
 
 from shardplan import zoo  # noqa: E402
 from shardplan.cost import CostOptions  # noqa: E402
+from shardplan.cost.evaluate import evaluate_strategies  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
 from shardplan.search import ilp, plan  # noqa: E402
@@ -70,10 +78,55 @@ def misses(model: Any, drec_choice: list[int], ilp_choice: list[int], top: int) 
     return out[:top] if top else out
 
 
-def run_case(name: str, mesh_text: str, time_limit: float, top: int) -> dict[str, Any]:
+ILP_SOURCES = ("search/ilp.py", "search/space.py", "search/round_split.py", "cost/terms.py")
+ILP_SOURCES += ("cost/collectives.py", "cost/presets.py", "ir", "zoo", "mesh.py", "sharding.py")
+
+
+def ilp_fingerprint() -> str:
+    """Hash of the sources an ILP result depends on (not D-Rec's)."""
+    root = Path(__file__).resolve().parent.parent / "shardplan"
+    digest = hashlib.sha256()
+    for rel in ILP_SOURCES:
+        for path in sorted((root / rel).rglob("*.py")) if (root / rel).is_dir() else [root / rel]:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_ilp(cache: Path | None, key: str, graph: Any, mesh: Any, opts: Any) -> dict | None:
+    """The stored ILP result of this case, if its plan still costs what it cost when solved."""
+    if cache is None or not (cache / f"{key}.json").exists():
+        return None
+    stored = json.loads((cache / f"{key}.json").read_text())
+    if not stored["strategies"]:
+        return stored  # the ILP failed on this case: nothing to re-check
+    strategies = {op: tuple(s) for op, s in stored["strategies"].items()}
+    cost = evaluate_strategies(graph, mesh, strategies, opts).total
+    if not math.isclose(cost, stored["ilp_cost"], rel_tol=1e-9):
+        return None
+    return stored
+
+
+def build_ilp_model(graph: Any, mesh: Any, opts: Any, start: float, time_limit: float) -> Any:
+    return build_model(
+        graph,
+        mesh,
+        opts,
+        deadline=start + time_limit,
+        max_strategies=ilp.MAX_STRATEGIES,
+        max_entries=ilp.MAX_TABLE_ENTRIES,
+        method="ilp",
+        time_limit=time_limit,
+        table_limit=ilp.SPLIT_ABOVE,
+    )
+
+
+def run_case(
+    name: str, mesh_text: str, time_limit: float, top: int, cache: Path | None = None
+) -> dict[str, Any]:
     opts = CostOptions.make()
     graph = zoo.build(name, **reduced(name))
     mesh = parse_mesh(mesh_text)
+    key = f"{name}_{mesh_text}_{time_limit:g}_{ilp_fingerprint()}"
     row: dict[str, Any] = {"model": name, "mesh": mesh_text, "ops": len(graph.ops)}
     row["sizes"] = reduced(name)
     drec = plan(graph, mesh, "drec")
@@ -82,25 +135,23 @@ def run_case(name: str, mesh_text: str, time_limit: float, top: int) -> dict[str
     best = min(experts, key=lambda m: experts[m].cost.total)
     row["expert"], row["expert_cost"] = best, experts[best].cost.total
     row["expert_costs"] = {m: p.cost.total for m, p in experts.items()}
+    stored = cached_ilp(cache, key, graph, mesh, opts)
+    if stored is not None:
+        row.update({k: v for k, v in stored.items() if k != "strategies"}, ilp_reused=True)
+        if not stored["strategies"]:
+            return row
+        ilp_strategies = {op: tuple(s) for op, s in stored["strategies"].items()}
+        return finish_row(row, graph, mesh, opts, drec.strategies, ilp_strategies, top, None)
     start = time.perf_counter()
     try:
-        model = build_model(
-            graph,
-            mesh,
-            opts,
-            deadline=start + time_limit,
-            max_strategies=ilp.MAX_STRATEGIES,
-            max_entries=ilp.MAX_TABLE_ENTRIES,
-            method="ilp",
-            time_limit=time_limit,
-            table_limit=ilp.SPLIT_ABOVE,
-        )
+        model = build_ilp_model(graph, mesh, opts, start, time_limit)
         left = time_limit - (time.perf_counter() - start)
         if left <= 0:
             raise ShardplanError(f"ilp did not finish within {time_limit:g} s (cost tables)")
         result = ilp.solve_model(model, opts, time_limit=left)
     except ShardplanError as e:
         row.update(ilp_status=f"failed: {e}", ilp_s=time.perf_counter() - start)
+        store(cache, key, row, {})
         return row
     row.update(
         ilp_status=result.status,
@@ -109,11 +160,45 @@ def run_case(name: str, mesh_text: str, time_limit: float, top: int) -> dict[str
         ilp_bound=result.bound,
         ilp_size=result.size,
     )
-    row["gap"] = row["drec_cost"] / result.objective
-    row["gap_to_bound"] = row["drec_cost"] / result.bound if result.bound > 0 else None
-    row["expert_gap"] = row["expert_cost"] / result.objective
-    drec_choice = model.choice_of(drec.strategies)
-    diffs = misses(model, drec_choice, list(result.choice), 0)
+    ilp_strategies = model.strategies(result.choice)
+    store(cache, key, row, ilp_strategies)
+    return finish_row(row, graph, mesh, opts, drec.strategies, ilp_strategies, top, model)
+
+
+def store(cache: Path | None, key: str, row: dict[str, Any], strategies: dict) -> None:
+    if cache is None:
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    fields = ("ilp_status", "ilp_s", "ilp_cost", "ilp_bound", "ilp_size")
+    data = {k: row[k] for k in fields if k in row} | {"strategies": strategies}
+    (cache / f"{key}.json").write_text(json.dumps(data))
+
+
+def finish_row(
+    row: dict[str, Any],
+    graph: Any,
+    mesh: Any,
+    opts: Any,
+    drec_strategies: dict,
+    ilp_strategies: dict,
+    top: int,
+    model: Any,
+) -> dict[str, Any]:
+    """Gaps, and the ops where D-Rec differs (ranked by single-op swaps when it misses)."""
+    ilp_cost, bound = row["ilp_cost"], row["ilp_bound"]
+    row["gap"] = row["drec_cost"] / ilp_cost
+    row["gap_to_bound"] = row["drec_cost"] / bound if bound and bound > 0 else None
+    row["expert_gap"] = row["expert_cost"] / ilp_cost
+    if row["gap"] <= 1.01:
+        row["differing_ops"] = sum(
+            1 for op in graph.ops if drec_strategies[op.name] != ilp_strategies[op.name]
+        )
+        row["misses"] = []
+        return row
+    if model is None:
+        model = build_ilp_model(graph, mesh, opts, time.perf_counter(), 3600.0)
+    drec_choice = model.choice_of(drec_strategies)
+    diffs = misses(model, drec_choice, model.choice_of(ilp_strategies), 0)
     row["differing_ops"] = len(diffs)
     row["misses"] = diffs[:top]
     return row
@@ -124,12 +209,8 @@ def geomean(values: list[float]) -> float:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     done = [r for r in rows if r.get("ilp_status") == "optimal"]
     if not done:
@@ -146,9 +227,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set_ylabel("cost / ILP optimum")
     ax.set_title("D-Rec and the best expert plan against the ILP optimum (proven cases)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -169,6 +248,13 @@ def markdown(rows: list[dict[str, Any]], command: str, time_limit: float, versio
             f"mean **{geomean(gaps):.3f}**, worst **{worst['gap']:.3f}** ({worst['model']} on "
             f"{worst['mesh']}), {within} of {len(done)} within 1.05. Best expert plan / optimum: "
             f"geometric mean {geomean([r['expert_gap'] for r in done]):.3f}.\n\n"
+        )
+    reused = sum(1 for r in rows if r.get("ilp_reused"))
+    if reused:
+        md += (
+            f"{reused} of {len(rows)} ILP results were reused from `--ilp-cache` (same ILP, "
+            "space, cost-term, IR and zoo sources; each stored plan re-scored by the current "
+            "evaluator at its stored cost); their ILP seconds are those of the original solve.\n\n"
         )
     md += "## Every case\n\n"
     md += table(
@@ -253,24 +339,6 @@ def markdown(rows: list[dict[str, Any]], command: str, time_limit: float, versio
     return md
 
 
-def source_version() -> str:
-    """The commit the run used, "+dirty" when shardplan/ had uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "shardplan"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="7 models x meshes 8, 6, 12, 2x8")
@@ -279,16 +347,17 @@ def main() -> None:
     parser.add_argument("--meshes", default=None, help="comma-separated meshes")
     parser.add_argument("--top", type=int, default=8, help="misses listed per case")
     parser.add_argument("--name", default="quality", help="results file stem (default quality)")
+    parser.add_argument("--ilp-cache", type=Path, default=None, help="reuse/store ILP results")
     args = parser.parse_args()
     models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else zoo.MODELS)
     meshes = args.meshes.split(",") if args.meshes else (QUICK_MESHES if args.quick else MESHES)
     time_limit = args.time_limit or (30.0 if args.quick else 120.0)
-    version = source_version()
+    info = run_info(__file__, quick=args.quick, time_limit=time_limit)
     rows = []
     for name in models:
         for mesh in meshes:
             start = time.perf_counter()
-            row = run_case(name, mesh, time_limit, args.top)
+            row = run_case(name, mesh, time_limit, args.top, args.ilp_cache)
             rows.append(row)
             gap = f"{row['gap']:.3f}" if "gap" in row else "-"
             print(
@@ -296,8 +365,7 @@ def main() -> None:
                 f"({time.perf_counter() - start:.1f} s)",
                 flush=True,
             )
-    command = "python benchmarks/quality.py " + " ".join(sys.argv[1:])
-    md = markdown(rows, command.strip(), time_limit, version)
+    md = markdown(rows, info["command"], time_limit, info["source"])
     if plot(rows, RESULTS / f"{args.name}.png"):
         md += f"\n![D-Rec / optimum per case]({args.name}.png)\n"
     done = [r for r in rows if r.get("ilp_status") == "optimal"]
@@ -311,10 +379,7 @@ def main() -> None:
     write(
         args.name,
         {
-            "command": command,
-            "source": version,
-            "quick": args.quick,
-            "time_limit": time_limit,
+            **info,
             "summary": summary,
         }
         | {"cases": rows},
