@@ -18,6 +18,7 @@ O((|V| log |V| + |E|) * rounds): linear in the graph, logarithmic in the devices
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -85,12 +86,19 @@ class _Search:
         mesh: Mesh,
         opts: CostOptions,
         memory_lambda: float,
-        round_checks: bool = True,
+        unused_rounds: int = 0,
+        final_compute: bool = False,
     ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
+        # Price "no cut" by what it adds to the final compute if later rounds cut (telescopes
+        # to the exact extra over all rounds) instead of by the local compute of this round.
+        self.compute_divisor = [
+            float(math.prod(x.q for x in mesh.rounds[r + 1 :])) if final_compute else 1.0
+            for r in range(len(mesh.rounds))
+        ]
+        self.unused_rounds = unused_rounds
         self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
-        self.round_checks = round_checks
         self._cache: dict[tuple[int, int, tuple[int, ...]], dict[str | None, float]] = {}
         self._edge_cache: dict[tuple[int, int, float, str, int], float] = {}
         self._info_cache: dict[tuple[int, int], tuple[list[OperandInfo], list[OperandInfo]]] = {}
@@ -203,6 +211,7 @@ class _Search:
                 for j, c in enumerate(st.cuts):
                     if c is not None:
                         flops /= self.rounds[j].q
+                flops /= self.compute_divisor[r]
                 costs[None] = compute_cost(flops * (rnd.q - 1) / rnd.q, opts, self.mesh.flops_per_s)
         if not opts.preset.symbolic:
             self._add_backlog(i, r, costs)
@@ -384,9 +393,36 @@ class _Search:
         for i in order:
             costs = self._own_costs(i, r, charged) if charged else own[i]
             extra = {cut: self._flex_cost(i, cut, rnd, decided) for cut in costs}
+            for cut, regret in self._lookahead(i, list(costs), rnd, decided, own).items():
+                extra[cut] += regret
             decided[i] = self._pick(costs, extra)
             self._charge(i, decided[i], r, charged)
         return decided
+
+    def _lookahead(
+        self,
+        i: int,
+        cuts: list[str | None],
+        rnd: Round,
+        decided: dict[int, str | None],
+        own: dict[int, dict[str | None, float]],
+    ) -> dict[str | None, float]:
+        """One step ahead: what each cut of op i forces on its undecided flex neighbours — their
+        best answer (own terms, edges to their decided neighbours and to i) over their best
+        without i. A cut that is free for i but strands a neighbour between i and an already
+        decided op (a first conv cutting its channels before a batch-cut conv) pays for it."""
+        st = self.states[i]
+        regret = dict.fromkeys(cuts, 0.0)
+        neighbours = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
+        for j in sorted(neighbours - decided.keys() - {i}):
+            base = {cj: c + self._flex_cost(j, cj, rnd, decided) for cj, c in own[j].items()}
+            floor = min(base.values())
+            for cut in cuts:
+                pinned = {i: cut}
+                regret[cut] += (
+                    min(c + self._flex_cost(j, cj, rnd, pinned) for cj, c in base.items()) - floor
+                )
+        return regret
 
     def _settle(self, r: int, decided: dict[int, str | None], ops: list[int]) -> None:
         """Each op of `ops` (forward, then backward) re-picks against its decided neighbours."""
@@ -466,8 +502,6 @@ class _Search:
         result (the first valid candidate), so a uniform split is never missed by greediness."""
         rnd = self.rounds[r]
         out: list[dict[int, str | None]] = []
-        if not self.round_checks:
-            return out
         if r > 0:
             previous: dict[int, str | None] = {}
             for i in self.heavy:
@@ -488,6 +522,7 @@ class _Search:
                 None,
             )
         out.append(leading)
+        out.append(dict.fromkeys(self.heavy))  # leave the round unused: replicate everything
         return out
 
     def run_round(self, r: int) -> None:
@@ -497,6 +532,10 @@ class _Search:
         self._cache.clear()
         self._edge_cache.clear()
         self._info_cache.clear()
+        if r < self.unused_rounds:
+            for st in self.states:
+                st.cuts.append(None)
+            return
         light = [i for i in range(len(self.states)) if i not in self.heavy]
         decided = self._greedy(r)
         self._settle(r, decided, light)
@@ -535,16 +574,25 @@ def drec(
     """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
     keep tensors replicated, used by the memory-aware driver in `search.api`.
 
-    Two policies run — the plain greedy rounds, and rounds checked against whole-round
-    alternatives — and the plan the evaluator scores lower (cost + lambda * memory) is kept:
-    each policy is myopic in its own way, and together they cost twice one linear search.
+    A few variants of the search run and the plan the evaluator scores lower (cost + lambda *
+    memory) is kept, each variant correcting a myopia of the round-by-round greedy:
+      * "no cut" priced by this round's local compute (pessimistic: later rounds may still cut)
+        and by its exact share of the final compute (optimistic: assumes they do);
+      * the leading mesh axes left unused (every op replicated across them): a slow inter-node
+        axis often costs more than it saves for small batches, which no single round sees,
+        down to the fully replicated plan.
+    That is at most 2 + (mesh axes) linear searches; the unused-axis ones are shorter.
     """
     from shardplan.cost.evaluate import evaluate_strategies
 
     best: dict[str, Strategy] | None = None
     best_score = float("inf")
-    for round_checks in (True, False):
-        strategies = _Search(graph, mesh, opts, memory_lambda, round_checks).run()
+    rounds = mesh.rounds
+    axis_ends = [r for r in range(1, len(rounds)) if rounds[r].mesh_axis != rounds[r - 1].mesh_axis]
+    variants = [(0, False), (0, True)] + [(k, False) for k in [*axis_ends, len(rounds)]]
+    for unused, final_compute in variants:
+        search = _Search(graph, mesh, opts, memory_lambda, unused, final_compute)
+        strategies = search.run()
         cost = evaluate_strategies(graph, mesh, strategies, opts)
         score = cost.total + memory_lambda * cost.memory_per_device
         if score < best_score:

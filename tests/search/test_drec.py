@@ -53,7 +53,7 @@ def test_no_tensor_parallel_cuts_on_the_slow_outer_axis():
     outer = [r.index for r in mesh.rounds if r.mesh_axis == 0]
     for op in g.ops:
         if op.kind == "linear" and op.name != "lm_head":
-            assert all(p.strategies[op.name][r] in ("b", "m") for r in outer), op.name
+            assert all(p.strategies[op.name][r] in ("b", "m", None) for r in outer), op.name
     experts = [plan(g, mesh, m).cost.total for m in ("data-parallel", "megatron", "fsdp")]
     assert p.cost.total <= min(experts)
 
