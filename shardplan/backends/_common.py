@@ -1,11 +1,134 @@
-"""Helpers both executors (JAX and torch) share: attribute pairs and einsum letter specs."""
+"""Helpers both executors (JAX and torch) share: the deterministic values a graph runs on,
+framework-neutral kernel pieces, attribute pairs and einsum letter specs.
+
+Values (`init_params`, `init_inputs`) are numpy arrays, deterministic in (seed, tensor name):
+every tensor has its own generator, so a tensor's values do not depend on the others, and the JAX
+and torch backends run on the same numbers.
+"""
 
 from __future__ import annotations
 
+import importlib
 import string
+import zlib
+from types import ModuleType
 from typing import Any
 
-from shardplan.errors import UnsupportedOpError
+import numpy as np
+
+from shardplan.errors import MissingDependencyError, UnsupportedOpError
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role, Tensor
+
+NORM_KINDS = ("layer_norm", "rms_norm", "batch_norm")
+"""Operators whose second operand is a scale (gamma), initialised to 1."""
+
+
+def require(module: str, extra: str, user: str) -> ModuleType:
+    """`import module`, or MissingDependencyError naming `user` and the `extra` to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(
+            f"{user} needs the `{extra}` extra, which is not installed ({e}); "
+            f"install it with: pip install 'shardplan[{extra}]'"
+        ) from e
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+def value_rng(seed: int, name: str) -> np.random.Generator:
+    """One generator per (seed, tensor name): a tensor's values do not depend on the others."""
+    return np.random.default_rng([int(seed), zlib.crc32(name.encode())])
+
+
+def index_bound(graph: Graph, name: str) -> int | None:
+    """Exclusive upper bound when tensor `name` holds embedding ids or class labels, else None."""
+    bound: int | None = None
+    for op_index, position in graph.consumers.get(name, ()):
+        op = graph.ops[op_index]
+        high = None
+        if op.kind == "embedding" and position == 1:
+            high = graph.tensors[op.inputs[0]].shape[0]
+        elif op.kind == "cross_entropy" and position == 1:
+            high = graph.tensors[op.inputs[0]].shape[-1]
+        if high is not None:
+            bound = high if bound is None else min(bound, high)
+    return bound
+
+
+def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """float32 values for every parameter: normal * 0.02, except norm scales (gamma) = 1."""
+    norm_scales = {op.inputs[1] for op in graph.ops if op.kind in NORM_KINDS and len(op.inputs) > 1}
+    out: dict[str, np.ndarray] = {}
+    for t in graph.parameters:
+        if t.name in norm_scales:
+            out[t.name] = np.ones(t.shape, np.float32)
+        else:
+            normal = value_rng(seed, t.name).standard_normal(t.shape)
+            out[t.name] = (normal * 0.02).astype(np.float32)
+    return out
+
+
+def _constant_value(tensor: Tensor, rng: np.random.Generator) -> np.ndarray:
+    shape = tensor.shape
+    leaf = tensor.name.replace("/", ".").split(".")[-1]
+    if "causal_mask" in tensor.name and len(shape) >= 2 and shape[-1] == shape[-2]:
+        mask = np.triu(np.full((shape[-1], shape[-1]), -1e9, np.float32), k=1)
+        return np.array(np.broadcast_to(mask, shape), np.float32)
+    if leaf.endswith("ones"):
+        return np.ones(shape, np.float32)
+    if leaf.endswith("zeros"):
+        return np.zeros(shape, np.float32)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def init_inputs(
+    graph: Graph, seed: int = 0, index_dtype: type[np.integer[Any]] = np.int64
+) -> dict[str, np.ndarray]:
+    """Values for every input and constant tensor of `graph`.
+
+    A tensor that feeds an embedding's ids or a cross_entropy's labels is `index_dtype` in
+    [0, rows or classes) (`index_bound`), whatever its dtype_bytes; other inputs are float32
+    standard normal. Constants: a `causal_mask` with square trailing dims is 0 on/below the
+    diagonal and -1e9 above; a name ending in `ones` / `zeros` is that; any other constant (an
+    importer's folded values: masks, index positions) is float32 standard normal, because the
+    graph does not store its values.
+    """
+    out: dict[str, np.ndarray] = {}
+    for t in graph.tensors.values():
+        if t.role not in (Role.INPUT, Role.CONSTANT):
+            continue
+        rng = value_rng(seed, t.name)
+        high = index_bound(graph, t.name)
+        if high is not None:
+            out[t.name] = rng.integers(0, high, size=t.shape, dtype=index_dtype)
+        elif t.role is Role.CONSTANT:
+            out[t.name] = _constant_value(t, rng)
+        else:
+            out[t.name] = rng.standard_normal(t.shape).astype(np.float32)
+    return out
+
+
+# -- kernel pieces (array-API: the same code on jax and torch arrays) ---------------------------
+
+
+def bias_add(op: Op, x: Any, bias: Any) -> Any:
+    """x + bias along `op`'s `axis` (default the last)."""
+    axis = int(op.attr("axis", -1)) % x.ndim
+    shape = [1] * x.ndim
+    shape[axis] = bias.shape[0]
+    return x + bias.reshape(shape)
+
+
+def affine(y: Any, gamma: Any, beta: Any) -> Any:
+    """A norm's optional scale and shift."""
+    y = y if gamma is None else y * gamma
+    return y if beta is None else y + beta
+
+
+# -- attributes ----------------------------------------------------------------------------------
 
 
 def pair(value: Any) -> tuple[int, int]:

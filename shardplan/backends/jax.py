@@ -1,7 +1,8 @@
 """Run a shardplan graph on JAX/XLA, optionally under a plan's layouts, and read its collectives.
 
 - `init_params` / `make_inputs`: deterministic numpy values for a graph's parameters, inputs and
-  constants (integer ids and labels in range, a causal mask for `causal_mask` constants).
+  constants (`shardplan.backends._common`, shared with the torch backend; int32 ids and labels
+  in range, a causal mask for `causal_mask` constants).
 - `kernels()`: ONE jax.numpy implementation per catalogue kind, keyed by `op.kind`.
 - `forward_fn` / `loss_fn`: a pure `f(params, inputs)` evaluating the ops in graph order; with
   `layouts` and a mesh, every op output with a layout gets `jax.lax.with_sharding_constraint`.
@@ -10,7 +11,8 @@
   mesh axis first); a Layout becomes a PartitionSpec whose entry for tensor dim j is the tuple of
   round axes split along j (REPLICATED and PARTIAL rounds contribute nothing).
 - `sharded_call` / `compiled_text`: jit with `in_shardings` and run, or return the compiled HLO.
-- `parse_collectives`: the collectives XLA actually inserted, from compiled HLO text.
+- `parse_collectives` / `collective_summary`: the collectives XLA actually inserted, from
+  compiled HLO text (defined in `shardplan.backends.hlo`, re-exported here).
 
 jax is imported inside the functions that need it; without it they raise MissingDependencyError.
 Every op is evaluated inside `jax.named_scope(op.name)`, so HLO metadata `op_name`s carry the
@@ -19,17 +21,28 @@ shardplan operator name (used to match measured collectives with predicted ones)
 
 from __future__ import annotations
 
-import re
-import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from shardplan.backends._common import (
+    affine,
+    bias_add,
+    index_bound,
+    init_inputs,
+    init_params,
+    require,
+)
 from shardplan.backends._common import einsum_letters as _einsum_spec
 from shardplan.backends._common import pair as _pair
-from shardplan.errors import BackendError, MissingDependencyError, UnsupportedOpError
+from shardplan.backends.hlo import (
+    COLLECTIVE_KINDS,
+    Collective,
+    collective_summary,
+    parse_collectives,
+)
+from shardplan.errors import BackendError, UnsupportedOpError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role, Tensor
 from shardplan.mesh import Mesh, parse_mesh
@@ -39,90 +52,21 @@ Kernel = Callable[..., Any]
 Params = Mapping[str, Any]
 Layouts = Mapping[str, Layout]
 
-_INSTALL_HINT = "install it with: pip install 'shardplan[jax]'"
-_NORM_KINDS = ("layer_norm", "rms_norm", "batch_norm")
-
 
 def _require_jax() -> Any:
-    try:
-        import jax
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(
-            f"the JAX backend needs the `jax` extra, which is not installed ({e}); "
-            f"{_INSTALL_HINT}") from e
-    return jax
+    return require("jax", "jax", "the JAX backend")
 
 
 # -- values ------------------------------------------------------------------------------------
 
 
-def _rng(seed: int, name: str) -> np.random.Generator:
-    """One generator per (seed, tensor name): a tensor's values do not depend on the others."""
-    return np.random.default_rng([int(seed), zlib.crc32(name.encode())])
-
-
-def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """float32 values for every parameter: normal * 0.02, except norm scales (gamma) = 1.
-
-    Deterministic in (seed, parameter name).
-    """
-    norm_scales = {op.inputs[1] for op in graph.ops
-                   if op.kind in _NORM_KINDS and len(op.inputs) > 1}
-    out: dict[str, np.ndarray] = {}
-    for t in graph.parameters:
-        if t.name in norm_scales:
-            out[t.name] = np.ones(t.shape, np.float32)
-        else:
-            out[t.name] = (_rng(seed, t.name).standard_normal(t.shape) * 0.02).astype(np.float32)
-    return out
-
-
-def _int_range(graph: Graph, tensor: Tensor) -> int | None:
-    """Upper bound (exclusive) when `tensor` holds embedding ids or class labels, else None."""
-    if tensor.dtype_bytes not in (4, 8):  # int32 or int64 ids/labels
-        return None
-    bound: int | None = None
-    for op_index, position in graph.consumers.get(tensor.name, ()):
-        op = graph.ops[op_index]
-        high = None
-        if op.kind == "embedding" and position == 1:
-            high = graph.tensors[op.inputs[0]].shape[0]
-        elif op.kind == "cross_entropy" and position == 1:
-            high = graph.tensors[op.inputs[0]].shape[-1]
-        if high is not None:
-            bound = high if bound is None else min(bound, high)
-    return bound
-
-
-def _constant_value(tensor: Tensor) -> np.ndarray:
-    shape = tensor.shape
-    if "causal_mask" in tensor.name and len(shape) >= 2 and shape[-1] == shape[-2]:
-        s = shape[-1]
-        mask = np.triu(np.full((s, s), -1e9, np.float32), k=1)
-        return np.broadcast_to(mask, shape).astype(np.float32)
-    return np.zeros(shape, np.float32)
-
-
 def make_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Values for every input and constant tensor of `graph`.
-
-    Inputs that feed an embedding's ids or a cross_entropy's labels (dtype_bytes 4) are int32 in
-    [0, vocab or classes); other inputs are float32 standard normal. Constants: a tensor named
-    like `causal_mask` with square trailing dims is 0 on/below the diagonal and -1e9 above; any
-    other constant is zeros. Deterministic in (seed, tensor name).
+    """Values for every input and constant tensor of `graph`: `_common.init_inputs` with int32
+    ids and labels (in [0, vocab or classes)); float inputs are float32 standard normal, a
+    `causal_mask` constant is 0 on/below the diagonal and -1e9 above. Deterministic in
+    (seed, tensor name); `init_params` gives the parameters.
     """
-    out: dict[str, np.ndarray] = {}
-    for t in graph.tensors.values():
-        if t.role is Role.CONSTANT:
-            out[t.name] = _constant_value(t)
-        elif t.role is Role.INPUT:
-            rng = _rng(seed, t.name)
-            high = _int_range(graph, t)
-            if high is not None:
-                out[t.name] = rng.integers(0, high, size=t.shape, dtype=np.int32)
-            else:
-                out[t.name] = rng.standard_normal(t.shape).astype(np.float32)
-    return out
+    return init_inputs(graph, seed, np.int32)
 
 
 def abstract_args(graph: Graph) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -134,7 +78,7 @@ def abstract_args(graph: Graph) -> tuple[dict[str, Any], dict[str, Any]]:
     inputs: dict[str, Any] = {}
     for t in graph.tensors.values():
         if t.role in (Role.INPUT, Role.CONSTANT):
-            dtype = jnp.int32 if t.role is Role.INPUT and _int_range(graph, t) else jnp.float32
+            dtype = jnp.float32 if index_bound(graph, t.name) is None else jnp.int32
             inputs[t.name] = jax.ShapeDtypeStruct(t.shape, dtype)
     return params, inputs
 
@@ -158,16 +102,6 @@ def kernels() -> dict[str, Kernel]:
 
     def eps(op: Op) -> float:
         return float(op.attr("eps", 1e-5))
-
-    def bias_add(op: Op, x: Any, bias: Any) -> Any:
-        axis = int(op.attr("axis", -1)) % x.ndim
-        shape = [1] * x.ndim
-        shape[axis] = bias.shape[0]
-        return x + bias.reshape(shape)
-
-    def affine(y: Any, gamma: Any, beta: Any) -> Any:
-        y = y if gamma is None else y * gamma
-        return y if beta is None else y + beta
 
     def layer_norm(op: Op, x: Any, gamma: Any = None, beta: Any = None) -> Any:
         mean = jnp.mean(x, axis=-1, keepdims=True)
@@ -532,144 +466,6 @@ def compiled_text(graph: Graph, mesh: Mesh | str | int, param_layouts: Layouts |
     except (ValueError, TypeError, RuntimeError) as e:
         raise BackendError(f"JAX failed to compile graph {graph.name!r} on mesh "
                            f"{_as_mesh(mesh).text()}: {e}") from e
-
-
-# -- collectives -------------------------------------------------------------------------------
-
-COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                    "collective-permute")
-
-_DTYPE_BYTES = {
-    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2,
-    "s32": 4, "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8,
-    "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3b11fnuz": 1,
-    "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1, "f4e2m1fn": 1, "f8e8m0fnu": 1, "token": 0,
-}
-
-_INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"
-    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
-    r"(?P<suffix>-start|-done)?\(")
-_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
-_EXPLICIT_GROUPS = re.compile(r"replica_groups=\{(\{[\d,\s]*\}(?:\s*,\s*\{[\d,\s]*\})*)?\}")
-_IOTA_GROUPS = re.compile(r"replica_groups=\[([\d,\s]+)\]<=\[")
-# `device_ids=(...)` (a device permutation) may sit between the mesh and the axes
-_MESH_GROUPS = re.compile(
-    r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=[^{]*?)?\s*\{([^}]*)\}")
-_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-_NUM_PARTITIONS = re.compile(r"num_partitions=(\d+)")
-_NUM_REPLICAS = re.compile(r"replica_count=(\d+)")
-
-
-@dataclass(frozen=True, slots=True)
-class Collective:
-    """One collective of compiled HLO.
-
-    Attributes:
-        kind: all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute.
-        bytes_per_device: size of the result buffer on one device (tuple results: summed).
-        group_size: devices per replica group; for collective-permute, the number of devices
-            that send to another device.
-        op_name: the `op_name` metadata (contains the shardplan op name scope), or "".
-        instruction: the HLO instruction name, e.g. `all-reduce.3`.
-    """
-
-    kind: str
-    bytes_per_device: int
-    group_size: int
-    op_name: str = ""
-    instruction: str = ""
-
-
-def hlo_arrays(shape_text: str,
-               element_bytes: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
-    """[(`f32[8,16]`, bytes), ...] of the arrays in an HLO shape (a tuple gives several).
-
-    `element_bytes` overrides the width of HLO element types, e.g. `{"f64": 4}` counts a float64
-    program's buffers at the float32 width of the plan it verifies.
-    """
-    widths = {**_DTYPE_BYTES, **(element_bytes or {})}
-    out = []
-    for dtype, dims in _ARRAY.findall(shape_text):
-        if dtype not in widths:
-            continue
-        n = 1
-        for d in dims.split(","):
-            d = d.strip().lstrip("<=")
-            if d:
-                n *= int(d)
-        out.append((f"{dtype}[{dims}]", n * widths[dtype]))
-    return out
-
-
-def _group_size(line: str, kind: str, devices: int) -> int:
-    if kind == "collective-permute":
-        m = _PAIRS.search(line)
-        if not m:
-            return 0
-        pairs = re.findall(r"\{(\d+),(\d+)\}", m.group(1))
-        return len({int(s) for s, t in pairs if s != t})
-    m = _IOTA_GROUPS.search(line)
-    if m:
-        return int(m.group(1).split(",")[-1])
-    m = _MESH_GROUPS.search(line)
-    if m:
-        sizes = {k: int(v) for k, v in re.findall(r"'([^']*)'\s*=\s*(\d+)", m.group(1))}
-        size = 1
-        for token in re.findall(r"'[^']*'(?::\(\d+\)\d+)?", m.group(2)):
-            sub = re.fullmatch(r"'([^']*)':\(\d+\)(\d+)", token)
-            size *= int(sub.group(2)) if sub else sizes.get(token.strip("'"), 1)
-        return size
-    m = _EXPLICIT_GROUPS.search(line)
-    if m:
-        if not m.group(1):
-            return devices  # `replica_groups={}`: one group of every device
-        first = re.search(r"\{([\d,\s]*)\}", m.group(1))
-        return len([d for d in first.group(1).split(",") if d.strip()]) if first else devices
-    return devices
-
-
-def parse_collectives(hlo_text: str,
-                      element_bytes: Mapping[str, int] | None = None) -> list[Collective]:
-    """Every collective instruction of (compiled) HLO text, in text order.
-
-    Understands replica groups written explicitly (`{{0,1},{2,3}}`), as iota tiles
-    (`[2,4]<=[8]`, `[4,2]<=[2,4]T(1,0)`) and as mesh axes (`mesh['a'=2,'b'=4] {'b'}`); an empty
-    group list means all devices (num_partitions x replica_count of the module). Async pairs
-    count once, at `-start` (for all-gather / collective-permute starts, whose result is an
-    (operand, result) tuple, the last tuple element is the result buffer). `element_bytes`: see
-    `hlo_arrays`.
-    """
-    m = _NUM_PARTITIONS.search(hlo_text)
-    r = _NUM_REPLICAS.search(hlo_text)
-    devices = (int(m.group(1)) if m else 1) * (int(r.group(1)) if r else 1)
-    found: list[Collective] = []
-    for line in hlo_text.splitlines():
-        inst = _INSTRUCTION.match(line)
-        if not inst or inst.group("suffix") == "-done":
-            continue
-        kind = inst.group("kind")
-        shape = inst.group("shape")
-        if inst.group("suffix") == "-start" and kind in ("all-gather", "collective-permute"):
-            parts = _ARRAY.findall(shape)
-            if shape.lstrip().startswith("(") and len(parts) >= 2:
-                dtype, dims = parts[-1]
-                shape = f"{dtype}[{dims}]"
-        name = _OP_NAME.search(line)
-        nbytes = sum(b for _, b in hlo_arrays(shape, element_bytes))
-        found.append(Collective(kind, nbytes, _group_size(line, kind, devices),
-                                name.group(1) if name else "", inst.group("name")))
-    return found
-
-
-def collective_summary(collectives: list[Collective]) -> dict[str, tuple[int, int]]:
-    """kind -> (count, total bytes per device)."""
-    out: dict[str, tuple[int, int]] = {}
-    for c in collectives:
-        count, total = out.get(c.kind, (0, 0))
-        out[c.kind] = (count + 1, total + c.bytes_per_device)
-    return out
 
 
 __all__ = [

@@ -15,113 +15,50 @@ device's position (reshape, embedding with the vocabulary cut, conv2d / pool2d w
 cut, batch_norm with a statistics dim cut) are handled by the runner, not the kernel.
 
 torch is imported inside the functions that need it; without it they raise
-MissingDependencyError. Values: parameters are normal * 0.02 (norm scales 1), the same numbers as
-`shardplan.backends.jax.init_params`; see `init_values` for inputs and constants.
+MissingDependencyError. Values come from `shardplan.backends._common` (`init_params`,
+`init_inputs`): the same numbers as the JAX backend, ids and labels as int64.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from shardplan.backends._common import einsum_letters
+from shardplan.backends._common import (
+    affine,
+    bias_add,
+    einsum_letters,
+    index_bound,
+    init_inputs,
+    init_params,
+    require,
+)
 from shardplan.backends._common import pair as _pair
-from shardplan.errors import BackendError, MissingDependencyError, UnsupportedOpError
+from shardplan.errors import BackendError, UnsupportedOpError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Op, Role, Tensor
+from shardplan.ir.op import Op
 
 Kernel = Callable[..., Any]
 
-_NORM_KINDS = ("layer_norm", "rms_norm", "batch_norm")
-_INSTALL_HINT = "install it with: pip install 'shardplan[torch]'"
-
 
 def _require_torch() -> Any:
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(
-            f"the torch backend needs the `torch` extra, which is not installed ({e}); "
-            f"{_INSTALL_HINT}"
-        ) from e
-    return torch
+    return require("torch", "torch", "the torch backend")
 
 
 # -- values --------------------------------------------------------------------------------------
 
 
-def _rng(seed: int, name: str) -> np.random.Generator:
-    """One generator per (seed, tensor name): a tensor's values do not depend on the others."""
-    return np.random.default_rng([int(seed), zlib.crc32(name.encode())])
-
-
-def index_bound(graph: Graph, name: str) -> int | None:
-    """Exclusive upper bound when tensor `name` holds embedding ids or class labels, else None."""
-    bound: int | None = None
-    for op_index, position in graph.consumers.get(name, ()):
-        op = graph.ops[op_index]
-        high = None
-        if op.kind == "embedding" and position == 1:
-            high = graph.tensors[op.inputs[0]].shape[0]
-        elif op.kind == "cross_entropy" and position == 1:
-            high = graph.tensors[op.inputs[0]].shape[-1]
-        if high is not None:
-            bound = high if bound is None else min(bound, high)
-    return bound
-
-
-def _constant_value(tensor: Tensor, rng: np.random.Generator) -> np.ndarray:
-    shape = tensor.shape
-    leaf = tensor.name.replace("/", ".").split(".")[-1]
-    if "causal_mask" in tensor.name and len(shape) >= 2 and shape[-1] == shape[-2]:
-        mask = np.triu(np.full((shape[-1], shape[-1]), -1e9, np.float32), k=1)
-        return np.array(np.broadcast_to(mask, shape), np.float32)
-    if leaf.endswith("ones"):
-        return np.ones(shape, np.float32)
-    if leaf.endswith("zeros"):
-        return np.zeros(shape, np.float32)
-    return rng.standard_normal(shape).astype(np.float32)
-
-
 def init_values(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """`(params, inputs)`: numpy values for every parameter, and every input and constant.
 
-    Parameters: float32 normal * 0.02, norm scales (gamma) 1 — the values of
-    `shardplan.backends.jax.init_params`. A tensor (input or constant) that feeds an embedding's
-    ids or a cross_entropy's labels is int64 in [0, rows or classes), whatever its dtype_bytes;
-    other inputs are float32 standard normal. Constants: a `causal_mask` with square trailing
-    dims is 0 on/below the diagonal and -1e9 above; a name ending in `ones` / `zeros` is that;
-    any other constant (the importer's folded values: masks, index positions) is float32
-    standard normal, because the graph does not store its values. Deterministic in
-    (seed, tensor name).
+    `shardplan.backends._common.init_params` and `init_inputs` with int64 ids and labels: the
+    values of `shardplan.backends.jax.init_params` / `make_inputs` (which use int32 ids).
+    Deterministic in (seed, tensor name).
     """
-    norm_scales = {
-        op.inputs[1] for op in graph.ops if op.kind in _NORM_KINDS and len(op.inputs) > 1
-    }
-    params: dict[str, np.ndarray] = {}
-    inputs: dict[str, np.ndarray] = {}
-    for t in graph.tensors.values():
-        rng = _rng(seed, t.name)
-        if t.role is Role.PARAMETER:
-            if t.name in norm_scales:
-                params[t.name] = np.ones(t.shape, np.float32)
-            else:
-                params[t.name] = (rng.standard_normal(t.shape) * 0.02).astype(np.float32)
-            continue
-        if t.role is Role.ACTIVATION:
-            continue
-        high = index_bound(graph, t.name)
-        if high is not None:
-            inputs[t.name] = rng.integers(0, high, size=t.shape, dtype=np.int64)
-        elif t.role is Role.CONSTANT:
-            inputs[t.name] = _constant_value(t, rng)
-        else:
-            inputs[t.name] = rng.standard_normal(t.shape).astype(np.float32)
-    return params, inputs
+    return init_params(graph, seed), init_inputs(graph, seed, np.int64)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -185,16 +122,6 @@ def kernels() -> dict[str, Kernel]:
             return result
 
         return kernel
-
-    def bias_add(op: Op, x: Any, bias: Any) -> Any:
-        axis = int(op.attr("axis", -1)) % x.ndim
-        shape = [1] * x.ndim
-        shape[axis] = bias.shape[0]
-        return x + bias.reshape(shape)
-
-    def affine(y: Any, gamma: Any, beta: Any) -> Any:
-        y = y if gamma is None else y * gamma
-        return y if beta is None else y + beta
 
     def layer_norm(op: Op, x: Any, gamma: Any = None, beta: Any = None) -> Any:
         mean = x.mean(dim=-1, keepdim=True)

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shardplan.backends.jax import hlo_arrays, parse_collectives
+from shardplan.backends.hlo import hlo_arrays, parse_collectives
 from shardplan.errors import BackendError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
