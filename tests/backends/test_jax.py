@@ -4,15 +4,11 @@ the collectives XLA inserts are parsed from compiled HLO."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-
-from scipy.special import erf  # noqa: E402
 
 from shardplan import zoo  # noqa: E402
 from shardplan.backends import jax as jb  # noqa: E402
@@ -22,155 +18,16 @@ from shardplan.errors import (  # noqa: E402
     UnsupportedOpError,
 )
 from shardplan.ir.catalogue import CATALOGUE  # noqa: E402
-from shardplan.ir.graph import GraphBuilder, make_graph  # noqa: E402
+from shardplan.ir.graph import make_graph  # noqa: E402
 from shardplan.ir.op import Op, Role, Tensor  # noqa: E402
 from shardplan.ir.signature import Signature  # noqa: E402
 from shardplan.sharding import PARTIAL, REPLICATED  # noqa: E402
 
+from .kernel_cases import case_ids, cases, single_op_graph  # noqa: E402
+
 R, P = REPLICATED, PARTIAL
 
-# -- numpy references ---------------------------------------------------------------------------
-
-
-def _rng(seed: int = 0) -> np.random.Generator:
-    return np.random.default_rng(seed)
-
-
-def _f(*shape: int, seed: int = 0, positive: bool = False) -> np.ndarray:
-    x = _rng(seed).standard_normal(shape).astype(np.float32)
-    return np.abs(x) + 0.5 if positive else x
-
-
-def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def _layer_norm(x, g=None, b=None, eps=1e-5):
-    mu = x.mean(-1, keepdims=True)
-    y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
-    y = y if g is None else y * g
-    return y if b is None else y + b
-
-
-def _rms_norm(x, g, eps=1e-5):
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * g
-
-
-def _batch_norm(x, scale, shift, eps=1e-5):
-    axes = (0, 2, 3)
-    mu = x.mean(axes, keepdims=True)
-    var = ((x - mu) ** 2).mean(axes, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * scale[None, :, None, None] + shift[None, :, None, None]
-
-
-def _conv2d(x, w, stride, pad):
-    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    n, _, h, wd = x.shape
-    o, _, r, s = w.shape
-    oy, ox = (h - r) // stride + 1, (wd - s) // stride + 1
-    out = np.zeros((n, o, oy, ox), np.float64)
-    for i in range(oy):
-        for j in range(ox):
-            patch = x[:, :, i * stride:i * stride + r, j * stride:j * stride + s]
-            out[:, :, i, j] = np.einsum("ncrs,ocrs->no", patch, w)
-    return out
-
-
-def _pool2d(x, k, stride, pad, mode):
-    fill = -np.inf if mode == "max" else 0.0
-    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=fill)
-    oy, ox = (x.shape[2] - k) // stride + 1, (x.shape[3] - k) // stride + 1
-    out = np.zeros(x.shape[:2] + (oy, ox), np.float64)
-    for i in range(oy):
-        for j in range(ox):
-            win = x[:, :, i * stride:i * stride + k, j * stride:j * stride + k]
-            out[:, :, i, j] = win.max((2, 3)) if mode == "max" else win.mean((2, 3))
-    return out
-
-
-def _cross_entropy(logits, labels):
-    logp = np.log(_softmax(logits.astype(np.float64), -1))
-    return -np.take_along_axis(logp, labels[..., None], -1).mean()
-
-
-_IDS = _rng(3).integers(0, 7, size=(2, 4)).astype(np.int32)
-_LABELS = _rng(4).integers(0, 5, size=(2, 3)).astype(np.int32)
-
-# (kind, operands, attrs, numpy reference)
-CASES: list[tuple[str, list[np.ndarray], dict[str, Any], Callable[..., np.ndarray]]] = [
-    ("relu", [_f(2, 3, 4)], {}, lambda x: np.maximum(x, 0)),
-    ("gelu", [_f(2, 3, 4)], {}, lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2)))),
-    ("gelu", [_f(2, 3, 4)], {"approximate": True},
-     lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))),
-    ("silu", [_f(2, 3, 4)], {}, lambda x: x / (1 + np.exp(-x))),
-    ("tanh", [_f(2, 3, 4)], {}, np.tanh),
-    ("sigmoid", [_f(2, 3, 4)], {}, lambda x: 1 / (1 + np.exp(-x))),
-    ("dropout", [_f(2, 3, 4)], {"rate": 0.1}, lambda x: x),
-    ("cast", [_f(2, 3, 4)], {}, lambda x: x),
-    ("exp", [_f(2, 3, 4)], {}, np.exp),
-    ("neg", [_f(2, 3, 4)], {}, np.negative),
-    ("scale", [_f(2, 3, 4)], {"value": 0.125}, lambda x: x * 0.125),
-    ("sqrt", [_f(2, 3, 4, positive=True)], {}, np.sqrt),
-    ("rsqrt", [_f(2, 3, 4, positive=True)], {}, lambda x: 1 / np.sqrt(x)),
-    ("identity", [_f(2, 3, 4)], {}, lambda x: x),
-    ("add", [_f(2, 3, 4), _f(3, 4, seed=1)], {}, np.add),
-    ("add", [_f(2, 3, 4), _f(3, 1, seed=1)], {}, np.add),
-    ("sub", [_f(2, 3, 4), _f(4, seed=1)], {}, np.subtract),
-    ("mul", [_f(2, 3, 4), _f(2, 3, 4, seed=1)], {}, np.multiply),
-    ("div", [_f(2, 3, 4), _f(2, 1, 4, seed=1, positive=True)], {}, np.divide),
-    ("maximum", [_f(2, 3, 4), _f(2, 3, 4, seed=1)], {}, np.maximum),
-    ("minimum", [_f(2, 3, 4), _f(2, 3, 4, seed=1)], {}, np.minimum),
-    ("bias_add", [_f(2, 3, 4), _f(4, seed=1)], {}, lambda x, b: x + b),
-    ("bias_add", [_f(2, 3, 4), _f(3, seed=1)], {"axis": 1}, lambda x, b: x + b[:, None]),
-    ("softmax", [_f(2, 3, 4)], {"axis": -1}, lambda x: _softmax(x, -1)),
-    ("softmax", [_f(2, 3, 4)], {"axis": 1}, lambda x: _softmax(x, 1)),
-    ("layer_norm", [_f(2, 3, 8), _f(8, seed=1), _f(8, seed=2)], {}, _layer_norm),
-    ("layer_norm", [_f(2, 3, 8)], {"eps": 1e-3}, lambda x: _layer_norm(x, eps=1e-3)),
-    ("rms_norm", [_f(2, 3, 8), _f(8, seed=1)], {}, _rms_norm),
-    ("batch_norm", [_f(2, 3, 4, 4), _f(3, seed=1), _f(3, seed=2)], {}, _batch_norm),
-    ("linear", [_f(2, 3, 4), _f(5, 4, seed=1)], {}, lambda x, w: x @ w.T),
-    ("matmul", [_f(3, 4), _f(4, 5, seed=1)], {}, np.matmul),
-    ("matmul", [_f(2, 3, 4), _f(5, 4, seed=1)], {"transpose_b": True}, lambda a, b: a @ b.T),
-    ("bmm", [_f(2, 3, 4), _f(2, 4, 5, seed=1)], {}, np.matmul),
-    ("bmm", [_f(2, 2, 3, 4), _f(2, 2, 5, 4, seed=1)], {"transpose_b": True},
-     lambda a, b: a @ np.swapaxes(b, -1, -2)),
-    ("conv2d", [_f(1, 2, 5, 5), _f(3, 2, 3, 3, seed=1)], {"stride": 2, "padding": 1},
-     lambda x, w: _conv2d(x, w, 2, 1)),
-    ("conv2d", [_f(2, 2, 4, 4), _f(3, 2, 2, 2, seed=1)], {},
-     lambda x, w: _conv2d(x, w, 1, 0)),
-    ("pool2d", [_f(1, 2, 4, 4)], {"kernel": 2, "mode": "max"},
-     lambda x: _pool2d(x, 2, 2, 0, "max")),
-    ("pool2d", [_f(1, 2, 5, 5)], {"kernel": 3, "stride": 2, "padding": 1, "mode": "max"},
-     lambda x: _pool2d(x, 3, 2, 1, "max")),
-    ("pool2d", [_f(1, 2, 4, 4)], {"kernel": 3, "stride": 1, "padding": 1, "mode": "avg"},
-     lambda x: _pool2d(x, 3, 1, 1, "avg")),
-    ("reduce_sum", [_f(2, 3, 4)], {"axes": (1,)}, lambda x: x.sum(1)),
-    ("reduce_sum", [_f(2, 3, 4)], {"axes": (0, 2), "keepdims": True},
-     lambda x: x.sum((0, 2), keepdims=True)),
-    ("reduce_mean", [_f(2, 3, 4)], {}, lambda x: x.mean()),
-    ("reduce_max", [_f(2, 3, 4)], {"axes": (-1,)}, lambda x: x.max(-1)),
-    ("reshape", [_f(2, 3, 4)], {"shape": (6, 4)}, lambda x: x.reshape(6, 4)),
-    ("reshape", [_f(2, 3, 4)], {"shape": (2, -1)}, lambda x: x.reshape(2, 12)),
-    ("transpose", [_f(2, 3, 4)], {"perm": (2, 0, 1)}, lambda x: x.transpose(2, 0, 1)),
-    ("embedding", [_f(7, 3), _IDS], {}, lambda t, ids: t[ids]),
-    ("concat", [_f(2, 3), _f(2, 4, seed=1), _f(2, 1, seed=2)], {"axis": 1},
-     lambda *xs: np.concatenate(xs, 1)),
-    ("cross_entropy", [_f(2, 3, 5), _LABELS], {}, _cross_entropy),
-    ("einsum", [_f(2, 3, 4, 2), _f(2, 3, 5, seed=1)], {"spec": "b s e c, b s m -> e c m"},
-     lambda a, b: np.einsum("bsec,bsm->ecm", a, b)),
-    ("einsum", [_f(2, 3), _f(3, 4, seed=1)], {"spec": "bat seq, seq hid -> hid bat"},
-     lambda a, b: np.einsum("ij,jk->ki", a, b)),
-]
-
-
-def _single_op_graph(kind: str, operands: list[np.ndarray], attrs: dict[str, Any]):
-    b = GraphBuilder(f"one_{kind}")
-    names = []
-    for i, value in enumerate(operands):
-        names.append(b.input(f"in{i}", value.shape, dtype_bytes=value.dtype.itemsize))
-    out = b.apply(kind, *names, name="op", **attrs)
-    return b.build(), names, out
+CASES = cases(np.int32)
 
 
 def test_cases_cover_the_catalogue():
@@ -178,10 +35,10 @@ def test_cases_cover_the_catalogue():
     assert set(CATALOGUE) == set(jb.kernels())
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
 def test_kernel_matches_numpy(case):
     kind, operands, attrs, reference = case
-    graph, names, out = _single_op_graph(kind, operands, attrs)
+    graph, names, out = single_op_graph(kind, operands, attrs)
     got = jb.forward_fn(graph)({}, dict(zip(names, operands, strict=True)))[out]
     want = np.asarray(reference(*operands), dtype=np.float64)
     assert got.shape == graph.tensors[out].shape == want.shape

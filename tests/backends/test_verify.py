@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-jax = pytest.importorskip("jax")
+jax = pytest.importorskip("jax")  # fixture devices8: tests/backends/conftest.py
 
 from shardplan import zoo  # noqa: E402
 from shardplan.backends import verify as v  # noqa: E402
@@ -57,17 +57,6 @@ def _cases():
             )
 
 
-@pytest.fixture(scope="module")
-def devices8():
-    if jax.device_count() < 8:
-        pytest.skip(
-            f"JAX sees {jax.device_count()} device(s), need 8: jax was initialised before "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 was set; run this file "
-            "alone or export the flag before pytest"
-        )
-    return 8
-
-
 def _graph(name: str):
     return zoo.build(name, small=True, batch=8)
 
@@ -90,6 +79,7 @@ def _assert_explained(report: v.VerifyReport) -> None:
 def test_zoo_plan_verifies(devices8, name, method, train):
     p = plan(_graph(name), "8", method, train=train)
     report = v.verify_plan(p, train=train)
+    print(f"max error {report.max_error:.3g} ({report.worst_tensor})")  # shown by pytest -rP
     failures = [t for t in report.tensors if not t.ok]
     _assert_explained(report)
     assert report.dtype == "float64" and report.rtol == 1e-9 and report.atol == 1e-12
