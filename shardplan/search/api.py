@@ -10,6 +10,7 @@ InfeasibleError saying by how much. Other methods raise InfeasibleError when ove
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ from shardplan.cost import CostOptions
 from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, parse_bytes, parse_mesh
-from shardplan.plan import Plan
+from shardplan.plan import Plan, with_status
 from shardplan.search import experts
 from shardplan.search.drec import drec
 
@@ -70,7 +71,30 @@ def plan(
             f"{budget / 1e9:.2f} GB budget by {(result.cost.memory_per_device - budget) / 1e9:.2f}"
             " GB; use more devices, a smaller batch, or method 'drec'/'fsdp'"
         )
-    return result
+    unused = unused_devices_note(result)
+    return with_status(result, result.status, (unused,)) if unused else result
+
+
+def unused_devices_note(p: Plan) -> str | None:
+    """Say so when a plan leaves rounds of the mesh unused (every op replicated across them):
+    the planner found that spreading the work over those links costs more than it saves."""
+    rounds = p.mesh.rounds
+    idle = [r for r in range(len(rounds)) if all(s[r] is None for s in p.strategies.values())]
+    if not idle:
+        return None
+    parts = []
+    for axis, name in enumerate(p.mesh.names):
+        ways = math.prod(rounds[r].q for r in idle if rounds[r].mesh_axis == axis)
+        size = p.mesh.shape[axis]
+        if ways == size:
+            parts.append(f"mesh axis {name!r} ({size}-way)")
+        elif ways > 1:
+            parts.append(f"{ways} of the {size} ways of mesh axis {name!r}")
+    return (
+        f"{' and '.join(parts)} left unused: every op is replicated across it, because "
+        "splitting this model and batch over those links costs more time than it saves; a "
+        "larger batch would use them (or plan on fewer devices)"
+    )
 
 
 def _expert(graph: Graph, mesh: Mesh, opts: CostOptions, method: str, start: float) -> Plan:

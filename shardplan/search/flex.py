@@ -13,7 +13,7 @@ flex graph is O((|V| + |E|) * budget) = linear in the graph.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
@@ -48,6 +48,14 @@ class FlexEdge:
     consumer: int
     in_pos: int
     to_consumer: tuple[tuple[int, int], ...]
+    forward: dict[int, int] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """`to_consumer` as a dict (producer dim -> consumer dim), for look-ups in the search."""
+    backward: dict[int, int] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Its inverse (consumer dim -> producer dim)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "forward", dict(self.to_consumer))
+        object.__setattr__(self, "backward", {c: p for p, c in self.to_consumer})
 
 
 def build_flex_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -> list[FlexEdge]:

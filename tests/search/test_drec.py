@@ -100,3 +100,16 @@ def test_expert_over_budget_is_infeasible():
 def test_unknown_method():
     with pytest.raises(SolverError, match="unknown method 'greedy'"):
         plan(sp.zoo.build("mlp"), "8", "greedy")
+
+
+def test_unused_mesh_axis_is_explained():
+    """A 1-layer GPT-2 xl at batch 8 does not pay for the slow inter-node links: the plan leaves
+    the node axis unused and says so (every round of that axis replicated)."""
+    g = sp.zoo.build("gpt2-xl", layers=1, batch=8, seq=1024)
+    p = plan(g, "4x8")
+    node_rounds = [r.index for r in p.mesh.rounds if r.mesh_axis == 0]
+    idle = all(s[r] is None for s in p.strategies.values() for r in node_rounds)
+    notes = [n for n in p.notes if "left unused" in n]
+    assert idle == bool(notes)
+    assert notes and "'node'" in notes[0]
+    assert not [n for n in plan(sp.zoo.build("gpt2-small", batch=256), "8").notes if "unused" in n]

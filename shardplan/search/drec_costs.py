@@ -1,0 +1,426 @@
+"""What D-Rec's rounds cost: the per-round pricing of cuts and edges, and the search state.
+
+`RoundCosts` holds one D-Rec call's state (per op: local extents and sizes, the cuts of the rounds
+done, flex edges to other heavy ops) and prices, for one round r with its bandwidth and the local
+sizes left by rounds < r, every candidate cut of an op:
+  * own terms: intra-operator collectives (`cost.terms.intra_terms`; gradient all-reduces shrunk
+    by the faster rounds that will reduce them first), the extra compute of "no cut", the
+    all-reduce "backlog" of earlier slower rounds a cut breaks, and lambda * bytes kept replicated;
+  * redistribution against decided neighbours: through flex edges (heavy to heavy across chains
+    of layout-transparent ops), against immediate neighbours, and between readers of one
+    parameter;
+  * the full cost of a round's complete assignment, to compare whole-round alternatives.
+Every price is a dictionary look-up after its first computation (caches are per round), so each
+is O(1) amortised and a round costs O(|V| + |E|) look-ups.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from shardplan.cost.collectives import all_reduce_s
+from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import (
+    OperandInfo,
+    compute_cost,
+    faster,
+    intra_terms,
+    redistribution_terms,
+    reduces,
+    replicate_symbolic,
+)
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.mesh import Mesh, Round
+from shardplan.search.flex import FlexEdge, build_flex_edges, heavy_ops
+from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
+
+ELSEWHERE = 1 << 20
+"""Layout value of a split on a tensor dim that does not survive a flex chain."""
+
+
+@dataclass(slots=True)
+class _OpState:
+    """Mutable per-search state of one op (local to one `drec` call)."""
+
+    op: Op
+    extents: dict[str, int]
+    in_numel: list[float]
+    out_numel: list[float]
+    cuts: list[str | None] = field(default_factory=list)
+    preds: list[FlexEdge] = field(default_factory=list)
+    succs: list[FlexEdge] = field(default_factory=list)
+    ar_history: dict[tuple[bool, int], list[tuple[int, float]]] = field(default_factory=dict)
+    """(is_output, position) -> [(round, all-reduce cost charged then)]."""
+
+
+def layout(op: Op, cut: str | None, pos: int, is_output: bool) -> int:
+    dims = (op.signature.outputs if is_output else op.signature.inputs)[pos]
+    value = layout_of_cut(dims, cut, is_output, op)
+    return REPLICATED if value == PARTIAL else value
+
+
+def _candidate_order(op: Op) -> list[str | None]:
+    """Tie order: dims of the result in its order (batch, rows, columns), then the other
+    splittable dims (reductions), then "no cut"."""
+    names: list[str | None] = []
+    for dims in op.signature.outputs:
+        for group in dims:
+            for name in group:
+                if name not in names and op.signature.loop_dim(name).splittable:
+                    names.append(name)
+    names += [d.name for d in op.signature.loop_dims if d.splittable and d.name not in names]
+    return names + [None]
+
+
+class RoundCosts:
+    """One D-Rec call's state and per-round prices (no module state)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        opts: CostOptions,
+        memory_lambda: float,
+        unused_rounds: int = 0,
+        final_compute: bool = False,
+    ) -> None:
+        self.graph, self.mesh, self.opts = graph, mesh, opts
+        # Price "no cut" by what it adds to the final compute if later rounds cut (telescopes
+        # to the exact extra over all rounds) instead of by the local compute of this round.
+        self.compute_divisor = [
+            float(math.prod(x.q for x in mesh.rounds[r + 1 :])) if final_compute else 1.0
+            for r in range(len(mesh.rounds))
+        ]
+        self.unused_rounds = unused_rounds
+        self.rounds = mesh.rounds
+        self.memory_lambda = memory_lambda
+        self._cache: dict[tuple[int, int, tuple[int, ...]], dict[str | None, float]] = {}
+        self._edge_cache: dict[tuple[int, int, float, str, int], float] = {}
+        self._info_cache: dict[tuple[int, int], tuple[list[OperandInfo], list[OperandInfo]]] = {}
+        self.faster_than = [
+            [(j, other.q) for j, other in enumerate(self.rounds) if j != r and faster(other, rnd)]
+            for r, rnd in enumerate(self.rounds)
+        ]
+        self.states = [
+            _OpState(
+                op,
+                op.signature.extents,
+                [float(graph.tensors[t].numel) for t in op.inputs],
+                [float(graph.tensors[t].numel) for t in op.outputs],
+            )
+            for op in graph.ops
+        ]
+        self.heavy = heavy_ops(graph)
+        for edge in build_flex_edges(graph, self.heavy):
+            self.states[edge.consumer].preds.append(edge)
+            self.states[edge.producer].succs.append(edge)
+        self.candidates = [_candidate_order(op) for op in graph.ops]
+        readers: dict[str, list[int]] = {}
+        for i in sorted(self.heavy):
+            for name in dict.fromkeys(graph.ops[i].inputs):
+                if graph.tensors[name].role is Role.ACTIVATION:
+                    readers.setdefault(name, []).append(i)
+        self.reader_groups = [g for g in readers.values() if len(g) > 1]
+        self.group_of: dict[int, list[int]] = {}
+        for group in self.reader_groups:
+            same = all(self.candidates[j] == self.candidates[group[0]] for j in group)
+            for j in group if same else ():
+                self.group_of.setdefault(j, group)
+        self.layouts = [
+            {
+                cut: (
+                    tuple(layout(op, cut, p, False) for p in range(len(op.inputs))),
+                    tuple(layout(op, cut, p, True) for p in range(len(op.outputs))),
+                )
+                for cut in cuts
+            }
+            for op, cuts in zip(graph.ops, self.candidates, strict=True)
+        ]
+        self.out_pos = {t: op.outputs.index(t) for op in graph.ops for t in op.outputs}
+        self.param_positions = [
+            [p for p, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
+            for op in graph.ops
+        ]
+
+    # -- per-round helpers --------------------------------------------------------------------
+    def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
+        """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
+        already done count when they reduced the operand, faster later rounds are assumed to."""
+        key = (r, i)
+        cached = self._info_cache.get(key)
+        if cached is not None:
+            return cached
+        st = self.states[i]
+        op, graph, train = st.op, self.graph, self.opts.train
+        out: list[list[OperandInfo]] = [[], []]
+        for side, names, groups, sizes in (
+            (0, op.inputs, op.signature.inputs, st.in_numel),
+            (1, op.outputs, op.signature.outputs, st.out_numel),
+        ):
+            for pos, name in enumerate(names):
+                t = graph.tensors[name]
+                grad = name in graph.requires_grad
+                divisor = 1.0
+                for j, q in self.faster_than[r]:
+                    if j > r:
+                        divisor *= q
+                    elif layout_of_cut(groups[pos], st.cuts[j], bool(side), op) < 0 and reduces(
+                        op, st.cuts[j], groups[pos], bool(side), grad, train
+                    ):
+                        divisor *= q
+                out[side].append(OperandInfo(sizes[pos], t.dtype_bytes, t.role, grad, divisor))
+        result = self._info_cache[key] = (out[0], out[1])
+        return result
+
+    def _own_costs(self, i: int, r: int, charged: set[tuple[str, int]]) -> dict[str | None, float]:
+        """Intra + compute + memory terms of every valid candidate of op i in round r (cached per
+        round: they change only with which inputs' gradients another consumer already reduces)."""
+        op = self.states[i].op
+        shared = tuple(pos for pos, name in enumerate(op.inputs) if (name, r) in charged)
+        key = (r, i, shared)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._compute_own_costs(i, r, charged)
+        return dict(cached)
+
+    def _compute_own_costs(
+        self, i: int, r: int, charged: set[tuple[str, int]]
+    ) -> dict[str | None, float]:
+        st, rnd, opts = self.states[i], self.rounds[r], self.opts
+        op = st.op
+        ins, outs = self._infos(i, r)
+        costs: dict[str | None, float] = {}
+        for cut in self.candidates[i]:
+            if cut is not None and cut_problem(op, cut, st.extents[cut], rnd.q) is not None:
+                continue
+            infos = ins
+            if cut is not None and charged:
+                infos = [
+                    OperandInfo(
+                        x.numel,
+                        x.dtype_bytes,
+                        x.role,
+                        x.requires_grad,
+                        x.ar_divisor,
+                        (name, r) in charged,
+                    )
+                    for x, name in zip(ins, op.inputs, strict=True)
+                ]
+            extent = st.extents[cut] if cut is not None else 1
+            costs[cut] = intra_terms(op, cut, rnd, infos, outs, extent, opts).total
+        if None in costs:
+            if opts.preset.symbolic:
+                cuts = [c for k, c in costs.items() if k is not None]
+                costs[None] = replicate_symbolic(min(cuts), opts.preset) if cuts else 0.0
+            else:
+                flops = op.flops
+                for j, c in enumerate(st.cuts):
+                    if c is not None:
+                        flops /= self.rounds[j].q
+                flops /= self.compute_divisor[r]
+                costs[None] = compute_cost(flops * (rnd.q - 1) / rnd.q, opts, self.mesh.flops_per_s)
+        if not opts.preset.symbolic:
+            self._add_backlog(i, r, costs)
+        if self.memory_lambda:
+            for cut in costs:
+                costs[cut] += self.memory_lambda * self._kept_bytes(i, cut, rnd)
+        return costs
+
+    def _add_backlog(self, i: int, r: int, costs: dict[str | None, float]) -> None:
+        """Earlier, slower rounds priced their all-reduces assuming this faster round would shrink
+        the operand first (hierarchical reduction). A cut that neither splits nor reduces it
+        breaks that assumption: it pays the (q-1)-fold growth of those earlier pieces."""
+        st, rnd, graph = self.states[i], self.rounds[r], self.graph
+        op = st.op
+        for (is_output, pos), history in st.ar_history.items():
+            backlog = sum(c for j, c in history if faster(rnd, self.rounds[j])) * (rnd.q - 1)
+            if not backlog:
+                continue
+            groups = (op.signature.outputs if is_output else op.signature.inputs)[pos]
+            name = (op.outputs if is_output else op.inputs)[pos]
+            grad = name in graph.requires_grad
+            for cut in costs:
+                if layout_of_cut(groups, cut, is_output, op) < 0 and not reduces(
+                    op, cut, groups, is_output, grad, self.opts.train
+                ):
+                    costs[cut] += backlog
+
+    def _record_all_reduces(self, i: int, r: int, cut: str | None) -> None:
+        st, rnd = self.states[i], self.rounds[r]
+        if cut is None or self.opts.preset.symbolic:
+            return
+        op = st.op
+        ins, outs = self._infos(i, r)
+        for is_output, infos, groups in (
+            (False, ins, op.signature.inputs),
+            (True, outs, op.signature.outputs),
+        ):
+            for pos, info in enumerate(infos):
+                if reduces(op, cut, groups[pos], is_output, info.requires_grad, self.opts.train):
+                    nbytes = info.numel * info.dtype_bytes / info.ar_divisor
+                    st.ar_history.setdefault((is_output, pos), []).append(
+                        (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s))
+                    )
+
+    def _kept_bytes(self, i: int, cut: str | None, rnd: Round) -> float:
+        """Bytes per device this cut leaves replicated (parameters count with their state)."""
+        st, graph, opts = self.states[i], self.graph, self.opts
+        per_param = 2 + opts.optimizer.state_bytes_per_param / 4 if opts.train else 1
+        kept = 0.0
+        for pos, name in enumerate(st.op.inputs):
+            t = graph.tensors[name]
+            if t.role is Role.PARAMETER and layout(st.op, cut, pos, False) < 0:
+                kept += st.in_numel[pos] * t.dtype_bytes * per_param
+        if opts.train:
+            for pos, name in enumerate(st.op.outputs):
+                if layout(st.op, cut, pos, True) < 0:
+                    kept += st.out_numel[pos] * graph.tensors[name].dtype_bytes
+        return kept * (rnd.q - 1) / rnd.q
+
+    def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
+        if src == dst:
+            return 0.0
+        key = (src, dst, numel, name, rnd.index)
+        cost = self._edge_cache.get(key)
+        if cost is None:
+            t = self.graph.tensors[name]
+            cost = self._edge_cache[key] = redistribution_terms(
+                src, dst, numel, t.dtype_bytes, rnd, name in self.graph.requires_grad, self.opts
+            ).total
+        return cost
+
+    def _in(self, i: int, cut: str | None, pos: int) -> int:
+        return self.layouts[i][cut][0][pos]
+
+    def _out(self, i: int, cut: str | None, pos: int) -> int:
+        return self.layouts[i][cut][1][pos]
+
+    def _flex_cost(
+        self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
+    ) -> float:
+        st = self.states[i]
+        cost = self._flex_edges_cost(i, cut, rnd, decided, st.preds, st.succs)
+        return cost + self._shared_param_costs(i, [cut], rnd, decided)[cut]
+
+    def _flex_edges_cost(
+        self,
+        i: int,
+        cut: str | None,
+        rnd: Round,
+        decided: dict[int, str | None],
+        preds: list[FlexEdge],
+        succs: list[FlexEdge],
+    ) -> float:
+        st = self.states[i]
+        op = st.op
+        cost = 0.0
+        for e in preds:
+            if e.producer not in decided:
+                continue
+            src = self._out(e.producer, decided[e.producer], e.out_pos)
+            dst = self._in(i, cut, e.in_pos)
+            if src >= 0:
+                src = e.forward.get(src, ELSEWHERE)
+                if src == ELSEWHERE:  # the chain cannot carry that split: it gathers on the way
+                    dst = REPLICATED
+            cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
+        for e in succs:
+            if e.consumer not in decided:
+                continue
+            dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
+            src = self._out(i, cut, e.out_pos)
+            if dst >= 0:
+                dst = e.backward.get(dst, REPLICATED)
+            if src >= 0 and src not in e.forward:
+                dst = REPLICATED  # the chain cannot carry this split: it gathers on the way
+            cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
+        return cost
+
+    def _shared_param_costs(
+        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+    ) -> dict[str | None, float]:
+        """Redistribution between this op's reading of a shared parameter and other readers'."""
+        st, graph = self.states[i], self.graph
+        costs = dict.fromkeys(cuts, 0.0)
+        for pos in self.param_positions[i]:
+            name = st.op.inputs[pos]
+            for other, other_pos in graph.consumers[name]:
+                if other != i and other in decided:
+                    src = self._in(other, decided[other], other_pos)
+                    for cut in cuts:
+                        dst = self._in(i, cut, pos)
+                        if src != dst:
+                            costs[cut] += self._edge(src, dst, st.in_numel[pos], name, rnd)
+        return costs
+
+    def _near_costs(
+        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+    ) -> dict[str | None, float]:
+        """Redistribution of each candidate against the immediate neighbours decided so far."""
+        st, graph = self.states[i], self.graph
+        op = st.op
+        costs = self._shared_param_costs(i, cuts, rnd, decided)
+        for pos, name in enumerate(op.inputs):
+            p = graph.producer.get(name)
+            if p is not None and p in decided:
+                src = self._out(p, decided[p], self.out_pos[name])
+                for cut in cuts:
+                    dst = self._in(i, cut, pos)
+                    if src != dst:
+                        costs[cut] += self._edge(src, dst, st.in_numel[pos], name, rnd)
+        for pos, name in enumerate(op.outputs):
+            for w, w_pos in graph.consumers.get(name, ()):
+                if w in decided:
+                    dst = self._in(w, decided[w], w_pos)
+                    for cut in cuts:
+                        src = self._out(i, cut, pos)
+                        if src != dst:
+                            costs[cut] += self._edge(src, dst, st.out_numel[pos], name, rnd)
+        return costs
+
+    @staticmethod
+    def _pick(costs: dict[str | None, float], extra: dict[str | None, float]) -> str | None:
+        best, best_cost = None, float("inf")
+        for cut, c in costs.items():  # candidate order; strict < keeps the first of equals
+            total = c + extra[cut]
+            if total < best_cost:
+                best, best_cost = cut, total
+        return best
+
+    def _charge(self, i: int, cut: str | None, r: int, charged: set[tuple[str, int]]) -> None:
+        op = self.states[i].op
+        for pos, name in enumerate(op.inputs):
+            if reduces(
+                op,
+                cut,
+                op.signature.inputs[pos],
+                False,
+                name in self.graph.requires_grad,
+                self.opts.train,
+            ):
+                charged.add((name, r))
+
+    # -- the double recursion -----------------------------------------------------------------
+    def _round_cost(self, r: int, decided: dict[int, str | None]) -> float:
+        """The round's cost of a complete assignment: own terms plus every edge once."""
+        rnd, graph = self.rounds[r], self.graph
+        charged: set[tuple[str, int]] = set()
+        total = 0.0
+        for i, st in enumerate(self.states):
+            op, cut = st.op, decided[i]
+            total += self._own_costs(i, r, charged)[cut]
+            self._charge(i, cut, r, charged)
+            for pos, name in enumerate(op.inputs):
+                dst = self._in(i, cut, pos)
+                p = graph.producer.get(name)
+                if p is not None:
+                    src = self._out(p, decided[p], self.out_pos[name])
+                    total += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                elif graph.tensors[name].role is Role.PARAMETER:
+                    first, first_pos = graph.consumers[name][0]
+                    if first != i:
+                        src = self._in(first, decided[first], first_pos)
+                        total += self._edge(src, dst, st.in_numel[pos], name, rnd)
+        return total
