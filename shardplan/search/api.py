@@ -93,7 +93,7 @@ def unused_devices_note(p: Plan) -> str | None:
     return (
         f"{' and '.join(parts)} left unused: every op is replicated across it, because "
         "splitting this model and batch over those links costs more time than it saves; a "
-        "larger batch would use them (or plan on fewer devices)"
+        "larger batch would use it (or plan on fewer devices)"
     )
 
 
