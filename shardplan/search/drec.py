@@ -40,6 +40,9 @@ from shardplan.sharding import Strategy, cut_problem
 class _Search(RoundCosts):
     """One D-Rec run: the decisions of each round, priced by `RoundCosts`."""
 
+    defer_ties = False
+    """Whether a heavy op with tied best cuts decides after the others (a variant's choice)."""
+
     def _greedy(self, r: int) -> dict[int, str | None]:
         """Heavy ops, heaviest first, each against the flex neighbours decided before it."""
         rnd = self.rounds[r]
@@ -47,7 +50,10 @@ class _Search(RoundCosts):
         charged: set[tuple[str, int]] = set()
         own = {i: self._own_costs(i, r, charged) for i in self.heavy}
         order = sorted(self.heavy, key=lambda i: (-max(own[i].values()), i))
-        for i in order:
+        deferred: set[int] = set()
+        queue = list(order)
+        while queue:
+            i = queue.pop(0)
             if i in decided:
                 continue
             group = self.group_of.get(i, [i])
@@ -73,10 +79,22 @@ class _Search(RoundCosts):
                 for cut, regret in self._lookahead(j, list(totals), rnd, decided, own).items():
                     regrets[cut] = max(regrets[cut], regret)
             cut = self._pick(totals, regrets)
+            if self.defer_ties and i not in deferred and self._indifferent(totals, regrets, cut):
+                deferred.add(i)  # no cut is better yet: decide after the others, following them
+                queue.append(i)
+                continue
             for j in group:
                 decided[j] = cut
                 self._charge(j, cut, r, charged)
         return decided
+
+    @staticmethod
+    def _indifferent(
+        totals: dict[str | None, float], regrets: dict[str | None, float], cut: str | None
+    ) -> bool:
+        """Another cut ties with the pick (a batched matmul free to cut batch or heads)."""
+        best = totals[cut] + regrets[cut]
+        return any(c != cut and totals[c] + regrets[c] <= best * (1 + 1e-9) + 1e-30 for c in totals)
 
     def _lookahead(
         self,
@@ -262,11 +280,14 @@ def drec(
     A few variants of the search run and the plan the evaluator scores lower (cost + lambda *
     memory) is kept, each variant correcting a myopia of the round-by-round greedy:
       * "no cut" priced by this round's local compute (pessimistic: later rounds may still cut)
-        and by its exact share of the final compute (optimistic: assumes they do);
+        and by its exact share of the final compute (optimistic: assumes they do) — the second
+        also lets a heavy op whose best cuts tie (a batched matmul free to cut batch or heads)
+        decide after the others, following them;
       * the leading mesh axes left unused (every op replicated across them): a slow inter-node
         axis often costs more than it saves for small batches, which no single round sees,
         down to the fully replicated plan.
-    That is at most 2 + (mesh axes) linear searches; the unused-axis ones are shorter.
+    That is at most 2 + (mesh axes) linear searches; the unused-axis ones are shorter. With the
+    symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
     """
     from shardplan.cost.evaluate import evaluate_strategies
 
@@ -274,9 +295,13 @@ def drec(
     best_score = float("inf")
     rounds = mesh.rounds
     axis_ends = [r for r in range(1, len(rounds)) if rounds[r].mesh_axis != rounds[r - 1].mesh_axis]
-    variants = [(0, False), (0, True)] + [(k, False) for k in [*axis_ends, len(rounds)]]
-    for unused, final_compute in variants:
+    variants = [(0, False, False), (0, True, True)]
+    variants += [(k, False, False) for k in [*axis_ends, len(rounds)]]
+    if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
+        variants = variants[:1]
+    for unused, final_compute, defer in variants:
         search = _Search(graph, mesh, opts, memory_lambda, unused, final_compute)
+        search.defer_ties = defer
         strategies = search.run()
         cost = evaluate_strategies(graph, mesh, strategies, opts)
         score = cost.total + memory_lambda * cost.memory_per_device
