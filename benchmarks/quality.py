@@ -249,6 +249,15 @@ def markdown(rows: list[dict[str, Any]], command: str, time_limit: float, versio
             f"{worst['mesh']}), {within} of {len(done)} within 1.05. Best expert plan / optimum: "
             f"geometric mean {geomean([r['expert_gap'] for r in done]):.3f}.\n\n"
         )
+    beaten = [r for r in rows if r["drec_cost"] > r["expert_cost"] * (1 + 1e-9)]
+    md += (
+        f"Against the best expert plan (data-parallel, megatron, fsdp) in all {len(rows)} cases, "
+        f"solved by the ILP or not: D-Rec is worse in **{len(beaten)}**"
+        + (": " + ", ".join(f"{r['model']} on {r['mesh']}" for r in beaten) if beaten else "")
+        + "; D-Rec / best expert: geometric mean "
+        f"{geomean([r['drec_cost'] / r['expert_cost'] for r in rows]):.3f}, worst "
+        f"{max(r['drec_cost'] / r['expert_cost'] for r in rows):.3f}.\n\n"
+    )
     reused = sum(1 for r in rows if r.get("ilp_reused"))
     if reused:
         md += (
@@ -375,6 +384,9 @@ def main() -> None:
         "gap_geomean": geomean([r["gap"] for r in done]),
         "gap_worst": max((r["gap"] for r in done), default=None),
         "expert_gap_geomean": geomean([r["expert_gap"] for r in done]),
+        "worse_than_best_expert": sum(
+            1 for r in rows if r["drec_cost"] > r["expert_cost"] * (1 + 1e-9)
+        ),
     }
     write(
         args.name,
