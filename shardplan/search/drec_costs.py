@@ -33,7 +33,7 @@ from shardplan.cost.terms import (
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.search.flex import FlexEdge, build_flex_edges, heavy_ops
+from shardplan.search.flex import FlexEdge, build_flex_edges, build_sibling_edges, heavy_ops
 from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
 
 ELSEWHERE = 1 << 20
@@ -51,6 +51,8 @@ class _OpState:
     cuts: list[str | None] = field(default_factory=list)
     preds: list[FlexEdge] = field(default_factory=list)
     succs: list[FlexEdge] = field(default_factory=list)
+    siblings: list[tuple[int, int, int, dict[int, int]]] = field(default_factory=list)
+    """(other heavy op, my output position, its output position, my dim -> its dim)."""
     ar_history: dict[tuple[bool, int], list[tuple[int, float]]] = field(default_factory=dict)
     """(is_output, position) -> [(round, all-reduce cost charged then)]."""
 
@@ -113,6 +115,10 @@ class RoundCosts:
             for op in graph.ops
         ]
         self.heavy = heavy_ops(graph)
+        for sib in build_sibling_edges(graph, self.heavy):
+            self.states[sib.a].siblings.append((sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b)))
+            back = {b: a for a, b in sib.a_to_b}
+            self.states[sib.b].siblings.append((sib.a, sib.b_pos, sib.a_pos, back))
         for edge in build_flex_edges(graph, self.heavy):
             self.states[edge.consumer].preds.append(edge)
             self.states[edge.producer].succs.append(edge)
@@ -302,6 +308,16 @@ class RoundCosts:
     ) -> float:
         st = self.states[i]
         cost = self._flex_edges_cost(i, cut, rnd, decided, st.preds, st.succs)
+        for other, pos, other_pos, to_other in st.siblings:
+            if other not in decided:
+                continue
+            mine = self._out(i, cut, pos)
+            theirs = self._out(other, decided[other], other_pos)
+            if mine >= 0:
+                mine = to_other.get(mine, REPLICATED)  # a split that cannot meet theirs gathers
+            other_st = self.states[other]
+            name = other_st.op.outputs[other_pos]
+            cost += self._edge(mine, theirs, other_st.out_numel[other_pos], name, rnd)
         return cost + self._shared_param_costs(i, [cut], rnd, decided)[cut]
 
     def _flex_edges_cost(

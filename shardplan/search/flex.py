@@ -58,37 +58,88 @@ class FlexEdge:
         object.__setattr__(self, "backward", {c: p for p, c in self.to_consumer})
 
 
+def heavy_sources(
+    graph: Graph, heavy: frozenset[int], tensor: str, mapping: dict[int, int], budget: int = 16
+) -> list[tuple[int, int, dict[int, int]]]:
+    """The heavy ops whose output reaches `tensor` through transparent ops: (op, output
+    position, its output dim -> the dim `mapping` sends `tensor`'s dim to). Breadth first, at
+    most `budget` transparent ops visited."""
+    found: list[tuple[int, int, dict[int, int]]] = []
+    queue = deque([(tensor, mapping)])
+    seen = {tensor}
+    visited = 0
+    while queue:
+        name, current = queue.popleft()
+        u = graph.producer.get(name)
+        if u is None:
+            continue
+        producer = graph.ops[u]
+        out_pos = producer.outputs.index(name)
+        if u in heavy:
+            found.append((u, out_pos, current))
+            continue
+        visited += 1
+        if visited > budget:
+            break
+        for j, source in enumerate(producer.inputs):
+            if source in seen or graph.tensors[source].role is not Role.ACTIVATION:
+                continue
+            seen.add(source)
+            through = dim_map(producer, j, out_pos)
+            composed = {src: current[mid] for src, mid in through.items() if mid in current}
+            queue.append((source, composed))
+    return found
+
+
 def build_flex_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -> list[FlexEdge]:
     """Every flex edge of the graph, found by walking backwards from each heavy op's inputs."""
     edges: list[FlexEdge] = []
     for v in sorted(heavy):
         op = graph.ops[v]
         for in_pos, tensor in enumerate(op.inputs):
-            rank = len(graph.tensors[tensor].shape)
-            # state: tensor reached, mapping (its dim -> v's dim)
-            queue = deque([(tensor, {d: d for d in range(rank)})])
-            seen = {tensor}
-            visited = 0
-            while queue:
-                name, mapping = queue.popleft()
-                u = graph.producer.get(name)
-                if u is None:
+            identity = {d: d for d in range(len(graph.tensors[tensor].shape))}
+            for u, out_pos, mapping in heavy_sources(graph, heavy, tensor, identity, budget):
+                edges.append(FlexEdge(u, out_pos, v, in_pos, tuple(sorted(mapping.items()))))
+    return edges
+
+
+@dataclass(frozen=True, slots=True)
+class SiblingEdge:
+    """Heavy ops `a` and `b` whose outputs meet at one transparent op (two embeddings summed,
+    the two sides of a residual add): they agree when `a_to_b` maps a's split onto b's."""
+
+    a: int
+    a_pos: int
+    b: int
+    b_pos: int
+    a_to_b: tuple[tuple[int, int], ...]
+
+
+def build_sibling_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -> list[SiblingEdge]:
+    """Sibling edges of every transparent op with two or more activation inputs: O(|V| * budget)."""
+    edges: list[SiblingEdge] = []
+    for t, op in enumerate(graph.ops):
+        if t in heavy:
+            continue
+        inputs = [
+            (k, name)
+            for k, name in enumerate(op.inputs)
+            if graph.tensors[name].role is Role.ACTIVATION
+        ]
+        if len(inputs) < 2:
+            continue
+        sources = []
+        for k, name in inputs:
+            to_out = dim_map(op, k, 0)
+            for u, pos, mapping in heavy_sources(graph, heavy, name, to_out, budget):
+                sources.append((k, u, pos, mapping))
+        for x, (ka, a, a_pos, a_map) in enumerate(sources):
+            for kb, b, b_pos, b_map in sources[x + 1 :]:
+                if ka == kb or a == b:
                     continue
-                producer = graph.ops[u]
-                out_pos = producer.outputs.index(name)
-                if u in heavy:
-                    edges.append(FlexEdge(u, out_pos, v, in_pos, tuple(sorted(mapping.items()))))
-                    continue
-                visited += 1
-                if visited > budget:
-                    break
-                for j, source in enumerate(producer.inputs):
-                    if source in seen or graph.tensors[source].role is not Role.ACTIVATION:
-                        continue
-                    seen.add(source)
-                    through = dim_map(producer, j, out_pos)
-                    composed = {src: mapping[mid] for src, mid in through.items() if mid in mapping}
-                    queue.append((source, composed))
+                at_out = {out: dim for dim, out in b_map.items()}
+                pairs = tuple(sorted((d, at_out[o]) for d, o in a_map.items() if o in at_out))
+                edges.append(SiblingEdge(a, a_pos, b, b_pos, pairs))
     return edges
 
 
