@@ -5,6 +5,8 @@ elementwise ops, casts, bias-add, activations, dropout, transpose, reshape, soft
 a frozen axis, concat. A flex edge joins a heavy producer u to a heavy consumer v when v reads,
 through such a chain, what u wrote; it carries the tensor-dim mapping composed along the chain
 (v's tensor dim -> u's tensor dim; a dim that does not survive the chain maps to nothing).
+A sibling edge joins two heavy ops whose outputs reach one transparent op through such chains
+(an add of two embeddings, a residual add): their splits must meet on its output's dims.
 
 Each walk visits at most `budget` transparent ops (breadth first, nearest first), so building the
 flex graph is O((|V| + |E|) * budget) = linear in the graph.
