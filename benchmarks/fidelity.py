@@ -9,6 +9,9 @@ predicted communication bytes and by measured bytes says whether the model order
     python benchmarks/fidelity.py                      # writes benchmarks/results/fidelity.*
     python benchmarks/fidelity.py --models mlp,moe --meshes 8 --numerics
 
+With `--numerics` each plan also runs sharded and unsharded in float64 (`verify_plan`'s default;
+rtol 1e-9, atol 1e-12); the bytes always come from the float32 program, the plan's dtype.
+
 Writes benchmarks/results/fidelity.json (every number) and fidelity.md (the tables).
 """
 
@@ -25,7 +28,10 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
+
+from _report import source_version  # noqa: E402
 
 MODELS = (
     "mlp",
@@ -84,6 +90,7 @@ def run_one(model: str, mesh: str, method: str, train: bool, numerics: bool) -> 
         ],
         "numerics_ok": report.numerics_ok if numerics else None,
         "max_error": report.max_error if numerics else None,
+        "numerics_dtype": report.dtype if numerics else None,
         "compile_seconds": report.compile_seconds,
         "seconds": time.perf_counter() - start,
     }
@@ -119,12 +126,15 @@ def markdown(data: dict) -> str:
         "# Cost-model fidelity on JAX/XLA (8 fake CPU devices)",
         "",
         f"Produced by `{data['meta']['command']}` on {data['meta']['date']} "
-        f"(jax {data['meta']['jax']}, {data['meta']['machine']}). Training step of each zoo "
+        f"(source {data['meta'].get('source', '?')}, jax {data['meta']['jax']}, "
+        f"{data['meta']['machine']}). Training step of each zoo "
         "model at `small=True, batch=8`; bytes are what one device sends with ring algorithms "
         "(all-reduce 2(g-1)/g B, all-gather (g-1)/g B, reduce-scatter (g-1) B, all-to-all "
         "(g-1)/g B, collective-permute B), predicted by `plan.cost.comm` and measured from the "
         "compiled HLO (`shardplan.backends.verify`). Ratio = measured / predicted; `*` marks a "
-        "kind outside +-10%, whose causes (docs/verification.md) follow.",
+        "kind outside +-10%, whose causes (docs/verification.md) follow. Numerics (with "
+        "`--numerics`): max error of the sharded vs the unsharded run, both in "
+        f"{data['meta'].get('numerics_dtype') or 'float32'}; bytes from the float32 program.",
         "",
         "| model | mesh | plan | numerics (max error) | predicted | measured | ratio | all-reduce "
         "| all-gather | all-to-all | permute | causes of >10% differences |",
@@ -195,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    source = source_version()  # before the run, as the other benchmarks do
     runs = []
     for model in args.models.split(","):
         for mesh in args.meshes.split(","):
@@ -221,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python benchmarks/fidelity.py"
             + (" " + " ".join(argv or sys.argv[1:]) if (argv or sys.argv[1:]) else ""),
             "date": time.strftime("%Y-%m-%d"),
+            "source": source,
+            "numerics_dtype": runs[0]["numerics_dtype"] if runs else None,
             "jax": jax.__version__,
             "machine": f"{platform.machine()} {os.cpu_count()} cores",
             "train": not args.infer,
