@@ -118,8 +118,8 @@ def _drec_within(
     if budget is None or best.cost.memory_per_device <= budget:
         return best
     notes: list[str] = [
-        f"unconstrained D-Rec plan needs {best.cost.memory_per_device / 1e9:.2f}"
-        f" GB > {budget / 1e9:.2f} GB budget"
+        f"unconstrained D-Rec plan needs {best.cost.memory_per_device / 1e9:.3g}"
+        f" GB > {budget / 1e9:.3g} GB budget"
     ]
     base = max(best.cost.total, 1e-30)
     leanest = best

@@ -6,8 +6,8 @@ collectives are read from the float32 program, the plan's dtype.
 
 The default run verifies a representative subset of (zoo model, plan, forward/training step)
 chosen to finish in a few minutes on two CPU cores; `SHARDPLAN_VERIFY_ALL=1` runs every zoo
-model x {drec, data-parallel, megatron} x {forward, training} (102 cases; the CNN training steps
-take 20-120 s each to compile).
+model x {drec, data-parallel, megatron, drec under half its memory} x {forward, training} (136
+cases; the CNN training steps take 20-120 s each to compile).
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ from shardplan.errors import BackendError  # noqa: E402
 from shardplan.plan import Plan  # noqa: E402
 from shardplan.search import plan  # noqa: E402
 
-METHODS = ("drec", "data-parallel", "megatron")
+METHODS = ("drec", "data-parallel", "megatron", "drec-memory")
+"""drec-memory: D-Rec with half the memory its unconstrained plan needs — at these small sizes
+the unconstrained plan often replicates everything (communication costs more than the compute
+it saves), so a budget makes D-Rec split and the verification exercise its layouts."""
 FULL = os.environ.get("SHARDPLAN_VERIFY_ALL") == "1"
 
 # (model, method, train) verified in the default run: every method in both modes, every model
@@ -38,7 +41,8 @@ DEFAULT = (
     ("bert-base", "megatron", False), ("vit-b16", "data-parallel", True),
     ("moe", "drec", True), ("moe", "megatron", False), ("alexnet", "drec", False),
     ("alexnet", "megatron", False), ("resnet50", "data-parallel", False),
-    ("resnet50", "drec", True),
+    ("resnet50", "drec", True), ("gpt2-small", "drec-memory", True),
+    ("moe", "drec-memory", True), ("resnet50", "drec-memory", False),
 )  # fmt: skip
 ALL = tuple((m, meth, t) for m in zoo.MODELS for meth in METHODS for t in (False, True))
 
@@ -61,6 +65,18 @@ def _graph(name: str):
     return zoo.build(name, small=True, batch=8)
 
 
+def _plan(name: str, method: str, train: bool):
+    graph = _graph(name)
+    if method != "drec-memory":
+        return plan(graph, "8", method, train=train)
+    free = plan(graph, "8", "drec", train=train)
+    budget = free.cost.memory_per_device / 2
+    p = plan(graph, "8", "drec", train=train, memory=budget)
+    assert p.cost.memory_per_device <= budget
+    assert any(any(c is not None for c in s) for s in p.strategies.values())
+    return p
+
+
 def _assert_explained(report: v.VerifyReport) -> None:
     for k in report.kinds:
         if k.within:
@@ -77,7 +93,7 @@ def _assert_explained(report: v.VerifyReport) -> None:
 
 @pytest.mark.parametrize(("name", "method", "train"), list(_cases()))
 def test_zoo_plan_verifies(devices8, name, method, train):
-    p = plan(_graph(name), "8", method, train=train)
+    p = _plan(name, method, train)
     report = v.verify_plan(p, train=train)
     print(f"max error {report.max_error:.3g} ({report.worst_tensor})")  # shown by pytest -rP
     failures = [t for t in report.tensors if not t.ok]
