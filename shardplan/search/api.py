@@ -67,8 +67,8 @@ def plan(
     if budget is not None and result.cost is not None and result.cost.memory_per_device > budget:
         raise InfeasibleError(
             f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
-            f"{result.cost.memory_per_device / 1e9:.2f} GB per device, over the "
-            f"{budget / 1e9:.2f} GB budget by {(result.cost.memory_per_device - budget) / 1e9:.2f}"
+            f"{result.cost.memory_per_device / 1e9:.3g} GB per device, over the "
+            f"{budget / 1e9:.3g} GB budget by {(result.cost.memory_per_device - budget) / 1e9:.3g}"
             " GB; use more devices, a smaller batch, or method 'drec'/'fsdp'"
         )
     unused = unused_devices_note(result)
@@ -155,9 +155,9 @@ def _drec_within(
             notes=tuple(notes),
         )
     raise InfeasibleError(
-        f"no D-Rec plan of {graph.name!r} fits {budget / 1e9:.2f} GB per device on mesh "
-        f"{mesh.text()}: the leanest needs {sharded.cost.memory_per_device / 1e9:.2f} GB "
-        f"(over by {(sharded.cost.memory_per_device - budget) / 1e9:.2f} GB); use more devices, "
+        f"no D-Rec plan of {graph.name!r} fits {budget / 1e9:.3g} GB per device on mesh "
+        f"{mesh.text()}: the leanest needs {sharded.cost.memory_per_device / 1e9:.3g} GB "
+        f"(over by {(sharded.cost.memory_per_device - budget) / 1e9:.3g} GB); use more devices, "
         "a smaller batch or a larger --memory"
     )
 
