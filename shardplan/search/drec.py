@@ -27,21 +27,34 @@ logarithmic in the devices.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Sequence
 
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, Round
-from shardplan.search.drec_costs import RoundCosts, layout
-from shardplan.search.flex import FlexEdge, heavy_ops
+from shardplan.search.drec_costs import Overlay, RoundCosts, layout
+from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.sharding import Strategy, cut_problem
 
 
 class _Search(RoundCosts):
     """One D-Rec run: the decisions of each round, priced by `RoundCosts`."""
 
-    defer_ties = False
-    """Whether a heavy op with tied best cuts decides after the others (a variant's choice)."""
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        opts: CostOptions,
+        memory_lambda: float,
+        unused_rounds: int = 0,
+        final_compute: bool = False,
+        flex: FlexGraph | None = None,
+        defer_ties: bool = False,
+    ) -> None:
+        super().__init__(graph, mesh, opts, memory_lambda, unused_rounds, final_compute, flex)
+        self.defer_ties = defer_ties
+        """Whether a heavy op with tied best cuts decides after the others."""
 
     def _greedy(self, r: int) -> dict[int, str | None]:
         """Heavy ops, heaviest first, each against the flex neighbours decided before it."""
@@ -51,15 +64,15 @@ class _Search(RoundCosts):
         own = {i: self._own_costs(i, r, charged) for i in self.heavy}
         order = sorted(self.heavy, key=lambda i: (-max(own[i].values()), i))
         deferred: set[int] = set()
-        queue = list(order)
+        queue = deque(order)
         while queue:
-            i = queue.pop(0)
+            i = queue.popleft()
             if i in decided:
                 continue
             group = self.group_of.get(i, [i])
             totals: dict[str | None, float] = {}
             for cut in self._own_costs(i, r, charged):
-                trial = set(charged)
+                trial = Overlay(charged)
                 total = 0.0
                 for j in group:  # readers of one tensor decide together: they share its grad
                     costs = self._own_costs(j, r, trial)
@@ -299,10 +312,13 @@ def drec(
     variants += [(k, False, False) for k in [*axis_ends, len(rounds)]]
     if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
         variants = variants[:1]
+    flex = build_flex_graph(graph)  # the same for every variant
     for unused, final_compute, defer in variants:
-        search = _Search(graph, mesh, opts, memory_lambda, unused, final_compute)
-        search.defer_ties = defer
-        strategies = search.run()
+        if unused == len(rounds):  # nothing left to search: every op replicated
+            strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
+        else:
+            search = _Search(graph, mesh, opts, memory_lambda, unused, final_compute, flex, defer)
+            strategies = search.run()
         cost = evaluate_strategies(graph, mesh, strategies, opts)
         score = cost.total + memory_lambda * cost.memory_per_device
         if score < best_score:

@@ -33,7 +33,7 @@ from shardplan.cost.terms import (
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.search.flex import FlexEdge, build_flex_edges, build_sibling_edges, heavy_ops
+from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph
 from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
 
 ELSEWHERE = 1 << 20
@@ -55,6 +55,29 @@ class _OpState:
     """(other heavy op, my output position, its output position, my dim -> its dim)."""
     ar_history: dict[tuple[bool, int], list[tuple[int, float]]] = field(default_factory=dict)
     """(is_output, position) -> [(round, all-reduce cost charged then)]."""
+
+
+class Overlay:
+    """A set of (tensor, round) charges seen through: `base` plus a few keys added on top, so a
+    trial does not copy the round's whole set (which would make the greedy quadratic)."""
+
+    __slots__ = ("base", "extra")
+
+    def __init__(self, base: set[tuple[str, int]]) -> None:
+        self.base, self.extra = base, set()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.base or key in self.extra
+
+    def __bool__(self) -> bool:
+        return bool(self.base) or bool(self.extra)
+
+    def add(self, key: tuple[str, int]) -> None:
+        self.extra.add(key)
+
+
+Charges = set[tuple[str, int]] | Overlay
+"""Which inputs' gradients another reader already all-reduces in this round."""
 
 
 def layout(op: Op, cut: str | None, pos: int, is_output: bool) -> int:
@@ -87,8 +110,10 @@ class RoundCosts:
         memory_lambda: float,
         unused_rounds: int = 0,
         final_compute: bool = False,
+        flex: FlexGraph | None = None,
     ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
+        flex = flex or build_flex_graph(graph)
         # Price "no cut" by what it adds to the final compute if later rounds cut (telescopes
         # to the exact extra over all rounds) instead of by the local compute of this round.
         self.compute_divisor = [
@@ -114,12 +139,12 @@ class RoundCosts:
             )
             for op in graph.ops
         ]
-        self.heavy = heavy_ops(graph)
-        for sib in build_sibling_edges(graph, self.heavy):
+        self.heavy = flex.heavy
+        for sib in flex.siblings:
             self.states[sib.a].siblings.append((sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b)))
             back = {b: a for a, b in sib.a_to_b}
             self.states[sib.b].siblings.append((sib.a, sib.b_pos, sib.a_pos, back))
-        for edge in build_flex_edges(graph, self.heavy):
+        for edge in flex.edges:
             self.states[edge.consumer].preds.append(edge)
             self.states[edge.producer].succs.append(edge)
         self.candidates = [_candidate_order(op) for op in graph.ops]
@@ -128,9 +153,8 @@ class RoundCosts:
             for name in dict.fromkeys(graph.ops[i].inputs):
                 if graph.tensors[name].role is Role.ACTIVATION:
                     readers.setdefault(name, []).append(i)
-        self.reader_groups = [g for g in readers.values() if len(g) > 1]
         self.group_of: dict[int, list[int]] = {}
-        for group in self.reader_groups:
+        for group in (g for g in readers.values() if len(g) > 1):
             same = all(self.candidates[j] == self.candidates[group[0]] for j in group)
             for j in group if same else ():
                 self.group_of.setdefault(j, group)
@@ -180,7 +204,7 @@ class RoundCosts:
         result = self._info_cache[key] = (out[0], out[1])
         return result
 
-    def _own_costs(self, i: int, r: int, charged: set[tuple[str, int]]) -> dict[str | None, float]:
+    def _own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         """Intra + compute + memory terms of every valid candidate of op i in round r (cached per
         round: they change only with which inputs' gradients another consumer already reduces)."""
         op = self.states[i].op
@@ -191,9 +215,7 @@ class RoundCosts:
             cached = self._cache[key] = self._compute_own_costs(i, r, charged)
         return dict(cached)
 
-    def _compute_own_costs(
-        self, i: int, r: int, charged: set[tuple[str, int]]
-    ) -> dict[str | None, float]:
+    def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         st, rnd, opts = self.states[i], self.rounds[r], self.opts
         op = st.op
         ins, outs = self._infos(i, r)
@@ -405,7 +427,7 @@ class RoundCosts:
                 best, best_cost = cut, total
         return best
 
-    def _charge(self, i: int, cut: str | None, r: int, charged: set[tuple[str, int]]) -> None:
+    def _charge(self, i: int, cut: str | None, r: int, charged: Charges) -> None:
         op = self.states[i].op
         for pos, name in enumerate(op.inputs):
             if reduces(

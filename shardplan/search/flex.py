@@ -145,6 +145,21 @@ def build_sibling_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -
     return edges
 
 
+@dataclass(frozen=True, slots=True)
+class FlexGraph:
+    """A graph's heavy ops with their flex and sibling edges (built once per search call)."""
+
+    heavy: frozenset[int]
+    edges: tuple[FlexEdge, ...]
+    siblings: tuple[SiblingEdge, ...]
+
+
+def build_flex_graph(graph: Graph) -> FlexGraph:
+    heavy = heavy_ops(graph)
+    edges = tuple(build_flex_edges(graph, heavy))
+    return FlexGraph(heavy, edges, tuple(build_sibling_edges(graph, heavy)))
+
+
 def heavy_ops(graph: Graph) -> frozenset[int]:
     """Ops that decide first in each round; all ops when the graph has no heavy one."""
     heavy = frozenset(i for i, op in enumerate(graph.ops) if not is_transparent(op))

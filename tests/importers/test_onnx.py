@@ -1,7 +1,5 @@
 """ONNX importer: a tiny BERT exported by torch.onnx, hand-built graphs, the unknown-op policy."""
 
-import io
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from shardplan.errors import ShapeError, UnsupportedOpError  # noqa: E402
 from shardplan.importers import ReplicatedOpsWarning, from_onnx, import_onnx  # noqa: E402
 from shardplan.ir import DimKind, Role, verify  # noqa: E402
+
+from .tiny_bert import onnx_bytes, tiny_bert  # noqa: E402
 
 
 def _init(name, shape, seed=0):
@@ -32,8 +32,12 @@ def _mlp():
         helper.make_node("Gemm", ["a", "w2", "b2"], ["y"], name="/fc2/Gemm", transB=1),
         helper.make_node("Softmax", ["y"], ["p"], name="/Softmax", axis=-1),
     ]
-    inits = [_init("w1", (8, 16)), _init("b1", (16,), 1), _init("w2", (4, 16), 2),
-             _init("b2", (4,), 3)]
+    inits = [
+        _init("w1", (8, 16)),
+        _init("b1", (16,), 1),
+        _init("w2", (4, 16), 2),
+        _init("b2", (4,), 3),
+    ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
     p = helper.make_tensor_value_info("p", TensorProto.FLOAT, [2, 4])
     return _model(nodes, [x], [p], inits)
@@ -42,8 +46,14 @@ def _mlp():
 def test_hand_built_mlp():
     graph = from_onnx(_mlp())
     assert verify(graph) is graph
-    assert [op.kind for op in graph.ops] == ["matmul", "bias_add", "relu", "linear", "bias_add",
-                                             "softmax"]
+    assert [op.kind for op in graph.ops] == [
+        "matmul",
+        "bias_add",
+        "relu",
+        "linear",
+        "bias_add",
+        "softmax",
+    ]
     assert graph.num_params == 8 * 16 + 16 + 4 * 16 + 4
     assert graph.op("h").layer == "fc1"
     assert graph.tensors["x"].role is Role.INPUT
@@ -53,11 +63,19 @@ def _attention():
     """Q K^T / sqrt(d) -> softmax -> V with heads split by Reshape/Transpose (constant shapes)."""
     b, s, h, heads = 2, 4, 8, 2
     d = h // heads
-    nodes = [helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(
-        np.array([b, s, heads, d], dtype=np.int64)))]
+    nodes = [
+        helper.make_node(
+            "Constant",
+            [],
+            ["shape"],
+            value=numpy_helper.from_array(np.array([b, s, heads, d], dtype=np.int64)),
+        )
+    ]
     for t in "qkv":
-        nodes += [helper.make_node("MatMul", ["x", f"w{t}"], [f"{t}0"], name=f"/{t}/MatMul"),
-                  helper.make_node("Reshape", [f"{t}0", "shape"], [f"{t}1"], name=f"/{t}/Rs")]
+        nodes += [
+            helper.make_node("MatMul", ["x", f"w{t}"], [f"{t}0"], name=f"/{t}/MatMul"),
+            helper.make_node("Reshape", [f"{t}0", "shape"], [f"{t}1"], name=f"/{t}/Rs"),
+        ]
     nodes += [
         helper.make_node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
         helper.make_node("Transpose", ["k1"], ["kt"], perm=[0, 2, 3, 1]),
@@ -67,13 +85,17 @@ def _attention():
         helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
         helper.make_node("MatMul", ["probs", "v"], ["ctx"]),
         helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
-        helper.make_node("Constant", [], ["merged"], value=numpy_helper.from_array(
-            np.array([b, s, h], dtype=np.int64))),
+        helper.make_node(
+            "Constant",
+            [],
+            ["merged"],
+            value=numpy_helper.from_array(np.array([b, s, h], dtype=np.int64)),
+        ),
         helper.make_node("Reshape", ["ctx_t", "merged"], ["flat"]),
         helper.make_node("ReduceMean", ["flat"], ["pooled"], axes=[1], keepdims=0),
     ]
     inits = [_init(f"w{t}", (h, h), i) for i, t in enumerate("qkv")]
-    inits.append(numpy_helper.from_array(np.array(d ** 0.5, dtype=np.float32), "scale"))
+    inits.append(numpy_helper.from_array(np.array(d**0.5, dtype=np.float32), "scale"))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, s, h])
     y = helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [b, h])
     return _model(nodes, [x], [y], inits)
@@ -91,30 +113,12 @@ def test_hand_built_attention_block():
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the TorchScript-based exporter
 def test_tiny_bert_exported_by_torch_imports(tmp_path):
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=64,
-                                     max_position_embeddings=64, attn_implementation="eager")
-    bert = transformers.BertModel(config).eval()
-    with torch.no_grad():  # distinct values: the exporter merges equal initializers
-        for p in bert.parameters():
-            p.normal_()
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids):
-            out = self.bert(input_ids=input_ids)
-            return out.last_hidden_state, out.pooler_output
-
-    buffer = io.BytesIO()
+    pytest.importorskip("transformers")
+    module, bert = tiny_bert(vocab=100, hidden=32, intermediate=64, pooled=True)
     ids = torch.randint(0, 100, (2, 8))
-    torch.onnx.export(Wrapper(), (ids,), buffer, dynamo=False, input_names=["input_ids"])
+    data = onnx_bytes(module, ids)
     path = tmp_path / "bert.onnx"
-    path.write_bytes(buffer.getvalue())
+    path.write_bytes(data)
     result = import_onnx(path)
     graph = result.graph
     assert graph.name == "bert"
@@ -127,11 +131,15 @@ def test_tiny_bert_exported_by_torch_imports(tmp_path):
 
 
 def _with_det():
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="/fc/MatMul"),
-             helper.make_node("Reshape", ["h", "shape"], ["m"], name="/Reshape"),
-             helper.make_node("Det", ["m"], ["det"], name="/block/Det")]
-    inits = [_init("w", (4, 9)),
-             numpy_helper.from_array(np.array([2, 3, 3], dtype=np.int64), "shape")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="/fc/MatMul"),
+        helper.make_node("Reshape", ["h", "shape"], ["m"], name="/Reshape"),
+        helper.make_node("Det", ["m"], ["det"], name="/block/Det"),
+    ]
+    inits = [
+        _init("w", (4, 9)),
+        numpy_helper.from_array(np.array([2, 3, 3], dtype=np.int64), "shape"),
+    ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     y = helper.make_tensor_value_info("det", TensorProto.FLOAT, [2])
     return _model(nodes, [x], [y], inits)

@@ -1,14 +1,14 @@
 """The ONNX export of a small BERT plans the same matmul strategies as its torch.export import."""
 
-import io
-
 import pytest
 
 import shardplan as sp
 from shardplan.ir.op import Role
 
+from .tiny_bert import onnx_bytes, tiny_bert
+
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 
 
@@ -27,29 +27,11 @@ def _weight_ops(graph):
 def test_onnx_and_torch_imports_plan_the_same_matmuls():
     from shardplan.importers import import_onnx, import_torch
 
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=256,
-                                     max_position_embeddings=64, attn_implementation="eager")
-    bert = transformers.BertModel(config).eval()
-    with torch.no_grad():  # distinct values: the exporter merges equal initializers
-        for p in bert.parameters():
-            p.normal_()
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids):
-            return self.bert(input_ids=input_ids).last_hidden_state
-
+    module, _ = tiny_bert(vocab=128, hidden=64, intermediate=256, pooled=False)
     ids = torch.randint(0, 128, (8, 32))
-    buffer = io.BytesIO()
-    torch.onnx.export(Wrapper(), (ids,), buffer, dynamo=False, input_names=["input_ids"])
-    from_onnx = import_onnx(onnx.load_from_string(buffer.getvalue())).graph
+    from_onnx = import_onnx(onnx.load_from_string(onnx_bytes(module, ids))).graph
     with torch.no_grad():
-        from_torch = import_torch(Wrapper(), (ids,)).graph
+        from_torch = import_torch(module, (ids,)).graph
     a, b = _weight_ops(from_onnx), _weight_ops(from_torch)
     assert [n for _, n in a] == [n for _, n in b] and len(a) == 12
     for mesh in ("4", "2x2"):
