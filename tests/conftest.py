@@ -1,6 +1,34 @@
-"""Shared test setup: JAX gets 8 fake CPU devices (must be set before jax is imported)."""
+"""Shared test setup: JAX runs on 8 fake CPU devices.
+
+XLA reads XLA_FLAGS when its CPU backend is first initialised (the first `jax.devices()` call),
+so the flag is set here, at conftest import time, before any test touches jax. If jax was
+initialised with fewer devices anyway, the tests that need 8 skip (fixture `devices8`) instead of
+failing.
+"""
+
+from __future__ import annotations
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import pytest
+
+DEVICES = 8
+_FLAG = f"--xla_force_host_platform_device_count={DEVICES}"
+
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = f"{_flags} {_FLAG}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+@pytest.fixture(scope="session")
+def devices8() -> int:
+    jax = pytest.importorskip("jax")
+    count = jax.device_count()
+    if count < DEVICES:
+        pytest.skip(
+            f"JAX sees {count} device(s), need {DEVICES}: either jax's CPU backend was "
+            f"initialised before tests/conftest.py set XLA_FLAGS={_FLAG}, or XLA_FLAGS already "
+            f"asks for fewer devices; export XLA_FLAGS={_FLAG} before pytest"
+        )
+    return count

@@ -29,30 +29,21 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, Round
 from shardplan.search.drec_costs import Overlay, RoundCosts, layout
-from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
+from shardplan.search.flex import FlexEdge, build_flex_graph, heavy_ops
 from shardplan.sharding import Strategy, cut_problem
 
 
 class _Search(RoundCosts):
     """One D-Rec run: the decisions of each round, priced by `RoundCosts`."""
 
-    def __init__(
-        self,
-        graph: Graph,
-        mesh: Mesh,
-        opts: CostOptions,
-        memory_lambda: float,
-        unused_rounds: int = 0,
-        final_compute: bool = False,
-        flex: FlexGraph | None = None,
-        defer_ties: bool = False,
-    ) -> None:
-        super().__init__(graph, mesh, opts, memory_lambda, unused_rounds, final_compute, flex)
+    def __init__(self, *args: Any, defer_ties: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # RoundCosts' arguments
         self.defer_ties = defer_ties
         """Whether a heavy op with tied best cuts decides after the others."""
 
@@ -317,7 +308,9 @@ def drec(
         if unused == len(rounds):  # nothing left to search: every op replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
-            search = _Search(graph, mesh, opts, memory_lambda, unused, final_compute, flex, defer)
+            search = _Search(
+                graph, mesh, opts, memory_lambda, unused, final_compute, flex, defer_ties=defer
+            )
             strategies = search.run()
         cost = evaluate_strategies(graph, mesh, strategies, opts)
         score = cost.total + memory_lambda * cost.memory_per_device

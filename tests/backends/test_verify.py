@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-jax = pytest.importorskip("jax")  # fixture devices8: tests/backends/conftest.py
+jax = pytest.importorskip("jax")  # fixture devices8: tests/conftest.py
 
 from shardplan import zoo  # noqa: E402
 from shardplan.backends import verify as v  # noqa: E402

@@ -15,17 +15,6 @@ from shardplan.cli.main import build_parser, main  # noqa: E402
 from shardplan.errors import MissingDependencyError, UnsupportedOpError  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def devices8():
-    if jax.device_count() < 8:
-        pytest.skip(
-            f"JAX sees {jax.device_count()} device(s), need 8: jax was initialised before "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 was set; run this file "
-            "alone or export the flag before pytest"
-        )
-    return 8
-
-
 def test_verify_is_registered():
     args = build_parser().parse_args(["verify", "mlp", "--small", "--mesh", "8", "--infer"])
     assert args.run is cli_verify.run_verify and args.train is False

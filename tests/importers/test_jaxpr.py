@@ -25,17 +25,6 @@ from shardplan.ir.op import Role  # noqa: E402
 from shardplan.search import plan  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def devices8():
-    if jax.device_count() < 8:
-        pytest.skip(
-            f"JAX sees {jax.device_count()} device(s), need 8: jax was initialised before "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 was set; run this file "
-            "alone or export the flag before pytest"
-        )
-    return 8
-
-
 def _normal(rng, *shape, scale=1.0):
     return jnp.asarray(rng.standard_normal(shape) * scale, jnp.float32)
 
