@@ -217,8 +217,8 @@ def conv2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     dims = [
         LoopDim("n", x[0]),
         LoopDim("o", w[0]),
-        LoopDim("y", oy, DimKind.WINDOW, halo=max(r - sy, 0)),
-        LoopDim("x", ox, DimKind.WINDOW, halo=max(s - sx, 0)),
+        LoopDim("y", oy, DimKind.WINDOW, halo=max(r - sy, 0), span=x[2]),
+        LoopDim("x", ox, DimKind.WINDOW, halo=max(s - sx, 0), span=x[3]),
         LoopDim("c", x[1], DimKind.REDUCE, Reducer.SUM),
         LoopDim("r", r, DimKind.FROZEN),
         LoopDim("s", s, DimKind.FROZEN),
@@ -245,8 +245,8 @@ def pool2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     dims = [
         LoopDim("n", x[0]),
         LoopDim("c", x[1]),
-        LoopDim("y", oy, DimKind.WINDOW, halo=max(ky - sy, 0)),
-        LoopDim("x", ox, DimKind.WINDOW, halo=max(kx - sx, 0)),
+        LoopDim("y", oy, DimKind.WINDOW, halo=max(ky - sy, 0), span=x[2]),
+        LoopDim("x", ox, DimKind.WINDOW, halo=max(kx - sx, 0), span=x[3]),
     ]
     out = (x[0], x[1], oy, ox)
     io = (("n",), ("c",), ("y",), ("x",))
