@@ -4,7 +4,8 @@ Checks, each raising a typed error that names the operator or tensor: every oper
 defined before use (topological order, else CycleError), each tensor has at most one producer,
 op outputs are activations, graph inputs are not activations, operand ranks and group extents
 match the tensor shapes (a WINDOW group of an input matches the dim's declared `span`: a conv
-input is larger than its output window grid), and no tensor is left dangling (an activation nobody produces).
+input is larger than its output window grid), and no tensor is left dangling (an activation
+nobody produces).
 """
 
 from __future__ import annotations
