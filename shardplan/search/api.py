@@ -4,8 +4,10 @@ Methods: "drec" (default), "ilp", "dp", and the expert plans "data-parallel", "m
 "fsdp". Whatever the method, the returned Plan is scored by the one evaluator. With a memory
 budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
 with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), then by
-sharding the storage of parameters it replicates (ZeRO-style); if even that does not fit it raises
-InfeasibleError saying by how much. Other methods raise InfeasibleError when over budget.
+sharding the storage of parameters it replicates (ZeRO-style). D-Rec's plan is then compared, by
+the one evaluator, with "all replicated" and every expert plan (baselines.py): the cheapest that
+fits is returned, with a note when a baseline won; if nothing fits it raises InfeasibleError
+saying by how much. Other methods raise InfeasibleError when over budget.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, parse_bytes, parse_mesh
 from shardplan.plan import Plan, with_status
 from shardplan.search import experts
+from shardplan.search.baselines import baseline_plans, cheapest
 from shardplan.search.drec import drec
 
 METHODS = ("drec", "ilp", "dp", *experts.EXPERTS)
@@ -112,6 +115,22 @@ def _expert(graph: Graph, mesh: Mesh, opts: CostOptions, method: str, start: flo
 def _drec_within(
     graph: Graph, mesh: Mesh, opts: CostOptions, budget: float | None, start: float
 ) -> Plan:
+    """D-Rec under the budget, then the cheapest of it and the baselines that fit (baselines.py)."""
+    try:
+        found: Plan | None = _drec_search(graph, mesh, opts, budget, start)
+        failure: InfeasibleError | None = None
+    except InfeasibleError as e:
+        found, failure = None, e
+    best = cheapest(found, baseline_plans(graph, mesh, opts), budget, time.perf_counter() - start)
+    if best is None:
+        assert failure is not None
+        raise failure
+    return best
+
+
+def _drec_search(
+    graph: Graph, mesh: Mesh, opts: CostOptions, budget: float | None, start: float
+) -> Plan:
     strategies = drec(graph, mesh, opts)
     best = Plan(graph, mesh, strategies, "drec", opts, time.perf_counter() - start)
     assert best.cost is not None
@@ -167,6 +186,8 @@ def _shard_replicated_params(p: Plan) -> Plan:
     homes = p.tensor_layouts()
     layouts: dict[str, tuple[int, ...]] = {}
     for t in p.graph.parameters:
+        if t.name not in homes:  # a parameter no op reads holds no device memory
+            continue
         layout = list(homes[t.name])
         local = list(t.shape)
         for r, rnd in enumerate(p.mesh.rounds):

@@ -245,10 +245,13 @@ class _Search(RoundCosts):
         self._settle(r, decided, light)
         best = self._round_cost(r, decided)
         for alternative in self._alternatives(r):
-            if all(alternative[i] == decided[i] for i in self.heavy):
-                continue
             if all(cut is None for cut in alternative.values()):
-                alternative.update(dict.fromkeys(light))  # nothing to follow: replicate all
+                # nothing to follow: replicate all; compare every op, the light ones included
+                alternative.update(dict.fromkeys(light))
+                if alternative == decided:
+                    continue
+            elif all(alternative[i] == decided[i] for i in self.heavy):
+                continue
             else:
                 self._settle(r, alternative, light)
             cost = self._round_cost(r, alternative)
