@@ -16,8 +16,10 @@ import math
 import time
 from typing import Any
 
+from shardplan import checks
 from shardplan.cost import CostOptions
-from shardplan.errors import InfeasibleError, SolverError
+from shardplan.cost.presets import PRESETS, Optimizer
+from shardplan.errors import ArgumentError, InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, parse_bytes, parse_mesh
 from shardplan.plan import Plan, with_status
@@ -49,11 +51,10 @@ def plan(
         preset: cost preset, "shardplan" or "mindspore".
         options: method options (ilp/dp: time_limit seconds).
     """
+    _check_arguments(graph, method, train, preset, optimizer, options)
     mesh = parse_mesh(mesh)
     budget = parse_bytes(memory) if memory is not None else mesh.memory_bytes
     opts = CostOptions.make(preset, train, optimizer)
-    if method not in METHODS:
-        raise SolverError(f"unknown method {method!r}; choose one of {list(METHODS)}")
     start = time.perf_counter()
     if method == "drec":
         result = _drec_within(graph, mesh, opts, budget, start)
@@ -76,6 +77,51 @@ def plan(
         )
     unused = unused_devices_note(result)
     return with_status(result, result.status, (unused,)) if unused else result
+
+
+_OPTIONS = {
+    "ilp": {
+        "time_limit",
+        "mip_rel_gap",
+        "max_strategies",
+        "max_pair_columns",
+        "split",
+        "max_table_entries",
+    },
+    "dp": {"time_limit", "max_entries", "max_strategies"},
+}
+
+
+def _check_arguments(
+    graph: Any, method: Any, train: Any, preset: Any, optimizer: Any, options: dict[str, Any]
+) -> None:
+    """The gate of `plan()`: typed errors naming the argument (mesh and memory are checked by
+    `parse_mesh` / `parse_bytes`, through `shardplan.checks`)."""
+    if not isinstance(graph, Graph):
+        raise ArgumentError(
+            f"graph must be a shardplan Graph (zoo.build, from_torch, from_onnx, from_jaxpr), "
+            f"got {type(graph).__name__}"
+        )
+    if not isinstance(method, str) or method not in METHODS:
+        raise SolverError(f"unknown method {method!r}; choose one of {list(METHODS)}")
+    checks.boolean(train, "train")
+    checks.choice(preset, "preset", sorted(PRESETS))
+    checks.choice(optimizer, "optimizer", [o.value for o in Optimizer])
+    allowed = _OPTIONS.get(method, set())
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ArgumentError(
+            f"method {method!r} takes no option(s) {unknown}"
+            + (f"; it takes {sorted(allowed)}" if allowed else "")
+        )
+    for key in ("time_limit", "mip_rel_gap"):
+        if key in options:
+            checks.finite_number(options[key], key)
+    for key in ("max_strategies", "max_pair_columns", "max_table_entries", "max_entries"):
+        if options.get(key) is not None:
+            checks.positive_int(options[key], key)
+    if "split" in options:
+        checks.choice(options["split"], "split", ["auto", "never", "always"])
 
 
 def unused_devices_note(p: Plan) -> str | None:
