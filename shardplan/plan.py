@@ -22,6 +22,7 @@ from shardplan.ir.op import Role
 from shardplan.ir.serialize import graph_from_dict, graph_to_dict
 from shardplan.mesh import Mesh
 from shardplan.sharding import (
+    REPLICATED,
     Layout,
     Strategy,
     check_strategy,
@@ -173,15 +174,9 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str | dict[str, Any]) -> Plan:
-        try:
-            data = json.loads(text) if isinstance(text, str) else text
-        except json.JSONDecodeError as e:
-            raise PlanError(f"plan JSON does not parse: {e}") from e
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise PlanError(
-                f"not a shardplan plan (schema must be {SCHEMA!r}); "
-                "write plans with `shardplan plan --json FILE`"
-            )
+        from shardplan.planfile import checked_plan_data
+
+        data = checked_plan_data(text)  # the schema check: typed fields, bounded, finite
         try:
             graph = graph_from_dict(data["graph"])
             mesh = Mesh.from_dict(data["mesh"])
@@ -225,6 +220,10 @@ def validate(plan: Plan) -> None:
             raise PlanError(f"parameter {name!r}: layout {layout} needs {len(rounds)} rounds")
         counts = [1] * len(t.shape)
         for r, s in zip(rounds, layout, strict=True):
+            if isinstance(s, bool) or not isinstance(s, int) or s < REPLICATED:
+                raise PlanError(
+                    f"parameter {name!r}: layout {layout} entry {s!r} must be a tensor dim or -1"
+                )
             if s >= len(t.shape):
                 raise PlanError(f"parameter {name!r}: round {r.index} splits dim {s} of {t.shape}")
             if s >= 0:
