@@ -9,7 +9,7 @@ import shardplan
 
 ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
-    "errors": 0, "ir": 1, "mesh": 2, "sharding": 3, "cost": 4, "plan": 5, "search": 6,
+    "errors": 0, "checks": 0, "planfile": 5, "ir": 1, "mesh": 2, "sharding": 3, "cost": 4, "plan": 5, "search": 6,
     "importers": 7, "exporters": 7, "backends": 7, "zoo": 2, "cli": 9, "__init__": 10,
     "__main__": 10,
 }
