@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 from typing import Any
 
 from shardplan.errors import ArgumentError, MeshError
@@ -23,7 +24,7 @@ MAX_SIZE = 1 << 48
 
 def positive_int(value: Any, argument: str, what_to_do: str = "") -> int:
     """`value` as an int >= 1; bools, floats, strings, NaN are refused (no coercion)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, Integral):
         raise ArgumentError(
             f"{argument} must be a whole number >= 1, got {value!r} "
             f"({type(value).__name__}){'; ' + what_to_do if what_to_do else ''}"
@@ -33,7 +34,7 @@ def positive_int(value: Any, argument: str, what_to_do: str = "") -> int:
             f"{argument} must be between 1 and 2**48, got {value}"
             f"{'; ' + what_to_do if what_to_do else ''}"
         )
-    return value
+    return int(value)
 
 
 def finite_number(value: Any, argument: str, minimum: float = 0.0, strict: bool = True) -> float:
@@ -104,7 +105,7 @@ def mesh_shape(shape: Any, argument: str = "mesh shape") -> tuple[int, ...]:
         raise MeshError("a mesh needs at least one axis, e.g. '8' or '2x8'")
     out = []
     for s in shape:
-        if isinstance(s, bool) or not isinstance(s, int):
+        if isinstance(s, bool) or not isinstance(s, Integral):
             raise MeshError(f"{argument} {tuple(shape)!r}: axis size {s!r} is not a whole number")
         if s < 1:
             raise MeshError(f"mesh axis sizes must be >= 1, got {tuple(shape)}")
