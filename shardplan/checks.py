@@ -132,9 +132,9 @@ def model_sizes(
             out[key] = value
         elif isinstance(defaults.get(key), float):
             out[key] = finite_number(value, where)
-        elif isinstance(value, (tuple, list)):
-            if not value:
-                raise ArgumentError(f"{where} must list at least one size, got {value!r}")
+        elif isinstance(defaults.get(key), tuple):  # a list of sizes, e.g. deep=(32, 16)
+            if not isinstance(value, (tuple, list)) or not value:
+                raise ArgumentError(f"{where} must be a non-empty tuple of sizes, got {value!r}")
             out[key] = tuple(positive_int(v, where) for v in value)
         else:
             out[key] = positive_int(value, where)

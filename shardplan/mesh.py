@@ -83,6 +83,15 @@ class Round:
     bandwidth_bytes_per_s: float
 
 
+def _sequence(x: object, what: str) -> tuple[object, ...]:
+    """A tuple or list as a tuple (None and () mean "the default"); anything else a MeshError."""
+    if x is None:
+        return ()
+    if not isinstance(x, (tuple, list)):
+        raise MeshError(f"{what} must be a tuple (one entry per mesh axis), got {x!r}")
+    return tuple(x)
+
+
 def _positive(x: object) -> bool:
     """A positive finite number (not a bool): bandwidths, FLOP rates and budgets."""
     try:
@@ -121,7 +130,7 @@ class Mesh:
     def __post_init__(self) -> None:
         shape = checks.mesh_shape(self.shape)  # no coercion: Mesh('16') and Mesh((2.5,)) fail
         object.__setattr__(self, "shape", shape)
-        names = tuple(self.names) or default_names(len(shape))
+        names = _sequence(self.names, "mesh axis names") or default_names(len(shape))
         if (
             len(names) != len(shape)
             or len(set(names)) != len(names)
@@ -131,7 +140,9 @@ class Mesh:
         object.__setattr__(self, "names", names)
         if not isinstance(self.machine, str) or self.machine not in MACHINES:
             raise MeshError(f"unknown machine {self.machine!r}; choose one of {sorted(MACHINES)}")
-        bw = tuple(self.bandwidth_bytes_per_s) or default_bandwidths(shape, MACHINES[self.machine])
+        bw = _sequence(self.bandwidth_bytes_per_s, "mesh bandwidths") or default_bandwidths(
+            shape, MACHINES[self.machine]
+        )
         if len(bw) != len(shape) or not all(_positive(b) for b in bw):
             raise MeshError(f"need one positive bandwidth per mesh axis {shape}, got {bw}")
         object.__setattr__(self, "bandwidth_bytes_per_s", tuple(float(b) for b in bw))

@@ -105,7 +105,7 @@ def bias_add(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """`d0 .. dk .., dk -> d0 .. dk ..`: a 1-D bias added along `axis` (default last)."""
     _need("bias_add", shapes, (2,))
     x, bias = shapes
-    axis = _axis(int(attrs.get("axis", -1)), len(x), "bias_add")
+    axis = _axis(attrs.get("axis", -1), len(x), "bias_add")
     if bias != (x[axis],):
         raise ShapeError(f"bias_add: bias shape {bias} must be ({x[axis]},) for axis {axis}")
     names = _names("d", len(x))
@@ -117,7 +117,7 @@ def softmax(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """`d0 .. dn -> d0 .. dn` with the softmax axis FROZEN."""
     _need("softmax", shapes, (1,))
     (x,) = shapes
-    axis = _axis(int(attrs.get("axis", -1)), len(x), "softmax")
+    axis = _axis(attrs.get("axis", -1), len(x), "softmax")
     names = _names("d", len(x))
     dims = [
         LoopDim(n, e, DimKind.FROZEN if i == axis else DimKind.PARALLEL)
