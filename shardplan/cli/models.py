@@ -106,6 +106,7 @@ def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any
         raise IRError(f"--torch {target!r}: write MODULE:FUNCTION, e.g. my_models:build")
     module_name, function_name = target.split(":", 1)
     sys.path.insert(0, ".")
+    importlib.invalidate_caches()  # "." may name another folder than at an earlier import
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
