@@ -1,5 +1,7 @@
 """Plan files are parsed against a schema, never trusted: `checked_plan_data(text)` -> a dict.
 
+Used by `plan_json.from_json` before anything is built from the data.
+
 Schema "shardplan.plan/1" (written by `Plan.to_json`): every field has a declared type; numbers
 are finite, sizes whole numbers in [1, 2**48], FLOPs and seconds >= 0, bandwidths and FLOP rates
 > 0; a parameter layout entry is a tensor dim (>= 0) or -1 (replicated); loop-dim names are
