@@ -6,6 +6,7 @@ import pytest
 
 from shardplan import zoo
 from shardplan.errors import PlanError
+from shardplan.exporters.mindspore import in_strategy
 from shardplan.ir.graph import GraphBuilder
 from shardplan.mesh import parse_mesh
 from shardplan.plan import Plan
@@ -24,7 +25,7 @@ def _conv_graph():
 
 def _assert_cuts_divide(p: Plan) -> None:
     for op in p.graph.ops:
-        for name, counts in zip(op.inputs, p.in_strategy(op.name), strict=True):
+        for name, counts in zip(op.inputs, in_strategy(p, op.name), strict=True):
             shape = p.graph.tensors[name].shape
             assert all(s % c == 0 for s, c in zip(shape, counts, strict=True)), (op.name, name)
 
