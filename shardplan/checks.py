@@ -139,7 +139,3 @@ def model_sizes(
         else:
             out[key] = positive_int(value, where)
     return out
-
-
-def time_limit(value: Any) -> float:
-    return finite_number(value, "time_limit (seconds)")
