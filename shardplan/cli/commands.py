@@ -13,7 +13,7 @@ from rich.table import Table
 from shardplan import zoo
 from shardplan.cli.models import add_model_arguments, load_graph, model_label
 from shardplan.exporters.plan_json import op_rows, to_dict
-from shardplan.mesh import MACHINES
+from shardplan.hardware import MACHINES
 from shardplan.search import METHODS, plan
 from shardplan.search.flex import is_transparent
 

@@ -22,7 +22,8 @@ from rich.table import Table
 
 from shardplan.cli.models import add_model_arguments, load_graph, model_label
 from shardplan.errors import InfeasibleError, ShardplanError, SolverError
-from shardplan.mesh import MACHINES, parse_mesh
+from shardplan.hardware import MACHINES
+from shardplan.mesh import parse_mesh
 from shardplan.search import METHODS, plan
 
 DEFAULT_METHODS = ("drec", "ilp", "dp", "data-parallel", "megatron", "fsdp")

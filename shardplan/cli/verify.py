@@ -20,7 +20,8 @@ from typing import Any
 
 from shardplan.cli.models import add_model_arguments, load_graph
 from shardplan.errors import PlanError
-from shardplan.mesh import MACHINES, Mesh, parse_mesh
+from shardplan.hardware import MACHINES
+from shardplan.mesh import Mesh, parse_mesh
 from shardplan.search import METHODS
 
 _FLAG = "xla_force_host_platform_device_count"
