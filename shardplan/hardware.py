@@ -9,7 +9,7 @@ inter-node links.
 
 The default machine is named once, `DEFAULT_MACHINE` ("a100"): mesh text given to `parse_mesh`,
 `shardplan.plan` or the CLI without a machine gets it, and the plan records it
-(`plan.mesh.machine`, printed by the CLI). Lookups are O(1).
+(`plan.mesh.machine`, and `mesh.machine` in the plan JSON). Lookups are O(1).
 """
 
 from __future__ import annotations
