@@ -162,9 +162,7 @@ def parse_mesh(
     shape = tuple(int(s) for s in re.split(r"[x×*,]", raw.replace(" ", "")))
     if any(s < 1 for s in shape):
         raise MeshError(f"mesh {raw!r}: every axis size must be >= 1")
-    return Mesh(
-        shape, names, spec.link_bandwidths(shape), memory_bytes, spec.flops_per_s, machine
-    )
+    return Mesh(shape, names, spec.link_bandwidths(shape), memory_bytes, spec.flops_per_s, machine)
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)

@@ -199,8 +199,7 @@ def placements(
 ) -> tuple[Placement, ...]:
     """A Layout as one Placement per round; `reducers[r]` names round r's partial reducer."""
     return tuple(
-        Placement.of(s, reducers[r] if reducers is not None else None)
-        for r, s in enumerate(layout)
+        Placement.of(s, reducers[r] if reducers is not None else None) for r, s in enumerate(layout)
     )
 
 

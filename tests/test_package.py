@@ -13,9 +13,24 @@ import shardplan
 
 ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
-    "version": 0, "errors": 0, "ir": 1, "hardware": 2, "zoo": 2, "mesh": 3, "sharding": 4,
-    "cost": 5, "problem": 6, "plans": 6, "search": 7, "importers": 8, "exporters": 8,
-    "engines": 9, "fidelity": 10, "cli": 11, "__init__": 12, "__main__": 12,
+    "version": 0,
+    "errors": 0,
+    "ir": 1,
+    "hardware": 2,
+    "zoo": 2,
+    "mesh": 3,
+    "sharding": 4,
+    "cost": 5,
+    "problem": 6,
+    "plans": 6,
+    "search": 7,
+    "importers": 8,
+    "exporters": 8,
+    "engines": 9,
+    "fidelity": 10,
+    "cli": 11,
+    "__init__": 12,
+    "__main__": 12,
 }
 """errors -> ir -> hardware/mesh -> sharding -> cost -> problem/plans -> search ->
 importers/exporters -> engines -> fidelity -> cli (docs/architecture.md). A module may import
@@ -66,8 +81,10 @@ def layering_problems(root: Path) -> list[str]:
             if _top(target) not in LAYERS:
                 problems.append(f"{where} imports {target}, which has no layer in LAYERS")
             elif LAYERS[_top(target)] >= LAYERS[_top(own)]:
-                problems.append(f"{where} imports {target} (layer {LAYERS[_top(target)]}) from "
-                                f"layer {LAYERS[_top(own)]}: imports must go down")
+                problems.append(
+                    f"{where} imports {target} (layer {LAYERS[_top(target)]}) from "
+                    f"layer {LAYERS[_top(own)]}: imports must go down"
+                )
             private = [p for p in (*target.split("."), *names) if _is_private(p)]
             if private:
                 problems.append(f"{where} reaches into private {private} of {target}")
@@ -75,8 +92,10 @@ def layering_problems(root: Path) -> list[str]:
 
 
 def test_core_import_is_framework_free():
-    code = ("import sys, shardplan, shardplan.search, shardplan.cli.main; "
-            "print([m for m in ('torch', 'jax', 'onnx', 'matplotlib') if m in sys.modules])")
+    code = (
+        "import sys, shardplan, shardplan.search, shardplan.cli.main; "
+        "print([m for m in ('torch', 'jax', 'onnx', 'matplotlib') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -101,23 +120,38 @@ def _write(root: Path, files: dict[str, str]) -> None:
     ("files", "expected"),
     [
         # an upward import hidden inside a function (the old check only saw module level)
-        ({"ir/graph.py": "def f():\n    from shardplan.search import plan\n"},
-         "ir.graph:2 imports search"),
+        (
+            {"ir/graph.py": "def f():\n    from shardplan.search import plan\n"},
+            "ir.graph:2 imports search",
+        ),
         ({"plans.py": "import shardplan.engines.jax\n"}, "plans:1 imports engines.jax"),
         ({"mesh.py": "from shardplan import cli\n"}, "mesh:1 imports cli"),
         # same layer is not "down"
-        ({"importers/x.py": "from shardplan.exporters.dtensor import placements\n"},
-         "importers.x:1 imports exporters.dtensor"),
+        (
+            {"importers/x.py": "from shardplan.exporters.dtensor import placements\n"},
+            "importers.x:1 imports exporters.dtensor",
+        ),
         # private names / modules of another package
-        ({"engines/x.py": "from shardplan.importers.jaxpr import _leaf_names\n"},
-         "engines.x:1 reaches into private ['_leaf_names']"),
-        ({"cli/x.py": "def f():\n    from shardplan.importers._build import Lazy\n"},
-         "cli.x:2 reaches into private ['_build']"),
+        (
+            {"engines/x.py": "from shardplan.importers.jaxpr import _leaf_names\n"},
+            "engines.x:1 reaches into private ['_leaf_names']",
+        ),
+        (
+            {"cli/x.py": "def f():\n    from shardplan.importers._build import Lazy\n"},
+            "cli.x:2 reaches into private ['_build']",
+        ),
     ],
 )
 def test_layering_check_catches_planted_violations(tmp_path, files, expected):
-    _write(tmp_path, {"ir/__init__.py": "", "ir/ok.py": "from shardplan.errors import IRError\n",
-                      "search/ok.py": "from shardplan.search.api import plan\n", **files})
+    _write(
+        tmp_path,
+        {
+            "ir/__init__.py": "",
+            "ir/ok.py": "from shardplan.errors import IRError\n",
+            "search/ok.py": "from shardplan.search.api import plan\n",
+            **files,
+        },
+    )
     problems = layering_problems(tmp_path)
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
@@ -145,7 +179,8 @@ def _strings(node: ast.AST) -> list[str]:
 
 def _names_kind(node: ast.AST) -> bool:
     return (isinstance(node, ast.Attribute) and node.attr == "kind") or (
-        isinstance(node, ast.Name) and node.id in ("kind", "op_kind"))
+        isinstance(node, ast.Name) and node.id in ("kind", "op_kind")
+    )
 
 
 def kind_branches(source: str, kinds: set[str]) -> list[int]:
@@ -155,12 +190,12 @@ def kind_branches(source: str, kinds: set[str]) -> list[int]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            if any(_names_kind(s) for s in sides) and any(
-                    set(_strings(s)) & kinds for s in sides):
+            if any(_names_kind(s) for s in sides) and any(set(_strings(s)) & kinds for s in sides):
                 lines.append(node.lineno)
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple | ast.Set):
             if len(set(_strings(node.value)) & kinds) >= 1 and all(
-                    isinstance(t, ast.Name) and t.id.endswith("KINDS") for t in node.targets):
+                isinstance(t, ast.Name) and t.id.endswith("KINDS") for t in node.targets
+            ):
                 lines.append(node.lineno)
     return sorted(lines)
 
@@ -192,8 +227,11 @@ OVER_600 = {"search/space.py": 650}
 
 
 def test_files_stay_small():
-    big = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > OVER_600.get(str(p.relative_to(ROOT)), 600)}
+    big = {
+        str(p.relative_to(ROOT)): n
+        for p in ROOT.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > OVER_600.get(str(p.relative_to(ROOT)), 600)
+    }
     assert big == {}
 
 

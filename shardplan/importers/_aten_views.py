@@ -115,8 +115,9 @@ def _expand(ctx: _Context, node: Node) -> Any:
     x, out = node.args[0], ctx.shape(node)
     if ctx.shape(x) == out:
         return ctx.value(x)
-    return ctx.emitter.broadcast(ctx.tensor(x), out, **ctx.target(node, "", None),
-                                 source=str(node.target))
+    return ctx.emitter.broadcast(
+        ctx.tensor(x), out, **ctx.target(node, "", None), source=str(node.target)
+    )
 
 
 def _copy(ctx: _Context, node: Node) -> Any:
@@ -124,8 +125,9 @@ def _copy(ctx: _Context, node: Node) -> Any:
     src, out = node.args[1], ctx.shape(node)
     if ctx.shape(src) == out:
         return ctx.value(src)
-    return ctx.emitter.broadcast(ctx.tensor(src), out, **ctx.target(node, "", None),
-                                 source=str(node.target))
+    return ctx.emitter.broadcast(
+        ctx.tensor(src), out, **ctx.target(node, "", None), source=str(node.target)
+    )
 
 
 def _to_copy(ctx: _Context, node: Node) -> Any:
@@ -143,5 +145,3 @@ def _dropout(ctx: _Context, node: Node) -> Any:
     else:
         out = ctx.emit("dropout", [x], node, index=0 if multi else None, p=p)
     return [out, None] if multi else out
-
-

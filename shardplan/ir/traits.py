@@ -96,5 +96,12 @@ def has_trait(kind: str, trait: Trait) -> bool:
     return trait in traits_of(kind).traits
 
 
-__all__ = ["KIND_TRAITS", "OPAQUE_KIND", "IndexInput", "KindTraits", "Trait", "has_trait",
-           "traits_of"]
+__all__ = [
+    "KIND_TRAITS",
+    "OPAQUE_KIND",
+    "IndexInput",
+    "KindTraits",
+    "Trait",
+    "has_trait",
+    "traits_of",
+]

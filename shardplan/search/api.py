@@ -54,7 +54,12 @@ def plan(
             an unknown one is a SolverError.
     """
     problem = Problem.make(
-        graph, mesh, machine=machine, train=train, memory=memory, preset=preset,
+        graph,
+        mesh,
+        machine=machine,
+        train=train,
+        memory=memory,
+        preset=preset,
         optimizer=optimizer,
     )
     return solve(problem, method, **options)

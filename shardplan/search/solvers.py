@@ -61,8 +61,11 @@ class DpOptions:
 
 def given(options: Any) -> dict[str, Any]:
     """The options a caller set (the rest keep the solver's defaults)."""
-    return {f.name: getattr(options, f.name) for f in fields(options)
-            if getattr(options, f.name) is not UNSET}
+    return {
+        f.name: getattr(options, f.name)
+        for f in fields(options)
+        if getattr(options, f.name) is not UNSET
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,5 +143,15 @@ def solver_options(method: str, options: Mapping[str, Any]) -> Any:
     return solver.options(**options)
 
 
-__all__ = ["METHODS", "SOLVERS", "DpOptions", "IlpOptions", "NoOptions", "Solver", "UNSET",
-           "get_solver", "given", "solver_options"]
+__all__ = [
+    "METHODS",
+    "SOLVERS",
+    "DpOptions",
+    "IlpOptions",
+    "NoOptions",
+    "Solver",
+    "UNSET",
+    "get_solver",
+    "given",
+    "solver_options",
+]

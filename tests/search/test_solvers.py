@@ -10,8 +10,7 @@ from shardplan.search.solvers import SOLVERS, IlpOptions, NoOptions, given, solv
 
 
 def test_every_method_is_registered_once():
-    assert METHODS == tuple(SOLVERS) == (
-        "drec", "ilp", "dp", "data-parallel", "megatron", "fsdp")
+    assert METHODS == tuple(SOLVERS) == ("drec", "ilp", "dp", "data-parallel", "megatron", "fsdp")
 
 
 def test_options_are_typed_and_unknown_ones_rejected():
