@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import MissingDependencyError, ShapeError, UnsupportedOpError
-from shardplan.importers._aten import Rule, _is_node, aten_table
+from shardplan.importers._aten import Rule, aten_table
+from shardplan.importers._aten_views import _is_node
 from shardplan.importers._build import (
     Emitter,
     ImportResult,
