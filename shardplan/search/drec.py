@@ -36,6 +36,7 @@ from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, Round
 from shardplan.search.drec_costs import Overlay, RoundCosts, layout
 from shardplan.search.flex import FlexEdge, build_flex_graph, heavy_ops
+from shardplan.search.fold import Fold, find_fold
 from shardplan.sharding import Strategy, cut_problem
 
 
@@ -293,6 +294,20 @@ def drec(
     That is at most 2 + (mesh axes) linear searches; the unused-axis ones are shorter. With the
     symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
     """
+    fold = find_fold(graph)
+    if fold is not None:
+        plan = _variants(fold.reduced, mesh, opts, memory_lambda, fold)
+        if plan is not None:
+            return fold.expand(plan)
+    plan = _variants(graph, mesh, opts, memory_lambda, None)
+    assert plan is not None
+    return plan
+
+
+def _variants(
+    graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float, fold: Fold | None
+) -> dict[str, Strategy] | None:
+    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
     from shardplan.cost.evaluate import evaluate_strategies
 
     best: dict[str, Strategy] | None = None
@@ -304,19 +319,32 @@ def drec(
     if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
         variants = variants[:1]
     flex = build_flex_graph(graph)  # the same for every variant
+    weights = fold.round_weights() if fold is not None else None
     for unused, final_compute, defer in variants:
         if unused == len(rounds):  # nothing left to search: every op replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
             search = _Search(
-                graph, mesh, opts, memory_lambda, unused, final_compute, flex, defer_ties=defer
+                graph,
+                mesh,
+                opts,
+                memory_lambda,
+                unused,
+                final_compute,
+                flex,
+                weights,
+                defer_ties=defer,
             )
             strategies = search.run()
-        cost = evaluate_strategies(graph, mesh, strategies, opts)
-        score = cost.total + memory_lambda * cost.memory_per_device
+        if fold is not None:
+            if not fold.uniform(strategies):
+                return None
+            score = fold.score(mesh, strategies, opts, memory_lambda)
+        else:
+            cost = evaluate_strategies(graph, mesh, strategies, opts)
+            score = cost.total + memory_lambda * cost.memory_per_device
         if score < best_score:
             best, best_score = strategies, score
-    assert best is not None
     return best
 
 

@@ -17,6 +17,7 @@ is O(1) amortised and a round costs O(|V| + |E|) look-ups.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardplan.cost.collectives import all_reduce_s
@@ -111,6 +112,7 @@ class RoundCosts:
         unused_rounds: int = 0,
         final_compute: bool = False,
         flex: FlexGraph | None = None,
+        weights: Sequence[float] | None = None,
     ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
         flex = flex or build_flex_graph(graph)
@@ -121,6 +123,8 @@ class RoundCosts:
             for r in range(len(mesh.rounds))
         ]
         self.unused_rounds = unused_rounds
+        self.weights = list(weights) if weights is not None else [1.0] * len(graph.ops)
+        """How many ops of the searched model each op stands for in a round's total (folding)."""
         self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
         self._cache: dict[tuple[int, int, tuple[int, ...]], dict[str | None, float]] = {}
@@ -448,17 +452,18 @@ class RoundCosts:
         total = 0.0
         for i, st in enumerate(self.states):
             op, cut = st.op, decided[i]
-            total += self._own_costs(i, r, charged)[cut]
+            mine = self._own_costs(i, r, charged)[cut]
             self._charge(i, cut, r, charged)
             for pos, name in enumerate(op.inputs):
                 dst = self._in(i, cut, pos)
                 p = graph.producer.get(name)
                 if p is not None:
                     src = self._out(p, decided[p], self.out_pos[name])
-                    total += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                    mine += self._edge(src, dst, st.in_numel[pos], name, rnd)
                 elif graph.tensors[name].role is Role.PARAMETER:
                     first, first_pos = graph.consumers[name][0]
                     if first != i:
                         src = self._in(first, decided[first], first_pos)
-                        total += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                        mine += self._edge(src, dst, st.in_numel[pos], name, rnd)
+            total += self.weights[i] * mine  # an op and its incoming edges, for each copy
         return total
