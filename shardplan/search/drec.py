@@ -63,14 +63,15 @@ class _Search(RoundCosts):
                 continue
             group = self.group_of.get(i, [i])
             totals: dict[str | None, float] = {}
-            for cut in self._own_costs(i, r, charged):
+            flex = {j: self._flex_costs(j, list(own[j]), rnd, decided) for j in group}
+            for cut in own[i]:
                 trial = Overlay(charged)
                 total = 0.0
                 for j in group:  # readers of one tensor decide together: they share its grad
                     costs = self._own_costs(j, r, trial)
                     if cut not in costs:
                         break
-                    total += costs[cut] + self._flex_cost(j, cut, rnd, decided)
+                    total += costs[cut] + flex[j][cut]
                     self._charge(j, cut, r, trial)
                 else:
                     totals[cut] = total
@@ -78,7 +79,7 @@ class _Search(RoundCosts):
                 group = [i]
                 totals = dict(self._own_costs(i, r, charged))
                 for cut in totals:
-                    totals[cut] += self._flex_cost(i, cut, rnd, decided)
+                    totals[cut] += flex[i][cut]
             regrets = dict.fromkeys(totals, 0.0)
             for j in group:
                 for cut, regret in self._lookahead(j, list(totals), rnd, decided, own).items():
@@ -120,7 +121,8 @@ class _Search(RoundCosts):
         neighbours = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
         for j in sorted(neighbours - decided.keys() - {i}):
             sj = self.states[j]
-            base = {cj: c + self._flex_cost(j, cj, rnd, decided) for cj, c in own[j].items()}
+            flex = self._flex_costs(j, list(own[j]), rnd, decided)
+            base = {cj: c + flex[cj] for cj, c in own[j].items()}
             floor = min(base.values())
             preds = [e for e in sj.preds if e.producer == i]
             succs = [e for e in sj.succs if e.consumer == i]
@@ -136,10 +138,9 @@ class _Search(RoundCosts):
                 mine += tuple(self._in(i, cut, e.in_pos) for e in succs)
                 forced = forced_by.get(mine)
                 if forced is None:
-                    pinned = {i: cut}
                     forced = forced_by[mine] = min(
-                        c + self._flex_edges_cost(j, cj, rnd, pinned, preds, succs)
-                        for c, cj in answers.values()
+                        c + self._pair_cost(j, preds, succs, mine, key, rnd)
+                        for key, (c, _) in answers.items()
                     )
                 regret[cut] = max(regret[cut], forced - floor)
         return regret

@@ -35,6 +35,7 @@ from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
 from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph
+from shardplan.search.fold import op_labels
 from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
 
 ELSEWHERE = 1 << 20
@@ -127,9 +128,11 @@ class RoundCosts:
         """How many ops of the searched model each op stands for in a round's total (folding)."""
         self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
-        self._cache: dict[tuple[int, int, tuple[int, ...]], dict[str | None, float]] = {}
+        self.labels = op_labels(graph)
+        """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
+        self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         self._edge_cache: dict[tuple[int, int, float, str, int], float] = {}
-        self._info_cache: dict[tuple[int, int], tuple[list[OperandInfo], list[OperandInfo]]] = {}
+        self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self.faster_than = [
             [(j, other.q) for j, other in enumerate(self.rounds) if j != r and faster(other, rnd)]
             for r, rnd in enumerate(self.rounds)
@@ -182,7 +185,7 @@ class RoundCosts:
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
         """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
         already done count when they reduced the operand, faster later rounds are assumed to."""
-        key = (r, i)
+        key = (r, self.labels[i], tuple(self.states[i].cuts))
         cached = self._info_cache.get(key)
         if cached is not None:
             return cached
@@ -213,11 +216,11 @@ class RoundCosts:
         round: they change only with which inputs' gradients another consumer already reduces)."""
         op = self.states[i].op
         shared = tuple(pos for pos, name in enumerate(op.inputs) if (name, r) in charged)
-        key = (r, i, shared)
+        key = (r, self.labels[i], tuple(self.states[i].cuts), shared)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._compute_own_costs(i, r, charged)
-        return dict(cached)
+        return cached  # shared: callers copy before changing it
 
     def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         st, rnd, opts = self.states[i], self.rounds[r], self.opts
@@ -345,6 +348,83 @@ class RoundCosts:
             name = other_st.op.outputs[other_pos]
             cost += self._edge(mine, theirs, other_st.out_numel[other_pos], name, rnd)
         return cost + self._shared_param_costs(i, [cut], rnd, decided)[cut]
+
+    def _flex_costs(
+        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+    ) -> dict[str | None, float]:
+        """`_flex_cost` of each of `cuts` (the neighbours' side looked up once per edge)."""
+        st = self.states[i]
+        op, lay = st.op, self.layouts[i]
+        costs = dict.fromkeys(cuts, 0.0)
+        edge = self._edge
+        for e in st.preds:
+            if e.producer not in decided:
+                continue
+            src = self._out(e.producer, decided[e.producer], e.out_pos)
+            cut_src = e.forward.get(src, ELSEWHERE) if src >= 0 else src
+            numel, name = st.in_numel[e.in_pos], op.inputs[e.in_pos]
+            for cut in cuts:  # the chain cannot carry a split it loses: it gathers on the way
+                dst = REPLICATED if cut_src == ELSEWHERE else lay[cut][0][e.in_pos]
+                costs[cut] += edge(cut_src, dst, numel, name, rnd)
+        for e in st.succs:
+            if e.consumer not in decided:
+                continue
+            dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
+            if dst >= 0:
+                dst = e.backward.get(dst, REPLICATED)
+            numel, name = st.out_numel[e.out_pos], op.outputs[e.out_pos]
+            for cut in cuts:
+                src = lay[cut][1][e.out_pos]
+                through = REPLICATED if src >= 0 and src not in e.forward else dst
+                costs[cut] += edge(src, through, numel, name, rnd)
+        for other, pos, other_pos, to_other in st.siblings:
+            if other not in decided:
+                continue
+            theirs = self._out(other, decided[other], other_pos)
+            other_st = self.states[other]
+            numel, name = other_st.out_numel[other_pos], other_st.op.outputs[other_pos]
+            for cut in cuts:
+                mine = lay[cut][1][pos]
+                if mine >= 0:
+                    mine = to_other.get(mine, REPLICATED)  # a split that cannot meet theirs
+                costs[cut] += edge(mine, theirs, numel, name, rnd)
+        shared = self._shared_param_costs(i, cuts, rnd, decided)
+        for cut in cuts:
+            costs[cut] += shared[cut]
+        return costs
+
+    def _pair_cost(
+        self,
+        j: int,
+        preds: list[FlexEdge],
+        succs: list[FlexEdge],
+        mine: tuple[int, ...],
+        theirs: tuple[int, ...],
+        rnd: Round,
+    ) -> float:
+        """`_flex_edges_cost` of op j over its edges to one neighbour, from the layouts on them:
+        `mine` the neighbour's (its outputs into j, then its inputs from j), `theirs` j's."""
+        st = self.states[j]
+        op = st.op
+        cost = 0.0
+        k = 0
+        for e in preds:
+            src, dst = mine[k], theirs[k]
+            k += 1
+            if src >= 0:
+                src = e.forward.get(src, ELSEWHERE)
+                if src == ELSEWHERE:
+                    dst = REPLICATED
+            cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
+        for e in succs:
+            dst, src = mine[k], theirs[k]
+            k += 1
+            if dst >= 0:
+                dst = e.backward.get(dst, REPLICATED)
+            if src >= 0 and src not in e.forward:
+                dst = REPLICATED
+            cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
+        return cost
 
     def _flex_edges_cost(
         self,

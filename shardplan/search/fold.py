@@ -127,6 +127,12 @@ def _label(graph: Graph, op: Op) -> tuple[object, ...]:
     return (op.kind, op.signature, op.flops, op.attrs, operands)
 
 
+def op_labels(graph: Graph) -> list[int]:
+    """Per op, a small int equal for interchangeable ops (same `_label`)."""
+    ids: dict[tuple[object, ...], int] = {}
+    return [ids.setdefault(_label(graph, op), len(ids)) for op in graph.ops]
+
+
 def _consistent(graph: Graph, start: int, period: int, k: int) -> bool:
     """Block k (>= 2) reads as block k-1 does, shifted by one block."""
     lo = start + (k - 1) * period  # block k-1's first op: block k may read it and itself only
@@ -184,8 +190,7 @@ def _run(graph: Graph, labels: list[int], period: int) -> tuple[int, int]:
 
 def find_fold(graph: Graph) -> Fold | None:
     """The longest run of >= MIN_BLOCKS identical blocks, with its reduced graph, or None."""
-    ids: dict[tuple[object, ...], int] = {}
-    labels = [ids.setdefault(_label(graph, op), len(ids)) for op in graph.ops]
+    labels = op_labels(graph)
     last: dict[int, int] = {}
     gaps: Counter[int] = Counter()
     for i, label in enumerate(labels):
