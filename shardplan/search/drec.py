@@ -278,7 +278,7 @@ class _Search(RoundCosts):
 
 
 def drec(
-    graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0
+    graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0, fold: bool = True
 ) -> dict[str, Strategy]:
     """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
     keep tensors replicated, used by the memory-aware driver in `search.api`.
@@ -294,12 +294,16 @@ def drec(
         down to the fully replicated plan.
     That is at most 2 + (mesh axes) linear searches; the unused-axis ones are shorter. With the
     symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
+
+    A run of >= 6 identical blocks (layers) is folded (`search.fold`): the variants search blocks
+    0, 1, 2 and the last, and when blocks 1 and 2 decide alike every interior block takes that
+    decision; otherwise (or with `fold=False`) the full graph is searched.
     """
-    fold = find_fold(graph)
-    if fold is not None:
-        plan = _variants(fold.reduced, mesh, opts, memory_lambda, fold)
+    repeats = find_fold(graph) if fold else None
+    if repeats is not None:
+        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats)
         if plan is not None:
-            return fold.expand(plan)
+            return repeats.expand(plan)
     plan = _variants(graph, mesh, opts, memory_lambda, None)
     assert plan is not None
     return plan

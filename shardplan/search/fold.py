@@ -70,9 +70,7 @@ class Fold:
         """Per reduced op: how many full-graph blocks it stands for in a round's total (blocks 1
         and 2 share the n-2 interior blocks)."""
         share = (self.count - 2) / 2
-        return [
-            share if self._reduced_block(op.name) in (1, 2) else 1.0 for op in self.reduced.ops
-        ]
+        return [share if self._reduced_block(op.name) in (1, 2) else 1.0 for op in self.reduced.ops]
 
     def uniform(self, plan: Mapping[str, Strategy]) -> bool:
         """Blocks 1 and 2 of a reduced plan decide alike (the interior's fixed point)."""
