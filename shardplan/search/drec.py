@@ -245,7 +245,7 @@ class _Search(RoundCosts):
         light = [i for i in range(len(self.states)) if i not in self.heavy]
         decided = self._greedy(r)
         self._settle(r, decided, light)
-        best = self._round_cost(r, decided)
+        best = self.round_cost(r, decided)
         for alternative in self._alternatives(r):
             if all(alternative[i] == decided[i] for i in self.heavy):
                 continue
@@ -253,7 +253,7 @@ class _Search(RoundCosts):
                 alternative.update(dict.fromkeys(light))  # nothing to follow: replicate all
             else:
                 self._settle(r, alternative, light)
-            cost = self._round_cost(r, alternative)
+            cost = self.round_cost(r, alternative)
             if cost < best:
                 decided, best = alternative, cost
         self._improve(r, decided)

@@ -525,7 +525,7 @@ class RoundCosts:
                 charged.add((name, r))
 
     # -- the double recursion -----------------------------------------------------------------
-    def _round_cost(self, r: int, decided: dict[int, str | None]) -> float:
+    def round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""
         rnd, graph = self.rounds[r], self.graph
         charged: set[tuple[str, int]] = set()
