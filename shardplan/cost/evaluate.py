@@ -21,6 +21,7 @@ from shardplan.cost.terms import (
     compute_cost,
     faster,
     intra_terms,
+    param_bytes,
     redistribution_terms,
     reduces,
     replicate_symbolic,
@@ -403,7 +404,7 @@ def evaluate_strategies(
     rows: list[OpCost] = []
     for t in op_terms(graph, mesh, strategies, opts, homes, out_layout):
         redis = t.redistribution
-        act = sum(_local_bytes(graph, name, out_layout[name], rounds) for name in t.op.outputs)
+        act = sum(local_bytes(graph, name, out_layout[name], rounds) for name in t.op.outputs)
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
         comm = comm + t.intra + redis
         compute += t.compute
@@ -421,7 +422,8 @@ def evaluate_strategies(
     )
 
 
-def _local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
+def local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
+    """Bytes of tensor `name` on one device in `layout`."""
     t = graph.tensors[name]
     return round_numels(t.numel, layout, rounds)[-1] * t.dtype_bytes
 
@@ -440,28 +442,26 @@ def memory_per_device(
     by the device, plus every activation kept for the backward pass and the local inputs.
     Inference: weights, plus the largest working set of one op (its inputs and outputs).
     """
-    per_param = opts.optimizer.state_bytes_per_param if opts.train else 0
     param_mem = 0.0
     for name, layout in homes.items():
         t = graph.tensors[name]
-        local = round_numels(t.numel, layout, rounds)[-1]
-        param_mem += local * (t.dtype_bytes * (2 if opts.train else 1) + per_param)
+        param_mem += param_bytes(round_numels(t.numel, layout, rounds)[-1], t.dtype_bytes, opts)
     if opts.train:
-        act = sum(_local_bytes(graph, n, lay, rounds) for n, lay in out_layout.items())
+        act = sum(local_bytes(graph, n, lay, rounds) for n, lay in out_layout.items())
         for op in graph.ops:
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
-                    act += _local_bytes(
+                    act += local_bytes(
                         graph, name, operand_layout(op, strategies[op.name], i), rounds
                     )
         return param_mem, act
     peak = 0.0
     for op in graph.ops:
         strategy = strategies[op.name]
-        work = sum(_local_bytes(graph, n, out_layout[n], rounds) for n in op.outputs)
+        work = sum(local_bytes(graph, n, out_layout[n], rounds) for n in op.outputs)
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
-                work += _local_bytes(graph, name, operand_layout(op, strategy, i), rounds)
+                work += local_bytes(graph, name, operand_layout(op, strategy, i), rounds)
         peak = max(peak, work)
     return param_mem, peak

@@ -27,6 +27,7 @@ from shardplan.cost.terms import (
     compute_cost,
     faster,
     intra_terms,
+    param_bytes,
     redistribution_terms,
     reduces,
     replicate_symbolic,
@@ -302,12 +303,11 @@ class RoundCosts:
     def _kept_bytes(self, i: int, cut: str | None, rnd: Round) -> float:
         """Bytes per device this cut leaves replicated (parameters count with their state)."""
         st, graph, opts = self.states[i], self.graph, self.opts
-        per_param = 2 + opts.optimizer.state_bytes_per_param / 4 if opts.train else 1
         kept = 0.0
         for pos, name in enumerate(st.op.inputs):
             t = graph.tensors[name]
             if t.role is Role.PARAMETER and layout(st.op, cut, pos, False) < 0:
-                kept += st.in_numel[pos] * t.dtype_bytes * per_param
+                kept += param_bytes(st.in_numel[pos], t.dtype_bytes, opts)
         if opts.train:
             for pos, name in enumerate(st.op.outputs):
                 if layout(st.op, cut, pos, True) < 0:
