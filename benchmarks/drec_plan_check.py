@@ -4,6 +4,9 @@ strategies and the evaluator's cost, and compared against a baseline recorded th
 
 Run: python benchmarks/drec_plan_check.py --write base.json       (record)
      python benchmarks/drec_plan_check.py --against base.json     (compare; exit 1 if worse)
+     add --quality for the cases of benchmarks/quality.py instead (every zoo model, transformers
+     with one layer, x the same meshes): identical plans there leave quality.py's D-Rec / ILP
+     ratios unchanged.
 A case passes when its strategies are identical, or when the evaluator scores the new plan lower.
 """
 
@@ -31,6 +34,18 @@ DEEP = (
 )
 
 
+LAYERED = {"bert-base", "bert-large", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"}
+LAYERED |= {"gpt3-175b", "gpt3", "vit-b16"}
+
+
+def quality_cases():
+    """The cases of benchmarks/quality.py (transformers with one layer, the rest at default)."""
+    for name in sp.zoo.MODELS:
+        kw = {"layers": 1} if name in LAYERED else {}
+        for mesh in MESHES:
+            yield f"quality:{name}/{mesh}", (lambda n=name, k=kw: sp.zoo.build(n, **k)), mesh
+
+
 def cases(deep: bool):
     for name in sp.zoo.MODELS:
         for mesh in MESHES:
@@ -47,12 +62,13 @@ def main() -> None:
     parser.add_argument("--write", type=Path, help="record the plans to this JSON file")
     parser.add_argument("--against", type=Path, help="compare with plans recorded by --write")
     parser.add_argument("--no-deep", action="store_true", help="only the small zoo models")
+    parser.add_argument("--quality", action="store_true", help="the cases of quality.py instead")
     args = parser.parse_args()
     opts = CostOptions.make()
     base = json.loads(args.against.read_text()) if args.against else {}
     out: dict[str, dict[str, object]] = {}
     worse = 0
-    for key, build, mesh_text in cases(not args.no_deep):
+    for key, build, mesh_text in quality_cases() if args.quality else cases(not args.no_deep):
         graph, mesh = build(), sp.parse_mesh(mesh_text)
         start = time.perf_counter()
         plan = drec(graph, mesh, opts)
