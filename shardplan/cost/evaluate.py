@@ -9,7 +9,7 @@ largest op working set (inference). O(rounds * sum of operand counts): linear in
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
@@ -347,8 +347,12 @@ def op_terms(
     opts: CostOptions,
     homes: Mapping[str, Layout],
     out_layout: Mapping[str, Layout],
+    unary: Callable[[Graph, Op, Strategy, Mesh, CostOptions], tuple[CommTerms, float]] = (
+        unary_terms
+    ),
 ) -> Iterator[OpTerms]:
     """Per operator in graph order, the terms `evaluate_strategies` sums (see `OpTerms`).
+    `unary` prices an op's own terms (`unary_terms`, or a memo of it).
 
     An operand's source layout is its producer's output layout (`output_layouts`) or its
     parameter home (`param_homes`); graph inputs and constants have none: they arrive in
@@ -358,7 +362,7 @@ def op_terms(
     rounds = mesh.rounds
     for index, op in enumerate(graph.ops):
         strategy = strategies[op.name]
-        intra, compute = unary_terms(graph, op, strategy, mesh, opts)
+        intra, compute = unary(graph, op, strategy, mesh, opts)
         edges: list[EdgeTerm] = []
         for i, name in enumerate(op.inputs):
             prev = previous_consumer(graph, name, index, i)

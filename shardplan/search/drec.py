@@ -36,7 +36,7 @@ from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, Round
 from shardplan.search.drec_costs import Overlay, RoundCosts, layout
 from shardplan.search.flex import FlexEdge, build_flex_graph, heavy_ops
-from shardplan.search.fold import Fold, find_fold
+from shardplan.search.fold import Fold, find_fold, op_labels
 from shardplan.sharding import Strategy, cut_problem
 
 
@@ -325,6 +325,8 @@ def _variants(
         variants = variants[:1]
     flex = build_flex_graph(graph)  # the same for every variant
     weights = fold.round_weights() if fold is not None else None
+    labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
+    scored: list[tuple[dict[str, Strategy], float]] = []
     for unused, final_compute, defer in variants:
         if unused == len(rounds):  # nothing left to search: every op replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
@@ -338,9 +340,12 @@ def _variants(
                 final_compute,
                 flex,
                 weights,
+                labels,
                 defer_ties=defer,
             )
             strategies = search.run()
+        if any(strategies == plan for plan, _ in scored):
+            continue  # another variant found the same plan: it is scored already
         if fold is not None:
             if not fold.uniform(strategies):
                 return None
@@ -348,6 +353,7 @@ def _variants(
         else:
             cost = evaluate_strategies(graph, mesh, strategies, opts)
             score = cost.total + memory_lambda * cost.memory_per_device
+        scored.append((strategies, score))
         if score < best_score:
             best, best_score = strategies, score
     return best

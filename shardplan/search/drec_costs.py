@@ -115,6 +115,7 @@ class RoundCosts:
         final_compute: bool = False,
         flex: FlexGraph | None = None,
         weights: Sequence[float] | None = None,
+        labels: Sequence[int] | None = None,
     ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
         flex = flex or build_flex_graph(graph)
@@ -129,10 +130,11 @@ class RoundCosts:
         """How many ops of the searched model each op stands for in a round's total (folding)."""
         self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
-        self.labels = op_labels(graph)
+        self.labels = list(labels) if labels is not None else op_labels(graph)
         """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
-        self._edge_cache: dict[tuple[int, int, float, str, int], float] = {}
+        self._edge_cache: dict[tuple[int, int, float, int, bool, int], float] = {}
+        self._grad = graph.requires_grad
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self.faster_than = [
             [(j, other.q) for j, other in enumerate(self.rounds) if j != r and faster(other, rnd)]
@@ -177,6 +179,21 @@ class RoundCosts:
             for op, cuts in zip(graph.ops, self.candidates, strict=True)
         ]
         self.out_pos = {t: op.outputs.index(t) for op in graph.ops for t in op.outputs}
+        self._in_adj = [
+            [
+                (pos, t, graph.producer[t], self.out_pos[t])
+                for pos, t in enumerate(op.inputs)
+                if t in graph.producer
+            ]
+            for op in graph.ops
+        ]
+        """Per op: (input position, tensor, producer, producer's output position)."""
+        self._out_adj = [
+            [(pos, t, graph.consumers.get(t, ())) for pos, t in enumerate(op.outputs)]
+            for op in graph.ops
+        ]
+        """Per op: (output position, tensor, its readers (op, position))."""
+        self._reduced_inputs: list[dict[str | None, tuple[str, ...]]] = [{} for _ in graph.ops]
         self.param_positions = [
             [p for p, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
             for op in graph.ops
@@ -317,7 +334,8 @@ class RoundCosts:
     def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
         if src == dst:
             return 0.0
-        key = (src, dst, numel, name, rnd.index)
+        # tensors of one dtype and gradient status price alike: copies of a layer share entries
+        key = (src, dst, numel, self.graph.tensors[name].dtype_bytes, name in self._grad, rnd.index)
         cost = self._edge_cache.get(key)
         if cost is None:
             t = self.graph.tensors[name]
@@ -481,25 +499,25 @@ class RoundCosts:
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
     ) -> dict[str | None, float]:
         """Redistribution of each candidate against the immediate neighbours decided so far."""
-        st, graph = self.states[i], self.graph
-        op = st.op
+        st, lay, edge = self.states[i], self.layouts[i], self._edge
         costs = self._shared_param_costs(i, cuts, rnd, decided)
-        for pos, name in enumerate(op.inputs):
-            p = graph.producer.get(name)
-            if p is not None and p in decided:
-                src = self._out(p, decided[p], self.out_pos[name])
+        for pos, name, p, p_pos in self._in_adj[i]:
+            if p in decided:
+                src = self.layouts[p][decided[p]][1][p_pos]
+                numel = st.in_numel[pos]
                 for cut in cuts:
-                    dst = self._in(i, cut, pos)
+                    dst = lay[cut][0][pos]
                     if src != dst:
-                        costs[cut] += self._edge(src, dst, st.in_numel[pos], name, rnd)
-        for pos, name in enumerate(op.outputs):
-            for w, w_pos in graph.consumers.get(name, ()):
+                        costs[cut] += edge(src, dst, numel, name, rnd)
+        for pos, name, users in self._out_adj[i]:
+            numel = st.out_numel[pos]
+            for w, w_pos in users:
                 if w in decided:
-                    dst = self._in(w, decided[w], w_pos)
+                    dst = self.layouts[w][decided[w]][0][w_pos]
                     for cut in cuts:
-                        src = self._out(i, cut, pos)
+                        src = lay[cut][1][pos]
                         if src != dst:
-                            costs[cut] += self._edge(src, dst, st.out_numel[pos], name, rnd)
+                            costs[cut] += edge(src, dst, numel, name, rnd)
         return costs
 
     @staticmethod
@@ -512,17 +530,24 @@ class RoundCosts:
         return best
 
     def _charge(self, i: int, cut: str | None, r: int, charged: Charges) -> None:
-        op = self.states[i].op
-        for pos, name in enumerate(op.inputs):
-            if reduces(
-                op,
-                cut,
-                op.signature.inputs[pos],
-                False,
-                name in self.graph.requires_grad,
-                self.opts.train,
-            ):
-                charged.add((name, r))
+        """Mark the inputs whose gradient this cut all-reduces in round r."""
+        names = self._reduced_inputs[i].get(cut)
+        if names is None:
+            op = self.states[i].op
+            names = self._reduced_inputs[i][cut] = tuple(
+                name
+                for pos, name in enumerate(op.inputs)
+                if reduces(
+                    op,
+                    cut,
+                    op.signature.inputs[pos],
+                    False,
+                    name in self.graph.requires_grad,
+                    self.opts.train,
+                )
+            )
+        for name in names:
+            charged.add((name, r))
 
     # -- the double recursion -----------------------------------------------------------------
     def round_cost(self, r: int, decided: dict[int, str | None]) -> float:

@@ -25,14 +25,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from shardplan.cost.evaluate import op_terms, output_layouts, param_homes
+from shardplan.cost.evaluate import op_terms, output_layouts, param_homes, unary_terms
 from shardplan.cost.linear import memory_pieces
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import CommTerms
 from shardplan.ir.graph import Graph, make_graph
 from shardplan.ir.op import Op
 from shardplan.mesh import Mesh
 from shardplan.sharding import Strategy, check_strategy
 
+Unary = tuple[CommTerms, float]
 KEPT = 4
 """Blocks the reduced graph keeps: 0, 1, 2 and the last."""
 MIN_BLOCKS = 6
@@ -49,6 +51,8 @@ class Fold:
     start: int
     period: int
     count: int
+    labels: tuple[int, ...]
+    """`op_labels` of the reduced graph."""
 
     def _block(self, index: int) -> int:
         """Block of full-graph op `index` (-1 outside the run)."""
@@ -101,8 +105,18 @@ class Fold:
             self.count - 3.0 if self._reduced_block(op.name) == 2 else 1.0 for op in graph.ops
         ]
         homes = param_homes(graph, plan)
+        label = dict(zip((op.name for op in graph.ops), self.labels, strict=True))
+        memo: dict[tuple[int, Strategy], Unary] = {}
+
+        def unary(g: Graph, op: Op, s: Strategy, m: Mesh, o: CostOptions) -> Unary:
+            key = (label[op.name], s)  # interchangeable ops price alike
+            if key not in memo:
+                memo[key] = unary_terms(g, op, s, m, o)
+            return memo[key]
+
         total = 0.0
-        for t in op_terms(graph, mesh, plan, opts, homes, output_layouts(graph, plan)):
+        layouts = output_layouts(graph, plan)
+        for t in op_terms(graph, mesh, plan, opts, homes, layouts, unary):
             total += weights[t.index] * (t.intra.total + t.compute + t.redistribution.total)
         if memory_lambda:
             param = act = peak = 0.0
@@ -203,7 +217,8 @@ def find_fold(graph: Graph) -> Fold | None:
     if best is None:
         return None
     _, start, period, count = best  # type: ignore[misc]
-    return Fold(graph, _reduce(graph, start, period, count), start, period, count)
+    reduced = _reduce(graph, start, period, count)
+    return Fold(graph, reduced, start, period, count, tuple(op_labels(reduced)))
 
 
 def _reduce(graph: Graph, start: int, period: int, count: int) -> Graph:
