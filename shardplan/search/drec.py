@@ -35,7 +35,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, Round
 from shardplan.search.drec_costs import Overlay, RoundCosts, layout
-from shardplan.search.flex import FlexEdge, build_flex_graph, heavy_ops
+from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.fold import Fold, find_fold, op_labels
 from shardplan.sharding import Strategy, cut_problem
 
@@ -300,17 +300,23 @@ def drec(
     decision; otherwise (or with `fold=False`) the full graph is searched.
     """
     repeats = find_fold(graph) if fold else None
-    if repeats is not None:
-        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats)
+    flex = build_flex_graph(repeats.reduced) if repeats is not None else None
+    if repeats is not None and flex is not None and repeats.local(flex):
+        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
         if plan is not None:
             return repeats.expand(plan)
-    plan = _variants(graph, mesh, opts, memory_lambda, None)
+    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph))
     assert plan is not None
     return plan
 
 
 def _variants(
-    graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float, fold: Fold | None
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Fold | None,
+    flex: FlexGraph,
 ) -> dict[str, Strategy] | None:
     """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
     from shardplan.cost.evaluate import evaluate_strategies
@@ -323,7 +329,6 @@ def _variants(
     variants += [(k, False, False) for k in [*axis_ends, len(rounds)]]
     if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
         variants = variants[:1]
-    flex = build_flex_graph(graph)  # the same for every variant
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []

@@ -30,8 +30,9 @@ from shardplan.cost.linear import memory_pieces
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import CommTerms
 from shardplan.ir.graph import Graph, make_graph
-from shardplan.ir.op import Op
+from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh
+from shardplan.search.flex import FlexGraph
 from shardplan.sharding import Strategy, check_strategy
 
 Unary = tuple[CommTerms, float]
@@ -71,10 +72,33 @@ class Fold:
         return self._block(self.full.op_index[name])
 
     def round_weights(self) -> list[float]:
-        """Per reduced op: how many full-graph blocks it stands for in a round's total (blocks 1
-        and 2 share the n-2 interior blocks)."""
-        share = (self.count - 2) / 2
-        return [share if self._reduced_block(op.name) in (1, 2) else 1.0 for op in self.reduced.ops]
+        """Per reduced op: how many full-graph ops it stands for (in a round's total, and in the
+        score): block 2 and its incoming edges stand for blocks 2..n-2, exactly so when blocks 1
+        and 2 decide alike."""
+        return [
+            self.count - 3.0 if self._reduced_block(op.name) == 2 else 1.0
+            for op in self.reduced.ops
+        ]
+
+    def local(self, flex: FlexGraph) -> bool:
+        """Whether the ops after the run see no further back than its copies 1, 2 and the last:
+        no flex or sibling edge joins the suffix with block 0 or the prefix. Walks through chains
+        of transparent ops reach several blocks back (the residual stream); folded, a walk from
+        the suffix that reaches block 0 or the prefix sees ops the full graph's walk would not
+        (ResNet-152's last stage then decides differently), so such a run is not folded."""
+        place = []  # prefix -1, blocks 0, 1, 2, the last block 3, suffix 4
+        for op in self.reduced.ops:
+            k = self._reduced_block(op.name)
+            if k < 0:
+                k = -1 if self.full.op_index[op.name] < self.start else KEPT
+            elif k > 2:
+                k = KEPT - 1
+            place.append(k)
+        pairs = [(e.producer, e.consumer) for e in flex.edges]
+        pairs += [(e.a, e.b) for e in flex.siblings]
+        return not any(
+            max(place[u], place[v]) == KEPT and min(place[u], place[v]) <= 0 for u, v in pairs
+        )
 
     def uniform(self, plan: Mapping[str, Strategy]) -> bool:
         """Blocks 1 and 2 of a reduced plan decide alike (the interior's fixed point)."""
@@ -101,9 +125,7 @@ class Fold:
         graph, rounds = self.reduced, mesh.rounds
         for op in graph.ops:
             check_strategy(op, plan[op.name], rounds)
-        weights = [
-            self.count - 3.0 if self._reduced_block(op.name) == 2 else 1.0 for op in graph.ops
-        ]
+        weights = self.round_weights()
         homes = param_homes(graph, plan)
         label = dict(zip((op.name for op in graph.ops), self.labels, strict=True))
         memo: dict[tuple[int, Strategy], Unary] = {}
@@ -156,8 +178,10 @@ def _consistent(graph: Graph, start: int, period: int, k: int) -> bool:
                 if y < lo or graph.producer.get(u) != y - period:
                     return False
                 continue
-            if t == u:
-                continue  # the same outside tensor (the prefix's, or a shared parameter)
+            if t == u:  # one outside tensor read by every block: constants and inputs only
+                if graph.tensors[t].role in (Role.PARAMETER, Role.ACTIVATION):
+                    return False  # its readers would price each other (shared grads, layouts)
+                continue
             users = {i for i, _ in graph.consumers[t]}
             twin_users = {i for i, _ in graph.consumers[u]}
             if graph.producer.get(u) is not None or twin_users != {i - period for i in users}:

@@ -9,6 +9,7 @@ import pytest
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
 from shardplan.search.drec import _variants, drec
+from shardplan.search.flex import build_flex_graph
 from shardplan.search.fold import find_fold
 from shardplan.sharding import cut_problem, local_extents
 
@@ -33,6 +34,15 @@ def test_a_deep_gpt_folds_to_four_blocks():
 def test_shallow_or_irregular_graphs_do_not_fold():
     assert find_fold(_deep("gpt3", 2)) is None
     assert find_fold(sp.zoo.build("alexnet", small=True)) is None
+
+
+def test_a_residual_stream_through_many_blocks_is_not_folded():
+    """ResNet's add/relu chain joins heavy ops many blocks apart: folding would change what an
+    op sees, so the full graph is searched (and the plan is the full search's)."""
+    graph = sp.zoo.build("resnet152", small=True)
+    fold = find_fold(graph)
+    assert fold is not None
+    assert not fold.local(build_flex_graph(fold.reduced))
 
 
 def _random_plan(graph, mesh, rng):
@@ -86,5 +96,7 @@ def test_folded_search_finds_the_full_search_plan(model, layers, mesh):
     mesh = sp.parse_mesh(mesh)
     fold = find_fold(graph)
     assert fold is not None
-    assert _variants(fold.reduced, mesh, OPTS, 0.0, fold) is not None  # the fold was used
+    flex = build_flex_graph(fold.reduced)
+    assert fold.local(flex)
+    assert _variants(fold.reduced, mesh, OPTS, 0.0, fold, flex) is not None  # the fold is used
     assert drec(graph, mesh, OPTS) == drec(graph, mesh, OPTS, fold=False)
