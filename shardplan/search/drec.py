@@ -237,10 +237,12 @@ class _Search(RoundCosts):
         rnd = self.rounds[r]
         self._cache.clear()
         self._edge_cache.clear()
+        self._edge_kinds.clear()
         self._info_cache.clear()
         if r < self.unused_rounds:
             for st in self.states:
                 st.cuts.append(None)
+                st.kind = (*st.kind, None)
             return
         light = [i for i in range(len(self.states)) if i not in self.heavy]
         decided = self._greedy(r)
@@ -261,6 +263,7 @@ class _Search(RoundCosts):
             cut = decided.get(i)
             self._record_all_reduces(i, r, cut)
             st.cuts.append(cut)
+            st.kind = (*st.kind, cut)
             if cut is None:
                 continue
             st.extents[cut] //= rnd.q

@@ -58,6 +58,8 @@ class _OpState:
     """(other heavy op, my output position, its output position, my dim -> its dim)."""
     ar_history: dict[tuple[bool, int], list[tuple[int, float]]] = field(default_factory=dict)
     """(is_output, position) -> [(round, all-reduce cost charged then)]."""
+    kind: tuple[object, ...] = ()
+    """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
 
 
 class Overlay:
@@ -133,7 +135,8 @@ class RoundCosts:
         self.labels = list(labels) if labels is not None else op_labels(graph)
         """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
-        self._edge_cache: dict[tuple[int, int, float, int, bool, int], float] = {}
+        self._edge_cache: dict[tuple[int, int, float, str], float] = {}
+        self._edge_kinds: dict[tuple[int, int, float, int, bool], float] = {}
         self._grad = graph.requires_grad
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self.faster_than = [
@@ -149,6 +152,8 @@ class RoundCosts:
             )
             for op in graph.ops
         ]
+        for label, st in zip(self.labels, self.states, strict=True):
+            st.kind = (label,)
         self.heavy = flex.heavy
         for sib in flex.siblings:
             self.states[sib.a].siblings.append((sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b)))
@@ -203,7 +208,7 @@ class RoundCosts:
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
         """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
         already done count when they reduced the operand, faster later rounds are assumed to."""
-        key = (r, self.labels[i], tuple(self.states[i].cuts))
+        key = (r, self.states[i].kind)
         cached = self._info_cache.get(key)
         if cached is not None:
             return cached
@@ -232,9 +237,9 @@ class RoundCosts:
     def _own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         """Intra + compute + memory terms of every valid candidate of op i in round r (cached per
         round: they change only with which inputs' gradients another consumer already reduces)."""
-        op = self.states[i].op
-        shared = tuple(pos for pos, name in enumerate(op.inputs) if (name, r) in charged)
-        key = (r, self.labels[i], tuple(self.states[i].cuts), shared)
+        st = self.states[i]
+        shared = tuple(pos for pos, name in enumerate(st.op.inputs) if (name, r) in charged)
+        key = (r, st.kind, shared)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._compute_own_costs(i, r, charged)
@@ -332,16 +337,21 @@ class RoundCosts:
         return kept * (rnd.q - 1) / rnd.q
 
     def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
+        """Price of one edge in the current round (caches are cleared every round)."""
         if src == dst:
             return 0.0
-        # tensors of one dtype and gradient status price alike: copies of a layer share entries
-        key = (src, dst, numel, self.graph.tensors[name].dtype_bytes, name in self._grad, rnd.index)
+        key = (src, dst, numel, name)
         cost = self._edge_cache.get(key)
         if cost is None:
+            # tensors of one dtype and gradient status price alike: layer copies share the price
             t = self.graph.tensors[name]
-            cost = self._edge_cache[key] = redistribution_terms(
-                src, dst, numel, t.dtype_bytes, rnd, name in self.graph.requires_grad, self.opts
-            ).total
+            kind = (src, dst, numel, t.dtype_bytes, name in self._grad)
+            cost = self._edge_kinds.get(kind)
+            if cost is None:
+                cost = self._edge_kinds[kind] = redistribution_terms(
+                    src, dst, numel, t.dtype_bytes, rnd, name in self._grad, self.opts
+                ).total
+            self._edge_cache[key] = cost
         return cost
 
     def _in(self, i: int, cut: str | None, pos: int) -> int:
