@@ -397,16 +397,6 @@ def _layer_norm(ctx: _Context, node: Node) -> Any:
     return [ctx.emit("layer_norm", inputs, node, index=0, eps=_arg(node, 4)), None, None]
 
 
-def _layer_norm_whole(ctx: _Context, node: Node) -> Any:
-    """`aten.layer_norm` (export's IR before decomposition): `native_layer_norm`'s result 0."""
-    x, normalized, weight, bias = node.args[0], node.args[1], _arg(node, 2), _arg(node, 3)
-    if len(normalized) != 1:
-        raise UnsupportedOpError(f"layer norm over the last {len(normalized)} dims; the "
-                                 "catalogue's layer_norm normalizes the last dim only")
-    inputs = [x] + [t for t in (weight, bias) if t is not None]
-    return ctx.emit("layer_norm", inputs, node, eps=_arg(node, 4, 1e-5))
-
-
 def _norm_params(ctx: _Context, node: Node, channels: int) -> list[Any]:
     params: list[Any] = []
     for position, fill in ((1, "ones"), (2, "zeros")):
@@ -685,14 +675,14 @@ def aten_table() -> TranslationTable[str, Rule]:
         _reduce("reduce_mean", 1, None, approx=True))
     reg("aten.logsumexp.default")(_reduce("reduce_max", approx=True))
     # along one FROZEN axis
-    reg("aten._softmax.default", "aten._safe_softmax.default", "aten.softmax.int")(
-        _along("softmax"))
+    reg("aten._softmax.default", "aten._safe_softmax.default")(_along("softmax"))
+    reg("aten.softmax.int")(_along("softmax"))  # export's IR before decomposition
     reg("aten._log_softmax.default")(_along("softmax", approx=True))  # log of a softmax
     reg("aten.cumsum.default", "aten.cumprod.default")(_along("softmax", approx=True))  # scans
     reg("aten.sort.default")(_along("softmax", approx=True))          # values and indices
     # normalization
     reg("aten.native_layer_norm.default")(_layer_norm)
-    reg("aten.layer_norm.default")(_layer_norm_whole)  # kept when no decomposition is needed
+    reg("aten.layer_norm.default")(lambda ctx, node: _layer_norm(ctx, node)[0])  # undecomposed
     reg("aten._native_batch_norm_legit_no_training.default",
         "aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit_functional.default",
         "aten.native_batch_norm.default")(_batch_norm)
