@@ -10,8 +10,9 @@ sizes left by rounds < r, every candidate cut of an op:
     of layout-transparent ops), against immediate neighbours, and between readers of one
     parameter;
   * the full cost of a round's complete assignment, to compare whole-round alternatives.
-Every price is a dictionary look-up after its first computation (caches are per round), so each
-is O(1) amortised and a round costs O(|V| + |E|) look-ups.
+Every price is a dictionary look-up after its first computation (caches are per round; own terms
+are keyed by (op label, cuts so far) and edges by dtype and gradient status, so identical ops of
+repeated layers share them), so each is O(1) amortised and a round costs O(|V| + |E|) look-ups.
 """
 
 from __future__ import annotations
@@ -360,27 +361,13 @@ class RoundCosts:
     def _out(self, i: int, cut: str | None, pos: int) -> int:
         return self.layouts[i][cut][1][pos]
 
-    def _flex_cost(
-        self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
-    ) -> float:
-        st = self.states[i]
-        cost = self._flex_edges_cost(i, cut, rnd, decided, st.preds, st.succs)
-        for other, pos, other_pos, to_other in st.siblings:
-            if other not in decided:
-                continue
-            mine = self._out(i, cut, pos)
-            theirs = self._out(other, decided[other], other_pos)
-            if mine >= 0:
-                mine = to_other.get(mine, REPLICATED)  # a split that cannot meet theirs gathers
-            other_st = self.states[other]
-            name = other_st.op.outputs[other_pos]
-            cost += self._edge(mine, theirs, other_st.out_numel[other_pos], name, rnd)
-        return cost + self._shared_param_costs(i, [cut], rnd, decided)[cut]
-
     def _flex_costs(
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
     ) -> dict[str | None, float]:
-        """`_flex_cost` of each of `cuts` (the neighbours' side looked up once per edge)."""
+        """Redistribution of each of `cuts` against the decided heavy neighbours: flex edges (a
+        split a chain cannot carry gathers on the way), sibling edges (splits must meet on the
+        shared op's dims) and other readers of a shared parameter; the neighbours' side is looked
+        up once per edge."""
         st = self.states[i]
         op, lay = st.op, self.layouts[i]
         costs = dict.fromkeys(cuts, 0.0)
@@ -430,8 +417,9 @@ class RoundCosts:
         theirs: tuple[int, ...],
         rnd: Round,
     ) -> float:
-        """`_flex_edges_cost` of op j over its edges to one neighbour, from the layouts on them:
-        `mine` the neighbour's (its outputs into j, then its inputs from j), `theirs` j's."""
+        """Redistribution on op j's flex edges to one neighbour (the same chain rules as
+        `_flex_costs`), from the layouts on them: `mine` the neighbour's (its outputs into j,
+        then its inputs from j), `theirs` j's."""
         st = self.states[j]
         op = st.op
         cost = 0.0
@@ -451,40 +439,6 @@ class RoundCosts:
                 dst = e.backward.get(dst, REPLICATED)
             if src >= 0 and src not in e.forward:
                 dst = REPLICATED
-            cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
-        return cost
-
-    def _flex_edges_cost(
-        self,
-        i: int,
-        cut: str | None,
-        rnd: Round,
-        decided: dict[int, str | None],
-        preds: list[FlexEdge],
-        succs: list[FlexEdge],
-    ) -> float:
-        st = self.states[i]
-        op = st.op
-        cost = 0.0
-        for e in preds:
-            if e.producer not in decided:
-                continue
-            src = self._out(e.producer, decided[e.producer], e.out_pos)
-            dst = self._in(i, cut, e.in_pos)
-            if src >= 0:
-                src = e.forward.get(src, ELSEWHERE)
-                if src == ELSEWHERE:  # the chain cannot carry that split: it gathers on the way
-                    dst = REPLICATED
-            cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
-        for e in succs:
-            if e.consumer not in decided:
-                continue
-            dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
-            src = self._out(i, cut, e.out_pos)
-            if dst >= 0:
-                dst = e.backward.get(dst, REPLICATED)
-            if src >= 0 and src not in e.forward:
-                dst = REPLICATED  # the chain cannot carry this split: it gathers on the way
             cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
         return cost
 
