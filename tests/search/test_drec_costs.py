@@ -1,8 +1,9 @@
 """D-Rec's round pricer against the evaluator, on random plans of every zoo model.
 
-On a one-round mesh a D-Rec round is the whole plan: its price of a complete assignment (own
-terms with "no cut" priced as the compute it adds, plus every edge once) plus the compute every
-op would do if cut equals the evaluator's total.
+Every zoo model at test size, with fp32 and bf16 tensors. On a one-round mesh a D-Rec round is
+the whole plan: its price of a complete assignment (own terms with "no cut" priced as the compute
+it adds, plus every edge once) plus the compute every op would do if cut equals the evaluator's
+total.
 """
 
 from __future__ import annotations
@@ -16,21 +17,23 @@ from shardplan.cost import CostOptions, evaluate_strategies
 from shardplan.cost.terms import compute_cost
 from shardplan.search.drec_costs import RoundCosts
 from shardplan.sharding import cut_problem
+from tests.search.test_tables_vs_evaluator import as_dtype
 
 MODELS = sorted(sp.zoo.MODELS)
-GRAPHS = {name: sp.zoo.build(name, small=True) for name in MODELS}
+GRAPHS = {(m, b): as_dtype(sp.zoo.build(m, small=True), b) for m in MODELS for b in (4, 2)}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     model=st.sampled_from(MODELS),
+    nbytes=st.sampled_from([4, 2]),
     devices=st.sampled_from(["2", "3", "4x1"]),
     preset=st.sampled_from(["shardplan", "mindspore"]),
     train=st.booleans(),
     data=st.data(),
 )
-def test_round_price_equals_the_evaluator(model, devices, preset, train, data):
-    graph = GRAPHS[model]
+def test_round_price_equals_the_evaluator(model, nbytes, devices, preset, train, data):
+    graph = GRAPHS[model, nbytes]
     mesh = sp.parse_mesh(devices)
     if len(mesh.rounds) != 1:
         mesh = sp.parse_mesh("2")
