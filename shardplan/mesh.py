@@ -6,8 +6,9 @@ on the Mesh so the cost model reads one value. `rounds` is computed once per Mes
 
 Each axis of size n is factored into prime rounds in ascending order (8 -> 2,2,2; 6 -> 2,3;
 12 -> 2,2,3), outer axes first. A round splits every device group into q parts over that
-axis's links; the search makes one cut per operator per round. Parsing and factoring are
-O(log n) per axis.
+axis's links; the search makes one cut per operator per round. A mesh has at most
+`checks.MAX_DEVICES` (2**20) devices, so trial division factors any axis in at most 2**10 steps;
+parsing is linear in the text.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from shardplan.errors import MeshError
+from shardplan import checks
+from shardplan.errors import ArgumentError, MeshError
 from shardplan.hardware import DEFAULT_MACHINE, MACHINES, get_machine
 
 
@@ -28,6 +30,23 @@ class Round:
     axis_name: str
     q: int
     bandwidth_bytes_per_s: float
+
+
+def _sequence(x: object, what: str) -> tuple[object, ...]:
+    """A tuple or list as a tuple (None and () mean "the default"); anything else a MeshError."""
+    if x is None:
+        return ()
+    if not isinstance(x, (tuple, list)):
+        raise MeshError(f"{what} must be a tuple (one entry per mesh axis), got {x!r}")
+    return tuple(x)
+
+
+def _positive(x: object) -> bool:
+    """A positive finite number (not a bool): bandwidths, FLOP rates and budgets."""
+    try:
+        return checks.finite_number(x, "value") > 0
+    except ArgumentError:
+        return False
 
 
 def _prime_factors(n: int) -> list[int]:
@@ -59,23 +78,27 @@ class Mesh:
     _rounds: tuple[Round, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        shape = tuple(int(s) for s in self.shape)
-        if not shape:
-            raise MeshError("a mesh needs at least one axis, e.g. '8' or '2x8'")
-        if any(s < 1 for s in shape):
-            raise MeshError(f"mesh axis sizes must be >= 1, got {shape}")
+        shape = checks.mesh_shape(self.shape)  # no coercion: Mesh('16') and Mesh((2.5,)) fail
         object.__setattr__(self, "shape", shape)
-        names = self.names or default_names(len(shape))
-        if len(names) != len(shape) or len(set(names)) != len(names):
+        names = _sequence(self.names, "mesh axis names") or default_names(len(shape))
+        if (
+            len(names) != len(shape)
+            or len(set(names)) != len(names)
+            or not all(isinstance(n, str) and n for n in names)
+        ):
             raise MeshError(f"mesh axis names {names} must be unique, one per axis of {shape}")
-        object.__setattr__(self, "names", tuple(names))
-        bw = self.bandwidth_bytes_per_s or get_machine(self.machine).link_bandwidths(shape)
-        if len(bw) != len(shape) or any(b <= 0 for b in bw):
+        object.__setattr__(self, "names", names)
+        if not isinstance(self.machine, str) or self.machine not in MACHINES:
+            raise MeshError(f"unknown machine {self.machine!r}; choose one of {sorted(MACHINES)}")
+        bw = _sequence(self.bandwidth_bytes_per_s, "mesh bandwidths") or get_machine(
+            self.machine
+        ).link_bandwidths(shape)
+        if len(bw) != len(shape) or not all(_positive(b) for b in bw):
             raise MeshError(f"need one positive bandwidth per mesh axis {shape}, got {bw}")
         object.__setattr__(self, "bandwidth_bytes_per_s", tuple(float(b) for b in bw))
-        if self.memory_bytes is not None and self.memory_bytes <= 0:
+        if self.memory_bytes is not None and not _positive(self.memory_bytes):
             raise MeshError(f"per-device memory must be positive, got {self.memory_bytes}")
-        if self.flops_per_s <= 0:
+        if not _positive(self.flops_per_s):
             raise MeshError(f"FLOP rate must be positive, got {self.flops_per_s}")
         object.__setattr__(self, "_rounds", self._make_rounds())  # once: the search reads it often
 
@@ -127,7 +150,7 @@ class Mesh:
                 str(data.get("machine", DEFAULT_MACHINE)),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise MeshError(f"mesh JSON {data!r} is malformed: {e}") from e
+            raise MeshError(f"mesh JSON {repr(data)[:200]} is malformed: {e}") from e
 
 
 def default_names(rank: int) -> tuple[str, ...]:
@@ -155,44 +178,27 @@ def parse_mesh(
     """
     if isinstance(text, Mesh):
         return text
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise MeshError(
+            f"mesh must be a Mesh, a whole number of devices or text like '2x8', got {text!r} "
+            f"({type(text).__name__})"
+        )
+    if not isinstance(machine, str) or machine not in MACHINES:
+        raise MeshError(f"unknown machine {machine!r}; choose one of {sorted(MACHINES)}")
     spec = get_machine(machine)
     raw = str(text)
-    if not _MESH_TEXT.match(raw):
-        raise MeshError(f"cannot parse mesh {raw!r}; write axis sizes like '8', '2x8' or '4x8'")
+    if len(raw) > 100 or not _MESH_TEXT.match(raw):
+        raise MeshError(
+            f"cannot parse mesh {raw[:50]!r}; write axis sizes like '8', '2x8' or '4x8'"
+        )
     shape = tuple(int(s) for s in re.split(r"[x×*,]", raw.replace(" ", "")))
     if any(s < 1 for s in shape):
         raise MeshError(f"mesh {raw!r}: every axis size must be >= 1")
+    shape = checks.mesh_shape(shape, f"mesh {raw!r}")
     return Mesh(shape, names, spec.link_bandwidths(shape), memory_bytes, spec.flops_per_s, machine)
 
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-
-
 def parse_bytes(text: str | float | int) -> float:
-    """Parse `80GB`, `16GiB`, `512MB` or a plain number of bytes."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = _SIZE.match(text)
-    if not m:
-        raise MeshError(f"cannot parse memory size {text!r}; write e.g. '80GB' or '16GiB'")
-    value, unit = float(m.group(1)), (m.group(2) or "B").upper()
-    scale = {
-        "B": 1,
-        "K": 1e3,
-        "KB": 1e3,
-        "M": 1e6,
-        "MB": 1e6,
-        "G": 1e9,
-        "GB": 1e9,
-        "T": 1e12,
-        "TB": 1e12,
-        "KIB": 2**10,
-        "MIB": 2**20,
-        "GIB": 2**30,
-        "TIB": 2**40,
-        "KI": 2**10,
-        "MI": 2**20,
-        "GI": 2**30,
-        "TI": 2**40,
-    }[unit]
-    return value * scale
+    """Parse `80GB`, `16GiB`, `512MB`, `100B` or a positive number of bytes (see
+    `checks.memory_bytes`: text needs a unit, NaN / infinity / <= 0 are refused)."""
+    return checks.memory_bytes(text)

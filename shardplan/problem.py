@@ -8,16 +8,18 @@ anything. Mesh text gets the machine named by `machine`, else `hardware.DEFAULT_
 a silent choice. The budget is `memory` when given, else the mesh's `memory_bytes` (None:
 unchecked). O(1) beyond parsing.
 
-Argument checks shared with the other entry points hook in here (`Problem.make`), before any
-solver runs.
+Argument checks shared with the other entry points (`shardplan.checks`) run here, before any
+solver: a wrong type or value is an ArgumentError naming the argument.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardplan import checks
 from shardplan.cost import CostOptions
-from shardplan.errors import MeshError, PlanError
+from shardplan.cost.presets import PRESETS, Optimizer
+from shardplan.errors import ArgumentError, MeshError
 from shardplan.hardware import DEFAULT_MACHINE, Machine, get_machine
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, parse_bytes, parse_mesh
@@ -51,7 +53,7 @@ class Problem:
     ) -> Problem:
         """The canonical Problem of loose arguments (see the module docstring)."""
         if not isinstance(graph, Graph):
-            raise PlanError(
+            raise ArgumentError(
                 "graph must be a shardplan Graph (zoo.build, from_torch, from_onnx, from_jaxpr), "
                 f"got {type(graph).__name__}"
             )
@@ -63,6 +65,9 @@ class Problem:
                 )
         else:
             mesh = parse_mesh(mesh, machine or DEFAULT_MACHINE)
+        checks.boolean(train, "train")
+        checks.choice(preset, "preset", sorted(PRESETS))
+        checks.choice(optimizer, "optimizer", [o.value for o in Optimizer])
         budget = parse_bytes(memory) if memory is not None else mesh.memory_bytes
         if budget is not None and budget <= 0:
             raise MeshError(f"memory budget must be positive, got {memory!r}")

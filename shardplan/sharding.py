@@ -65,6 +65,13 @@ def cut_problem(op: Op, loop_dim: str, local_extent: int, q: int) -> str | None:
         return f"loop dim {loop_dim!r} is FROZEN"
     if local_extent % q:
         return f"local extent {local_extent} of {loop_dim!r} is not divisible by {q}"
+    # The one window rule: a WINDOW cut also splits the (larger) input dim, so it must divide it.
+    parts = dim.extent // max(local_extent, 1) * q
+    if dim.span and dim.span % parts:
+        return (
+            f"WINDOW loop dim {loop_dim!r} splits an input dim of size {dim.span}, "
+            f"which is not divisible into {parts} parts"
+        )
     for dims in (*op.signature.inputs, *op.signature.outputs):
         for group in dims:
             if loop_dim in group[1:]:

@@ -15,6 +15,7 @@ ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
     "version": 0,
     "errors": 0,
+    "checks": 0.5,
     "ir": 1,
     "hardware": 2,
     "zoo": 2,
@@ -32,7 +33,7 @@ LAYERS = {
     "__init__": 12,
     "__main__": 12,
 }
-"""errors -> ir -> hardware/mesh -> sharding -> cost -> problem/plans -> search ->
+"""errors -> checks -> ir -> hardware/mesh -> sharding -> cost -> problem/plans -> search ->
 importers/exporters -> engines -> fidelity -> cli (docs/architecture.md). A module may import
 its own package and strictly lower layers."""
 

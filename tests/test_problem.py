@@ -3,7 +3,7 @@
 import pytest
 
 from shardplan import zoo
-from shardplan.errors import MeshError, PlanError
+from shardplan.errors import ArgumentError, MeshError
 from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.mesh import parse_mesh
 from shardplan.problem import Problem
@@ -35,7 +35,7 @@ def test_budget_has_one_home():
 
 
 def test_bad_graph_and_unknown_machine_are_typed_errors():
-    with pytest.raises(PlanError, match="graph must be a shardplan Graph"):
+    with pytest.raises(ArgumentError, match="graph must be a shardplan Graph"):
         Problem.make("mlp", "8")
     with pytest.raises(MeshError, match="unknown machine 'tpu'"):
         Problem.make(G, "8", machine="tpu")

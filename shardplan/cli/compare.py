@@ -139,14 +139,18 @@ def _fmt_bytes(n: float) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from shardplan.cli.inputs import output_path
+
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         Console(stderr=True).print(
             f"[bold red]error[/]: unknown method(s) {unknown}; choose from {list(METHODS)}",
             highlight=False,
+            soft_wrap=True,
         )
         return 2
+    output_path(args.json, "--json")  # before the searches
     graph = load_graph(args)
     mesh = parse_mesh(args.mesh, machine=args.machine)
     err = Console(stderr=True)

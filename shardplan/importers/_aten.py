@@ -566,11 +566,13 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.logsumexp.default")(_reduce("reduce_max", approx=True))
     # along one FROZEN axis
     reg("aten._softmax.default", "aten._safe_softmax.default")(_along("softmax"))
+    reg("aten.softmax.int")(_along("softmax"))  # export's IR before decomposition
     reg("aten._log_softmax.default")(_along("softmax", approx=True))  # log of a softmax
     reg("aten.cumsum.default", "aten.cumprod.default")(_along("softmax", approx=True))  # scans
     reg("aten.sort.default")(_along("softmax", approx=True))          # values and indices
     # normalization
     reg("aten.native_layer_norm.default")(_layer_norm)
+    reg("aten.layer_norm.default")(lambda ctx, node: _layer_norm(ctx, node)[0])  # undecomposed
     reg("aten._native_batch_norm_legit_no_training.default",
         "aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit_functional.default",
         "aten.native_batch_norm.default")(_batch_norm)

@@ -6,21 +6,26 @@ dispatches it through the solver registry (`search.solvers`: typed options per m
 Whatever the method, the returned Plan is scored by the one evaluator. With a memory
 budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
 with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), then by
-sharding the storage of parameters it replicates (ZeRO-style); if even that does not fit it raises
-InfeasibleError saying by how much. Other methods raise InfeasibleError when over budget.
+sharding the storage of parameters it replicates (ZeRO-style). D-Rec's plan is then compared, by
+the one evaluator, with "all replicated" and every expert plan (baselines.py): the cheapest that
+fits is returned, with a note when a baseline won; if nothing fits it raises InfeasibleError
+saying by how much. Other methods raise InfeasibleError when over budget.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
+from shardplan.cost import CostOptions
 from shardplan.errors import InfeasibleError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan, with_status
 from shardplan.problem import Problem
+from shardplan.search.baselines import baseline_plans, cheapest
 from shardplan.search.drec import drec
 from shardplan.search.solvers import METHODS, get_solver, solver_options
 
@@ -106,8 +111,24 @@ def unused_devices_note(p: Plan) -> str | None:
 
 
 def drec_within(problem: Problem, start: float) -> Plan:
-    """D-Rec, then (over budget) the memory penalty and ZeRO-style storage (module docstring)."""
+    """D-Rec under the budget, then the cheapest of it and the baselines that fit (baselines.py)."""
     graph, mesh, opts, budget = problem.graph, problem.mesh, problem.options, problem.budget
+    try:
+        found: Plan | None = _drec_search(graph, mesh, opts, budget, start)
+        failure: InfeasibleError | None = None
+    except InfeasibleError as e:
+        found, failure = None, e
+    best = cheapest(found, baseline_plans(graph, mesh, opts), budget, time.perf_counter() - start)
+    if best is None:
+        assert failure is not None
+        raise failure
+    return replace(best, search_seconds=time.perf_counter() - start)  # baselines included
+
+
+def _drec_search(
+    graph: Graph, mesh: Mesh, opts: CostOptions, budget: float | None, start: float
+) -> Plan:
+    """D-Rec, then (over budget) the memory penalty and ZeRO-style storage (module docstring)."""
     strategies = drec(graph, mesh, opts)
     best = Plan(graph, mesh, strategies, "drec", opts, time.perf_counter() - start)
     assert best.cost is not None
@@ -163,6 +184,8 @@ def _shard_replicated_params(p: Plan) -> Plan:
     homes = p.tensor_layouts()
     layouts: dict[str, tuple[int, ...]] = {}
     for t in p.graph.parameters:
+        if t.name not in homes:  # a parameter no op reads holds no device memory
+            continue
         layout = list(homes[t.name])
         local = list(t.shape)
         for r, rnd in enumerate(p.mesh.rounds):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+from shardplan import checks
 from shardplan.errors import SolverError
 from shardplan.plans import Plan
 from shardplan.problem import Problem
@@ -140,6 +141,14 @@ def solver_options(method: str, options: Mapping[str, Any]) -> Any:
     if unknown:
         takes = f"it takes {known}" if known else "it takes none"
         raise SolverError(f"method {method!r} has no option(s) {unknown}; {takes}")
+    for key in ("time_limit", "mip_rel_gap"):
+        if key in options:
+            checks.finite_number(options[key], key)
+    for key in ("max_strategies", "max_pair_columns", "max_table_entries", "max_entries"):
+        if options.get(key) is not None:
+            checks.positive_int(options[key], key)
+    if "split" in options:
+        checks.choice(options["split"], "split", ["auto", "never", "always"])
     return solver.options(**options)
 
 
