@@ -144,6 +144,7 @@ class _Context:
         self.ep, self.emitter, self.table = ep, emitter, table
         self.env: dict[Node, Any] = {}
         self.static: set[Node] = set()
+        self.experts: dict[Node, Any] = {}  # node -> its grouped-experts block
 
     # -- placeholders ---------------------------------------------------------------------------
     def _placeholders(self) -> None:
@@ -186,7 +187,10 @@ class _Context:
 
     # -- nodes ------------------------------------------------------------------------------------
     def run(self) -> None:
+        from shardplan.importers._aten_moe import expert_blocks
+
         self._placeholders()
+        self.experts = expert_blocks(self)
         for node in self.ep.graph.nodes:
             if node.op == "get_attr":
                 self.static.add(node)
@@ -198,6 +202,9 @@ class _Context:
         key = str(node.target)
         val = node.meta.get("val")
         parents = node.all_input_nodes
+        if self.experts.get(node) is not None:  # a grouped-experts block (see _aten_moe)
+            self.env[node] = self.experts[node].translate(self, node)
+            return
         if node.target is operator.getitem:
             source, index = node.args
             if source in self.static:
@@ -207,6 +214,11 @@ class _Context:
                 self.env[node] = self.env[source][index]
             return
         if key in _SKIP or (val is None and not node.users):
+            return
+        if self._is_tensor(val) and val.numel() == 0:  # nothing to compute or to cut
+            self.emitter.notes.append(f"zero-size value {node.name} {tuple(val.shape)} "
+                                      f"({key}) dropped")
+            self.env[node] = None
             return
         if key in _CREATION or all(p in self.static for p in parents):
             self.static.add(node)
