@@ -205,6 +205,12 @@ class _Context:
         if self.experts.get(node) is not None:  # a grouped-experts block (see _aten_moe)
             self.env[node] = self.experts[node].translate(self, node)
             return
+        if self._is_tensor(val) and val.numel() == 0:  # nothing to compute or to cut: readers
+            self.emitter.notes.append(f"zero-size value {node.name} {tuple(val.shape)} "
+                                      f"({key}) dropped")  # fold it (a sum of it is 0) or skip it
+            self.static.add(node)
+            self.env[node] = None
+            return
         if node.target is operator.getitem:
             source, index = node.args
             if source in self.static:
@@ -214,11 +220,6 @@ class _Context:
                 self.env[node] = self.env[source][index]
             return
         if key in _SKIP or (val is None and not node.users):
-            return
-        if self._is_tensor(val) and val.numel() == 0:  # nothing to compute or to cut
-            self.emitter.notes.append(f"zero-size value {node.name} {tuple(val.shape)} "
-                                      f"({key}) dropped")
-            self.env[node] = None
             return
         if key in _CREATION or all(p in self.static for p in parents):
             self.static.add(node)
