@@ -68,9 +68,15 @@ def jax_kernels() -> dict[str, Kernel]:
         hot = (routes[..., None] == jnp.arange(e * c)).astype(y.dtype)  # g t k s
         return jnp.einsum("gtks,gtk,gsn->gtn", hot, weights, flat)
 
-    return {"moe_topk_ids": topk_ids, "moe_topk_weights": topk_weights, "moe_route": route,
-            "moe_slots": slots, "moe_dispatch": dispatch, "expert_matmul": expert_matmul,
-            "moe_combine": combine}
+    return {
+        "moe_topk_ids": topk_ids,
+        "moe_topk_weights": topk_weights,
+        "moe_route": route,
+        "moe_slots": slots,
+        "moe_dispatch": dispatch,
+        "expert_matmul": expert_matmul,
+        "moe_combine": combine,
+    }
 
 
 def torch_kernels() -> dict[str, Kernel]:
@@ -118,6 +124,12 @@ def torch_kernels() -> dict[str, Kernel]:
         hot = (routes.unsqueeze(-1) == torch.arange(e * c)).to(y.dtype)
         return torch.einsum("gtks,gtk,gsn->gtn", hot, weights.to(y.dtype), flat)
 
-    return {"moe_topk_ids": topk_ids, "moe_topk_weights": topk_weights, "moe_route": route,
-            "moe_slots": slots, "moe_dispatch": dispatch, "expert_matmul": expert_matmul,
-            "moe_combine": combine}
+    return {
+        "moe_topk_ids": topk_ids,
+        "moe_topk_weights": topk_weights,
+        "moe_route": route,
+        "moe_slots": slots,
+        "moe_dispatch": dispatch,
+        "expert_matmul": expert_matmul,
+        "moe_combine": combine,
+    }

@@ -72,19 +72,30 @@ class ExpertBlock:
         weights = op("reshape", [self.weights], "weights", shape=(g, t, k))
         slots = op("moe_slots", [ids], "slots", **route)
         routes = op("moe_route", [ids], "routes", **route)
-        h = ctx.emit("moe_dispatch", [x, slots], node, part="dispatch",
-                     approx=True)  # counted: capacity factor 1, see the module doc
+        h = ctx.emit(
+            "moe_dispatch", [x, slots], node, part="dispatch", approx=True
+        )  # counted: capacity factor 1, see the module doc
         (w_up, up_t), (w_down, down_t) = self.projections
         h = op("expert_matmul", [h, w_up], "up", transpose_b=up_t)
         if self.gated:  # [gate; up] halves of the last dim, as transformers' _apply_gate
             half = ctx.shape(w_up)[1 if up_t else 2] // 2
             parts = op("reshape", [h], "halves", shape=(experts, g, capacity, 2, half))
-            gate = ctx.emitter.gather(parts, [ctx.index_constant(node, (), "gate_index")], 3,
-                                      **ctx.target(node, "gate", None), position=0,
-                                      source=str(node.target))
-            up = ctx.emitter.gather(parts, [ctx.index_constant(node, (), "up_index")], 3,
-                                    **ctx.target(node, "up_half", None), position=1,
-                                    source=str(node.target))
+            gate = ctx.emitter.gather(
+                parts,
+                [ctx.index_constant(node, (), "gate_index")],
+                3,
+                **ctx.target(node, "gate", None),
+                position=0,
+                source=str(node.target),
+            )
+            up = ctx.emitter.gather(
+                parts,
+                [ctx.index_constant(node, (), "up_index")],
+                3,
+                **ctx.target(node, "up_half", None),
+                position=1,
+                source=str(node.target),
+            )
             h = op("mul", [op(self.activation, [gate], "act"), up], "glu")
         else:
             h = op(self.activation, [h], "act")
@@ -92,7 +103,8 @@ class ExpertBlock:
         out = op("moe_combine", [h, routes, weights], "combine")
         ctx.emitter.notes.append(
             f"experts {self.path}: {experts} experts, top-{k}, {g} group(s) of {t} tokens, "
-            f"capacity {capacity} per expert and group (factor 1)")
+            f"capacity {capacity} per expert and group (factor 1)"
+        )
         return ctx.emit("reshape", [out], node, shape=ctx.shape(node))
 
 
@@ -128,8 +140,13 @@ def _block(ctx: _Context, first: Node) -> ExpertBlock | None:
     mms = [n for n in nodes if str(n.target) in GROUPED_MM]
     if len(results) != 1 or len(mms) != 2:
         return None
-    params = [a for a in reads if a.op == "placeholder" and isinstance(ctx.env.get(a), str)
-              and ctx.emitter.role(ctx.env[a]) is Role.PARAMETER]
+    params = [
+        a
+        for a in reads
+        if a.op == "placeholder"
+        and isinstance(ctx.env.get(a), str)
+        and ctx.emitter.role(ctx.env[a]) is Role.PARAMETER
+    ]
     projections = [_weight(ctx, mm.args[1]) for mm in mms]
     if any(p is None for p in projections) or {p[0] for p in projections} != set(params):
         return None
@@ -150,17 +167,28 @@ def _block(ctx: _Context, first: Node) -> ExpertBlock | None:
     kinds = {str(n.target) for n in nodes}
     gated = any("split" in k or "chunk" in k for k in kinds)
     activation = next((v for k, v in _ACTIVATIONS.items() if k in kinds), "silu")
-    return ExpertBlock(path, results[0], tokens, ids, weights,
-                       tuple(p for p in projections if p is not None), gated, activation,
-                       _groups(ctx, tokens))
+    return ExpertBlock(
+        path,
+        results[0],
+        tokens,
+        ids,
+        weights,
+        tuple(p for p in projections if p is not None),
+        gated,
+        activation,
+        _groups(ctx, tokens),
+    )
 
 
 def _groups(ctx: _Context, tokens: Node) -> int:
     """Sequences of the batch when the tokens are a [T, H] view of [batch, seq, H]."""
     node = tokens
     for _ in range(4):  # a few views back (the MoE block's and the router's flattening)
-        if str(node.target) not in ("aten.view.default", "aten.reshape.default",
-                                    "aten._unsafe_view.default") or not node.args:
+        if (
+            str(node.target)
+            not in ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+            or not node.args
+        ):
             break
         node = node.args[0]
         shape = ctx.shape(node)

@@ -42,8 +42,13 @@ def _contiguous(dims: Sequence[tuple[int, int]]) -> bool:
     return True
 
 
-def strided_view(shape: Sequence[int], strides: Sequence[int], size: Sequence[int],
-                 stride: Sequence[int], offset: int = 0) -> tuple[int, ...] | None:
+def strided_view(
+    shape: Sequence[int],
+    strides: Sequence[int],
+    size: Sequence[int],
+    stride: Sequence[int],
+    offset: int = 0,
+) -> tuple[int, ...] | None:
     """How `as_strided(x, size, stride, offset)` reads `x` (shape, strides): the permutation of
     x's non-unit dims to apply before reshaping to `size`, or None if it is not such a view."""
     src = [(n, s) for n, s in zip(shape, strides, strict=True) if n != 1]
@@ -69,7 +74,8 @@ def _as_strided(ctx: _Context, node: Node) -> Any:
             f"as_strided(size={list(size)}, stride={list(stride)}, offset={offset}) of a "
             f"{list(shape)} tensor with strides {list(strides)} is not a reshape or transpose "
             "of it (overlapping or offset windows); rewrite the model with unfold/view, or "
-            "import with unknown='replicate'")
+            "import with unknown='replicate'"
+        )
     value: Any = x
     if perm != tuple(range(len(perm))):
         squeezed = tuple(n for n in shape if n != 1)
@@ -82,8 +88,9 @@ def _as_strided(ctx: _Context, node: Node) -> Any:
     return ctx.emit("reshape", [value], node, shape=tuple(size))
 
 
-def _written(ctx: _Context, node: Node, dest: Node, operands: Sequence[Any],
-             axes: Sequence[int]) -> Any:
+def _written(
+    ctx: _Context, node: Node, dest: Node, operands: Sequence[Any], axes: Sequence[int]
+) -> Any:
     """The destination-shaped form of a write into `dest` at `axes` (see the module doc)."""
     out = ctx.shape(dest)
     names = [f"c{j}" if j in axes else f"a{j}" for j in range(len(out))]
@@ -103,9 +110,16 @@ def _written(ctx: _Context, node: Node, dest: Node, operands: Sequence[Any],
         specs.append(" ".join(own))
         tensors.append(ctx.tensor(operand))
     spec = f"{', '.join(specs)} -> {' '.join(names)}"
-    return ctx.emitter.op("einsum", tensors, **ctx.target(node, "", None), flops=_numel(out),
-                          approx=str(node.target), source=str(node.target), spec=spec,
-                          frozen=tuple(frozen))
+    return ctx.emitter.op(
+        "einsum",
+        tensors,
+        **ctx.target(node, "", None),
+        flops=_numel(out),
+        approx=str(node.target),
+        source=str(node.target),
+        spec=spec,
+        frozen=tuple(frozen),
+    )
 
 
 def _scatter(ctx: _Context, node: Node) -> Any:
@@ -120,8 +134,7 @@ def _index_put(ctx: _Context, node: Node) -> Any:
     """x[indices] = values (or +=): the indexed axes FROZEN."""
     x, indices, values = node.args[:3]
     axes = [j for j, t in enumerate(indices) if t is not None]
-    operands = [t for t in indices if t is not None] + ([values] if hasattr(values, "meta")
-                                                       else [])
+    operands = [t for t in indices if t is not None] + ([values] if hasattr(values, "meta") else [])
     return _written(ctx, node, x, operands, axes)
 
 
@@ -137,16 +150,26 @@ def _histc(ctx: _Context, node: Node) -> Any:
     bins = ctx.shape(node)[0]
     names = [f"x{j}" for j in range(len(ctx.shape(x)))]
     edges = ctx.index_constant(node, (bins,), "bins")
-    return ctx.emitter.op("einsum", [ctx.tensor(x), edges], **ctx.target(node, "", None),
-                          flops=_numel(ctx.shape(x)), approx=str(node.target),
-                          source=str(node.target), spec=f"{' '.join(names)}, b -> b")
+    return ctx.emitter.op(
+        "einsum",
+        [ctx.tensor(x), edges],
+        **ctx.target(node, "", None),
+        flops=_numel(ctx.shape(x)),
+        approx=str(node.target),
+        source=str(node.target),
+        spec=f"{' '.join(names)}, b -> b",
+    )
 
 
 def register_more(reg: Callable[..., Callable[[Any], Any]]) -> None:
     """Add this module's rows to the ATen table (`reg` is `TranslationTable.register`)."""
     reg("aten.as_strided.default")(_as_strided)
-    reg("aten.scatter.value", "aten.scatter.src", "aten.scatter_add.default",
-        "aten.scatter_reduce.two")(_scatter)
+    reg(
+        "aten.scatter.value",
+        "aten.scatter.src",
+        "aten.scatter_add.default",
+        "aten.scatter_reduce.two",
+    )(_scatter)
     reg("aten.index_put.default")(_index_put)
     reg("aten.slice_scatter.default", "aten.select_scatter.default")(_slice_scatter)
     reg("aten.histc.default")(_histc)

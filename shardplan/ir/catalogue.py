@@ -235,9 +235,7 @@ def conv2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
         cin, cout = ("g", "c"), ("g", "o")
     ins = [(("n",), cin, ("y",), ("x",)), (cout, ("c",), ("r",), ("s",))]
     out = (x[0], w[0], oy, ox)
-    return _form(
-        dims, ins, [(("n",), cout, ("y",), ("x",))], [out], 2 * _numel(out) * w[1] * r * s
-    )
+    return _form(dims, ins, [(("n",), cout, ("y",), ("x",))], [out], 2 * _numel(out) * w[1] * r * s)
 
 
 def pool2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:

@@ -45,8 +45,13 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _form(dims: list[LoopDim], ins: list[tuple[str, ...]], outs: list[tuple[str, ...]],
-          shapes: list[Shape], flops: float) -> Any:
+def _form(
+    dims: list[LoopDim],
+    ins: list[tuple[str, ...]],
+    outs: list[tuple[str, ...]],
+    shapes: list[Shape],
+    flops: float,
+) -> Any:
     from shardplan.ir.catalogue import OpForm
 
     def groups(names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
@@ -75,8 +80,12 @@ def _topk(kind: str, shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Any:
     k = _int_attr(kind, attrs, "k")
     if k > e:
         raise ShapeError(f"{kind}: k={k} is larger than the {e} experts")
-    dims = [LoopDim("g", g), LoopDim("t", t), LoopDim("e", e, DimKind.FROZEN),
-            LoopDim("k", k, DimKind.FROZEN)]
+    dims = [
+        LoopDim("g", g),
+        LoopDim("t", t),
+        LoopDim("e", e, DimKind.FROZEN),
+        LoopDim("k", k, DimKind.FROZEN),
+    ]
     return _form(dims, [("g", "t", "e")], [("g", "t", "k")], [(g, t, k)], _numel(shapes[0]))
 
 
@@ -107,8 +116,13 @@ def moe_route(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Any:
 def moe_slots(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Any:
     """`g t k -> g e c`: the token (index in its group) in each expert slot, -1 if empty."""
     g, t, k, e, c = _routing("moe_slots", shapes, attrs)
-    dims = [LoopDim("g", g), LoopDim("t", t, DimKind.FROZEN), LoopDim("k", k, DimKind.FROZEN),
-            LoopDim("e", e, DimKind.FROZEN), LoopDim("c", c, DimKind.FROZEN)]
+    dims = [
+        LoopDim("g", g),
+        LoopDim("t", t, DimKind.FROZEN),
+        LoopDim("k", k, DimKind.FROZEN),
+        LoopDim("e", e, DimKind.FROZEN),
+        LoopDim("c", c, DimKind.FROZEN),
+    ]
     return _form(dims, [("g", "t", "k")], [("g", "e", "c")], [(g, e, c)], g * t * k)
 
 
@@ -118,10 +132,20 @@ def moe_dispatch(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Any:
     (g, t, m), (g2, e, c) = shapes
     if g2 != g:
         raise ShapeError(f"moe_dispatch: tokens {shapes[0]} and slots {shapes[1]} differ in groups")
-    dims = [LoopDim("e", e), LoopDim("g", g), LoopDim("c", c), LoopDim("m", m),
-            LoopDim("t", t, DimKind.FROZEN)]
-    return _form(dims, [("g", "t", "m"), ("g", "e", "c")], [("e", "g", "c", "m")],
-                 [(e, g, c, m)], e * g * c * m)
+    dims = [
+        LoopDim("e", e),
+        LoopDim("g", g),
+        LoopDim("c", c),
+        LoopDim("m", m),
+        LoopDim("t", t, DimKind.FROZEN),
+    ]
+    return _form(
+        dims,
+        [("g", "t", "m"), ("g", "e", "c")],
+        [("e", "g", "c", "m")],
+        [(e, g, c, m)],
+        e * g * c * m,
+    )
 
 
 def expert_matmul(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Any:
@@ -132,15 +156,20 @@ def expert_matmul(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Any:
     e, k = x[0], x[-1]
     n, kw = (w[1], w[2]) if attrs.get("transpose_b") else (w[2], w[1])
     if w[0] != e or kw != k:
-        raise ShapeError(f"expert_matmul: tokens {x} and weight {w} disagree "
-                         f"(transpose_b={bool(attrs.get('transpose_b'))})")
+        raise ShapeError(
+            f"expert_matmul: tokens {x} and weight {w} disagree "
+            f"(transpose_b={bool(attrs.get('transpose_b'))})"
+        )
     lead = [f"a{i}" for i in range(len(x) - 2)]
-    dims = [LoopDim("e", e), *(LoopDim(a, s) for a, s in zip(lead, x[1:-1], strict=True)),
-            LoopDim("k", k, DimKind.REDUCE, Reducer.SUM), LoopDim("n", n)]
+    dims = [
+        LoopDim("e", e),
+        *(LoopDim(a, s) for a, s in zip(lead, x[1:-1], strict=True)),
+        LoopDim("k", k, DimKind.REDUCE, Reducer.SUM),
+        LoopDim("n", n),
+    ]
     w_dims = ("e", "n", "k") if attrs.get("transpose_b") else ("e", "k", "n")
     out = (e, *x[1:-1], n)
-    return _form(dims, [("e", *lead, "k"), w_dims], [("e", *lead, "n")], [out],
-                 2 * _numel(x) * n)
+    return _form(dims, [("e", *lead, "k"), w_dims], [("e", *lead, "n")], [out], 2 * _numel(x) * n)
 
 
 def moe_combine(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Any:
@@ -149,13 +178,24 @@ def moe_combine(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Any:
     (e, g, c, n), route, weights = shapes
     g2, t, k = route
     if g2 != g or weights != route:
-        raise ShapeError(f"moe_combine: results {shapes[0]}, routes {route} and weights "
-                         f"{weights} disagree")
-    dims = [LoopDim("g", g), LoopDim("t", t), LoopDim("n", n),
-            LoopDim("k", k, DimKind.REDUCE, Reducer.SUM),
-            LoopDim("e", e, DimKind.FROZEN), LoopDim("c", c, DimKind.FROZEN)]
-    return _form(dims, [("e", "g", "c", "n"), ("g", "t", "k"), ("g", "t", "k")],
-                 [("g", "t", "n")], [(g, t, n)], 2 * g * t * k * n)
+        raise ShapeError(
+            f"moe_combine: results {shapes[0]}, routes {route} and weights {weights} disagree"
+        )
+    dims = [
+        LoopDim("g", g),
+        LoopDim("t", t),
+        LoopDim("n", n),
+        LoopDim("k", k, DimKind.REDUCE, Reducer.SUM),
+        LoopDim("e", e, DimKind.FROZEN),
+        LoopDim("c", c, DimKind.FROZEN),
+    ]
+    return _form(
+        dims,
+        [("e", "g", "c", "n"), ("g", "t", "k"), ("g", "t", "k")],
+        [("g", "t", "n")],
+        [(g, t, n)],
+        2 * g * t * k * n,
+    )
 
 
 MOE_RULES = {

@@ -21,8 +21,17 @@ def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> i
     return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
 
 
-def moe_block(b: GraphBuilder, x: str, experts: int, top_k: int, ffn: int, name: str,
-              capacity_factor: float = 1.0, gated: bool = False, normalize: bool = False) -> str:
+def moe_block(
+    b: GraphBuilder,
+    x: str,
+    experts: int,
+    top_k: int,
+    ffn: int,
+    name: str,
+    capacity_factor: float = 1.0,
+    gated: bool = False,
+    normalize: bool = False,
+) -> str:
     """Routed experts on `x` [batch, seq, hidden]: router, top-k, dispatch, experts, combine.
 
     `gated`: SwiGLU experts (gate, up, down); else fc -> gelu -> proj.
@@ -35,23 +44,44 @@ def moe_block(b: GraphBuilder, x: str, experts: int, top_k: int, ffn: int, name:
     with b.scope(name):
         probs = b.apply("softmax", dense(b, x, experts, "router", bias=False), name="probs")
         ids = b.apply("moe_topk_ids", probs, k=top_k, name="topk_ids")
-        weights = b.apply("moe_topk_weights", probs, k=top_k, normalize=normalize,
-                          name="topk_weights")
+        weights = b.apply(
+            "moe_topk_weights", probs, k=top_k, normalize=normalize, name="topk_weights"
+        )
         slots = b.apply("moe_slots", ids, **route, name="slots")
         routes = b.apply("moe_route", ids, **route, name="routes")
         tokens = b.apply("moe_dispatch", x, slots, name="dispatch")
         if gated:
-            gate = b.apply("expert_matmul", tokens, b.param("w_gate", (experts, ffn, hidden)),
-                           transpose_b=True, name="expert_gate")
-            up = b.apply("expert_matmul", tokens, b.param("w_up", (experts, ffn, hidden)),
-                         transpose_b=True, name="expert_up")
+            gate = b.apply(
+                "expert_matmul",
+                tokens,
+                b.param("w_gate", (experts, ffn, hidden)),
+                transpose_b=True,
+                name="expert_gate",
+            )
+            up = b.apply(
+                "expert_matmul",
+                tokens,
+                b.param("w_up", (experts, ffn, hidden)),
+                transpose_b=True,
+                name="expert_up",
+            )
             h = b.apply("mul", b.apply("silu", gate, name="expert_act"), up, name="expert_glu")
         else:
-            h = b.apply("expert_matmul", tokens, b.param("w1", (experts, ffn, hidden)),
-                        transpose_b=True, name="expert_fc")
+            h = b.apply(
+                "expert_matmul",
+                tokens,
+                b.param("w1", (experts, ffn, hidden)),
+                transpose_b=True,
+                name="expert_fc",
+            )
             h = b.apply("gelu", h, name="expert_act")
-        h = b.apply("expert_matmul", h, b.param("w2", (experts, hidden, ffn)), transpose_b=True,
-                    name="expert_proj")
+        h = b.apply(
+            "expert_matmul",
+            h,
+            b.param("w2", (experts, hidden, ffn)),
+            transpose_b=True,
+            name="expert_proj",
+        )
         return b.apply("moe_combine", h, routes, weights, name="combine")
 
 
@@ -120,11 +150,21 @@ def deepseek_moe(
             h = attention(b, layer_norm(b, x, "ln_1", rms=True), heads, "attn", causal=True)
             x = b.apply("add", x, h, name="residual_1")
             y = layer_norm(b, x, "ln_2", rms=True)
-            routed = moe_block(b, y, experts, top_k, expert_ffn, "experts", capacity_factor,
-                               gated=True, normalize=True)
+            routed = moe_block(
+                b,
+                y,
+                experts,
+                top_k,
+                expert_ffn,
+                "experts",
+                capacity_factor,
+                gated=True,
+                normalize=True,
+            )
             if shared:
-                routed = b.apply("add", routed, _swiglu(b, y, shared * expert_ffn, "shared"),
-                                 name="shared_add")
+                routed = b.apply(
+                    "add", routed, _swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
+                )
             x = b.apply("add", x, routed, name="residual_2")
     x = layer_norm(b, x, "ln_f", rms=True)
     logits = dense(b, x, vocab, "lm_head", bias=False)

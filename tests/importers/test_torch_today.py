@@ -24,10 +24,18 @@ E, K, B, S, H, F = 8, 2, 16, 128, 256, 1024
 def _mixtral():
     torch.manual_seed(0)
     config = transformers.MixtralConfig(
-        vocab_size=128, hidden_size=H, intermediate_size=F, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=E,
-        num_experts_per_tok=K, max_position_embeddings=S, use_cache=False,
-        attn_implementation="eager")
+        vocab_size=128,
+        hidden_size=H,
+        intermediate_size=F,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=E,
+        num_experts_per_tok=K,
+        max_position_embeddings=S,
+        use_cache=False,
+        attn_implementation="eager",
+    )
     model = transformers.MixtralForCausalLM(config).eval()
     ids = torch.randint(0, 128, (B, S), generator=torch.Generator().manual_seed(0))
     result = import_torch(model, (ids,))

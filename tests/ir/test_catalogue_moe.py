@@ -40,9 +40,16 @@ def test_routing_attributes_are_checked():
 def test_depthwise_conv_cuts_channels_by_group():
     form = op_form("conv2d", [(2, 8, 6, 6), (8, 1, 3, 3)], {"groups": 8, "padding": 1})
     dims = {d.name: d.kind for d in form.signature.loop_dims}
-    assert dims == {"n": DimKind.PARALLEL, "g": DimKind.PARALLEL, "o": DimKind.FROZEN,
-                    "y": DimKind.WINDOW, "x": DimKind.WINDOW, "c": DimKind.FROZEN,
-                    "r": DimKind.FROZEN, "s": DimKind.FROZEN}
+    assert dims == {
+        "n": DimKind.PARALLEL,
+        "g": DimKind.PARALLEL,
+        "o": DimKind.FROZEN,
+        "y": DimKind.WINDOW,
+        "x": DimKind.WINDOW,
+        "c": DimKind.FROZEN,
+        "r": DimKind.FROZEN,
+        "s": DimKind.FROZEN,
+    }
     assert form.signature.text() == "n (g c) y x, (g o) c r s -> n (g o) y x"
     assert form.flops == 2 * (2 * 8 * 6 * 6) * 1 * 3 * 3  # one input channel per output
     grouped = op_form("conv2d", [(2, 8, 6, 6), (4, 2, 3, 3)], {"groups": 4})
