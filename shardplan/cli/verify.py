@@ -117,14 +117,14 @@ def ensure_devices(count: int) -> None:
 
 
 def _load_plan(args: argparse.Namespace) -> Any:
-    from shardplan.plan import Plan
+    from shardplan.exporters.plan_json import from_json
     from shardplan.search import plan as make_plan
 
     if _is_plan_file(args.model):
         path = Path(args.model)
         if not path.is_file():
             raise PlanError(f"plan file {args.model!r} does not exist")
-        p = Plan.from_json(path.read_text())
+        p = from_json(path.read_text())
         if args.mesh is not None and parse_mesh(args.mesh).shape != p.mesh.shape:
             raise PlanError(
                 f"{args.model} is a plan for mesh {p.mesh.text()}, not {args.mesh}; "
@@ -157,7 +157,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.engine == "torch":
         return _verify_torch(p, args)
     ensure_devices(mesh.size)
-    from shardplan.backends.verify import verify_plan
+    from shardplan.fidelity.verify import verify_plan
 
     train = p.options.train if args.train is None else args.train
     report = verify_plan(
@@ -175,8 +175,8 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def _verify_torch(p: Any, args: argparse.Namespace) -> int:
     """Run the plan with DTensor on mesh-size gloo processes and compare with one process."""
-    from shardplan.backends.torch_dist import verify_torch
     from shardplan.cli.commands import make_console
+    from shardplan.fidelity.torch import verify_torch
 
     train = p.options.train if args.train is None else args.train
     report = verify_torch(p, seed=args.seed, train=train)
@@ -191,7 +191,7 @@ def _verify_torch(p: Any, args: argparse.Namespace) -> int:
 def print_report(console: Any, report: Any, differences: int = 15) -> None:
     from rich.table import Table
 
-    from shardplan.backends.verify import CAUSES, UNEXPLAINED
+    from shardplan.fidelity.verify import CAUSES, UNEXPLAINED
 
     mode = "training step (loss + gradients)" if report.train else "forward pass"
     verdict = "[bold green]OK[/]" if report.numerics_ok else "[bold red]FAIL[/]"

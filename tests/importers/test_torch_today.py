@@ -71,7 +71,7 @@ def test_mixtral_plan_is_expert_parallel_and_its_all_to_all_matches_a_hand_count
 
 
 def test_depthwise_convnext_block_imports_strictly_and_runs_sharded_on_jax(devices8):
-    from shardplan.backends.verify import verify_plan
+    from shardplan.fidelity.verify import verify_plan
 
     class Block(torch.nn.Module):  # ConvNeXt: depthwise 7x7, channels-last LayerNorm, MLP
         def __init__(self, c=16):
@@ -100,7 +100,7 @@ def test_depthwise_convnext_block_imports_strictly_and_runs_sharded_on_jax(devic
 
 def test_depthwise_conv_cut_by_groups_matches_unsharded(devices8):
     """A plan cutting the group (channel) dim of a depthwise conv: same numbers as unsharded."""
-    from shardplan.backends.verify import verify_plan
+    from shardplan.fidelity.verify import verify_plan
     from shardplan.ir.graph import GraphBuilder
     from shardplan.mesh import parse_mesh
 
