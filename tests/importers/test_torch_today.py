@@ -157,3 +157,32 @@ def test_zero_size_values_are_dropped_with_a_note():
     assert any("zero-size" in n for n in result.notes)
     assert "zero-size" in result.report()
     assert all(min(t.shape, default=1) > 0 for t in result.graph.tensors.values())
+
+
+class _Writes(torch.nn.Module):  # router-style writes: a group mask, a histogram, slice writes
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        top = y.topk(2, dim=-1).indices
+        mask = torch.zeros_like(y).scatter(1, top, 1.0)
+        counts = torch.histc(y, bins=4, min=-1.0, max=1.0)
+        z = y.clone()
+        z[:, :4] = y[:, 4:] * 2
+        z[top[:, 0], 0] = 0.5
+        return (mask * z).sum() + counts.sum()
+
+
+def test_scatters_and_histogram_import_as_approximated_forms():
+    result = import_torch(_Writes().eval(), (torch.randn(4, 8),))
+    assert result.replicated == ()
+    approx = result.approximated
+    for op in ("aten.scatter.value", "aten.histc.default"):
+        assert approx.get(op, 0) >= 1, approx
+    assert any(k in approx for k in ("aten.slice_scatter.default", "aten.index_put.default"))
+    for op in result.graph.ops:  # a written axis is never cut
+        spec = op.attr("spec")
+        if op.kind == "einsum" and spec and "c1" in str(spec) and "scatter" in op.attr("source"):
+            assert op.signature.loop_dim("c1").kind.name == "FROZEN"
