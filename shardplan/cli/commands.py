@@ -12,8 +12,9 @@ from rich.table import Table
 
 from shardplan import zoo
 from shardplan.cli.models import add_model_arguments, load_graph, model_label
+from shardplan.errors import ArgumentError
 from shardplan.exporters.plan_json import op_rows, to_dict
-from shardplan.mesh import MACHINES
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.search import METHODS, plan
 from shardplan.search.flex import is_transparent
 
@@ -57,9 +58,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="drec", choices=METHODS, help="search method")
     p.add_argument(
         "--machine",
-        default="a100",
+        default=DEFAULT_MACHINE,
         choices=sorted(MACHINES),
-        help="bandwidth/FLOP/memory preset of the devices (default a100)",
+        help=f"bandwidth/FLOP/memory preset of the devices (default {DEFAULT_MACHINE})",
     )
     p.add_argument(
         "--memory",
@@ -148,8 +149,12 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from shardplan.cli.inputs import output_path
     from shardplan.mesh import parse_mesh
 
+    output_path(args.json, "--json")  # before the search: a bad path must not cost one
+    if args.ops not in ("heavy", "all", "none"):
+        raise ArgumentError(f"--ops must be heavy, all or none, not {args.ops!r}")
     g = load_graph(args)
     mesh = parse_mesh(args.mesh, machine=args.machine)
     extra = {"time_limit": args.time_limit} if args.method in ("ilp", "dp") else {}
@@ -177,7 +182,7 @@ def print_plan(console: Console, p, which: str = "heavy") -> None:  # noqa: ANN0
     rows = op_rows(p)
     units = p.cost.units
     if which not in ("heavy", "all", "none"):
-        raise SystemExit(f"--ops must be heavy, all or none, not {which!r}")
+        raise ArgumentError(f"--ops must be heavy, all or none, not {which!r}")
     if which != "none":
         shown = [
             r

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.cli.models import add_model_arguments, load_graph
-from shardplan.errors import PlanError
-from shardplan.mesh import MACHINES, Mesh, parse_mesh
+from shardplan.errors import ArgumentError, PlanError
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES
+from shardplan.mesh import Mesh, parse_mesh
 from shardplan.search import METHODS
 
 _FLAG = "xla_force_host_platform_device_count"
@@ -44,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--method", default="drec", choices=METHODS, help="search method (models)")
     p.add_argument(
         "--machine",
-        default="a100",
+        default=DEFAULT_MACHINE,
         choices=sorted(MACHINES),
-        help="bandwidth/FLOP preset used to plan (default a100)",
+        help=f"bandwidth/FLOP preset used to plan (default {DEFAULT_MACHINE})",
     )
     p.add_argument(
         "--preset",
@@ -125,6 +126,8 @@ def _load_plan(args: argparse.Namespace) -> Any:
         if not path.is_file():
             raise PlanError(f"plan file {args.model!r} does not exist")
         p = from_json(path.read_text())
+        train = p.options.train if args.train is None else args.train
+        refuse_too_big(p.graph, train, args.dtype, False)
         if args.mesh is not None and parse_mesh(args.mesh).shape != p.mesh.shape:
             raise PlanError(
                 f"{args.model} is a plan for mesh {p.mesh.text()}, not {args.mesh}; "
@@ -137,6 +140,7 @@ def _load_plan(args: argparse.Namespace) -> Any:
     mesh = parse_mesh(args.mesh, machine=args.machine)
     extra = {"time_limit": args.time_limit} if args.method in ("ilp", "dp") else {}
     train = True if args.train is None else args.train
+    refuse_too_big(graph, train, args.dtype, bool(getattr(args, "small", False)))
     return make_plan(
         graph,
         mesh,
@@ -149,9 +153,35 @@ def _load_plan(args: argparse.Namespace) -> Any:
     )
 
 
+VERIFY_MEMORY_SHARE = 0.5
+"""verify refuses a model whose estimated run needs more than this share of the machine's RAM."""
+
+
+def refuse_too_big(graph: Any, train: bool, dtype: str, small: bool) -> None:
+    """Refuse up front (ArgumentError) when running `graph` twice (one device, then sharded) at
+    `dtype`, with gradients when training, would not fit in memory: estimated as every tensor's
+    elements x dtype bytes x (2 runs) x (2 with gradients)."""
+    elements = sum(t.numel for t in graph.tensors.values())
+    need = elements * (8 if dtype == "float64" else 4) * 2 * (2 if train else 1)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        ram = 16e9
+    if need > VERIFY_MEMORY_SHARE * ram:
+        hint = "use smaller sizes" if small else "add --small (or smaller sizes)"
+        raise ArgumentError(
+            f"verify would need about {need / 1e9:.3g} GB to run {graph.name!r} "
+            f"({elements:,} tensor elements at {dtype}, reference and sharded"
+            f"{', with gradients' if train else ''}), over half of this machine's "
+            f"{ram / 1e9:.3g} GB; {hint}"
+        )
+
+
 def run_verify(args: argparse.Namespace) -> int:
     from shardplan.cli.commands import make_console
+    from shardplan.cli.inputs import output_path
 
+    output_path(args.json, "--json")  # before the search and the run
     p = _load_plan(args)
     mesh: Mesh = p.mesh
     if args.engine == "torch":
