@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from shardplan.engines import moe_kernels
 from shardplan.engines._common import (
     affine,
     bias_add,
@@ -144,10 +145,9 @@ def kernels() -> dict[str, Kernel]:
         return torch.matmul(a, b.transpose(-1, -2) if op.attr("transpose_b") else b)
 
     def conv2d(op: Op, x: Any, w: Any) -> Any:
-        if int(op.attr("groups", 1)) != 1:
-            raise UnsupportedOpError(f"op {op.name!r} (conv2d): only groups=1 is supported")
-        return F.conv2d(
-            x, w, stride=_pair(op.attr("stride", 1)), padding=_pair(op.attr("padding", 0))
+        return F.conv2d(  # groups from the (local) shapes: each part holds whole groups
+            x, w, stride=_pair(op.attr("stride", 1)), padding=_pair(op.attr("padding", 0)),
+            groups=x.shape[1] // w.shape[1],
         )
 
     def pool2d(op: Op, x: Any) -> Any:
@@ -221,6 +221,7 @@ def kernels() -> dict[str, Kernel]:
         "concat": lambda op, *xs: torch.cat(xs, dim=int(op.attr("axis", 0))),
         "cross_entropy": cross_entropy,
         "einsum": einsum,
+        **moe_kernels.torch_kernels(),
     }
 
 

@@ -176,6 +176,7 @@ class _Context:
         self.ep, self.emitter, self.table = ep, emitter, table
         self.env: dict[Node, Any] = {}
         self.static: set[Node] = set()
+        self.experts: dict[Node, Any] = {}  # node -> its grouped-experts block
 
     # -- placeholders ---------------------------------------------------------------------------
     def _placeholders(self) -> None:
@@ -218,7 +219,10 @@ class _Context:
 
     # -- nodes ------------------------------------------------------------------------------------
     def run(self) -> None:
+        from shardplan.importers._aten_moe import expert_blocks
+
         self._placeholders()
+        self.experts = expert_blocks(self)
         for node in self.ep.graph.nodes:
             if node.op == "get_attr":
                 self.static.add(node)
@@ -230,6 +234,15 @@ class _Context:
         key = str(node.target)
         val = node.meta.get("val")
         parents = node.all_input_nodes
+        if self.experts.get(node) is not None:  # a grouped-experts block (see _aten_moe)
+            self.env[node] = self.experts[node].translate(self, node)
+            return
+        if self._is_tensor(val) and val.numel() == 0:  # nothing to compute or to cut: readers
+            self.emitter.notes.append(f"zero-size value {node.name} {tuple(val.shape)} "
+                                      f"({key}) dropped")  # fold it (a sum of it is 0) or skip it
+            self.static.add(node)
+            self.env[node] = None
+            return
         if node.target is operator.getitem:
             source, index = node.args
             if source in self.static:

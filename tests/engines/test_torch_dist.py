@@ -228,6 +228,16 @@ ZOO_DREC = [
 MESHES = ("4", "2x2")
 
 
+def _lean_plan(name: str) -> Plan:
+    """D-Rec on 4 under half its unconstrained memory: the small MoE models then cut their
+    experts (`e`) instead of replicating everything."""
+    graph = zoo.build(name, small=True, batch=4)
+    free = make_plan(graph, "4")
+    plan = make_plan(graph, "4", memory=free.cost.memory_per_device * 0.5)
+    assert any("e" in plan.strategies[op.name] for op in graph.ops if op.kind == "expert_matmul")
+    return plan
+
+
 @pytest.fixture(scope="module")
 def reports() -> dict[str, Any]:
     """key -> DistReport, for every plan of this module, from one 4-process gloo run."""
@@ -273,6 +283,8 @@ def reports() -> dict[str, Any]:
         ),
         ("cnn-windows/hand/4/train", _cnn_plan(), True),
         ("sink/hand/2x2/train", _sink_plan(), True),
+        ("moe/drec-memory/4/train", _lean_plan("moe"), True),
+        ("deepseek-moe/drec-memory/4/train", _lean_plan("deepseek-moe"), True),
     ]
     hf, why = _hf_models()
     for g in hf:
@@ -327,6 +339,8 @@ def test_zoo_drec_plans_match_single_process(reports, name, mesh):
         "wide-deep/drec-inference/4",
         "cnn-windows/hand/4/train",
         "sink/hand/2x2/train",
+        "moe/drec-memory/4/train",
+        "deepseek-moe/drec-memory/4/train",
     ],
 )
 def test_more_plans_match_single_process(reports, key):
