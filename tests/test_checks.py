@@ -118,7 +118,7 @@ def test_case10_mesh_shape_is_not_coerced(shape):
     [
         ({"time_limit": "5", "method": "ilp"}, ArgumentError, "time_limit must be a number"),
         ({"time_limit": -1, "method": "dp"}, ArgumentError, "time_limit must be > 0"),
-        ({"time_limit": 5}, ArgumentError, "method 'drec' takes no option"),
+        ({"time_limit": 5}, SolverError, r"method 'drec' has no option"),
         ({"method": "magic"}, SolverError, "unknown method 'magic'"),
         ({"train": "yes"}, ArgumentError, "train must be True or False"),
         ({"preset": {}}, ArgumentError, "preset must be one of"),

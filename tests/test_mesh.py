@@ -7,7 +7,8 @@ import math
 import pytest
 
 from shardplan.errors import MeshError
-from shardplan.mesh import MACHINES, Mesh, parse_bytes, parse_mesh
+from shardplan.hardware import MACHINES
+from shardplan.mesh import Mesh, parse_bytes, parse_mesh
 
 A100 = MACHINES["a100"]
 INTER, INTRA = A100.inter_node_bytes_per_s, A100.intra_node_bytes_per_s

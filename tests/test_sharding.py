@@ -9,7 +9,7 @@ from shardplan.errors import PlanError
 from shardplan.exporters.mindspore import in_strategy
 from shardplan.ir.graph import GraphBuilder
 from shardplan.mesh import parse_mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.search.api import plan
 from shardplan.search.space import op_strategies
 from shardplan.sharding import check_strategy, cut_problem

@@ -14,7 +14,7 @@ from shardplan import zoo
 from shardplan.cli.models import add_model_arguments, load_graph, model_label
 from shardplan.errors import ArgumentError
 from shardplan.exporters.plan_json import op_rows, to_dict
-from shardplan.mesh import MACHINES
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.search import METHODS, plan
 from shardplan.search.flex import is_transparent
 
@@ -58,9 +58,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="drec", choices=METHODS, help="search method")
     p.add_argument(
         "--machine",
-        default="a100",
+        default=DEFAULT_MACHINE,
         choices=sorted(MACHINES),
-        help="bandwidth/FLOP/memory preset of the devices (default a100)",
+        help=f"bandwidth/FLOP/memory preset of the devices (default {DEFAULT_MACHINE})",
     )
     p.add_argument(
         "--memory",

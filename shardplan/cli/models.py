@@ -96,8 +96,8 @@ def load_graph(args: argparse.Namespace) -> Graph:
 
         module, example = _call_torch_builder(args.torch, args.args)
         result = import_torch(module, example, unknown=args.unknown)
-    if result.replicated:
-        Console(stderr=True).print(result.report(), highlight=False)
+    if result.replicated or result.approximated or result.notes:
+        Console(stderr=True).print(result.report(), highlight=False)  # what is not exact
     return result.graph
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from shardplan.cli.models import add_model_arguments, load_graph
 from shardplan.errors import ArgumentError, PlanError
-from shardplan.mesh import MACHINES, Mesh, parse_mesh
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES
+from shardplan.mesh import Mesh, parse_mesh
 from shardplan.search import METHODS
 
 _FLAG = "xla_force_host_platform_device_count"
@@ -44,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--method", default="drec", choices=METHODS, help="search method (models)")
     p.add_argument(
         "--machine",
-        default="a100",
+        default=DEFAULT_MACHINE,
         choices=sorted(MACHINES),
-        help="bandwidth/FLOP preset used to plan (default a100)",
+        help=f"bandwidth/FLOP preset used to plan (default {DEFAULT_MACHINE})",
     )
     p.add_argument(
         "--preset",

@@ -19,8 +19,8 @@ from shardplan.exporters.mindspore import in_strategy
 from shardplan.exporters.plan_schema import checked_plan_data
 from shardplan.ir.serialize import graph_from_dict, graph_to_dict
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
-from shardplan.sharding import layout_text, local_shape, operand_layout
+from shardplan.plans import Plan
+from shardplan.sharding import local_shape, operand_layout, output_placements
 
 SCHEMA = "shardplan.plan/1"
 
@@ -49,7 +49,7 @@ def op_rows(plan: Plan) -> list[dict[str, Any]]:
                     for i, t in enumerate(op.inputs)
                 ],
                 "output_layout": [
-                    layout_text(operand_layout(op, strategy, i, True))
+                    " ".join(str(p) for p in output_placements(op, strategy, i))
                     for i in range(len(op.outputs))
                 ],
                 "comm": (c.intra + c.redistribution) if c else 0.0,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from shardplan.cost import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.search import experts
 
 

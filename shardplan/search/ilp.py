@@ -61,8 +61,9 @@ from shardplan.cost.presets import CostOptions
 from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
-from shardplan.search.space import BSPLIT, CostModel, PairTerm, build_model
+from shardplan.plans import Plan
+from shardplan.search.round_split import BSPLIT
+from shardplan.search.space import CostModel, PairTerm, build_model
 
 MAX_STRATEGIES = 2_000_000
 """Refuse (SolverError) spaces with more binaries than this: HiGHS would not finish anyway."""

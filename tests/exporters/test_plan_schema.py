@@ -10,7 +10,7 @@ import pytest
 from shardplan import zoo
 from shardplan.errors import IRError, MeshError, PlanError, ShardplanError
 from shardplan.exporters.plan_json import from_json, to_json
-from shardplan.plan import Plan, validate
+from shardplan.plans import Plan, validate
 from shardplan.search.api import plan
 
 

@@ -20,7 +20,7 @@ from shardplan.cost import CostOptions
 from shardplan.errors import InfeasibleError, SolverError
 from shardplan.exporters.plan_json import from_json, to_json
 from shardplan.mesh import parse_mesh
-from shardplan.plan import Plan, evaluate
+from shardplan.plans import Plan, evaluate
 from shardplan.search.api import plan
 from shardplan.search.baselines import baseline_plans
 from shardplan.sharding import operand_layout, split_counts
