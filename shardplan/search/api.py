@@ -10,17 +10,20 @@ InfeasibleError saying by how much. Other methods raise InfeasibleError when ove
 
 from __future__ import annotations
 
+import difflib
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from shardplan.cost import CostOptions
-from shardplan.errors import InfeasibleError, SolverError
+from shardplan.errors import InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, parse_bytes, parse_mesh
 from shardplan.plan import Plan, with_status
 from shardplan.search import experts
 from shardplan.search.drec import drec
+from shardplan.sharding import Strategy, check_strategy
 
 METHODS = ("drec", "ilp", "dp", *experts.EXPERTS)
 
@@ -33,6 +36,7 @@ def plan(
     memory: float | str | None = None,
     preset: str = "shardplan",
     optimizer: str = "adam",
+    fixed: Mapping[str, Strategy] | None = None,
     **options: Any,
 ) -> Plan:
     """Plan `graph` on `mesh` with `method`; raise InfeasibleError rather than exceed `memory`.
@@ -44,6 +48,8 @@ def plan(
         train: model the backward pass and optimizer state (default) or inference.
         memory: per-device budget in bytes or text ("80GB"); None: unchecked (still reported).
         preset: cost preset, "shardplan" or "mindspore".
+        fixed: op name -> strategy (one loop dim or None per round) the plan must keep; the
+            search (drec or ilp) plans the other ops around them.
         options: method options (ilp/dp: time_limit seconds).
     """
     mesh = parse_mesh(mesh)
@@ -51,12 +57,20 @@ def plan(
     opts = CostOptions.make(preset, train, optimizer)
     if method not in METHODS:
         raise SolverError(f"unknown method {method!r}; choose one of {list(METHODS)}")
+    pinned = check_fixed(graph, mesh, fixed or {})
+    if pinned and method not in ("drec", "ilp"):
+        raise SolverError(
+            f"fixed strategies (--force) need method drec or ilp, not {method!r}: the other "
+            "methods do not search"
+        )
     start = time.perf_counter()
     if method == "drec":
-        result = _drec_within(graph, mesh, opts, budget, start)
+        result = _drec_within(graph, mesh, opts, budget, start, pinned)
     elif method == "ilp":
         from shardplan.search.ilp import solve_ilp
 
+        if pinned:
+            options = {**options, "fixed": pinned}
         result = solve_ilp(graph, mesh, opts, memory=budget, **options)
     elif method == "dp":
         from shardplan.search.dp import solve_dp
@@ -73,6 +87,25 @@ def plan(
         )
     unused = unused_devices_note(result)
     return with_status(result, result.status, (unused,)) if unused else result
+
+
+def check_fixed(graph: Graph, mesh: Mesh, fixed: Mapping[str, Strategy]) -> dict[str, Strategy]:
+    """The user-fixed strategies, checked: known op, one entry per round, valid cuts."""
+    out: dict[str, Strategy] = {}
+    for name, strategy in fixed.items():
+        if name not in graph.op_index:
+            near = difflib.get_close_matches(name, list(graph.op_index), n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise PlanError(f"fixed strategy for op {name!r}: no such op in {graph.name}{hint}")
+        strategy = tuple(strategy)
+        if len(strategy) != len(mesh.rounds):
+            raise PlanError(
+                f"fixed strategy {strategy} for op {name!r}: give one cut per round "
+                f"({len(mesh.rounds)} rounds on mesh {mesh.text()}; '-' for none)"
+            )
+        check_strategy(graph.op(name), strategy, mesh.rounds)
+        out[name] = strategy
+    return out
 
 
 def unused_devices_note(p: Plan) -> str | None:
@@ -110,9 +143,14 @@ def _expert(graph: Graph, mesh: Mesh, opts: CostOptions, method: str, start: flo
 
 
 def _drec_within(
-    graph: Graph, mesh: Mesh, opts: CostOptions, budget: float | None, start: float
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    budget: float | None,
+    start: float,
+    fixed: Mapping[str, Strategy] | None = None,
 ) -> Plan:
-    strategies = drec(graph, mesh, opts)
+    strategies = drec(graph, mesh, opts, fixed=fixed)
     best = Plan(graph, mesh, strategies, "drec", opts, time.perf_counter() - start)
     assert best.cost is not None
     if budget is None or best.cost.memory_per_device <= budget:
@@ -125,7 +163,7 @@ def _drec_within(
     leanest = best
     for k in range(8):
         lam = base / budget * 4.0**k
-        candidate = Plan(graph, mesh, drec(graph, mesh, opts, lam), "drec", opts)
+        candidate = Plan(graph, mesh, drec(graph, mesh, opts, lam, fixed), "drec", opts)
         assert candidate.cost is not None and leanest.cost is not None
         if candidate.cost.memory_per_device < leanest.cost.memory_per_device:
             leanest = candidate

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardplan.cost.presets import CostOptions
@@ -42,10 +42,25 @@ from shardplan.sharding import Strategy, cut_problem
 class _Search(RoundCosts):
     """One D-Rec run: the decisions of each round, priced by `RoundCosts`."""
 
-    def __init__(self, *args: Any, defer_ties: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        defer_ties: bool = False,
+        fixed: Mapping[int, Strategy] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
         self.defer_ties = defer_ties
         """Whether a heavy op with tied best cuts decides after the others."""
+        self.fixed = dict(fixed or {})
+        """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
+
+    def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
+        costs = super()._own_costs(i, r, charged)
+        if i in self.fixed:  # a user-fixed op has one candidate: every pass keeps it
+            cut = self.fixed[i][r]
+            return {cut: costs[cut]}
+        return costs
 
     def _greedy(self, r: int) -> dict[int, str | None]:
         """Heavy ops, heaviest first, each against the flex neighbours decided before it."""
@@ -214,6 +229,7 @@ class _Search(RoundCosts):
                 valid = cut is not None and cut_problem(st.op, cut, st.extents[cut], rnd.q) is None
                 previous[i] = cut if valid else None
             out.append(previous)
+            previous.update((i, s[r]) for i, s in self.fixed.items() if i in previous)
         leading: dict[int, str | None] = {}
         for i in self.heavy:
             st = self.states[i]
@@ -227,6 +243,8 @@ class _Search(RoundCosts):
             )
         out.append(leading)
         out.append(dict.fromkeys(self.heavy))  # leave the round unused: replicate everything
+        for alternative in out[-2:]:
+            alternative.update((i, s[r]) for i, s in self.fixed.items() if i in alternative)
         return out
 
     def run_round(self, r: int) -> None:
@@ -247,7 +265,7 @@ class _Search(RoundCosts):
         for alternative in self._alternatives(r):
             if all(alternative[i] == decided[i] for i in self.heavy):
                 continue
-            if all(cut is None for cut in alternative.values()):
+            if all(cut is None for cut in alternative.values()) and not self.fixed:
                 alternative.update(dict.fromkeys(light))  # nothing to follow: replicate all
             else:
                 self._settle(r, alternative, light)
@@ -276,10 +294,16 @@ class _Search(RoundCosts):
 
 
 def drec(
-    graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float = 0.0,
+    fixed: Mapping[str, Strategy] | None = None,
 ) -> dict[str, Strategy]:
     """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
-    keep tensors replicated, used by the memory-aware driver in `search.api`.
+    keep tensors replicated, used by the memory-aware driver in `search.api`. `fixed` (op name ->
+    strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
+    so their neighbours plan around them, and variants that would override them are skipped.
 
     A few variants of the search run and the plan the evaluator scores lower (cost + lambda *
     memory) is kept, each variant correcting a myopia of the round-by-round greedy:
@@ -303,13 +327,25 @@ def drec(
     variants += [(k, False, False) for k in [*axis_ends, len(rounds)]]
     if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
         variants = variants[:1]
+    pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
+    if pinned:  # a variant leaving rounds unused must not override a fixed cut in them
+        first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
+        variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
     flex = build_flex_graph(graph)  # the same for every variant
     for unused, final_compute, defer in variants:
-        if unused == len(rounds):  # nothing left to search: every op replicated
+        if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
             search = _Search(
-                graph, mesh, opts, memory_lambda, unused, final_compute, flex, defer_ties=defer
+                graph,
+                mesh,
+                opts,
+                memory_lambda,
+                unused,
+                final_compute,
+                flex,
+                defer_ties=defer,
+                fixed=pinned,
             )
             strategies = search.run()
         cost = evaluate_strategies(graph, mesh, strategies, opts)
