@@ -109,12 +109,23 @@ def check_fixed(graph: Graph, mesh: Mesh, fixed: Mapping[str, Strategy]) -> dict
 
 
 def unused_devices_note(p: Plan) -> str | None:
-    """Say so when a plan leaves rounds of the mesh unused (every op replicated across them):
-    the planner found that spreading the work over those links costs more than it saves."""
+    """Say so when a plan leaves rounds of the mesh unused (every op replicated across them), and
+    why: no loop dim of any op divides by the round's q there, or (otherwise) the planner found
+    that spreading the work over those links costs more than it saves."""
+    from shardplan.sharding import cut_problem, local_extents
+
     rounds = p.mesh.rounds
     idle = [r for r in range(len(rounds)) if all(s[r] is None for s in p.strategies.values())]
     if not idle:
         return None
+    divisible = any(
+        cut_problem(op, d.name, local_extents(op, p.strategies[op.name], rounds, r)[d.name],
+                    rounds[r].q) is None
+        for r in idle
+        for op in p.graph.ops
+        for d in op.signature.loop_dims
+        if d.splittable
+    )
     parts = []
     for axis, name in enumerate(p.mesh.names):
         ways = math.prod(rounds[r].q for r in idle if rounds[r].mesh_axis == axis)
@@ -123,6 +134,13 @@ def unused_devices_note(p: Plan) -> str | None:
             parts.append(f"mesh axis {name!r} ({size}-way)")
         elif ways > 1:
             parts.append(f"{ways} of the {size} ways of mesh axis {name!r}")
+    if not divisible:
+        qs = sorted({rounds[r].q for r in idle})
+        return (
+            f"{' and '.join(parts)} left unused: no dim of any op divides by "
+            f"{', '.join(map(str, qs))} there, so every op is replicated across it; use a mesh "
+            "whose sizes divide the model's dims (batch, hidden, heads)"
+        )
     return (
         f"{' and '.join(parts)} left unused: every op is replicated across it, because "
         "splitting this model and batch over those links costs more time than it saves; a "
