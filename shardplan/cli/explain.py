@@ -111,10 +111,10 @@ def run_explain(args: argparse.Namespace) -> int:
             title=f"round {r}: {rnd.axis_name} axis, q={rnd.q}",
             title_justify="left",
         )
-        for col in ("cut", "intra", "compute", "redistribution", "rest", "total", "Δ", "memory"):
-            table.add_column(col, justify="left" if col == "cut" else "right", no_wrap=True)
+        for col in ("cut", "intra", "compute", "redistrib.", "rest", "total", "Δ", "memory"):
+            table.add_column(col, justify="left" if col == "cut" else "right", overflow="fold")
         if args.replan:
-            table.add_column("re-planned", justify="right", no_wrap=True)
+            table.add_column("replanned", justify="right", overflow="fold")
         for c in (c for c in cands if c.round == r):
             mark = " ◀" if c.chosen else ""
             label = cut_label(p.graph, op, c.cut) + mark

@@ -11,7 +11,7 @@ from typing import Any
 
 from shardplan import zoo
 from shardplan.cli.options import SIZE_FLAGS, Progress
-from shardplan.errors import IRError, ShardplanError, UnknownModelError
+from shardplan.errors import IRError, ShardplanError, UnknownModelError, UnsupportedOpError
 from shardplan.ir.graph import Graph
 
 
@@ -38,7 +38,12 @@ def load_graph(args: argparse.Namespace, progress: Progress | None = None) -> Gr
 
             return load_plan_file(args.model).graph
     with progress.step(f"importing {model_label(args)}"):
-        result = _load(args)
+        try:
+            result = _load(args)
+        except UnsupportedOpError as e:  # the importers speak Python; say the CLI flag
+            text = str(e).replace("pass unknown='replicate'", "pass --unknown replicate")
+            text = text.replace("with unknown='replicate'", "with --unknown replicate")
+            raise UnsupportedOpError(text) from e
     if isinstance(result, Graph):
         return result
     if result.replicated or result.approximated:

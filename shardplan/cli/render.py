@@ -166,6 +166,7 @@ class Row:
     index: int
     count: int = 1
     layers: str = ""
+    first: int = 0
 
 
 def _layer_key(name: str) -> tuple[str, int, str] | None:
@@ -210,10 +211,10 @@ def collapse(p: Any, indices: Sequence[int]) -> list[Row]:
             rows.extend(Row(ops[i].name, i) for i in members)
         else:
             prefix, first = layer  # type: ignore[misc]
-            span = f"{prefix}{first}–{prefix}{first + run - 1}"
+            span = f"{prefix}{first}–{first + run - 1}"
             for i in members:
                 suffix = _layer_key(ops[i].name)[2]  # type: ignore[index]
-                rows.append(Row(f"{prefix}*{suffix}", i, run, span))
+                rows.append(Row(f"{prefix}*{suffix}", i, run, span, first))
         k += run
     return rows
 
@@ -293,9 +294,10 @@ def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, 
 
 
 def _members(graph: Graph, row: Row) -> list[str]:
+    """The op names a collapsed row stands for."""
     prefix, rest = row.name.split("*", 1)
-    first, last = (int(x.rsplit(prefix, 1)[-1]) for x in row.layers.split("–"))
-    return [f"{prefix}{k}{rest}" for k in range(first, last + 1) if f"{prefix}{k}{rest}" in graph.op_index]
+    names = [f"{prefix}{k}{rest}" for k in range(row.first, row.first + row.count)]
+    return [n for n in names if n in graph.op_index]
 
 
 def _layout_short(p: Any, op: Op) -> list[str]:
