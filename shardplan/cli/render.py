@@ -283,7 +283,7 @@ def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, 
         last_span = row.layers
         out = " ".join(_layout_short(p, op))
         table.add_row(
-            escape(row.name),
+            escape(display_name(row.name)),
             strategy_text(graph, op, p.strategies[op.name], mesh),
             out,
             fmt_cost(comp, units),
@@ -291,6 +291,11 @@ def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, 
             fmt_bytes(act),
         )
     return table, caption
+
+
+def display_name(name: str) -> str:
+    """ONNX scope names as module paths: '/h.0/mlp/fc/Gemm_output_0' -> 'h.0.mlp.fc.Gemm_output_0'."""
+    return name.lstrip("/").replace("/", ".") if name.startswith("/") else name
 
 
 def _members(graph: Graph, row: Row) -> list[str]:
