@@ -66,6 +66,8 @@ def plan(
     start = time.perf_counter()
     if method == "drec":
         result = _drec_within(graph, mesh, opts, budget, start, pinned)
+        if pinned:
+            result = _no_worse_than_swap(result, graph, mesh, opts, budget, start, pinned)
     elif method == "ilp":
         from shardplan.search.ilp import solve_ilp
 
@@ -158,6 +160,37 @@ def _expert(graph: Graph, mesh: Mesh, opts: CostOptions, method: str, start: flo
         strategies = experts.data_parallel(graph, mesh)
         params = experts.fsdp_param_layouts(graph, mesh)
     return Plan(graph, mesh, strategies, method, opts, time.perf_counter() - start, params)
+
+
+def _no_worse_than_swap(
+    forced: Plan,
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    budget: float | None,
+    start: float,
+    fixed: Mapping[str, Strategy],
+) -> Plan:
+    """D-Rec around fixed ops is greedy too: keep the free D-Rec plan with the fixed strategies
+    swapped in when that is cheaper (and fits), saying so."""
+    free = _drec_within(graph, mesh, opts, budget, start)
+    swapped = Plan(graph, mesh, {**free.strategies, **fixed}, "drec", opts,
+                   param_layouts=free.param_layouts)
+    assert swapped.cost is not None and forced.cost is not None
+    fits = budget is None or swapped.cost.memory_per_device <= budget
+    if not fits or swapped.cost.total >= forced.cost.total:
+        return forced
+    return Plan(
+        graph,
+        mesh,
+        swapped.strategies,
+        "drec",
+        opts,
+        time.perf_counter() - start,
+        swapped.param_layouts,
+        notes=("the unforced plan with the forced strategies swapped in was cheaper than "
+               "re-planning around them",),
+    )
 
 
 def _drec_within(
