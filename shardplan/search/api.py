@@ -136,6 +136,12 @@ def unused_devices_note(p: Plan) -> str | None:
             parts.append(f"mesh axis {name!r} ({size}-way)")
         elif ways > 1:
             parts.append(f"{ways} of the {size} ways of mesh axis {name!r}")
+    if p.method in experts.EXPERTS:
+        return (
+            f"{' and '.join(parts)} left unused: the {p.method} plan splits only the dims its "
+            "recipe names (the batch for data parallelism, hidden dims for Megatron) and they "
+            "do not divide further; every op is replicated across it"
+        )
     if not divisible:
         qs = sorted({rounds[r].q for r in idle})
         return (
