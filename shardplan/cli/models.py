@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from typing import Any
@@ -90,7 +91,8 @@ def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any
     if ":" not in target:
         raise IRError(f"--torch {target!r}: write MODULE:FUNCTION, e.g. my_models:build")
     module_name, function_name = target.split(":", 1)
-    sys.path.insert(0, ".")
+    sys.path.insert(0, os.getcwd())  # absolute: a cached finder for "." may be stale
+    importlib.invalidate_caches()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -58,3 +58,44 @@ def test_verify_with_the_torch_engine(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.startswith("OK: mlp (megatron) on mesh 2")
+
+
+def test_hf_local_config_folder_and_file(tmp_path, capsys):
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1,
+              "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 32,
+              "bos_token_id": 0, "eos_token_id": 0}
+    folder = tmp_path / "tiny-gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "p.json"
+    args = ["--batch", "2", "--seq", "8", "--mesh", "2", "-q", "--json", str(out)]
+    assert main(["plan", "--hf", str(folder), *args]) == 0
+    data = json.loads(out.read_text())
+    assert data["model"] == str(folder)
+    names = [op["name"] for op in data["ops"]]
+    assert any(n.startswith("transformer.h.0.mlp.c_fc.") for n in names)  # module paths
+    assert main(["show", "--hf", str(folder / "config.json"), "--batch", "2", "--seq", "8",
+                 "-q"]) == 0
+    assert main(["show", "--hf", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_unsupported_op_names_the_cli_flag(tmp_path, monkeypatch, capsys):
+    (tmp_path / "inv_models.py").write_text(textwrap.dedent("""
+        import torch
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(8, 8)
+            def forward(self, x):
+                return torch.erfinv(torch.tanh(self.fc(x)))
+        def build():
+            return M()
+    """))
+    monkeypatch.chdir(tmp_path)
+    assert main(["show", "--torch", "inv_models:build", "--args", "8x8"]) == 7
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--unknown replicate" in err and "unknown='replicate'" not in err
+    assert main(["show", "--torch", "inv_models:build", "--args", "8x8",
+                 "--unknown", "replicate"]) == 0
+    assert "replicated (opaque, never cut): 1" in capsys.readouterr().err
