@@ -108,8 +108,15 @@ def run_show(args: argparse.Namespace) -> int:
             fmt_count(op.flops),
             fmt_bytes(pbytes) if pbytes else "",
         )
-        rows.append({"name": op.name, "kind": op.kind, "signature": op.signature.text(),
-                     "flops": op.flops, "param_bytes": pbytes})
+        rows.append(
+            {
+                "name": op.name,
+                "kind": op.kind,
+                "signature": op.signature.text(),
+                "flops": op.flops,
+                "param_bytes": pbytes,
+            }
+        )
     console = make_console()
     console.print(table)
     if limit < len(g.ops):

@@ -144,7 +144,9 @@ def run_explain(args: argparse.Namespace) -> int:
             ]
             if parts:
                 console.print(
-                    escape(f"  {cut_label(p.graph, op, c.cut)} redistribution: " + "; ".join(parts)),
+                    escape(
+                        f"  {cut_label(p.graph, op, c.cut)} redistribution: " + "; ".join(parts)
+                    ),
                     highlight=False,
                     soft_wrap=False,
                 )
@@ -272,9 +274,7 @@ def run_diff(args: argparse.Namespace) -> int:
             "b": args.b,
             "total_a": a.cost.total,
             "total_b": b.cost.total,
-            "ops": [
-                {"name": n, "a": list(sa), "b": list(sb), "delta": d} for n, sa, sb, d in rows
-            ],
+            "ops": [{"name": n, "a": list(sa), "b": list(sb), "delta": d} for n, sa, sb, d in rows],
         }
         Path(args.json).write_text(json.dumps(data, indent=1))
     return 0

@@ -183,7 +183,9 @@ def resolve_op(graph: Graph, name: str) -> str:
 
     if name in graph.op_index:
         return name
-    under = [op for op in graph.ops if op.name.startswith(name + ".") or op.name.startswith(name + "/")]
+    under = [
+        op for op in graph.ops if op.name.startswith(name + ".") or op.name.startswith(name + "/")
+    ]
     heavy = [op.name for op in under if not is_transparent(op)]
     if len(heavy) == 1:
         return heavy[0]

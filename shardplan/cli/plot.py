@@ -65,9 +65,7 @@ def plot_plan(p: Any, path: str) -> None:
         rows = sorted(keep, key=lambda r: r.index)
     kinds = list(COLOURS)
     height = max(3.0, 0.22 * len(rows) + 1.5)
-    fig, (ax, bx) = plt.subplots(
-        1, 2, figsize=(11, height), gridspec_kw={"width_ratios": [3, 1.2]}
-    )
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, height), gridspec_kw={"width_ratios": [3, 1.2]})
     from matplotlib.colors import ListedColormap
 
     grid = [
@@ -77,12 +75,19 @@ def plot_plan(p: Any, path: str) -> None:
         ]
         for r in rows
     ]
-    ax.imshow(grid, aspect="auto", cmap=ListedColormap(list(COLOURS.values())), vmin=0,
-              vmax=len(kinds) - 1, interpolation="nearest")
+    ax.imshow(
+        grid,
+        aspect="auto",
+        cmap=ListedColormap(list(COLOURS.values())),
+        vmin=0,
+        vmax=len(kinds) - 1,
+        interpolation="nearest",
+    )
     labels = [f"{r.name} ×{r.count}" if r.count > 1 else r.name for r in rows]
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.set_xticks(
-        range(len(mesh.rounds)), [f"r{x.index}\n{x.axis_name} q={x.q}" for x in mesh.rounds],
+        range(len(mesh.rounds)),
+        [f"r{x.index}\n{x.axis_name} q={x.q}" for x in mesh.rounds],
         fontsize=7,
     )
     for y, r in enumerate(rows):
@@ -90,10 +95,18 @@ def plot_plan(p: Any, path: str) -> None:
             if d is not None:
                 ax.text(x, y, d, ha="center", va="center", fontsize=6)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    ax.legend(handles, kinds, loc="upper center", bbox_to_anchor=(0.5, -0.04 - 1.2 / height),
-              ncol=4, fontsize=7, frameon=False)
-    ax.set_title(f"{graph.name} on mesh {mesh.text()} ({p.method}): cut per op and round",
-                 fontsize=9)
+    ax.legend(
+        handles,
+        kinds,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.04 - 1.2 / height),
+        ncol=4,
+        fontsize=7,
+        frameon=False,
+    )
+    ax.set_title(
+        f"{graph.name} on mesh {mesh.text()} ({p.method}): cut per op and round", fontsize=9
+    )
     c = p.cost
     scale, unit = (1e3, "ms") if c.units == "s" else (1.0, c.units)
     parts = [
@@ -133,8 +146,9 @@ def plot_compare(rows: list[dict[str, Any]], title: str, path: str) -> None:
     ax.bar(names, compute, label="compute", color="#4e79a7")
     ax.bar(names, comm, bottom=compute, label="communication", color="#f28e2b")
     for x, r in enumerate(ok):
-        ax.text(x, (r["total"] * scale) * 1.01, f"{r['cost_over_best']:.2f}×", ha="center",
-                fontsize=8)
+        ax.text(
+            x, (r["total"] * scale) * 1.01, f"{r['cost_over_best']:.2f}×", ha="center", fontsize=8
+        )
     ax.set_ylabel(f"predicted cost per step ({unit})")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)

@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
-from shardplan.ir.dims import DimKind
 from shardplan.mesh import MACHINES, Mesh
 from shardplan.sharding import Strategy
 
@@ -88,9 +88,7 @@ def cut_kind(graph: Graph, op: Op, dim: str | None) -> str:
         return "none"
     sig = op.signature
     kind = sig.loop_dim(dim).kind
-    params = [
-        i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER
-    ]
+    params = [i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
     in_param = any(dim in group for i in params for group in sig.inputs[i])
     if kind is DimKind.REDUCE:
         return "row" if in_param else "reduce"
@@ -113,7 +111,8 @@ def cut_label(graph: Graph, op: Op, dim: str | None) -> str:
 
 
 def strategy_text(graph: Graph, op: Op, strategy: Strategy, mesh: Mesh) -> str:
-    """Per mesh axis (separated by ' | '), the cuts with their multiplicity: 'batch(b)×4 column(n)×2'."""
+    """Per mesh axis (separated by ' | '), the cuts with their multiplicity:
+    '- | batch(b)×4 column(n)×2'."""
     parts = []
     for axis in range(len(mesh.shape)):
         ways: dict[str | None, int] = {}
@@ -228,10 +227,7 @@ def make_console(quiet_width: int = WIDTH) -> Console:
 
 
 def plan_title(p: Any) -> str:
-    return (
-        f"{p.graph.name} on mesh {p.mesh.text()} ({' x '.join(p.mesh.names)}), "
-        f"method {p.method}"
-    )
+    return f"{p.graph.name} on mesh {p.mesh.text()} ({' x '.join(p.mesh.names)}), method {p.method}"
 
 
 def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, str]:
@@ -248,9 +244,7 @@ def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, 
         rows = [Row(graph.ops[i].name, i) for i in order[:top]]
         caption = f"the {len(rows)} costliest of {len(graph.ops)} ops"
     else:
-        idx = [
-            i for i, op in enumerate(graph.ops) if which == "all" or not is_transparent(op)
-        ]
+        idx = [i for i, op in enumerate(graph.ops) if which == "all" or not is_transparent(op)]
         rows = collapse(p, idx) if which == "heavy" else [Row(graph.ops[i].name, i) for i in idx]
         caption = (
             f"{len(idx)} heavy ops of {len(graph.ops)}; layout-transparent ops follow their "
@@ -261,7 +255,9 @@ def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, 
         if any(r.count > 1 for r in rows):
             caption += "; `*` rows stand for identical layers, costs summed over them"
     axes = " | ".join(mesh.names)
-    table = Table(title=plan_title(p), title_justify="left", caption=caption, caption_justify="left")
+    table = Table(
+        title=plan_title(p), title_justify="left", caption=caption, caption_justify="left"
+    )
     table.add_column("op", overflow="fold", min_width=18)
     table.add_column(f"strategy ({axes})", overflow="fold", min_width=16)
     table.add_column("out", overflow="fold")
@@ -294,7 +290,7 @@ def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, 
 
 
 def display_name(name: str) -> str:
-    """ONNX scope names as module paths: '/h.0/mlp/fc/Gemm_output_0' -> 'h.0.mlp.fc.Gemm_output_0'."""
+    """ONNX scope names as module paths: '/h.0/mlp/Gemm_output_0' -> 'h.0.mlp.Gemm_output_0'."""
     return name.lstrip("/").replace("/", ".") if name.startswith("/") else name
 
 

@@ -219,8 +219,11 @@ def _import_local(
         config = transformers.AutoConfig.for_model(model_type, **data)
     except ValueError as e:
         raise UnknownModelError(f"--hf {name!r}: transformers does not know {model_type!r}") from e
-    for value, key in ((layers, "num_hidden_layers"), (hidden, "hidden_size"),
-                       (heads, "num_attention_heads")):
+    for value, key in (
+        (layers, "num_hidden_layers"),
+        (hidden, "hidden_size"),
+        (heads, "num_attention_heads"),
+    ):
         if value is not None:
             setattr(config, key, value)
     if hidden is not None and hasattr(config, "intermediate_size"):

@@ -121,8 +121,10 @@ def unused_devices_note(p: Plan) -> str | None:
     if not idle:
         return None
     divisible = any(
-        cut_problem(op, d.name, local_extents(op, p.strategies[op.name], rounds, r)[d.name],
-                    rounds[r].q) is None
+        cut_problem(
+            op, d.name, local_extents(op, p.strategies[op.name], rounds, r)[d.name], rounds[r].q
+        )
+        is None
         for r in idle
         for op in p.graph.ops
         for d in op.signature.loop_dims
@@ -180,8 +182,9 @@ def _no_worse_than_swap(
     """D-Rec around fixed ops is greedy too: keep the free D-Rec plan with the fixed strategies
     swapped in when that is cheaper (and fits), saying so."""
     free = _drec_within(graph, mesh, opts, budget, start)
-    swapped = Plan(graph, mesh, {**free.strategies, **fixed}, "drec", opts,
-                   param_layouts=free.param_layouts)
+    swapped = Plan(
+        graph, mesh, {**free.strategies, **fixed}, "drec", opts, param_layouts=free.param_layouts
+    )
     assert swapped.cost is not None and forced.cost is not None
     fits = budget is None or swapped.cost.memory_per_device <= budget
     if not fits or swapped.cost.total >= forced.cost.total:
@@ -194,8 +197,10 @@ def _no_worse_than_swap(
         opts,
         time.perf_counter() - start,
         swapped.param_layouts,
-        notes=("the unforced plan with the forced strategies swapped in was cheaper than "
-               "re-planning around them",),
+        notes=(
+            "the unforced plan with the forced strategies swapped in was cheaper than "
+            "re-planning around them",
+        ),
     )
 
 

@@ -188,8 +188,12 @@ def strategy_diff(a: Plan, b: Plan) -> list[tuple[str, Strategy, Strategy, float
     ca = {c.name: c.total for c in a.cost.ops}
     cb = {c.name: c.total for c in b.cost.ops}
     return [
-        (op.name, tuple(a.strategies[op.name]), tuple(b.strategies[op.name]),
-         cb[op.name] - ca[op.name])
+        (
+            op.name,
+            tuple(a.strategies[op.name]),
+            tuple(b.strategies[op.name]),
+            cb[op.name] - ca[op.name],
+        )
         for op in a.graph.ops
         if tuple(a.strategies[op.name]) != tuple(b.strategies[op.name])
     ]

@@ -473,9 +473,7 @@ def _solve_ilp(
         if tuple(strategy) not in options:
             raise SolverError(f"ilp: fixed strategy {strategy} of op {name!r} is not in its space")
         pins[graph.op_index[name]] = options.index(tuple(strategy))
-    result = solve_model(
-        model, opts, memory, remaining, mip_rel_gap, max_pair_columns, split, pins
-    )
+    result = solve_model(model, opts, memory, remaining, mip_rel_gap, max_pair_columns, split, pins)
     size = result.size
     note = (
         f"ilp: {size['binaries']} binaries, {size['continuous']} continuous, {size['rows']} rows, "

@@ -59,7 +59,10 @@ def test_compare_reports_failures_as_statuses(tmp_path, capsys):
     assert rows["dp"]["status"].startswith("did not finish within 0.001 s")
     # the ILP had no plan of its own: D-Rec's plan is its incumbent, and the status says so
     assert rows["ilp"]["ok"] and rows["ilp"]["total"] == rows["drec"]["total"]
-    assert rows["ilp"]["status"] == "did not finish: no ILP plan, D-Rec's plan kept (not proven optimal)"
+    assert (
+        rows["ilp"]["status"]
+        == "did not finish: no ILP plan, D-Rec's plan kept (not proven optimal)"
+    )
     out = capsys.readouterr().out
     assert "did not finish" in out
     assert all(len(line) <= 100 for line in out.splitlines())

@@ -42,19 +42,31 @@ def sources(tmp_path_factory):
     import tiny_cli_models
 
     onnx_path = folder / "tiny.onnx"
-    torch.onnx.export(
-        tiny_cli_models.build(), (torch.randn(8, 16),), str(onnx_path), dynamo=False
-    )
+    torch.onnx.export(tiny_cli_models.build(), (torch.randn(8, 16),), str(onnx_path), dynamo=False)
     from shardplan.importers import hf
 
     real = hf.import_hf
     mp = pytest.MonkeyPatch()
     mp.setattr(hf, "import_hf", functools.cache(real))
-    hf_args = ["--hf", "gpt2", "--layers", "1", "--hidden", "32", "--heads", "2",
-               "--batch", "4", "--seq", "8"]
+    hf_args = [
+        "--hf",
+        "gpt2",
+        "--layers",
+        "1",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--batch",
+        "4",
+        "--seq",
+        "8",
+    ]
     yield {
-        "zoo": (["gpt2-small", "--small", "--layers", "1", "--batch", "4", "--seq", "16"],
-                "h.0.mlp.fc"),
+        "zoo": (
+            ["gpt2-small", "--small", "--layers", "1", "--batch", "4", "--seq", "16"],
+            "h.0.mlp.fc",
+        ),
         "hf": (hf_args, "transformer.h.0.mlp.c_fc"),
         "torch": (["--torch", "tiny_cli_models:build", "--args", "8x16"], "0"),
         "onnx": (["--onnx", str(onnx_path)], "/0/Gemm_output_0/mm"),
@@ -71,10 +83,28 @@ def _args(command: str, source: list[str], op: str, tmp_path) -> list[str]:
     if command == "compare":
         return ["compare", *source, "--mesh", "2", "-q", "--json", str(tmp_path / "c.json")]
     if command == "explain":
-        return ["explain", *source, "--mesh", "2", "--op", op, "-q",
-                "--json", str(tmp_path / "e.json")]
-    return ["verify", *source, "--mesh", "2", "--method", "data-parallel", "-q",
-            "--json", str(tmp_path / "v.json")]
+        return [
+            "explain",
+            *source,
+            "--mesh",
+            "2",
+            "--op",
+            op,
+            "-q",
+            "--json",
+            str(tmp_path / "e.json"),
+        ]
+    return [
+        "verify",
+        *source,
+        "--mesh",
+        "2",
+        "--method",
+        "data-parallel",
+        "-q",
+        "--json",
+        str(tmp_path / "v.json"),
+    ]
 
 
 @pytest.mark.parametrize("source", ["zoo", "hf", "torch", "onnx"])

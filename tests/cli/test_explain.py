@@ -11,8 +11,21 @@ from shardplan.cli.main import main
 from shardplan.plan import Plan
 
 # a small GPT-2 whose h.0.mlp.fc is cut on this mesh (the default --small one replicates it)
-MODEL = ["gpt2-small", "--small", "--batch", "16", "--seq", "128", "--hidden", "256",
-         "--heads", "4", "--mesh", "2x2", "-q"]
+MODEL = [
+    "gpt2-small",
+    "--small",
+    "--batch",
+    "16",
+    "--seq",
+    "128",
+    "--hidden",
+    "256",
+    "--heads",
+    "4",
+    "--mesh",
+    "2x2",
+    "-q",
+]
 FC = "h.0.mlp.fc.linear"
 
 
@@ -22,8 +35,9 @@ def planned(tmp_path_factory):
     plan_file = folder / "plan.json"
     assert main(["plan", *MODEL, "--json", str(plan_file)]) == 0
     explained = folder / "explain.json"
-    assert main(["explain", *MODEL, "--op", "h.0.mlp.fc", "--replan", "--json",
-                 str(explained)]) == 0
+    assert (
+        main(["explain", *MODEL, "--op", "h.0.mlp.fc", "--replan", "--json", str(explained)]) == 0
+    )
     return Plan.from_json(plan_file.read_text()), json.loads(explained.read_text()), folder
 
 
