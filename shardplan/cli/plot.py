@@ -65,7 +65,7 @@ def plot_plan(p: Any, path: str) -> None:
         rows = sorted(keep, key=lambda r: r.index)
     kinds = list(COLOURS)
     height = max(3.0, 0.22 * len(rows) + 1.5)
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, height), gridspec_kw={"width_ratios": [3, 1.2]})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, height), gridspec_kw={"width_ratios": [3, 1]})
     from matplotlib.colors import ListedColormap
 
     grid = [
@@ -95,15 +95,7 @@ def plot_plan(p: Any, path: str) -> None:
             if d is not None:
                 ax.text(x, y, d, ha="center", va="center", fontsize=6)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    ax.legend(
-        handles,
-        kinds,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.04 - 1.2 / height),
-        ncol=4,
-        fontsize=7,
-        frameon=False,
-    )
+    fig.legend(handles, kinds, loc="lower center", ncol=len(kinds), fontsize=7, frameon=False)
     ax.set_title(
         f"{graph.name} on mesh {mesh.text()} ({p.method}): cut per op and round", fontsize=9
     )
@@ -124,8 +116,8 @@ def plot_plan(p: Any, path: str) -> None:
     bx.set_xticks([0], ["plan"])
     bx.set_ylabel(f"predicted cost per step ({unit})")
     bx.set_title(f"total {c.total * scale:.3g} {unit}", fontsize=9)
-    bx.legend(fontsize=7)
-    fig.tight_layout()
+    bx.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    fig.tight_layout(rect=(0, 0.6 / height, 1, 1))  # room for the legend below
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
