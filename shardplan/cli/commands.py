@@ -27,6 +27,7 @@ from shardplan.cli.render import (
     print_plan,
 )
 from shardplan.errors import PlanError
+from shardplan.exporters.plan_json import to_dict
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -145,7 +146,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if warning:
         console.print(f"warning: {escape(warning)}", highlight=False)
     if args.json:
-        data = p.to_dict()
+        data = to_dict(p)
         data["model"] = model_label(args)
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"plan written to {escape(args.json)}", highlight=False)

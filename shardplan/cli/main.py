@@ -18,7 +18,7 @@ from shardplan.errors import ShardplanError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from shardplan import __version__
+    from shardplan.version import __version__
     from shardplan.cli import commands, compare, explain, verify
 
     parser = argparse.ArgumentParser(

@@ -14,12 +14,12 @@ from shardplan.mesh import parse_mesh
 
 def load_plan_file(path_text: str) -> Any:
     """Read a plan written by `shardplan plan --json FILE` (PlanError if missing or malformed)."""
-    from shardplan.plan import Plan
+    from shardplan.exporters.plan_json import from_json
 
     path = Path(path_text)
     if not path.is_file():
         raise PlanError(f"plan file {path_text!r} does not exist; write one with `plan --json`")
-    return Plan.from_json(path.read_text())
+    return from_json(path.read_text())
 
 
 def plan_for(args: argparse.Namespace, progress: Progress) -> tuple[Any, Any]:

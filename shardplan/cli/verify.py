@@ -90,7 +90,7 @@ def run_verify(args: argparse.Namespace) -> int:
         with progress.step(f"running the plan on {mesh.size} torch processes"):
             return _verify_torch(p, args)
     ensure_devices(mesh.size)
-    from shardplan.backends.verify import verify_plan
+    from shardplan.fidelity.verify import verify_plan
 
     train = p.options.train if args.train is None else args.train
     with progress.step(f"running the plan on {mesh.size} JAX devices"):
@@ -109,7 +109,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def _verify_torch(p: Any, args: argparse.Namespace) -> int:
     """Run the plan with DTensor on mesh-size gloo processes and compare with one process."""
-    from shardplan.backends.torch_dist import verify_torch
+    from shardplan.fidelity.torch import verify_torch
     from shardplan.cli.render import make_console
 
     train = p.options.train if args.train is None else args.train
@@ -125,7 +125,7 @@ def _verify_torch(p: Any, args: argparse.Namespace) -> int:
 def print_report(console: Any, report: Any, differences: int = 15) -> None:
     from rich.table import Table
 
-    from shardplan.backends.verify import CAUSES, UNEXPLAINED
+    from shardplan.fidelity.verify import CAUSES, UNEXPLAINED
 
     mode = "training step (loss + gradients)" if report.train else "forward pass"
     verdict = "[bold green]OK[/]" if report.numerics_ok else "[bold red]FAIL[/]"

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from shardplan.cli.main import main
+from shardplan.exporters.plan_json import from_json
 from shardplan.plan import Plan
 
 # a small GPT-2 whose h.0.mlp.fc is cut on this mesh (the default --small one replicates it)
@@ -38,7 +39,7 @@ def planned(tmp_path_factory):
     assert (
         main(["explain", *MODEL, "--op", "h.0.mlp.fc", "--replan", "--json", str(explained)]) == 0
     )
-    return Plan.from_json(plan_file.read_text()), json.loads(explained.read_text()), folder
+    return from_json(plan_file.read_text()), json.loads(explained.read_text()), folder
 
 
 def test_explain_lists_every_candidate_with_terms_that_add_up(planned):
@@ -76,7 +77,7 @@ def test_force_keeps_the_strategy_and_matches_explain_replanned(planned, capsys)
     assert main(["plan", *MODEL, "--force", f"h.0.mlp.fc={text}", "--json", str(out_file)]) == 0
     out = capsys.readouterr().out
     assert "vs unforced" in out
-    forced = Plan.from_json(out_file.read_text())  # validates every strategy
+    forced = from_json(out_file.read_text())  # validates every strategy
     assert tuple(forced.strategies[FC]) == tuple(alternative["strategy"])
     assert forced.cost.total == pytest.approx(alternative["replanned_total"], rel=1e-9)
     # the search re-planned the rest around it: never worse than just swapping the one op
@@ -86,7 +87,7 @@ def test_force_keeps_the_strategy_and_matches_explain_replanned(planned, capsys)
 def test_force_readable_name_on_every_round(tmp_path, capsys):
     out_file = tmp_path / "forced.json"
     assert main(["plan", *MODEL, "--force", "h.0.mlp.fc=row", "--json", str(out_file)]) == 0
-    forced = Plan.from_json(out_file.read_text())
+    forced = from_json(out_file.read_text())
     assert forced.strategies[FC] == ("k", "k")
 
 
@@ -94,12 +95,12 @@ def test_force_with_the_ilp(tmp_path, capsys):
     out_file = tmp_path / "forced.json"
     args = ["plan", "mlp", "--small", "--mesh", "4", "--method", "ilp", "-q"]
     assert main([*args, "--json", str(tmp_path / "free.json")]) == 0
-    free = Plan.from_json((tmp_path / "free.json").read_text())
+    free = from_json((tmp_path / "free.json").read_text())
     op = next(o for o in free.graph.ops if o.kind == "linear")
     dims = [d.name for d in op.signature.loop_dims if d.splittable]
     pick = next(d for d in dims if free.strategies[op.name] != (d, d))
     assert main([*args, "--force", f"{op.name}={pick}", "--json", str(out_file)]) == 0
-    forced = Plan.from_json(out_file.read_text())
+    forced = from_json(out_file.read_text())
     assert forced.strategies[op.name] == (pick, pick)
     assert forced.cost.total >= free.cost.total * (1 - 1e-9)  # the free ILP optimum is a bound
 
@@ -126,7 +127,7 @@ def test_diff_lists_the_ops_that_differ(planned, tmp_path, capsys):
     p, _, folder = planned
     other = tmp_path / "megatron.json"
     assert main(["plan", *MODEL, "--method", "megatron", "--json", str(other)]) == 0
-    q = Plan.from_json(other.read_text())
+    q = from_json(other.read_text())
     expected = [op.name for op in p.graph.ops if p.strategies[op.name] != q.strategies[op.name]]
     out_file = tmp_path / "diff.json"
     assert main(["diff", str(folder / "plan.json"), str(other), "--json", str(out_file)]) == 0
