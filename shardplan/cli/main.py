@@ -18,8 +18,8 @@ from shardplan.errors import ShardplanError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from shardplan.version import __version__
     from shardplan.cli import commands, compare, explain, verify
+    from shardplan.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="shardplan",

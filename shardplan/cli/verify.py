@@ -109,8 +109,8 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def _verify_torch(p: Any, args: argparse.Namespace) -> int:
     """Run the plan with DTensor on mesh-size gloo processes and compare with one process."""
-    from shardplan.fidelity.torch import verify_torch
     from shardplan.cli.render import make_console
+    from shardplan.fidelity.torch import verify_torch
 
     train = p.options.train if args.train is None else args.train
     report = verify_torch(p, seed=args.seed, train=train)
