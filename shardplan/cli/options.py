@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -274,7 +273,3 @@ def plan_from_args(
         extra["incumbent"] = seed.strategies
     with progress.step(f"{method} planning {graph.name} on mesh {mesh.text()}"):
         return plan(graph, mesh, method, **options, **extra)
-
-
-def stdout_is_terminal() -> bool:
-    return sys.stdout.isatty()

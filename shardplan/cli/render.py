@@ -14,7 +14,7 @@ relative names, kinds and strategies print once as `h.0–h.47 ×48`. O(ops) per
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +30,6 @@ from shardplan.sharding import Strategy
 
 WIDTH = 100
 """Tables are laid out for this many columns when stdout is not a terminal."""
-
-CUT_KINDS = ("batch", "column", "row", "heads", "spatial", "reduce", "split")
-"""Readable cut names, in the order plots and summaries list them."""
 
 
 # -- units --------------------------------------------------------------------------------------
@@ -219,11 +216,11 @@ def collapse(p: Any, indices: Sequence[int]) -> list[Row]:
 
 
 # -- the plan ------------------------------------------------------------------------------------
-def make_console(quiet_width: int = WIDTH) -> Console:
+def make_console() -> Console:
     """Terminal: its own width; file or pipe: `WIDTH` columns, no colour codes."""
     import sys
 
-    return Console() if sys.stdout.isatty() else Console(width=quiet_width, no_color=True)
+    return Console() if sys.stdout.isatty() else Console(width=WIDTH, no_color=True)
 
 
 def plan_title(p: Any) -> str:
@@ -385,8 +382,3 @@ def batch_warning(p: Any) -> str | None:
         f"parallelism can use at most {math.gcd(batch, devices)} of them; pick a batch that is a "
         f"multiple of {devices} to use every device"
     )
-
-
-def print_lines(console: Console, lines: Iterable[str]) -> None:
-    for line in lines:
-        console.print(escape(line), highlight=False, soft_wrap=True)
