@@ -26,7 +26,6 @@ from shardplan.cli.render import (
     make_console,
     print_plan,
 )
-from shardplan.errors import PlanError
 from shardplan.exporters.plan_json import to_dict
 
 
@@ -127,17 +126,23 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_output_path(path: str | None) -> None:
-    """Fail before any slow work when an output file cannot be written."""
-    if path and not Path(path).resolve().parent.is_dir():
-        raise PlanError(f"cannot write {path!r}: its folder does not exist")
+def check_output_path(path: str | None, flag: str = "--json") -> None:
+    """Fail (ArgumentError) before any slow work when an output file cannot be written;
+    a --plot file must also be .png, .svg or .pdf."""
+    from shardplan.cli.inputs import output_path
+
+    output_path(path, flag)
+    if flag == "--plot" and path:
+        from shardplan.cli.plot import check_suffix
+
+        check_suffix(path)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     from shardplan.cli.plans import plan_for
 
     check_output_path(args.json)
-    check_output_path(args.plot)
+    check_output_path(args.plot, "--plot")
     progress = progress_of(args)
     p, base = plan_for(args, progress)
     console = make_console()

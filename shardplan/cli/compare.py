@@ -142,7 +142,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if unknown or not methods:
         raise UnknownModelError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
     check_output_path(args.json)
-    check_output_path(args.plot)
+    check_output_path(args.plot, "--plot")
     progress = progress_of(args)
     graph = load_graph(args, progress)
     mesh = parse_mesh(args.mesh, machine=args.machine)

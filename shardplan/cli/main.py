@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -17,11 +18,19 @@ from rich.markup import escape
 from shardplan.errors import ShardplanError
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), like every other CLI failure."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: usage: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from shardplan.cli import commands, compare, explain, verify
     from shardplan.version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shardplan",
         description="Operator-level (SPMD) parallel plans for DNN training, found by D-Rec.",
     )

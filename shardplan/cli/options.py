@@ -21,8 +21,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from shardplan.errors import PlanError
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.ir.graph import Graph
-from shardplan.mesh import MACHINES, Mesh
+from shardplan.mesh import Mesh
 from shardplan.search import METHODS
 from shardplan.sharding import Strategy
 
@@ -87,9 +88,9 @@ def search_flags(mesh_required: bool = True, method: bool = True) -> argparse.Ar
         g.add_argument("--method", default="drec", choices=METHODS, help="search method (drec)")
     g.add_argument(
         "--machine",
-        default="a100",
+        default=DEFAULT_MACHINE,
         choices=sorted(MACHINES),
-        help="bandwidth/FLOP/memory preset of the devices (default a100)",
+        help=f"bandwidth/FLOP/memory preset of the devices (default {DEFAULT_MACHINE})",
     )
     g.add_argument(
         "--memory", default=None, help="per-device budget, e.g. 80GB; the plan fits it or fails"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,18 @@ def load_plan_file(path_text: str) -> Any:
     return from_json(path.read_text())
 
 
-def plan_for(args: argparse.Namespace, progress: Progress) -> tuple[Any, Any]:
-    """(plan, unforced plan or None): from a plan file, or by planning the model with --force."""
+def plan_for(
+    args: argparse.Namespace,
+    progress: Progress,
+    check: Callable[[Any, bool | None], None] | None = None,
+) -> tuple[Any, Any]:
+    """(plan, unforced plan or None): from a plan file, or by planning the model with --force.
+    `check(graph, train or None)` runs on the graph before any search (e.g. verify's size check)."""
     forced_items = getattr(args, "force", []) or []
     if is_plan_file(args.model) and not (args.torch or args.hf or args.onnx):
         p = load_plan_file(args.model)
+        if check is not None:
+            check(p.graph, p.options.train)
         if args.mesh is not None and parse_mesh(args.mesh).shape != p.mesh.shape:
             raise PlanError(
                 f"{args.model} is a plan for mesh {p.mesh.text()}, not {args.mesh}; "
@@ -52,6 +60,8 @@ def plan_for(args: argparse.Namespace, progress: Progress) -> tuple[Any, Any]:
     if args.mesh is None:
         raise PlanError(f"{model_label(args)} needs --mesh (e.g. --mesh 8); a plan.json has one")
     graph = load_graph(args, progress)
+    if check is not None:
+        check(graph, None)
     mesh = parse_mesh(args.mesh, machine=args.machine)
     forced = parse_forces(graph, mesh, forced_items)
     p = plan_from_args(args, graph, mesh, progress, forced=forced or None)

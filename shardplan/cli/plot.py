@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardplan.errors import MissingDependencyError, PlanError
+from shardplan.errors import ArgumentError, MissingDependencyError, PlanError
 
 COLOURS = {
     "batch": "#4e79a7",
@@ -42,9 +42,9 @@ def _pyplot() -> Any:
     return plt
 
 
-def _check_suffix(path: str) -> None:
+def check_suffix(path: str) -> None:
     if Path(path).suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise PlanError(f"--plot {path!r}: name a .png, .svg or .pdf file")
+        raise ArgumentError(f"--plot {path!r}: name a .png, .svg or .pdf file")
 
 
 def plot_plan(p: Any, path: str) -> None:
@@ -52,7 +52,7 @@ def plot_plan(p: Any, path: str) -> None:
     from shardplan.cli.render import collapse, cut_kind
     from shardplan.search.flex import is_transparent
 
-    _check_suffix(path)
+    check_suffix(path)
     plt = _pyplot()
     graph, mesh = p.graph, p.mesh
     idx = [i for i, op in enumerate(graph.ops) if not is_transparent(op)] or list(
@@ -124,7 +124,7 @@ def plot_plan(p: Any, path: str) -> None:
 
 def plot_compare(rows: list[dict[str, Any]], title: str, path: str) -> None:
     """One stacked bar (compute, communication) per method that produced a plan."""
-    _check_suffix(path)
+    check_suffix(path)
     plt = _pyplot()
     ok = [r for r in rows if r["ok"]]
     if not ok:

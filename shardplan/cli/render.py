@@ -22,10 +22,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shardplan.hardware import MACHINES
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
-from shardplan.mesh import MACHINES, Mesh
+from shardplan.mesh import Mesh
 from shardplan.sharding import Strategy
 
 WIDTH = 100

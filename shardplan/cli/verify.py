@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.cli.options import output_flags, progress_of, search_flags, source_flags
+from shardplan.errors import ArgumentError
 from shardplan.mesh import Mesh
 
 _FLAG = "xla_force_host_platform_device_count"
@@ -77,6 +78,30 @@ def ensure_devices(count: int) -> None:
     os.environ["XLA_FLAGS"] = flags
 
 
+VERIFY_MEMORY_SHARE = 0.5
+"""verify refuses a model whose estimated run needs more than this share of the machine's RAM."""
+
+
+def refuse_too_big(graph: Any, train: bool, dtype: str, small: bool) -> None:
+    """Refuse up front (ArgumentError) when running `graph` twice (one device, then sharded) at
+    `dtype`, with gradients when training, would not fit in memory: estimated as every tensor's
+    elements x dtype bytes x (2 runs) x (2 with gradients)."""
+    elements = sum(t.numel for t in graph.tensors.values())
+    need = elements * (8 if dtype == "float64" else 4) * 2 * (2 if train else 1)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        ram = 16e9
+    if need > VERIFY_MEMORY_SHARE * ram:
+        hint = "use smaller sizes" if small else "add --small (or smaller sizes)"
+        raise ArgumentError(
+            f"verify would need about {need / 1e9:.3g} GB to run {graph.name!r} "
+            f"({elements:,} tensor elements at {dtype}, reference and sharded"
+            f"{', with gradients' if train else ''}), over half of this machine's "
+            f"{ram / 1e9:.3g} GB; {hint}"
+        )
+
+
 def run_verify(args: argparse.Namespace) -> int:
     from shardplan.cli.commands import check_output_path
     from shardplan.cli.plans import plan_for
@@ -84,7 +109,12 @@ def run_verify(args: argparse.Namespace) -> int:
 
     check_output_path(args.json)
     progress = progress_of(args)
-    p, _ = plan_for(args, progress)
+
+    def check(graph: Any, plan_train: bool | None) -> None:  # before the search and the run
+        train = (True if plan_train is None else plan_train) if args.train is None else args.train
+        refuse_too_big(graph, train, args.dtype, bool(getattr(args, "small", False)))
+
+    p, _ = plan_for(args, progress, check)
     mesh: Mesh = p.mesh
     if args.engine == "torch":
         with progress.step(f"running the plan on {mesh.size} torch processes"):

@@ -20,7 +20,6 @@ from typing import Any
 from shardplan.errors import PlanError
 from shardplan.exporters.jax import axis_names, jax_mesh, partition_spec
 from shardplan.importers.jaxpr import (
-    OPAQUE,
     import_jaxpr,
     is_dropped,
     leaf_names,
@@ -28,6 +27,7 @@ from shardplan.importers.jaxpr import (
     sub_jaxpr,
 )
 from shardplan.ir.graph import Graph
+from shardplan.ir.traits import Trait, has_trait
 from shardplan.mesh import parse_mesh
 
 
@@ -59,7 +59,8 @@ def apply_plan(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[
         return NamedSharding(jmesh, partition_spec(layout, rank, plan.mesh))
 
     def build(args: tuple[Any, ...]) -> Callable[..., Any]:
-        unknown = "replicate" if any(op.kind == OPAQUE for op in plan.graph.ops) else "error"
+        opaque = any(has_trait(op.kind, Trait.OPAQUE) for op in plan.graph.ops)
+        unknown = "replicate" if opaque else "error"
         with warnings.catch_warnings():  # from_jaxpr already warned about opaque operators
             warnings.simplefilter("ignore")
             imported = import_jaxpr(fn, *args, name=plan.graph.name, unknown=unknown)

@@ -111,7 +111,7 @@ def kernels() -> dict[str, Kernel]:
                 if isinstance(extra, (int, float)) and not isinstance(extra, bool):
                     values.append(extra)
             alpha = op.attr("alpha")
-            if alpha is not None and kind in ("add", "sub") and len(values) == 2:
+            if alpha is not None and len(values) == 2:  # add/sub(x, y, alpha): x +- alpha * y
                 values[1] = values[1] * alpha
             if not any(isinstance(v, torch.Tensor) for v in values):
                 raise BackendError(f"op {op.name!r} ({kind}) has no tensor operand")

@@ -24,7 +24,7 @@ from shardplan.errors import BackendError, MissingDependencyError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Tensor
 from shardplan.mesh import Mesh, parse_mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.sharding import Layout
 
 Layouts = Mapping[str, Layout]

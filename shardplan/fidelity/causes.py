@@ -112,7 +112,6 @@ CAUSES: Mapping[str, str] = {
 """Known causes of measured != predicted, each a documented model limitation
 (docs/verification.md explains each with an HLO excerpt)."""
 
-NORM_KINDS = ("layer_norm", "rms_norm", "batch_norm", "softmax", "cross_entropy")
 
 
 @dataclass(frozen=True, slots=True)

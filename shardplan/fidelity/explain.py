@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from shardplan.fidelity.causes import NORM_KINDS, _Delta, _significant
+from shardplan.fidelity.causes import _Delta, _significant
 from shardplan.fidelity.measure import MeasuredCollective, _dims, _numel, sent_bytes
 from shardplan.fidelity.predict import OpPrediction, kind_bytes
 from shardplan.ir.op import Role
-from shardplan.plan import Plan
+from shardplan.ir.traits import Trait, traits_of
+from shardplan.plans import Plan
 
 
 class _Explainer:
@@ -70,11 +71,13 @@ class _Explainer:
         if not d.op or d.kind not in ("all-reduce", "all-gather"):
             return
         op = self.graph.op(d.op)
-        if op.kind not in NORM_KINDS:
+        traits = traits_of(op.kind)
+        if Trait.NORMALISES not in traits:
             return
         x = self.graph.tensors[op.inputs[0]].shape
-        if op.kind == "batch_norm":
-            per_row = x[1] if len(x) > 1 else 1
+        kept = traits.statistics_kept
+        if Trait.STATISTICS_OVER_PARALLEL in traits and kept is not None:
+            per_row = x[kept] if len(x) > kept else 1
         else:
             frozen = _numel(dm.extent for dm in op.signature.loop_dims if dm.kind.name == "FROZEN")
             per_row = _numel(x) // max(frozen, 1)
@@ -325,7 +328,8 @@ class _Explainer:
         if not d.op:
             return
         op = self.graph.op(d.op)
-        if op.kind not in NORM_KINDS or op.kind == "batch_norm":
+        traits = traits_of(op.kind)
+        if Trait.NORMALISES not in traits or Trait.STATISTICS_OVER_PARALLEL in traits:
             return
         amount = 0.0
         for e in self.pred[d.op].edges:

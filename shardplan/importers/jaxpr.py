@@ -82,8 +82,7 @@ from shardplan.importers._jaxpr_rules import (  # noqa: F401  (re-exported: the 
 )
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Op, Role, Tensor
-
-OPAQUE = "opaque"
+from shardplan.ir.traits import OPAQUE_KIND
 
 _INSTALL_HINT = "install it with: pip install 'shardplan[jax]'"
 
@@ -221,7 +220,7 @@ class _Translator:
         self.b.add_op(
             Op(
                 name,
-                OPAQUE,
+                OPAQUE_KIND,
                 signature,
                 tuple(ins),
                 tuple(outs),

@@ -30,7 +30,7 @@ from shardplan.cost.evaluate import (
 )
 from shardplan.errors import PlanError
 from shardplan.ir.op import Role
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.sharding import Strategy, check_strategy
 
 

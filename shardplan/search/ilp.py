@@ -65,7 +65,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.search.space import BSPLIT, CostModel, PairTerm, build_model
 from shardplan.sharding import Strategy
 

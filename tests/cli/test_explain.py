@@ -9,7 +9,7 @@ import pytest
 
 from shardplan.cli.main import main
 from shardplan.exporters.plan_json import from_json
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 
 # a small GPT-2 whose h.0.mlp.fc is cut on this mesh (the default --small one replicates it)
 MODEL = [

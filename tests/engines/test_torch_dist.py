@@ -26,7 +26,7 @@ from shardplan.ir.graph import GraphBuilder, make_graph  # noqa: E402
 from shardplan.ir.op import Op, Role, Tensor  # noqa: E402
 from shardplan.ir.signature import Signature  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
-from shardplan.plan import Plan  # noqa: E402
+from shardplan.plans import Plan  # noqa: E402
 from shardplan.search.api import plan as make_plan  # noqa: E402
 
 from .kernel_cases import IMPORTER_CASES, case_ids, cases, single_op_graph  # noqa: E402

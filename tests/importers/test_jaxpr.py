@@ -15,13 +15,13 @@ from shardplan.engines.jaxpr import apply_plan  # noqa: E402
 from shardplan.errors import PlanError, UnsupportedOpError  # noqa: E402
 from shardplan.importers._build import ReplicatedOpsWarning  # noqa: E402
 from shardplan.importers.jaxpr import (  # noqa: E402
-    OPAQUE,
     RULES,
     from_jaxpr,
     import_jaxpr,
 )
 from shardplan.ir.dims import DimKind  # noqa: E402
 from shardplan.ir.op import Role  # noqa: E402
+from shardplan.ir.traits import OPAQUE_KIND  # noqa: E402
 from shardplan.search import plan  # noqa: E402
 
 
@@ -284,7 +284,7 @@ def test_unknown_primitive_is_named_or_replicated():
     with pytest.warns(ReplicatedOpsWarning, match="cumsum"):
         imported = import_jaxpr(f, *args, unknown="replicate")
     op = imported.graph.ops[-1]
-    assert op.kind == OPAQUE and op.attr("primitive") == "cumsum"
+    assert op.kind == OPAQUE_KIND and op.attr("primitive") == "cumsum"
     assert all(d.kind is DimKind.FROZEN for d in op.signature.loop_dims)
     assert imported.replicated == (f"{op.name} (cumsum)",)
     with pytest.raises(ValueError, match="unknown"):
@@ -300,7 +300,7 @@ def test_opaque_ops_plan_and_run(devices8):
         warnings.simplefilter("ignore", ReplicatedOpsWarning)
         g = from_jaxpr(f, *args, unknown="replicate")
     p = plan(g, "8", "data-parallel")
-    opaque = next(op for op in g.ops if op.kind == OPAQUE)
+    opaque = next(op for op in g.ops if op.kind == OPAQUE_KIND)
     assert p.strategies[opaque.name] == (None, None, None)
     assert float(apply_plan(f, p)(*args)) == pytest.approx(float(f(*args)), rel=1e-5)
 
