@@ -2,7 +2,7 @@
 
 `train_worker` runs in every process of a gloo world (see `shardplan.torch.launch.spawn`):
 1. builds the module (float64, eval mode so dropout is off) and a deep copy for the reference;
-2. plans it with D-Rec: unconstrained first, then (when `memory_fraction` < 1) under that
+2. plans it (D-Rec by default, or `method`): unconstrained first, then (when `memory_fraction` < 1) under that
    fraction of the unconstrained plan's memory per device, so the plan really shards;
 3. runs `steps` AdamW steps on the single-process copy and on `parallelize(module, plan=...)`
    (or, with `engine="torch_tp"`, on `parallelize_module(module, mesh, to_torch_tp(plan))`);
@@ -170,7 +170,8 @@ def _train(module: Any, args: Sequence[Any], kwargs: dict[str, Any], loss_fn: Ca
 
 def train_worker(builder: Callable[..., Any], builder_args: Sequence[Any] = (),
                  mesh: str = "2x2", memory_fraction: float = 0.5, steps: int = 3,
-                 lr: float = 1e-2, engine: str = "parallelize") -> dict[str, Any] | None:
+                 lr: float = 1e-2, engine: str = "parallelize",
+                 method: str = "drec") -> dict[str, Any] | None:
     """One process of the comparison (see the module docstring); rank 0 returns the report.
 
     `builder(*builder_args)` returns `(module, args, kwargs)` or `(module, args, kwargs, loss)`
@@ -193,9 +194,11 @@ def train_worker(builder: Callable[..., Any], builder_args: Sequence[Any] = (),
     reference = copy.deepcopy(module)
     trace = trace_torch(module, args, kwargs)
     graph = trace.result.graph
-    free = make_plan(graph, mesh)
+    free = make_plan(graph, mesh, method=method)
     memory = free.cost.memory_per_device
-    plan = make_plan(graph, mesh, memory=memory * memory_fraction) if memory_fraction < 1 else free
+    plan = free
+    if memory_fraction < 1:
+        plan = make_plan(graph, mesh, method=method, memory=memory * memory_fraction)
     comm = CommDebugMode()
     recorder = _Recorder()
 
@@ -213,9 +216,10 @@ def train_worker(builder: Callable[..., Any], builder_args: Sequence[Any] = (),
 
         from shardplan.exporters.torch_tp import to_torch_tp
 
-        tp = to_torch_tp(plan)
-        dmesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        parallel = parallelize_module(module, dmesh, tp)
+        tp = to_torch_tp(plan)  # on the innermost axis; the others replicate the whole batch
+        names = plan.mesh.names
+        dmesh = init_device_mesh("cpu", plan.mesh.shape, mesh_dim_names=names)
+        parallel = parallelize_module(module, dmesh[names[-1]], tp)
         per_round = False
     else:
         raise PlanError(f"engine must be 'parallelize' or 'torch_tp', not {engine!r}")
@@ -237,6 +241,7 @@ def train_worker(builder: Callable[..., Any], builder_args: Sequence[Any] = (),
             counts[kind] += int(n)
     return {
         "engine": engine,
+        "method": method,
         "mesh": mesh,
         "per_round": per_round,
         "memory_unconstrained": memory,
@@ -273,5 +278,21 @@ def comm_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+
+
+def train_many(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """`train_worker(**config)` for several configs in one set of processes (start-up once);
+    a config that raises a ShardplanError gives `{"error": message}` instead of a report."""
+    from shardplan.errors import ShardplanError
+
+    out: list[dict[str, Any] | None] = []
+    for config in configs:
+        try:
+            out.append(train_worker(**config))
+        except ShardplanError as e:
+            out.append({"error": f"{type(e).__name__}: {e}"})
+    return out
+
+
 __all__ = ["KINDS", "comm_table", "hf_model", "kind_of", "loss_of", "predicted_bytes",
-           "train_worker"]
+           "train_many", "train_worker"]

@@ -109,12 +109,7 @@ def parallelize(
     torch = _torch()
     from shardplan.importers.torch import trace_torch
 
-    if not torch.distributed.is_initialized():
-        raise PlanError(
-            "parallelize needs an initialized torch.distributed process group: call "
-            "torch.distributed.init_process_group(...) in every process first (torchrun does "
-            "the environment for you)"
-        )
+    _require_world(torch)
     trace = trace_torch(module, example_args, example_kwargs)
     if plan is None:
         from shardplan.search.api import plan as make_plan
@@ -132,6 +127,7 @@ def parallelize_traced(module: Any, trace: Any, plan: Plan, device_mesh: Any = N
     """`parallelize` with the module already traced (`trace_torch(module, ...)`), e.g. to plan
     its graph first without exporting twice."""
     torch = _torch()
+    _require_world(torch)
     check_same_graph(trace.result.graph, plan.graph)
     world = torch.distributed.get_world_size()
     if plan.mesh.size != world:
@@ -147,6 +143,15 @@ def parallelize_traced(module: Any, trace: Any, plan: Plan, device_mesh: Any = N
     module.forward = runner
     module.shardplan = info
     return module
+
+
+def _require_world(torch: Any) -> None:
+    if not torch.distributed.is_initialized():
+        raise PlanError(
+            "parallelize needs an initialized torch.distributed process group: call "
+            "torch.distributed.init_process_group(...) in every process first (torchrun does "
+            "the environment for you)"
+        )
 
 
 def _plan_mesh(torch: Any, mesh: Any, device_mesh: Any) -> Mesh:
@@ -421,8 +426,9 @@ class _Runner:
                 return self.dtensor(v) if plain else v
 
             args, kwargs = map_aggregate(args, lift), map_aggregate(kwargs, lift)
+        target = _REWRITES.get(str(node.target), node.target) if found else node.target
         try:
-            out = node.target(*args, **kwargs)
+            out = target(*args, **kwargs)
         except NotImplementedError as e:
             if "sharding strategy" not in str(e):
                 raise
@@ -487,6 +493,22 @@ class _Runner:
                     f"({target!r}); only user outputs and buffer updates are supported"
                 )
         return pytree.tree_unflatten(user, self.out_spec)
+
+
+def _mean_as_sum(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """`mean` as `sum / count`: DTensor's mean over a split dim leaves `Partial("avg")`, whose
+    backward cannot take the `Partial("sum")` gradients DTensor's other ops produce."""
+    import math
+
+    import torch
+
+    dims = [d % x.dim() for d in dim] if dim else list(range(x.dim()))
+    total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=dtype)
+    return total / math.prod(x.shape[d] for d in dims)
+
+
+_REWRITES = {"aten.mean.dim": _mean_as_sum}
+"""ATen ops run in another, equivalent form on DTensors (a workaround each, named by the op)."""
 
 
 def _invalid(value: Any) -> bool:

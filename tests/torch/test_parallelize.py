@@ -1,0 +1,77 @@
+"""`shardplan.torch.parallelize` and `to_torch_tp` on Hugging Face models over 4 gloo processes.
+
+All distributed runs of this module happen in ONE `spawn` (module fixture `reports`), so the 4
+processes start once: GPT-2 and a Llama-style model (2 layers, width 32, float64) each planned by
+D-Rec on a 2x2 mesh under half the memory of the unconstrained D-Rec plan, trained 3 AdamW steps
+through `parallelize`; and Llama planned Megatron-style, exported by `to_torch_tp` and trained
+through PyTorch's `parallelize_module`. The single-process reference is the same module trained
+in the same process (a deep copy made before parallelizing).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from shardplan.errors import PlanError  # noqa: E402
+from shardplan.torch.check import KINDS, comm_table, hf_model, train_many  # noqa: E402
+from shardplan.torch.launch import spawn  # noqa: E402
+
+CONFIGS = {
+    "gpt2": {"builder": hf_model, "builder_args": ("gpt2",)},
+    "llama": {"builder": hf_model, "builder_args": ("llama",)},
+    "llama-tp": {"builder": hf_model, "builder_args": ("llama",), "engine": "torch_tp",
+                 "method": "megatron", "memory_fraction": 1.0},
+    "llama-drec-tp": {"builder": hf_model, "builder_args": ("llama",), "engine": "torch_tp"},
+}
+TOL = 1e-9  # float64 on both sides; sharded sums add in another order than the reference
+
+
+@pytest.fixture(scope="module")
+def reports():
+    configs = [{"mesh": "2x2", "steps": 3, "lr": 1e-2, **c} for c in CONFIGS.values()]
+    results = spawn(train_many, 4, (configs,), timeout=1500)
+    return dict(zip(CONFIGS, results, strict=True))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "llama-tp"])
+def test_training_matches_single_process(reports, name):
+    r = reports[name]
+    assert "error" not in r, r.get("error")
+    assert len(r["parallel_losses"]) == 3
+    for got, want in zip(r["parallel_losses"], r["reference_losses"], strict=True):
+        assert got == pytest.approx(want, rel=TOL, abs=TOL)
+    assert r["reference_losses"][2] < r["reference_losses"][0]  # it did train
+    assert r["max_param_error"] < TOL
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_drec_plan_under_half_memory_really_shards(reports, name):
+    r = reports[name]
+    assert r["memory_planned"] <= r["memory_unconstrained"] / 2
+    assert r["sharded_params"] > 0
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "llama-tp"])
+def test_collectives_are_counted_next_to_the_prediction(reports, name):
+    r = reports[name]
+    assert set(r["measured_counts"]) == set(KINDS)
+    assert sum(r["measured_counts"].values()) > 0  # a sharded step communicates
+    table = comm_table(r)
+    assert "| all-reduce |" in table and "not modelled" in table
+    print(f"\n{name} ({r['engine']}, {r['method']}):\n{table}")
+
+
+def test_drec_plan_that_torch_tp_cannot_express_is_a_named_error(reports):
+    message = reports["llama-drec-tp"].get("error", "")
+    assert message.startswith("PlanError: to_torch_tp:") and "op " in message
+
+
+def test_parallelize_without_a_process_group_is_a_plan_error():
+    from shardplan.torch import parallelize
+
+    model, args, kwargs, _ = hf_model("gpt2", layers=1)
+    with pytest.raises(PlanError, match="init_process_group"):
+        parallelize(model, args, kwargs, mesh="2x2")
