@@ -26,7 +26,10 @@ CONFIGS = {
                  "method": "megatron", "memory_fraction": 1.0},
     "llama-drec-tp": {"builder": hf_model, "builder_args": ("llama",), "engine": "torch_tp"},
 }
-TOL = 1e-9  # float64 on both sides; sharded sums add in another order than the reference
+TOL = {"gpt2": 1e-9, "llama": 1e-6, "llama-tp": 1e-6}
+"""float64 on both sides; sharded sums add in another order than the reference. Llama's own
+RMSNorm and rotary code compute in float32 (`hidden_states.to(torch.float32)`), so its
+agreement is float32's (eps 1.2e-7), not float64's."""
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +45,9 @@ def test_training_matches_single_process(reports, name):
     assert "error" not in r, r.get("error")
     assert len(r["parallel_losses"]) == 3
     for got, want in zip(r["parallel_losses"], r["reference_losses"], strict=True):
-        assert got == pytest.approx(want, rel=TOL, abs=TOL)
+        assert got == pytest.approx(want, rel=TOL[name], abs=TOL[name])
     assert r["reference_losses"][2] < r["reference_losses"][0]  # it did train
-    assert r["max_param_error"] < TOL
+    assert r["max_param_error"] < TOL[name]
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
