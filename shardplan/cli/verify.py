@@ -75,6 +75,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="SPMD engine: jax (XLA on fake CPU devices; numerics and collectives) or torch "
         "(DTensor on N local gloo processes; numerics)",
     )
+    p.add_argument(
+        "--user-module",
+        action="store_true",
+        help="with --engine torch and --torch MODULE:FUNCTION: train YOUR module 3 AdamW steps "
+        "through shardplan.torch.parallelize on mesh-size gloo processes and compare losses and "
+        "parameters with one process, plus collectives per kind vs the plan's prediction",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     p.add_argument(
         "--dtype",
@@ -100,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _is_plan_file(model: str) -> bool:
-    return model.endswith(".json") or (os.sep in model and Path(model).is_file())
+    return bool(model) and (model.endswith(".json") or (os.sep in model and Path(model).is_file()))
 
 
 def ensure_devices(count: int) -> None:
@@ -152,8 +159,16 @@ def _load_plan(args: argparse.Namespace) -> Any:
 def run_verify(args: argparse.Namespace) -> int:
     from shardplan.cli.commands import make_console
 
+    if args.user_module and (args.engine != "torch" or not args.torch):
+        raise PlanError(
+            "--user-module runs your own nn.Module: give --engine torch and --torch MODULE:FUNCTION"
+        )
     p = _load_plan(args)
     mesh: Mesh = p.mesh
+    if args.user_module:
+        from shardplan.cli.verify_user import verify_user_module
+
+        return verify_user_module(p, args)
     if args.engine == "torch":
         return _verify_torch(p, args)
     ensure_devices(mesh.size)

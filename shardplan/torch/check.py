@@ -171,11 +171,14 @@ def _train(module: Any, args: Sequence[Any], kwargs: dict[str, Any], loss_fn: Ca
 def train_worker(builder: Callable[..., Any], builder_args: Sequence[Any] = (),
                  mesh: str = "2x2", memory_fraction: float = 0.5, steps: int = 3,
                  lr: float = 1e-2, engine: str = "parallelize",
-                 method: str = "drec") -> dict[str, Any] | None:
+                 method: str = "drec", plan_json: str | None = None, seed: int = 0,
+                 dtype: str = "float64") -> dict[str, Any] | None:
     """One process of the comparison (see the module docstring); rank 0 returns the report.
 
     `builder(*builder_args)` returns `(module, args, kwargs)` or `(module, args, kwargs, loss)`
-    (default loss: `loss_of`); it must give the same values in every process (seed it).
+    (default loss: `loss_of`), called after `torch.manual_seed(seed)` with `dtype` as the
+    default dtype; the module is converted to `dtype`. `plan_json` (a `Plan.to_json()` made for
+    this module's graph) replaces the planning step.
     """
     import torch
     import torch.distributed as dist
@@ -186,18 +189,26 @@ def train_worker(builder: Callable[..., Any], builder_args: Sequence[Any] = (),
     from shardplan.search.api import plan as make_plan
     from shardplan.torch.parallelize import parallelize_traced
 
-    torch.set_default_dtype(torch.float64)
+    if dtype not in ("float64", "float32"):
+        raise PlanError(f"dtype must be 'float64' or 'float32', not {dtype!r}")
+    torch.set_default_dtype(getattr(torch, dtype))
+    torch.manual_seed(seed)
     built = builder(*builder_args)
     module, args, kwargs = built[:3]
     loss_fn = built[3] if len(built) > 3 else loss_of
-    module = module.double()
+    module = module.to(getattr(torch, dtype))
     reference = copy.deepcopy(module)
     trace = trace_torch(module, args, kwargs)
     graph = trace.result.graph
-    free = make_plan(graph, mesh, method=method)
-    memory = free.cost.memory_per_device
-    plan = free
-    if memory_fraction < 1:
+    if plan_json is not None:  # a plan made elsewhere for this module (verify --user-module)
+        from shardplan.plan import Plan
+
+        free = plan = Plan.from_json(plan_json)
+        memory = plan.cost.memory_per_device
+    else:
+        free = plan = make_plan(graph, mesh, method=method)
+        memory = free.cost.memory_per_device
+    if memory_fraction < 1 and plan_json is None:
         plan = make_plan(graph, mesh, method=method, memory=memory * memory_fraction)
     comm = CommDebugMode()
     recorder = _Recorder()

@@ -32,11 +32,41 @@ RMSNorm and rotary code compute in float32 (`hidden_states.to(torch.float32)`), 
 agreement is float32's (eps 1.2e-7), not float64's."""
 
 
+def readme_training_loop() -> list[float]:
+    """The README's PyTorch example, run in every process of the world (copied verbatim)."""
+    # README-torch-begin
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from shardplan.torch import parallelize
+
+    torch.manual_seed(0)  # every rank builds the same model (torchrun --nproc-per-node 4 ...)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, vocab_size=64)
+    model = LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
+    ids = torch.randint(0, 64, (4, 8))
+    model = parallelize(model, (ids,), {"labels": ids, "use_cache": False}, mesh="2x2")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(3):
+        loss = model(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    # README-torch-end
+    return losses
+
+
+def _worker(configs):
+    return train_many(configs), readme_training_loop()
+
+
 @pytest.fixture(scope="module")
 def reports():
     configs = [{"mesh": "2x2", "steps": 3, "lr": 1e-2, **c} for c in CONFIGS.values()]
-    results = spawn(train_many, 4, (configs,), timeout=1500)
-    return dict(zip(CONFIGS, results, strict=True))
+    results, readme = spawn(_worker, 4, (configs,), timeout=1500)
+    return {**dict(zip(CONFIGS, results, strict=True)), "readme": readme}
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "llama-tp"])
@@ -78,3 +108,25 @@ def test_parallelize_without_a_process_group_is_a_plan_error():
     model, args, kwargs, _ = hf_model("gpt2", layers=1)
     with pytest.raises(PlanError, match="init_process_group"):
         parallelize(model, args, kwargs, mesh="2x2")
+
+
+def test_readme_loop_trains_and_is_in_the_readme(reports):
+    losses = reports["readme"]
+    assert len(losses) == 3 and losses[2] < losses[0]
+    assert _snippet("torch") in _readme()
+
+
+def _readme() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).parents[2] / "README.md").read_text()
+
+
+def _snippet(tag: str) -> str:
+    """The lines between the README markers of this file, dedented."""
+    import inspect
+    import textwrap
+
+    source = inspect.getsource(readme_training_loop)
+    body = source.split(f"# README-{tag}-begin\n")[1].split(f"# README-{tag}-end")[0]
+    return textwrap.dedent(body).strip()
