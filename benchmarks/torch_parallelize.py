@@ -22,15 +22,20 @@ from shardplan.torch.launch import spawn  # noqa: E402
 CASES = {
     "GPT-2 / D-Rec (memory / 2) / parallelize": {"builder_args": ("gpt2",)},
     "Llama / D-Rec (memory / 2) / parallelize": {"builder_args": ("llama",)},
-    "Llama / Megatron / to_torch_tp": {"builder_args": ("llama",), "engine": "torch_tp",
-                                       "method": "megatron", "memory_fraction": 1.0},
+    "Llama / Megatron / to_torch_tp": {
+        "builder_args": ("llama",),
+        "engine": "torch_tp",
+        "method": "megatron",
+        "memory_fraction": 1.0,
+    },
 }
 
 
 def main() -> None:
     info = run_info(__file__)  # the source commit, read before the run
-    configs = [{"builder": hf_model, "mesh": "2x2", "steps": 3, "lr": 1e-2, **c}
-               for c in CASES.values()]
+    configs = [
+        {"builder": hf_model, "mesh": "2x2", "steps": 3, "lr": 1e-2, **c} for c in CASES.values()
+    ]
     results = spawn(train_many, 4, (configs,), timeout=3000)
     rows, comm_rows, data = [], [], {}
     for name, r in zip(CASES, results, strict=True):
@@ -40,25 +45,51 @@ def main() -> None:
         if "error" in r:
             rows.append([name, "-", "-", "-", r["error"]])
             continue
-        worst_loss = max(abs(a - b) / abs(b) for a, b in
-                         zip(r["parallel_losses"], r["reference_losses"], strict=True))
-        rows.append([name, f"{r['sharded_params']}/{r['params']}",
-                     " ".join(f"{x:.6f}" for x in r["parallel_losses"]),
-                     f"{worst_loss:.1e}", f"{r['max_param_error']:.1e}"])
+        worst_loss = max(
+            abs(a - b) / abs(b)
+            for a, b in zip(r["parallel_losses"], r["reference_losses"], strict=True)
+        )
+        rows.append(
+            [
+                name,
+                f"{r['sharded_params']}/{r['params']}",
+                " ".join(f"{x:.6f}" for x in r["parallel_losses"]),
+                f"{worst_loss:.1e}",
+                f"{r['max_param_error']:.1e}",
+            ]
+        )
         for kind in KINDS:
             pred = r["predicted_bytes"][kind]
-            comm_rows.append([name, kind, r["measured_counts"][kind],
-                              f"{r['measured_bytes'][kind]:,.0f}",
-                              "not modelled" if kind == "reduce-scatter" else f"{pred:,.0f}"])
+            comm_rows.append(
+                [
+                    name,
+                    kind,
+                    r["measured_counts"][kind],
+                    f"{r['measured_bytes'][kind]:,.0f}",
+                    "not modelled" if kind == "reduce-scatter" else f"{pred:,.0f}",
+                ]
+            )
     md = "# Training your own module under a plan (4 gloo processes, mesh 2x2, float64)\n\n"
-    md += table(["case", "sharded params", "losses (3 AdamW steps)", "max rel. loss diff",
-                 "max param diff"], rows)
+    md += table(
+        [
+            "case",
+            "sharded params",
+            "losses (3 AdamW steps)",
+            "max rel. loss diff",
+            "max param diff",
+        ],
+        rows,
+    )
     md += "\n## Collectives of one training step (forward + backward), per kind\n\n"
-    md += table(["case", "kind", "measured count", "measured bytes/device",
-                 "predicted bytes/device"], comm_rows)
-    md += ("\ngloo has no all-to-all: DTensor falls back to all-gather + local chunk, so a "
-           "predicted all-to-all is measured as all-gather. The cost model charges an all-reduce "
-           "or an all-gather where DTensor reduce-scatters (a partial sum read as a split).\n")
+    md += table(
+        ["case", "kind", "measured count", "measured bytes/device", "predicted bytes/device"],
+        comm_rows,
+    )
+    md += (
+        "\ngloo has no all-to-all: DTensor falls back to all-gather + local chunk, so a "
+        "predicted all-to-all is measured as all-gather. The cost model charges an all-reduce "
+        "or an all-gather where DTensor reduce-scatters (a partial sum read as a split).\n"
+    )
     write("torch_parallelize", {"run": info, "cases": data}, md)
 
 

@@ -35,8 +35,19 @@ def verify_user_module(plan: Any, args: argparse.Namespace) -> int:
     report = spawn(
         train_worker,
         plan.mesh.size,
-        (user_module, (args.torch, args.args), plan.mesh.text(), 1.0, STEPS, 1e-2,
-         "parallelize", plan.method, plan.to_json(), args.seed, args.dtype),
+        (
+            user_module,
+            (args.torch, args.args),
+            plan.mesh.text(),
+            1.0,
+            STEPS,
+            1e-2,
+            "parallelize",
+            plan.method,
+            plan.to_json(),
+            args.seed,
+            args.dtype,
+        ),
     )
     rtol = args.rtol if args.rtol is not None else TOLERANCE[args.dtype]
     ok = report["max_param_error"] <= rtol and all(

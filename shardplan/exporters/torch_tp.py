@@ -30,8 +30,12 @@ from shardplan.ir.op import Role
 from shardplan.plan import Plan
 from shardplan.sharding import PARTIAL, REPLICATED, operand_layout, resolved
 
-_WEIGHT_STYLES = {("linear", 0): "colwise", ("linear", 1): "rowwise",
-                  ("embedding", 0): "rowwise", ("embedding", 1): "colwise"}
+_WEIGHT_STYLES = {
+    ("linear", 0): "colwise",
+    ("linear", 1): "rowwise",
+    ("embedding", 0): "rowwise",
+    ("embedding", 1): "colwise",
+}
 """(op kind, split weight dim) -> the style of the module owning the weight."""
 
 
@@ -50,8 +54,9 @@ def _axis_of(plan: Plan, axis: int | str | None) -> int:
 
 def torch_tp_styles(plan: Plan, axis: int | str | None = None) -> dict[str, str]:
     """Module path -> `"colwise"`, `"colwise_gather"` (a column-parallel layer whose result is a
-    graph output: `ColwiseParallel(output_layouts=Replicate())`) or `"rowwise"` for the plan on mesh axis `axis` (see module
-    docstring for when a plan is expressible; PlanError naming the op otherwise)."""
+    graph output: `ColwiseParallel(output_layouts=Replicate())`) or `"rowwise"` for the plan on
+    mesh axis `axis` (see the module docstring for when a plan is expressible; PlanError naming
+    the op otherwise)."""
     a = _axis_of(plan, axis)
     mesh, graph = plan.mesh, plan.graph
     rounds = [r.index for r in mesh.rounds if r.mesh_axis == a]
@@ -137,8 +142,13 @@ def torch_tp_styles(plan: Plan, axis: int | str | None = None) -> dict[str, str]
 
 
 def _text(layout: int) -> str:
-    return "replicated" if layout == REPLICATED else "partial" if layout == PARTIAL else (
-        f"split along dim {layout}")
+    return (
+        "replicated"
+        if layout == REPLICATED
+        else "partial"
+        if layout == PARTIAL
+        else (f"split along dim {layout}")
+    )
 
 
 def to_torch_tp(plan: Plan, axis: int | str | None = None) -> dict[str, Any]:
@@ -149,7 +159,9 @@ def to_torch_tp(plan: Plan, axis: int | str | None = None) -> dict[str, Any]:
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(f"to_torch_tp needs torch ({e}); install shardplan[torch]")
+        raise MissingDependencyError(
+            f"to_torch_tp needs torch ({e}); install shardplan[torch]"
+        ) from e
     kinds = {op.layer: op.kind for op in plan.graph.ops if op.layer in styles}
     out: dict[str, Any] = {}
     for path, style in styles.items():

@@ -64,7 +64,6 @@ from typing import Any
 from shardplan.errors import (
     IRError,
     MissingDependencyError,
-    PlanError,
     ShapeError,
     UnsupportedOpError,
 )

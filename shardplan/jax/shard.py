@@ -58,7 +58,9 @@ def _spec(entries: Sequence[int], names: Sequence[str], rank: int, what: str) ->
 
     for s in entries:
         if s >= rank:
-            raise PlanError(f"{what}: layout {tuple(entries)} splits dim {s} of a rank-{rank} tensor")
+            raise PlanError(
+                f"{what}: layout {tuple(entries)} splits dim {s} of a rank-{rank} tensor"
+            )
     dims: list[Any] = []
     for j in range(rank):
         axes = tuple(n for n, s in zip(names, entries, strict=True) if s == j)
@@ -131,8 +133,10 @@ def _jax_mesh(plan: Any, mesh: Any) -> tuple[Any, tuple[str, ...] | None]:
             return JaxMesh(devices, parsed.names), tuple(parsed.names)
         return round_mesh, None
     if not (hasattr(mesh, "axis_names") and hasattr(mesh, "devices")):
-        raise PlanError(f"shard: mesh must be a jax.sharding.Mesh, a shardplan Mesh or mesh text, "
-                        f"not {type(mesh).__name__}")
+        raise PlanError(
+            f"shard: mesh must be a jax.sharding.Mesh, a shardplan Mesh or mesh text, "
+            f"not {type(mesh).__name__}"
+        )
     names, shape = tuple(mesh.axis_names), tuple(mesh.devices.shape)
     if names == round_names and shape == rounds:
         return mesh, None

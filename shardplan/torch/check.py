@@ -2,8 +2,9 @@
 
 `train_worker` runs in every process of a gloo world (see `shardplan.torch.launch.spawn`):
 1. builds the module (float64, eval mode so dropout is off) and a deep copy for the reference;
-2. plans it (D-Rec by default, or `method`): unconstrained first, then (when `memory_fraction` < 1) under that
-   fraction of the unconstrained plan's memory per device, so the plan really shards;
+2. plans it (D-Rec by default, or `method`): unconstrained first, then (when
+   `memory_fraction` < 1) under that fraction of the unconstrained plan's memory per device, so
+   the plan really shards (or takes `plan_json`);
 3. runs `steps` AdamW steps on the single-process copy and on `parallelize(module, plan=...)`
    (or, with `engine="torch_tp"`, on `parallelize_module(module, mesh, to_torch_tp(plan))`);
 4. counts the collectives of the first parallel step (forward + backward) by kind with
@@ -29,8 +30,11 @@ _FUNCOL = {
     "reduce_scatter": "reduce-scatter",
     "all_to_all": "all-to-all",
 }
-_PREDICTED = {"all-reduce": "all_reduce_bytes", "all-gather": "all_gather_bytes",
-              "all-to-all": "all_to_all_bytes"}
+_PREDICTED = {
+    "all-reduce": "all_reduce_bytes",
+    "all-gather": "all_gather_bytes",
+    "all-to-all": "all_to_all_bytes",
+}
 
 
 def kind_of(op_name: str) -> str | None:
@@ -65,8 +69,15 @@ def _leaves(output: Any) -> list[Any]:
     return pytree.tree_leaves(output)
 
 
-def hf_model(name: str, layers: int = 2, hidden: int = 32, heads: int = 4, batch: int = 4,
-             seq: int = 8, vocab: int = 64) -> tuple[Any, ...]:
+def hf_model(
+    name: str,
+    layers: int = 2,
+    hidden: int = 32,
+    heads: int = 4,
+    batch: int = 4,
+    seq: int = 8,
+    vocab: int = 64,
+) -> tuple[Any, ...]:
     """A tiny Hugging Face causal LM (`"gpt2"` or `"llama"`), eager attention, no cache, random
     weights from seed 0: `(model, (input_ids,), {"use_cache": False}, loss)` where `loss(output)`
     is the next-token cross-entropy of the logits in the model's dtype (Hugging Face's own loss
@@ -77,14 +88,27 @@ def hf_model(name: str, layers: int = 2, hidden: int = 32, heads: int = 4, batch
     torch.manual_seed(0)
     if name == "gpt2":
         config = transformers.GPT2Config(
-            n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=seq,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+            n_layer=layers,
+            n_embd=hidden,
+            n_head=heads,
+            vocab_size=vocab,
+            n_positions=seq,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         cls = transformers.GPT2LMHeadModel
     elif name == "llama":
         config = transformers.LlamaConfig(
-            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2), intermediate_size=2 * hidden,
-            vocab_size=vocab, max_position_embeddings=seq, tie_word_embeddings=False)
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+            intermediate_size=2 * hidden,
+            vocab_size=vocab,
+            max_position_embeddings=seq,
+            tie_word_embeddings=False,
+        )
         cls = transformers.LlamaForCausalLM
     else:
         raise PlanError(f"hf_model: {name!r} is not 'gpt2' or 'llama'")
@@ -94,8 +118,7 @@ def hf_model(name: str, layers: int = 2, hidden: int = 32, heads: int = 4, batch
 
     def loss(output: Any) -> Any:
         logits = output.logits[:, :-1]
-        return torch.nn.functional.cross_entropy(
-            logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
 
     return model, (ids,), {"use_cache": False}, loss
 
@@ -149,8 +172,15 @@ def predicted_bytes(plan: Any) -> dict[str, float]:
     return total
 
 
-def _train(module: Any, args: Sequence[Any], kwargs: dict[str, Any], loss_fn: Callable[..., Any],
-           steps: int, lr: float, first_step_mode: Callable[[], Any] | None = None) -> list[float]:
+def _train(
+    module: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    loss_fn: Callable[..., Any],
+    steps: int,
+    lr: float,
+    first_step_mode: Callable[[], Any] | None = None,
+) -> list[float]:
     import contextlib
 
     import torch
@@ -168,11 +198,19 @@ def _train(module: Any, args: Sequence[Any], kwargs: dict[str, Any], loss_fn: Ca
     return losses
 
 
-def train_worker(builder: Callable[..., Any], builder_args: Sequence[Any] = (),
-                 mesh: str = "2x2", memory_fraction: float = 0.5, steps: int = 3,
-                 lr: float = 1e-2, engine: str = "parallelize",
-                 method: str = "drec", plan_json: str | None = None, seed: int = 0,
-                 dtype: str = "float64") -> dict[str, Any] | None:
+def train_worker(
+    builder: Callable[..., Any],
+    builder_args: Sequence[Any] = (),
+    mesh: str = "2x2",
+    memory_fraction: float = 0.5,
+    steps: int = 3,
+    lr: float = 1e-2,
+    engine: str = "parallelize",
+    method: str = "drec",
+    plan_json: str | None = None,
+    seed: int = 0,
+    dtype: str = "float64",
+) -> dict[str, Any] | None:
     """One process of the comparison (see the module docstring); rank 0 returns the report.
 
     `builder(*builder_args)` returns `(module, args, kwargs)` or `(module, args, kwargs, loss)`
@@ -277,8 +315,10 @@ def _contextmanager(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def comm_table(report: dict[str, Any]) -> str:
     """Markdown: per collective kind, measured count and bytes next to the predicted bytes."""
-    lines = ["| kind | measured count | measured bytes/device | predicted bytes/device |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        "| kind | measured count | measured bytes/device | predicted bytes/device |",
+        "|---|---:|---:|---:|",
+    ]
     for kind in KINDS:
         pred = report["predicted_bytes"][kind] if kind in _PREDICTED else None
         lines.append(
@@ -287,8 +327,6 @@ def comm_table(report: dict[str, Any]) -> str:
             f"{'not modelled' if pred is None else f'{pred:,.0f}'} |"
         )
     return "\n".join(lines)
-
-
 
 
 def train_many(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any] | None]:
@@ -305,5 +343,13 @@ def train_many(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any] | None]
     return out
 
 
-__all__ = ["KINDS", "comm_table", "hf_model", "kind_of", "loss_of", "predicted_bytes",
-           "train_many", "train_worker"]
+__all__ = [
+    "KINDS",
+    "comm_table",
+    "hf_model",
+    "kind_of",
+    "loss_of",
+    "predicted_bytes",
+    "train_many",
+    "train_worker",
+]

@@ -91,9 +91,7 @@ def spawn(
             + "\n".join(lines[-40:-1])
         ) from None
     except ProcessExitedException as e:
-        raise BackendError(
-            f"{name}: rank {e.error_index} exited with code {e.exit_code}"
-        ) from None
+        raise BackendError(f"{name}: rank {e.error_index} exited with code {e.exit_code}") from None
     finally:
         if context is not None:
             for p in context.processes:

@@ -247,9 +247,7 @@ def _distribute_parameters(torch: Any, module: Any, trace: Any, info: ParallelIn
         p = params[key]
         if isinstance(p, DTensor):
             raise PlanError(f"parallelize: parameter {names[0]!r} is already a DTensor")
-        tensor = next(
-            (trace.values.get(node_of[n]) for n in names if n in node_of), None
-        )
+        tensor = next((trace.values.get(node_of[n]) for n in names if n in node_of), None)
         placements = (
             to_placements(info.placements[tensor])
             if tensor in info.placements
@@ -362,8 +360,10 @@ class _Runner:
                 try:
                     env[node] = self._call(node, env, torch, DTensor)
                 except Exception as e:
-                    e.add_note(f"shardplan.torch.parallelize: while running node {node.name!r} "
-                               f"({node.target}) of the module's exported program")
+                    e.add_note(
+                        f"shardplan.torch.parallelize: while running node {node.name!r} "
+                        f"({node.target}) of the module's exported program"
+                    )
                     raise
             elif node.op == "output":
                 return self._outputs(node, env, DTensor, pytree)
@@ -392,9 +392,7 @@ class _Runner:
         if tensor is None or tensor not in self.info.placements:
             return value
         # every rank holds the whole input: Replicate -> Shard is a local slice, no message
-        return self.dtensor(value).redistribute(
-            self.info.device_mesh, self.placements(tensor)
-        )
+        return self.dtensor(value).redistribute(self.info.device_mesh, self.placements(tensor))
 
     def _call(self, node: Any, env: dict[Any, Any], torch: Any, dtensor_type: Any) -> Any:
         from torch.fx import Node
@@ -515,7 +513,9 @@ def _invalid(value: Any) -> bool:
     return any(p.is_shard() and p.dim >= value.dim() for p in value.placements)
 
 
-def _reads(graph: Any, nodes: Sequence[Any], values: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+def _reads(
+    graph: Any, nodes: Sequence[Any], values: Mapping[str, Any]
+) -> dict[str, dict[str, str]]:
     """FX node -> {input FX node -> the `op@i` key of the planned layout its op reads it in}.
 
     The ops emitted for node `n` are named `n`, `n:i` or `n/part`; the first of them that reads

@@ -1,5 +1,5 @@
-"""from_jaxpr / shardplan.jax.shard: plain-JAX functions become graphs the planner can use, and the plans
-run on 8 fake XLA devices with the numerics of the unsharded function."""
+"""from_jaxpr / shardplan.jax.shard: plain-JAX functions become graphs the planner can use, and
+the plans run on 8 fake XLA devices with the numerics of the unsharded function."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from shardplan.importers.jaxpr import (  # noqa: E402
     import_jaxpr,
 )
 from shardplan.ir.dims import DimKind  # noqa: E402
-from shardplan.jax import shard  # noqa: E402
 from shardplan.ir.op import Role  # noqa: E402
+from shardplan.jax import shard  # noqa: E402
 from shardplan.search import plan  # noqa: E402
 
 

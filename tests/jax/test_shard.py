@@ -73,8 +73,13 @@ def test_specs_name_the_users_axes(block_plan):
     specs = partition_specs(block_plan, ("data", "model"))
     assert axis_layouts(block_plan) is not None
     assert str(specs["x"]) == str(jax.sharding.PartitionSpec("data", None, None))
-    used = {a for spec in specs.values() for e in spec if e for a in (e if isinstance(e, tuple)
-                                                                     else (e,))}
+    used = {
+        a
+        for spec in specs.values()
+        for e in spec
+        if e
+        for a in (e if isinstance(e, tuple) else (e,))
+    }
     assert used == {"data", "model"}
 
 
@@ -90,8 +95,13 @@ def test_three_sgd_steps_equal_unsharded(devices8, block_plan):
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     # the parameters the plan splits over "model" really are split on the devices
-    w1 = jax.device_put(params["w1"], sharded.mesh and jax.sharding.NamedSharding(
-        sharded.mesh, partition_specs(block_plan, ("data", "model"))["w1"]))
+    w1 = jax.device_put(
+        params["w1"],
+        sharded.mesh
+        and jax.sharding.NamedSharding(
+            sharded.mesh, partition_specs(block_plan, ("data", "model"))["w1"]
+        ),
+    )
     assert w1.addressable_shards[0].data.shape != params["w1"].shape
 
 

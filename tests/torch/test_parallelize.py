@@ -22,14 +22,23 @@ from shardplan.torch.launch import spawn  # noqa: E402
 CONFIGS = {
     "gpt2": {"builder": hf_model, "builder_args": ("gpt2",)},
     "llama": {"builder": hf_model, "builder_args": ("llama",)},
-    "llama-tp": {"builder": hf_model, "builder_args": ("llama",), "engine": "torch_tp",
-                 "method": "megatron", "memory_fraction": 1.0},
+    "llama-tp": {
+        "builder": hf_model,
+        "builder_args": ("llama",),
+        "engine": "torch_tp",
+        "method": "megatron",
+        "memory_fraction": 1.0,
+    },
     "llama-drec-tp": {"builder": hf_model, "builder_args": ("llama",), "engine": "torch_tp"},
 }
 TOL = {"gpt2": 1e-9, "llama": 1e-6, "llama-tp": 1e-6}
-"""float64 on both sides; sharded sums add in another order than the reference. Llama's own
-RMSNorm and rotary code compute in float32 (`hidden_states.to(torch.float32)`), so its
-agreement is float32's (eps 1.2e-7), not float64's."""
+"""Relative tolerance of the losses. float64 on both sides; sharded sums add in another order
+than the reference. Llama's own RMSNorm and rotary code compute in float32
+(`hidden_states.to(torch.float32)`), so its agreement is float32's (eps 1.2e-7), not float64's."""
+PARAM_TOL = {"gpt2": 1e-9, "llama": 1e-5, "llama-tp": 1e-5}
+"""Absolute tolerance of the parameters after 3 AdamW steps (lr 1e-2, values ~0.02). Adam
+divides by the root of the squared gradients, so float32 differences of small gradients become
+larger differences of the update (measured: Llama 4.6e-6, against 4.7e-13 for GPT-2)."""
 
 
 def readme_training_loop() -> list[float]:
@@ -41,8 +50,14 @@ def readme_training_loop() -> list[float]:
     from shardplan.torch import parallelize
 
     torch.manual_seed(0)  # every rank builds the same model (torchrun --nproc-per-node 4 ...)
-    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, vocab_size=64)
+    config = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+    )
     model = LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
     ids = torch.randint(0, 64, (4, 8))
     model = parallelize(model, (ids,), {"labels": ids, "use_cache": False}, mesh="2x2")
@@ -77,7 +92,7 @@ def test_training_matches_single_process(reports, name):
     for got, want in zip(r["parallel_losses"], r["reference_losses"], strict=True):
         assert got == pytest.approx(want, rel=TOL[name], abs=TOL[name])
     assert r["reference_losses"][2] < r["reference_losses"][0]  # it did train
-    assert r["max_param_error"] < TOL[name]
+    assert r["max_param_error"] < PARAM_TOL[name]
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
