@@ -145,3 +145,11 @@ def _snippet(tag: str) -> str:
     source = inspect.getsource(readme_training_loop)
     body = source.split(f"# README-{tag}-begin\n")[1].split(f"# README-{tag}-end")[0]
     return textwrap.dedent(body).strip()
+
+
+def test_megatron_all_reduce_bytes_match_the_prediction(reports):
+    """Through PyTorch's own TP styles, the Megatron plan's all-reduces (forward row-parallel
+    outputs, backward column-parallel input gradients) are the bytes the cost model predicts."""
+    r = reports["llama-tp"]
+    measured, predicted = r["measured_bytes"]["all-reduce"], r["predicted_bytes"]["all-reduce"]
+    assert measured == pytest.approx(predicted, rel=0.05)
