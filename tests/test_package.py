@@ -10,7 +10,8 @@ import shardplan
 ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
     "errors": 0, "ir": 1, "mesh": 2, "sharding": 3, "cost": 4, "plan": 5, "search": 6,
-    "importers": 7, "exporters": 7, "backends": 7, "zoo": 2, "cli": 9, "__init__": 10,
+    "importers": 7, "exporters": 7, "backends": 7, "torch": 8, "jax": 8, "zoo": 2, "cli": 9,
+    "__init__": 10,
     "__main__": 10,
 }
 
@@ -50,6 +51,17 @@ def test_files_stay_small():
 def test_public_api():
     for name in shardplan.__all__:
         assert hasattr(shardplan, name), name
+
+
+def test_importers_and_engines_load_on_first_use():
+    code = ("import sys, shardplan; shardplan.from_torch, shardplan.from_jaxpr, shardplan.from_onnx;"
+            " shardplan.torch.parallelize, shardplan.jax.shard; "
+            "print([m for m in ('torch', 'jax', 'onnx') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # the names resolve without importing a framework
+    from shardplan.importers.torch import from_torch
+
+    assert shardplan.from_torch is from_torch
 
 
 def test_top_level_plan_is_the_function():
