@@ -348,6 +348,10 @@ def _similar(keys: Sequence[str], key: str) -> list[str]:
 
 
 # -- tracing for engines that run the user's own program ----------------------------------------
+CHECK_OPS = _SKIP
+"""ATen ops of an export that only check (shapes, asserts) and have no tensor result."""
+
+
 class TorchTrace:
     """What `shardplan.torch.parallelize` needs of an import: the decomposed program it runs, the
     imported result, and FX node name -> the graph tensor(s) that node's value is.
