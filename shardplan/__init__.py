@@ -1,11 +1,12 @@
 """shardplan: operator-level (SPMD) parallel plans for DNN training, found by the Double-Recursive
 algorithm (D-Rec) with a symbolic, profiling-free cost model.
 
-Public API: `zoo.build`, `Graph`/`GraphBuilder`, `Mesh`/`parse_mesh`, `plan`, `evaluate`, `Plan`;
-the importers `from_torch`, `from_onnx`, `from_jaxpr`; the engines `shardplan.torch.parallelize`
-and `shardplan.jax.shard`. Heavy frameworks (jax, torch, onnx) are imported only by the importers
-and engines that need them: the importer names and the `torch` / `jax` subpackages are loaded on
-first use (PEP 562 `__getattr__`), so `import shardplan` stays light.
+Public API: `zoo.build`, `Graph`/`GraphBuilder`, `Mesh`/`parse_mesh`, `plan` (the function
+`shardplan.search.plan`; the Plan value lives in `shardplan.plans`), `evaluate`, `Plan`; the
+importers `from_torch`, `from_onnx`, `from_jaxpr`; the engines `shardplan.torch.parallelize` and
+`shardplan.jax.shard`. Heavy frameworks (jax, torch, onnx) are imported only by the importers,
+exporters and engines that need them: the importer names and the `torch` / `jax` subpackages are
+loaded on first use (PEP 562 `__getattr__`), so `import shardplan` stays light.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from __future__ import annotations
 from shardplan import errors, zoo
 from shardplan.ir import DimKind, Graph, GraphBuilder, Op, Role, Tensor
 from shardplan.mesh import Mesh, parse_mesh
-from shardplan.plan import Plan, evaluate
-from shardplan.search import plan  # rebinds `shardplan.plan` from the module to the function
-
-__version__ = "0.1.0"
+from shardplan.plans import Plan, evaluate
+from shardplan.search import plan  # rebinds `shardplan.plans` from the module to the function
+from shardplan.version import __version__  # noqa: E402  (one home for the version)
 
 _LAZY = {
     "from_torch": "shardplan.importers.torch",

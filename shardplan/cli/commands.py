@@ -12,7 +12,9 @@ from rich.table import Table
 
 from shardplan import zoo
 from shardplan.cli.models import add_model_arguments, load_graph, model_label
-from shardplan.mesh import MACHINES
+from shardplan.errors import ArgumentError
+from shardplan.exporters.plan_json import op_rows, to_dict
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.search import METHODS, plan
 from shardplan.search.flex import is_transparent
 
@@ -56,9 +58,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="drec", choices=METHODS, help="search method")
     p.add_argument(
         "--machine",
-        default="a100",
+        default=DEFAULT_MACHINE,
         choices=sorted(MACHINES),
-        help="bandwidth/FLOP/memory preset of the devices (default a100)",
+        help=f"bandwidth/FLOP/memory preset of the devices (default {DEFAULT_MACHINE})",
     )
     p.add_argument(
         "--memory",
@@ -147,8 +149,12 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from shardplan.cli.inputs import output_path
     from shardplan.mesh import parse_mesh
 
+    output_path(args.json, "--json")  # before the search: a bad path must not cost one
+    if args.ops not in ("heavy", "all", "none"):
+        raise ArgumentError(f"--ops must be heavy, all or none, not {args.ops!r}")
     g = load_graph(args)
     mesh = parse_mesh(args.mesh, machine=args.machine)
     extra = {"time_limit": args.time_limit} if args.method in ("ilp", "dp") else {}
@@ -165,7 +171,7 @@ def run_plan(args: argparse.Namespace) -> int:
     console = make_console()
     print_plan(console, p, args.ops)
     if args.json:
-        data = p.to_dict()
+        data = to_dict(p)
         data["model"] = model_label(args)
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"plan written to {args.json}")
@@ -173,10 +179,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def print_plan(console: Console, p, which: str = "heavy") -> None:  # noqa: ANN001
-    rows = p.op_rows()
+    rows = op_rows(p)
     units = p.cost.units
     if which not in ("heavy", "all", "none"):
-        raise SystemExit(f"--ops must be heavy, all or none, not {which!r}")
+        raise ArgumentError(f"--ops must be heavy, all or none, not {which!r}")
     if which != "none":
         shown = [
             r

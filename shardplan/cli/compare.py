@@ -22,7 +22,8 @@ from rich.table import Table
 
 from shardplan.cli.models import add_model_arguments, load_graph, model_label
 from shardplan.errors import InfeasibleError, ShardplanError, SolverError
-from shardplan.mesh import MACHINES, parse_mesh
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES
+from shardplan.mesh import parse_mesh
 from shardplan.search import METHODS, plan
 
 DEFAULT_METHODS = ("drec", "ilp", "dp", "data-parallel", "megatron", "fsdp")
@@ -51,9 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--machine",
-        default="a100",
+        default=DEFAULT_MACHINE,
         choices=sorted(MACHINES),
-        help="bandwidth/FLOP/memory preset of the devices (default a100)",
+        help=f"bandwidth/FLOP/memory preset of the devices (default {DEFAULT_MACHINE})",
     )
     p.add_argument("--memory", default=None, help="per-device memory budget, e.g. 80GB")
     p.add_argument(
@@ -138,14 +139,18 @@ def _fmt_bytes(n: float) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from shardplan.cli.inputs import output_path
+
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         Console(stderr=True).print(
             f"[bold red]error[/]: unknown method(s) {unknown}; choose from {list(METHODS)}",
             highlight=False,
+            soft_wrap=True,
         )
         return 2
+    output_path(args.json, "--json")  # before the searches
     graph = load_graph(args)
     mesh = parse_mesh(args.mesh, machine=args.machine)
     err = Console(stderr=True)

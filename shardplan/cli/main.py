@@ -10,20 +10,29 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rich.console import Console
 
 from shardplan.errors import ShardplanError
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), like every other CLI failure."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: usage: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from shardplan.cli import commands
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shardplan",
         description="Operator-level (SPMD) parallel plans for DNN training, found by D-Rec.",
     )
-    from shardplan import __version__
+    from shardplan.version import __version__
 
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -106,6 +106,7 @@ def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any
         raise IRError(f"--torch {target!r}: write MODULE:FUNCTION, e.g. my_models:build")
     module_name, function_name = target.split(":", 1)
     sys.path.insert(0, ".")
+    importlib.invalidate_caches()  # "." may name another folder than at an earlier import
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -113,9 +114,21 @@ def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any
     finally:
         sys.path.pop(0)
     function = getattr(module, function_name, None)
-    if function is None:
+    if not callable(function):
         raise IRError(f"--torch: module {module_name!r} has no function {function_name!r}")
-    built = function()
+    try:
+        built = function()
+    except Exception as e:  # the user's builder failed: say so in one line, not a traceback
+        raise IRError(
+            f"--torch {target}: calling {function_name}() failed with {type(e).__name__}: {e}; "
+            "it must take no arguments and return a torch module (or (module, example inputs))"
+        ) from e
+    pair = isinstance(built, tuple)
+    if (pair and len(built) != 2) or not _is_torch_module(built[0] if pair else built):
+        raise IRError(
+            f"--torch {target}: {function_name}() returned {type(built).__name__}, not a torch "
+            "module (or (module, example inputs))"
+        )
     if isinstance(built, tuple):
         model, example = built[0], tuple(built[1])
         if shapes:
@@ -124,6 +137,12 @@ def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any
     if not shapes:
         raise IRError(f"--torch {target}: the function returned a module; give --args shapes")
     return built, parse_example_args(shapes)
+
+
+def _is_torch_module(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.nn.Module)
 
 
 _DTYPES = {"float": "float32", "long": "int64", "int": "int32", "bool": "bool"}

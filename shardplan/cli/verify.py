@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.cli.models import add_model_arguments, load_graph
-from shardplan.errors import PlanError
-from shardplan.mesh import MACHINES, Mesh, parse_mesh
+from shardplan.errors import ArgumentError, PlanError
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES
+from shardplan.mesh import Mesh, parse_mesh
 from shardplan.search import METHODS
 
 _FLAG = "xla_force_host_platform_device_count"
@@ -44,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--method", default="drec", choices=METHODS, help="search method (models)")
     p.add_argument(
         "--machine",
-        default="a100",
+        default=DEFAULT_MACHINE,
         choices=sorted(MACHINES),
-        help="bandwidth/FLOP preset used to plan (default a100)",
+        help=f"bandwidth/FLOP preset used to plan (default {DEFAULT_MACHINE})",
     )
     p.add_argument(
         "--preset",
@@ -124,14 +125,16 @@ def ensure_devices(count: int) -> None:
 
 
 def _load_plan(args: argparse.Namespace) -> Any:
-    from shardplan.plan import Plan
+    from shardplan.exporters.plan_json import from_json
     from shardplan.search import plan as make_plan
 
     if _is_plan_file(args.model):
         path = Path(args.model)
         if not path.is_file():
             raise PlanError(f"plan file {args.model!r} does not exist")
-        p = Plan.from_json(path.read_text())
+        p = from_json(path.read_text())
+        train = p.options.train if args.train is None else args.train
+        refuse_too_big(p.graph, train, args.dtype, False)
         if args.mesh is not None and parse_mesh(args.mesh).shape != p.mesh.shape:
             raise PlanError(
                 f"{args.model} is a plan for mesh {p.mesh.text()}, not {args.mesh}; "
@@ -144,6 +147,7 @@ def _load_plan(args: argparse.Namespace) -> Any:
     mesh = parse_mesh(args.mesh, machine=args.machine)
     extra = {"time_limit": args.time_limit} if args.method in ("ilp", "dp") else {}
     train = True if args.train is None else args.train
+    refuse_too_big(graph, train, args.dtype, bool(getattr(args, "small", False)))
     return make_plan(
         graph,
         mesh,
@@ -156,13 +160,39 @@ def _load_plan(args: argparse.Namespace) -> Any:
     )
 
 
+VERIFY_MEMORY_SHARE = 0.5
+"""verify refuses a model whose estimated run needs more than this share of the machine's RAM."""
+
+
+def refuse_too_big(graph: Any, train: bool, dtype: str, small: bool) -> None:
+    """Refuse up front (ArgumentError) when running `graph` twice (one device, then sharded) at
+    `dtype`, with gradients when training, would not fit in memory: estimated as every tensor's
+    elements x dtype bytes x (2 runs) x (2 with gradients)."""
+    elements = sum(t.numel for t in graph.tensors.values())
+    need = elements * (8 if dtype == "float64" else 4) * 2 * (2 if train else 1)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        ram = 16e9
+    if need > VERIFY_MEMORY_SHARE * ram:
+        hint = "use smaller sizes" if small else "add --small (or smaller sizes)"
+        raise ArgumentError(
+            f"verify would need about {need / 1e9:.3g} GB to run {graph.name!r} "
+            f"({elements:,} tensor elements at {dtype}, reference and sharded"
+            f"{', with gradients' if train else ''}), over half of this machine's "
+            f"{ram / 1e9:.3g} GB; {hint}"
+        )
+
+
 def run_verify(args: argparse.Namespace) -> int:
     from shardplan.cli.commands import make_console
+    from shardplan.cli.inputs import output_path
 
     if args.user_module and (args.engine != "torch" or not args.torch):
         raise PlanError(
             "--user-module runs your own nn.Module: give --engine torch and --torch MODULE:FUNCTION"
         )
+    output_path(args.json, "--json")  # before the search and the run
     p = _load_plan(args)
     mesh: Mesh = p.mesh
     if args.user_module:
@@ -172,7 +202,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.engine == "torch":
         return _verify_torch(p, args)
     ensure_devices(mesh.size)
-    from shardplan.backends.verify import verify_plan
+    from shardplan.fidelity.verify import verify_plan
 
     train = p.options.train if args.train is None else args.train
     report = verify_plan(
@@ -190,8 +220,8 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def _verify_torch(p: Any, args: argparse.Namespace) -> int:
     """Run the plan with DTensor on mesh-size gloo processes and compare with one process."""
-    from shardplan.backends.torch_dist import verify_torch
     from shardplan.cli.commands import make_console
+    from shardplan.fidelity.torch import verify_torch
 
     train = p.options.train if args.train is None else args.train
     report = verify_torch(p, seed=args.seed, train=train)
@@ -206,7 +236,7 @@ def _verify_torch(p: Any, args: argparse.Namespace) -> int:
 def print_report(console: Any, report: Any, differences: int = 15) -> None:
     from rich.table import Table
 
-    from shardplan.backends.verify import CAUSES, UNEXPLAINED
+    from shardplan.fidelity.verify import CAUSES, UNEXPLAINED
 
     mode = "training step (loss + gradients)" if report.train else "forward pass"
     verdict = "[bold green]OK[/]" if report.numerics_ok else "[bold red]FAIL[/]"

@@ -27,6 +27,7 @@ def user_module(target: str, shapes: str | None) -> tuple[Any, tuple[Any, ...], 
 
 def verify_user_module(plan: Any, args: argparse.Namespace) -> int:
     from shardplan.cli.commands import make_console
+    from shardplan.exporters.plan_json import to_json
     from shardplan.torch.check import comm_table, train_worker
     from shardplan.torch.launch import spawn
 
@@ -44,7 +45,7 @@ def verify_user_module(plan: Any, args: argparse.Namespace) -> int:
             1e-2,
             "parallelize",
             plan.method,
-            plan.to_json(),
+            to_json(plan),
             args.seed,
             args.dtype,
         ),

@@ -9,7 +9,7 @@ largest op working set (inference). O(rounds * sum of operand counts): linear in
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
@@ -21,6 +21,7 @@ from shardplan.cost.terms import (
     compute_cost,
     faster,
     intra_terms,
+    param_bytes,
     redistribution_terms,
     reduces,
     replicate_symbolic,
@@ -346,18 +347,22 @@ def op_terms(
     opts: CostOptions,
     homes: Mapping[str, Layout],
     out_layout: Mapping[str, Layout],
+    unary: Callable[[Graph, Op, Strategy, Mesh, CostOptions], tuple[CommTerms, float]] = (
+        unary_terms
+    ),
 ) -> Iterator[OpTerms]:
     """Per operator in graph order, the terms `evaluate_strategies` sums (see `OpTerms`).
+    `unary` prices an op's own terms (`unary_terms`, or a memo of it).
 
     An operand's source layout is its producer's output layout (`output_layouts`) or its
     parameter home (`param_homes`); graph inputs and constants have none: they arrive in
     whatever layout the op reads. The one walk shared by the evaluator and the verifier's
-    per-operator prediction (`shardplan.backends.verify_predict`).
+    per-operator prediction (`shardplan.fidelity.predict`).
     """
     rounds = mesh.rounds
     for index, op in enumerate(graph.ops):
         strategy = strategies[op.name]
-        intra, compute = unary_terms(graph, op, strategy, mesh, opts)
+        intra, compute = unary(graph, op, strategy, mesh, opts)
         edges: list[EdgeTerm] = []
         for i, name in enumerate(op.inputs):
             prev = previous_consumer(graph, name, index, i)
@@ -403,7 +408,7 @@ def evaluate_strategies(
     rows: list[OpCost] = []
     for t in op_terms(graph, mesh, strategies, opts, homes, out_layout):
         redis = t.redistribution
-        act = sum(_local_bytes(graph, name, out_layout[name], rounds) for name in t.op.outputs)
+        act = sum(local_bytes(graph, name, out_layout[name], rounds) for name in t.op.outputs)
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
         comm = comm + t.intra + redis
         compute += t.compute
@@ -421,7 +426,8 @@ def evaluate_strategies(
     )
 
 
-def _local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
+def local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
+    """Bytes of tensor `name` on one device in `layout`."""
     t = graph.tensors[name]
     return round_numels(t.numel, layout, rounds)[-1] * t.dtype_bytes
 
@@ -440,28 +446,26 @@ def memory_per_device(
     by the device, plus every activation kept for the backward pass and the local inputs.
     Inference: weights, plus the largest working set of one op (its inputs and outputs).
     """
-    per_param = opts.optimizer.state_bytes_per_param if opts.train else 0
     param_mem = 0.0
     for name, layout in homes.items():
         t = graph.tensors[name]
-        local = round_numels(t.numel, layout, rounds)[-1]
-        param_mem += local * (t.dtype_bytes * (2 if opts.train else 1) + per_param)
+        param_mem += param_bytes(round_numels(t.numel, layout, rounds)[-1], t.dtype_bytes, opts)
     if opts.train:
-        act = sum(_local_bytes(graph, n, lay, rounds) for n, lay in out_layout.items())
+        act = sum(local_bytes(graph, n, lay, rounds) for n, lay in out_layout.items())
         for op in graph.ops:
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
-                    act += _local_bytes(
+                    act += local_bytes(
                         graph, name, operand_layout(op, strategies[op.name], i), rounds
                     )
         return param_mem, act
     peak = 0.0
     for op in graph.ops:
         strategy = strategies[op.name]
-        work = sum(_local_bytes(graph, n, out_layout[n], rounds) for n in op.outputs)
+        work = sum(local_bytes(graph, n, out_layout[n], rounds) for n in op.outputs)
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
-                work += _local_bytes(graph, name, operand_layout(op, strategy, i), rounds)
+                work += local_bytes(graph, name, operand_layout(op, strategy, i), rounds)
         peak = max(peak, work)
     return param_mem, peak

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardplan.cost.evaluate import round_numels
+from shardplan.cost.evaluate import local_bytes, round_numels
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import param_bytes
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import Round
-from shardplan.sharding import Layout, Strategy, operand_layout, resolved
+from shardplan.sharding import Strategy, operand_layout, resolved
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,17 +36,11 @@ class MemoryPieces:
     working_set: float
 
 
-def _local(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
-    t = graph.tensors[name]
-    return round_numels(t.numel, layout, rounds)[-1] * t.dtype_bytes
-
-
 def memory_pieces(
     graph: Graph, index: int, strategy: Strategy, rounds: Sequence[Round], opts: CostOptions
 ) -> MemoryPieces:
     """The pieces of op `graph.ops[index]` under `strategy`."""
     op = graph.ops[index]
-    per_param = opts.optimizer.state_bytes_per_param if opts.train else 0
     param = activation = work = 0.0
     for pos, name in enumerate(op.inputs):
         t = graph.tensors[name]
@@ -53,15 +48,15 @@ def memory_pieces(
         if t.role is Role.PARAMETER:
             if graph.consumers[name][0] == (index, pos):
                 local = round_numels(t.numel, layout, rounds)[-1]
-                param += local * (t.dtype_bytes * (2 if opts.train else 1) + per_param)
+                param += param_bytes(local, t.dtype_bytes, opts)
             continue
         if opts.train:
             if t.role is Role.INPUT and graph.consumers[name][0][0] == index:
-                activation += _local(graph, name, layout, rounds)
+                activation += local_bytes(graph, name, layout, rounds)
         else:
-            work += _local(graph, name, layout, rounds)
+            work += local_bytes(graph, name, layout, rounds)
     for pos, name in enumerate(op.outputs):
-        local = _local(graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds)
+        local = local_bytes(graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds)
         if opts.train:
             activation += local
         else:

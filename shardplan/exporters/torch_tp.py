@@ -27,7 +27,7 @@ from typing import Any
 
 from shardplan.errors import MissingDependencyError, PlanError
 from shardplan.ir.op import Role
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.sharding import PARTIAL, REPLICATED, operand_layout, resolved
 
 _WEIGHT_STYLES = {

@@ -33,12 +33,12 @@ from shardplan.ir.dims import DimKind, LoopDim
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Op, Role, Tensor
 from shardplan.ir.signature import Signature
+from shardplan.ir.traits import OPAQUE_KIND
 
 K = TypeVar("K")
 V = TypeVar("V")
 Shape = tuple[int, ...]
 UnknownPolicy = Literal["error", "replicate"]
-OPAQUE = "opaque"
 
 
 @dataclass(slots=True)
@@ -240,7 +240,7 @@ class Emitter:
         for out, shape, nbytes in zip(outs, shapes, out_dtype_bytes, strict=True):
             self._add(Tensor(out, shape, nbytes, Role.ACTIVATION))
         signature = opaque_signature([self.shape(t) for t in inputs], shapes)
-        self.builder.add_op(Op(name, OPAQUE, signature, tuple(inputs), tuple(outs),
+        self.builder.add_op(Op(name, OPAQUE_KIND, signature, tuple(inputs), tuple(outs),
                                float(sum(_numel(s) for s in shapes)), (("source", source),),
                                layer))
         self.replicated.append(ReplicatedOp(name, source, module or layer))

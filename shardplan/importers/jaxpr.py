@@ -1,8 +1,8 @@
-"""Import a plain JAX function as a shardplan Graph (`shardplan.jax.shard` runs it under a plan).
+"""Import a plain JAX function as a shardplan Graph.
 
     graph = from_jaxpr(fn, params, x, labels)      # fn(params, x, labels)
-    p = shardplan.search.plan(graph, "8")
-    sharded_fn = shardplan.jax.shard(fn, p)         # same signature and results as fn
+    p = shardplan.plan(graph, "8")
+    sharded_fn = apply_plan(fn, p)                  # shardplan.engines.jaxpr: runs fn under p
     loss = sharded_fn(params, x, labels)
 
 Conventions:
@@ -74,21 +74,20 @@ from shardplan.importers._jaxpr_rules import (  # noqa: F401  (re-exported: the 
     PASS_THROUGH,
     RULES,
     Rule,
-    _dropped,
     _numel,
     _static_shape,
-    _sub_jaxpr,
+    is_dropped,
     opaque_signature,
+    sub_jaxpr,
 )
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Op, Role, Tensor
-
-OPAQUE = "opaque"
+from shardplan.ir.traits import OPAQUE_KIND
 
 _INSTALL_HINT = "install it with: pip install 'shardplan[jax]'"
 
 
-def _require_jax() -> Any:
+def require_jax() -> Any:
     try:
         import jax
         import jax.extend.core  # noqa: F401  (Literal, Var)
@@ -110,7 +109,7 @@ class ImportedJaxpr:
     Attributes:
         graph: the verified Graph.
         tensor_of: jaxpr variable -> graph tensor name (every variable of the jaxpr and of the
-            inlined sub-jaxprs that has a tensor; used by `shardplan.jax.shard`).
+            inlined sub-jaxprs that has a tensor; used by `shardplan.engines.jaxpr.apply_plan`).
         replicated: opaque operators (unknown primitives with unknown="replicate").
         approximated: primitive -> number of equations given an approximate form.
         out_tree: the pytree structure of `fn`'s results.
@@ -164,7 +163,7 @@ class _Translator:
         return name
 
     def read(self, atom: Any) -> str:
-        jax = _require_jax()
+        jax = require_jax()
         if isinstance(atom, jax.extend.core.Literal):
             return self.add(self._unique("literal"), atom, Role.CONSTANT)
         if atom not in self.env:
@@ -221,7 +220,7 @@ class _Translator:
         self.b.add_op(
             Op(
                 name,
-                OPAQUE,
+                OPAQUE_KIND,
                 signature,
                 tuple(ins),
                 tuple(outs),
@@ -245,16 +244,16 @@ class _Translator:
             self.equation(eqn)
 
     def equation(self, eqn: Any) -> None:
-        jax = _require_jax()
+        jax = require_jax()
         prim = eqn.primitive.name
         literal = jax.extend.core.Literal
         operands = [a for a in eqn.invars if not isinstance(a, literal)]
         if all(self.env.get(a) in self.constants for a in operands):
             for var in eqn.outvars:  # only constants in: fold into a constant
-                if not _dropped(var):
+                if not is_dropped(var):
                     self.env[var] = self.add(self._unique("const"), var, Role.CONSTANT)
             return
-        sub = _sub_jaxpr(eqn) if prim in INLINE else None
+        sub = sub_jaxpr(eqn) if prim in INLINE else None
         if sub is not None:
             jaxpr, consts = sub
             ins = [self.read(a) for a in eqn.invars]
@@ -263,7 +262,7 @@ class _Translator:
             self.run(jaxpr, consts, ins[len(ins) - len(jaxpr.invars) :])
             self.scope = saved
             for outer, inner in zip(eqn.outvars, jaxpr.outvars, strict=True):
-                if not _dropped(outer):
+                if not is_dropped(outer):
                     self.env[outer] = (
                         self.read(inner)
                         if not isinstance(inner, literal)
@@ -280,7 +279,7 @@ class _Translator:
         finally:
             self.scope = saved
         for var, name in zip(eqn.outvars, outs, strict=True):
-            if not _dropped(var):
+            if not is_dropped(var):
                 self.env[var] = name
 
     def _scope_of(self, eqn: Any) -> str:
@@ -317,8 +316,8 @@ def _arg_names(fn: Callable[..., Any], count: int) -> list[str]:
     return [names[i] if i < len(names) else f"arg{i}" for i in range(count)]
 
 
-def _leaf_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[list[str]]:
-    jax = _require_jax()
+def leaf_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[list[str]]:
+    jax = require_jax()
     arg_names = _arg_names(fn, len(args))
     out = []
     for i, arg in enumerate(args):
@@ -345,13 +344,13 @@ def import_jaxpr(
     The first argument is the parameters pytree. Raises UnsupportedOpError for a primitive
     without a rule (unless `unknown="replicate"`), ShapeError for symbolic or zero-size shapes.
     """
-    jax = _require_jax()
+    jax = require_jax()
     if not example_args:
         raise IRError("from_jaxpr needs example arguments: fn(params, *inputs)")
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
     graph_name = name or getattr(fn, "__name__", "jaxpr")
     t = _Translator(graph_name, unknown)
-    names = [n for group in _leaf_names(fn, example_args) for n in group]
+    names = [n for group in leaf_names(fn, example_args) for n in group]
     roles = [Role.PARAMETER] * len(jax.tree_util.tree_leaves(example_args[0]))
     roles += [Role.INPUT] * (len(names) - len(roles))
     used = _used_invars(closed.jaxpr)
@@ -390,7 +389,7 @@ def import_jaxpr(
 
 
 def _used_invars(jaxpr: Any) -> set[Any]:
-    jax = _require_jax()
+    jax = require_jax()
     literal = jax.extend.core.Literal
     used: set[Any] = set()
     for eqn in jaxpr.eqns:
@@ -404,3 +403,5 @@ def from_jaxpr(
 ) -> Graph:
     """The Graph of `fn(params, *inputs)` traced on `example_args` (see `import_jaxpr`)."""
     return import_jaxpr(fn, *example_args, name=name, unknown=unknown).graph
+
+

@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import MissingDependencyError, ShapeError, UnsupportedOpError
-from shardplan.importers._aten import Rule, _is_node, aten_table
+from shardplan.importers._aten import Rule, aten_table
+from shardplan.importers._aten_views import _is_node
 from shardplan.importers._build import (
     Emitter,
     ImportResult,
@@ -95,11 +96,42 @@ def import_torch(module: Any, example_args: Sequence[Any] = (),
         program = module
     else:
         program = torch.export.export(module, tuple(example_args), example_kwargs or {})
-    ep = program.run_decompositions(_decompositions(torch, program))
     default = "exported_program" if program is module else type(module).__name__
-    ctx = _Context(ep, Emitter(name or default, policy), aten_table())
+    return _translate(torch, program, name or default, policy)
+
+
+def _translate(torch: Any, program: Any, name: str, policy: UnknownPolicy,
+               decompose: bool | None = None) -> ImportResult:
+    """Translate an exported program; decompose it to core ATen first only when some op needs
+    it (`decompose=None`): the decomposition re-traces the whole program and takes most of an
+    import's time, while export's own IR is usually covered by the table already."""
+    table = aten_table()
+    if decompose is None:
+        decompose = _needs_decomposition(program, table)
+    ep = program.run_decompositions(_decompositions(torch, program)) if decompose else program
+    ctx = _Context(ep, Emitter(name, policy), table)
     ctx.run()
     return ctx.emitter.build()
+
+
+def _needs_decomposition(program: Any, table: Any) -> bool:
+    """Whether an op of `program` has no rule and is not folded as a constant (conservatively:
+    placeholders count as non-constant). O(nodes)."""
+    static: set[Any] = set()
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        key = str(node.target)
+        parents = node.all_input_nodes
+        if node.target is operator.getitem:
+            if parents and parents[0] in static:
+                static.add(node)
+            continue
+        if key in _CREATION or all(p in static for p in parents):
+            static.add(node)
+        elif key not in table and key not in _SKIP:
+            return True
+    return False
 
 
 def _decompositions(torch: Any, program: Any) -> Any:

@@ -1,28 +1,35 @@
 """The front door of the search: `plan(graph, mesh, method=...)` -> Plan, with the memory driver.
 
-Methods: "drec" (default), "ilp", "dp", and the expert plans "data-parallel", "megatron",
-"fsdp". Whatever the method, the returned Plan is scored by the one evaluator. With a memory
+`plan` canonicalises its arguments once into a `Problem` (`shardplan.problem`) and `solve`
+dispatches it through the solver registry (`search.solvers`: typed options per method). Methods:
+"drec" (default), "ilp", "dp", and the expert plans "data-parallel", "megatron", "fsdp".
+Whatever the method, the returned Plan is scored by the one evaluator. With a memory
 budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
 with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), then by
-sharding the storage of parameters it replicates (ZeRO-style); if even that does not fit it raises
-InfeasibleError saying by how much. Other methods raise InfeasibleError when over budget.
+sharding the storage of parameters it replicates (ZeRO-style). D-Rec's plan is then compared, by
+the one evaluator, with "all replicated" and every expert plan (baselines.py): the cheapest that
+fits is returned, with a note when a baseline won; if nothing fits it raises InfeasibleError
+saying by how much. Other methods raise InfeasibleError when over budget.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 from shardplan.cost import CostOptions
-from shardplan.errors import InfeasibleError, SolverError
+from shardplan.errors import InfeasibleError
 from shardplan.ir.graph import Graph
-from shardplan.mesh import Mesh, parse_bytes, parse_mesh
-from shardplan.plan import Plan, with_status
-from shardplan.search import experts
+from shardplan.mesh import Mesh
+from shardplan.plans import Plan, with_status
+from shardplan.problem import Problem
+from shardplan.search.baselines import baseline_plans, cheapest
 from shardplan.search.drec import drec
+from shardplan.search.solvers import METHODS, get_solver, solver_options
 
-METHODS = ("drec", "ilp", "dp", *experts.EXPERTS)
+__all__ = ["METHODS", "drec_within", "plan", "solve", "unused_devices_note"]
 
 
 def plan(
@@ -33,6 +40,7 @@ def plan(
     memory: float | str | None = None,
     preset: str = "shardplan",
     optimizer: str = "adam",
+    machine: str | None = None,
     **options: Any,
 ) -> Plan:
     """Plan `graph` on `mesh` with `method`; raise InfeasibleError rather than exceed `memory`.
@@ -40,30 +48,35 @@ def plan(
     Args:
         graph: a verified Graph (zoo.build, from_torch, from_onnx, from_jaxpr).
         mesh: a Mesh or mesh text ("8", "2x8", "4x8").
-        method: one of METHODS.
+        method: one of METHODS (`search.solvers.SOLVERS`).
         train: model the backward pass and optimizer state (default) or inference.
         memory: per-device budget in bytes or text ("80GB"); None: unchecked (still reported).
         preset: cost preset, "shardplan" or "mindspore".
-        options: method options (ilp/dp: time_limit seconds).
+        optimizer: optimizer state counted in memory: "adam", "sgd-momentum", "none".
+        machine: the hardware preset mesh text is bound to (`shardplan.hardware.MACHINES`);
+            None: `hardware.DEFAULT_MACHINE` ("a100"). A Mesh keeps its own machine.
+        options: the method's typed options (`search.solvers`: ilp/dp `time_limit` seconds, ...);
+            an unknown one is a SolverError.
     """
-    mesh = parse_mesh(mesh)
-    budget = parse_bytes(memory) if memory is not None else mesh.memory_bytes
-    opts = CostOptions.make(preset, train, optimizer)
-    if method not in METHODS:
-        raise SolverError(f"unknown method {method!r}; choose one of {list(METHODS)}")
+    problem = Problem.make(
+        graph,
+        mesh,
+        machine=machine,
+        train=train,
+        memory=memory,
+        preset=preset,
+        optimizer=optimizer,
+    )
+    return solve(problem, method, **options)
+
+
+def solve(problem: Problem, method: str = "drec", **options: Any) -> Plan:
+    """Run `method` on a canonical Problem (the registry's typed options; see `plan`)."""
+    solver = get_solver(method)
+    typed = solver_options(method, options)
     start = time.perf_counter()
-    if method == "drec":
-        result = _drec_within(graph, mesh, opts, budget, start)
-    elif method == "ilp":
-        from shardplan.search.ilp import solve_ilp
-
-        result = solve_ilp(graph, mesh, opts, memory=budget, **options)
-    elif method == "dp":
-        from shardplan.search.dp import solve_dp
-
-        result = solve_dp(graph, mesh, opts, **options)
-    else:
-        result = _expert(graph, mesh, opts, method, start)
+    result = solver.run(problem, typed, start)
+    budget, graph, mesh = problem.budget, problem.graph, problem.mesh
     if budget is not None and result.cost is not None and result.cost.memory_per_device > budget:
         raise InfeasibleError(
             f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
@@ -97,21 +110,25 @@ def unused_devices_note(p: Plan) -> str | None:
     )
 
 
-def _expert(graph: Graph, mesh: Mesh, opts: CostOptions, method: str, start: float) -> Plan:
-    params: dict[str, tuple[int, ...]] = {}
-    if method == "data-parallel":
-        strategies = experts.data_parallel(graph, mesh)
-    elif method == "megatron":
-        strategies = experts.megatron(graph, mesh)
-    else:
-        strategies = experts.data_parallel(graph, mesh)
-        params = experts.fsdp_param_layouts(graph, mesh)
-    return Plan(graph, mesh, strategies, method, opts, time.perf_counter() - start, params)
+def drec_within(problem: Problem, start: float) -> Plan:
+    """D-Rec under the budget, then the cheapest of it and the baselines that fit (baselines.py)."""
+    graph, mesh, opts, budget = problem.graph, problem.mesh, problem.options, problem.budget
+    try:
+        found: Plan | None = _drec_search(graph, mesh, opts, budget, start)
+        failure: InfeasibleError | None = None
+    except InfeasibleError as e:
+        found, failure = None, e
+    best = cheapest(found, baseline_plans(graph, mesh, opts), budget, time.perf_counter() - start)
+    if best is None:
+        assert failure is not None
+        raise failure
+    return replace(best, search_seconds=time.perf_counter() - start)  # baselines included
 
 
-def _drec_within(
+def _drec_search(
     graph: Graph, mesh: Mesh, opts: CostOptions, budget: float | None, start: float
 ) -> Plan:
+    """D-Rec, then (over budget) the memory penalty and ZeRO-style storage (module docstring)."""
     strategies = drec(graph, mesh, opts)
     best = Plan(graph, mesh, strategies, "drec", opts, time.perf_counter() - start)
     assert best.cost is not None
@@ -167,6 +184,8 @@ def _shard_replicated_params(p: Plan) -> Plan:
     homes = p.tensor_layouts()
     layouts: dict[str, tuple[int, ...]] = {}
     for t in p.graph.parameters:
+        if t.name not in homes:  # a parameter no op reads holds no device memory
+            continue
         layout = list(homes[t.name])
         local = list(t.shape)
         for r, rnd in enumerate(p.mesh.rounds):

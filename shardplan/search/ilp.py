@@ -61,7 +61,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.search.space import BSPLIT, CostModel, PairTerm, build_model
 
 MAX_STRATEGIES = 2_000_000

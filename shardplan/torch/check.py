@@ -162,7 +162,7 @@ def _byte_mode(recorder: _Recorder) -> Any:
 
 def predicted_bytes(plan: Any) -> dict[str, float]:
     """The plan's predicted bytes per device and kind for one training step (forward+backward)."""
-    from shardplan.backends.verify_predict import byte_options, predict_by_op
+    from shardplan.fidelity.predict import byte_options, predict_by_op
 
     total = {k: 0.0 for k in KINDS}
     for pred in predict_by_op(plan, byte_options(plan, True)).values():
@@ -215,14 +215,15 @@ def train_worker(
 
     `builder(*builder_args)` returns `(module, args, kwargs)` or `(module, args, kwargs, loss)`
     (default loss: `loss_of`), called after `torch.manual_seed(seed)` with `dtype` as the
-    default dtype; the module is converted to `dtype`. `plan_json` (a `Plan.to_json()` made for
-    this module's graph) replaces the planning step.
+    default dtype; the module is converted to `dtype`. `plan_json` (the
+    `exporters.plan_json.to_json` of a plan of this module's graph) replaces the planning step.
     """
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
+    from shardplan.exporters.plan_json import to_json
     from shardplan.importers.torch import trace_torch
     from shardplan.search.api import plan as make_plan
     from shardplan.torch.parallelize import parallelize_traced
@@ -239,9 +240,9 @@ def train_worker(
     trace = trace_torch(module, args, kwargs)
     graph = trace.result.graph
     if plan_json is not None:  # a plan made elsewhere for this module (verify --user-module)
-        from shardplan.plan import Plan
+        from shardplan.exporters.plan_json import from_json
 
-        free = plan = Plan.from_json(plan_json)
+        free = plan = from_json(plan_json)
         memory = plan.cost.memory_per_device
     else:
         free = plan = make_plan(graph, mesh, method=method)
@@ -303,7 +304,7 @@ def train_worker(
         "measured_counts": counts,
         "measured_bytes": {k: v[1] for k, v in recorder.kinds.items()},
         "predicted_bytes": predicted_bytes(plan),
-        "plan": plan.to_json(),
+        "plan": to_json(plan),
     }
 
 

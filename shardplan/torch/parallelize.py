@@ -39,7 +39,7 @@ from shardplan.exporters.dtensor import placement_texts, to_placements
 from shardplan.importers.torch import CHECK_OPS
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh, parse_mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.sharding import operand_layout
 
 _READ_TEXT = {-1: "R"}

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from shardplan.errors import UnknownModelError
+from shardplan import checks
+from shardplan.errors import ArgumentError, UnknownModelError
 from shardplan.ir.graph import Graph
 from shardplan.zoo import cnn, transformer
 
@@ -218,7 +219,8 @@ MODELS: Mapping[str, ModelEntry] = MappingProxyType(
 def build(name: str, small: bool = False, **overrides: Any) -> Graph:
     """Build zoo model `name`; `small=True` starts from the reduced sizes used in tests.
 
-    Unknown keyword arguments raise TypeError naming the accepted ones; `None` values are ignored.
+    Unknown keyword arguments raise ArgumentError naming the accepted ones, as do sizes that are
+    not whole numbers >= 1 (`checks.model_sizes`); `None` values are ignored.
     """
     entry = MODELS.get(name)
     if entry is None:
@@ -228,10 +230,14 @@ def build(name: str, small: bool = False, **overrides: Any) -> Graph:
         )
     kwargs = {**entry.defaults, **(entry.small if small else {})}
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
-    accepted = set(inspect.signature(entry.builder).parameters)
-    unknown = sorted(set(kwargs) - accepted)
+    parameters = inspect.signature(entry.builder).parameters
+    unknown = sorted(set(kwargs) - set(parameters))
     if unknown:
-        raise TypeError(f"model {name!r} does not take {unknown}; it takes {sorted(accepted)}")
+        raise ArgumentError(
+            f"model {name!r} does not take {unknown}; it takes {sorted(parameters)}"
+        )
+    defaults = {k: p.default for k, p in parameters.items()}
+    kwargs = checks.model_sizes(name, kwargs, defaults)
     kwargs.setdefault("name", name)
     return entry.builder(**kwargs)
 

@@ -11,7 +11,7 @@ from shardplan.errors import PlanError
 from shardplan.exporters.axes import collapse, collapse_texts
 from shardplan.exporters.torch_tp import torch_tp_styles
 from shardplan.ir.graph import GraphBuilder
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 
 
 def mlp():

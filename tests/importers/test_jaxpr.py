@@ -1,5 +1,5 @@
-"""from_jaxpr / shardplan.jax.shard: plain-JAX functions become graphs the planner can use, and
-the plans run on 8 fake XLA devices with the numerics of the unsharded function."""
+"""from_jaxpr / apply_plan: plain-JAX functions become graphs the planner can use, and the plans
+run on 8 fake XLA devices with the numerics of the unsharded function."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
+from shardplan.engines.jaxpr import apply_plan  # noqa: E402
 from shardplan.errors import PlanError, UnsupportedOpError  # noqa: E402
 from shardplan.importers._build import ReplicatedOpsWarning  # noqa: E402
 from shardplan.importers.jaxpr import (  # noqa: E402
-    OPAQUE,
     RULES,
     from_jaxpr,
     import_jaxpr,
 )
 from shardplan.ir.dims import DimKind  # noqa: E402
 from shardplan.ir.op import Role  # noqa: E402
-from shardplan.jax import shard  # noqa: E402
+from shardplan.ir.traits import OPAQUE_KIND  # noqa: E402
 from shardplan.search import plan  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def test_mlp_plans_run_sharded_with_unsharded_numerics(devices8, method):
     args = _mlp_args()
     g = from_jaxpr(mlp, *args)
     p = plan(g, "8", method)
-    sharded = shard(mlp, p)
+    sharded = apply_plan(mlp, p)
     want = float(jax.jit(mlp)(*args))
     assert float(sharded(*args)) == pytest.approx(want, rel=1e-5)
     # gradients flow through the constrained program too
@@ -94,14 +94,14 @@ def test_mlp_plans_run_sharded_with_unsharded_numerics(devices8, method):
         )
 
 
-def test_data_parallel_shard_shards_the_batch(devices8):
+def test_data_parallel_apply_plan_shards_the_batch(devices8):
     args = _mlp_args()
     g = from_jaxpr(mlp, *args)
     p = plan(g, "8", "data-parallel")
-    sharded = shard(mlp, p)
+    sharded = apply_plan(mlp, p)
     assert "data-parallel" in sharded.__doc__
     hlo = jax.jit(sharded).lower(*args).compile().as_text()
-    from shardplan.backends.jax import parse_collectives
+    from shardplan.fidelity.hlo import parse_collectives
 
     # the batch is split 8 ways: the mean over it is one scalar all-reduce over all devices
     reduces = [c for c in parse_collectives(hlo) if c.kind == "all-reduce"]
@@ -174,26 +174,26 @@ def test_transformer_block_runs_sharded_with_unsharded_numerics(devices8, method
     args = _block_args()
     g = from_jaxpr(transformer_block, *args)
     p = plan(g, "8", method)
-    got = float(shard(transformer_block, p)(*args))
+    got = float(apply_plan(transformer_block, p)(*args))
     want = float(jax.jit(transformer_block)(*args))
     assert got == pytest.approx(want, rel=1e-5)
 
 
-def test_shard_on_a_2x4_mesh_and_mesh_override(devices8):
+def test_apply_plan_on_a_2x4_mesh_and_mesh_override(devices8):
     args = _block_args()
     g = from_jaxpr(transformer_block, *args)
     p = plan(g, "2x4", "megatron")
     want = float(jax.jit(transformer_block)(*args))
-    assert float(shard(transformer_block, p)(*args)) == pytest.approx(want, rel=1e-5)
-    assert float(shard(transformer_block, p, mesh="8")(*args)) == pytest.approx(want, rel=1e-5)
+    assert float(apply_plan(transformer_block, p)(*args)) == pytest.approx(want, rel=1e-5)
+    assert float(apply_plan(transformer_block, p, mesh="8")(*args)) == pytest.approx(want, rel=1e-5)
     with pytest.raises(PlanError, match="rounds"):
-        shard(transformer_block, p, mesh="6")
+        apply_plan(transformer_block, p, mesh="6")
 
 
-def test_shard_rejects_a_plan_of_another_function(devices8):
+def test_apply_plan_rejects_a_plan_of_another_function(devices8):
     p = plan(from_jaxpr(mlp, *_mlp_args()), "8", "data-parallel")
     with pytest.raises(PlanError, match="another graph"):
-        shard(mlp, p)(*_mlp_args(sizes=(32, 64, 64, 8)))
+        apply_plan(mlp, p)(*_mlp_args(sizes=(32, 64, 64, 8)))
 
 
 # -- the translation table ------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def test_unknown_primitive_is_named_or_replicated():
     with pytest.warns(ReplicatedOpsWarning, match="cumsum"):
         imported = import_jaxpr(f, *args, unknown="replicate")
     op = imported.graph.ops[-1]
-    assert op.kind == OPAQUE and op.attr("primitive") == "cumsum"
+    assert op.kind == OPAQUE_KIND and op.attr("primitive") == "cumsum"
     assert all(d.kind is DimKind.FROZEN for d in op.signature.loop_dims)
     assert imported.replicated == (f"{op.name} (cumsum)",)
     with pytest.raises(ValueError, match="unknown"):
@@ -300,9 +300,9 @@ def test_opaque_ops_plan_and_run(devices8):
         warnings.simplefilter("ignore", ReplicatedOpsWarning)
         g = from_jaxpr(f, *args, unknown="replicate")
     p = plan(g, "8", "data-parallel")
-    opaque = next(op for op in g.ops if op.kind == OPAQUE)
+    opaque = next(op for op in g.ops if op.kind == OPAQUE_KIND)
     assert p.strategies[opaque.name] == (None, None, None)
-    assert float(shard(f, p)(*args)) == pytest.approx(float(f(*args)), rel=1e-5)
+    assert float(apply_plan(f, p)(*args)) == pytest.approx(float(f(*args)), rel=1e-5)
 
 
 def test_one_table_keyed_by_primitive():

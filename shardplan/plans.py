@@ -1,0 +1,130 @@
+"""Plans: the strategies of every operator, the method that found them, and their predicted cost.
+
+`Plan` is a frozen value; `evaluate(plan)` (the one scorer) recomputes its CostBreakdown from the
+strategies alone. Plans leave the process through `shardplan.exporters` (JSON, MindSpore
+`in_strategy`, JAX PartitionSpecs, DTensor placements); this module imports none of them.
+`validate(plan)` rejects non-dividing cuts, FROZEN cuts and wrong round counts with a
+PlanError naming the operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from shardplan.cost import CostBreakdown, CostOptions, evaluate_strategies
+from shardplan.errors import PlanError
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Role
+from shardplan.mesh import Mesh
+from shardplan.sharding import (
+    REPLICATED,
+    Layout,
+    Strategy,
+    check_strategy,
+    operand_layout,
+    resolved,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A complete sharding plan for `graph` on `mesh`.
+
+    Attributes:
+        strategies: op name -> per-round loop dim (or None), for every op of the graph.
+        param_layouts: parameters whose storage layout differs from their first consumer's
+            (FSDP/ZeRO sharding); others live where their first consumer reads them.
+        status: "ok", or a solver's honest status ("optimal", "time-limit gap=3.1%", ...).
+    """
+
+    graph: Graph
+    mesh: Mesh
+    strategies: Mapping[str, Strategy]
+    method: str
+    options: CostOptions = field(default_factory=CostOptions)
+    search_seconds: float = 0.0
+    param_layouts: Mapping[str, Layout] = field(default_factory=dict)
+    status: str = "ok"
+    notes: tuple[str, ...] = ()
+    cost: CostBreakdown | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategies", MappingProxyType(dict(self.strategies)))
+        object.__setattr__(self, "param_layouts", MappingProxyType(dict(self.param_layouts)))
+        if self.cost is None:
+            validate(self)
+            object.__setattr__(
+                self,
+                "cost",
+                evaluate_strategies(
+                    self.graph, self.mesh, self.strategies, self.options, self.param_layouts
+                ),
+            )
+
+    # -- derived views ------------------------------------------------------------------------
+    def tensor_layouts(self) -> dict[str, Layout]:
+        """Every activation's layout (as its producer leaves it) and every parameter's home."""
+        from shardplan.cost.evaluate import param_homes
+
+        layouts: dict[str, Layout] = {}
+        for op in self.graph.ops:
+            for i, name in enumerate(op.outputs):
+                layouts[name] = resolved(operand_layout(op, self.strategies[op.name], i, True))
+        layouts.update(param_homes(self.graph, self.strategies, self.param_layouts))
+        return layouts
+
+    def input_layouts(self) -> dict[str, Layout]:
+        """Graph inputs/constants: the layout their first consumer reads."""
+        out: dict[str, Layout] = {}
+        for op in self.graph.ops:
+            for i, name in enumerate(op.inputs):
+                if self.graph.tensors[name].role in (Role.INPUT, Role.CONSTANT) and name not in out:
+                    out[name] = operand_layout(op, self.strategies[op.name], i)
+        return out
+
+
+def validate(plan: Plan) -> None:
+    """Raise PlanError (naming the op) unless every op has a valid strategy for the mesh."""
+    rounds = plan.mesh.rounds
+    missing = [op.name for op in plan.graph.ops if op.name not in plan.strategies]
+    if missing:
+        raise PlanError(f"plan has no strategy for ops {missing[:5]} ({len(missing)} in all)")
+    extra = sorted(set(plan.strategies) - set(plan.graph.op_index))
+    if extra:
+        raise PlanError(f"plan has strategies for unknown ops {extra[:5]}")
+    for op in plan.graph.ops:
+        check_strategy(op, tuple(plan.strategies[op.name]), rounds)
+    for name, layout in plan.param_layouts.items():
+        t = plan.graph.tensors.get(name)
+        if t is None or t.role is not Role.PARAMETER:
+            raise PlanError(f"param_layouts names {name!r}, which is not a parameter")
+        if len(layout) != len(rounds):
+            raise PlanError(f"parameter {name!r}: layout {layout} needs {len(rounds)} rounds")
+        counts = [1] * len(t.shape)
+        for r, s in zip(rounds, layout, strict=True):
+            if isinstance(s, bool) or not isinstance(s, int) or s < REPLICATED:
+                raise PlanError(
+                    f"parameter {name!r}: layout {layout} entry {s!r} must be a tensor dim or -1"
+                )
+            if s >= len(t.shape):
+                raise PlanError(f"parameter {name!r}: round {r.index} splits dim {s} of {t.shape}")
+            if s >= 0:
+                counts[s] *= r.q
+        for dim, (size, c) in enumerate(zip(t.shape, counts, strict=True)):
+            if size % c:
+                raise PlanError(
+                    f"parameter {name!r}: dim {dim} of size {size} is not divisible into {c} parts"
+                )
+
+
+def evaluate(plan: Plan, options: CostOptions | None = None) -> CostBreakdown:
+    """Score `plan` (optionally under other cost options) with the one evaluator."""
+    return evaluate_strategies(
+        plan.graph, plan.mesh, plan.strategies, options or plan.options, plan.param_layouts
+    )
+
+
+def with_status(plan: Plan, status: str, notes: tuple[str, ...] = ()) -> Plan:
+    return replace(plan, status=status, notes=plan.notes + notes)
