@@ -189,7 +189,7 @@ def run_verify(args: argparse.Namespace) -> int:
     from shardplan.cli.inputs import output_path
 
     if args.user_module and (args.engine != "torch" or not args.torch):
-        raise PlanError(
+        raise ArgumentError(
             "--user-module runs your own nn.Module: give --engine torch and --torch MODULE:FUNCTION"
         )
     output_path(args.json, "--json")  # before the search and the run
