@@ -153,7 +153,13 @@ def kernels() -> dict[str, Kernel]:
         return lambda op, x: fn(x)
 
     def binary(fn: Callable[[Any, Any], Any]) -> Kernel:
-        return lambda op, a, b: fn(a, b)
+        def kernel(op: Any, a: Any, b: Any = None) -> Any:
+            if b is None:  # one tensor and a Python scalar (importers: `scalar`, `reverse`)
+                s = op.attr("scalar")
+                return fn(s, a) if op.attr("reverse") else fn(a, s)
+            return fn(a, b)
+
+        return kernel
 
     return {
         "relu": unary(jax.nn.relu),

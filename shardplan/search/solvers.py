@@ -36,7 +36,14 @@ UNSET: Any = _Unset()
 
 @dataclass(frozen=True, slots=True)
 class NoOptions:
-    """D-Rec and the expert plans take no options."""
+    """The expert plans take no options."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrecOptions:
+    """D-Rec's options: `fixed` op name -> strategy the plan keeps (`--force`)."""
+
+    fixed: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,8 @@ class IlpOptions:
     max_pair_columns: int | None = UNSET
     split: str = UNSET
     max_table_entries: int | None = UNSET
+    fixed: Mapping[str, Any] | None = UNSET
+    incumbent: Mapping[str, Any] | None = UNSET
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,17 +86,21 @@ class Solver:
     summary: str
 
 
-def _run_drec(problem: Problem, options: NoOptions, start: float) -> Plan:
+def _run_drec(problem: Problem, options: DrecOptions, start: float) -> Plan:
     from shardplan.search.api import drec_within
 
-    return drec_within(problem, start)
+    return drec_within(problem, start, options.fixed)
 
 
 def _run_ilp(problem: Problem, options: IlpOptions, start: float) -> Plan:
+    from shardplan.search.api import check_fixed
     from shardplan.search.ilp import solve_ilp
 
     p = problem
-    return solve_ilp(p.graph, p.mesh, p.options, memory=p.budget, **given(options))
+    kwargs = given(options)
+    if kwargs.get("fixed"):
+        kwargs["fixed"] = check_fixed(p.graph, p.mesh, kwargs["fixed"])
+    return solve_ilp(p.graph, p.mesh, p.options, memory=p.budget, **kwargs)
 
 
 def _run_dp(problem: Problem, options: DpOptions, start: float) -> Plan:
@@ -116,7 +129,7 @@ SOLVERS: Mapping[str, Solver] = MappingProxyType(
     {
         s.name: s
         for s in (
-            Solver("drec", NoOptions, _run_drec, "D-Rec (default), memory-aware"),
+            Solver("drec", DrecOptions, _run_drec, "D-Rec (default), memory-aware"),
             Solver("ilp", IlpOptions, _run_ilp, "exact ILP (HiGHS), time-limited"),
             Solver("dp", DpOptions, _run_dp, "OptCNN-style DP by graph elimination"),
             *(Solver(m, NoOptions, _expert(m), f"expert plan: {m}") for m in experts.EXPERTS),
@@ -156,6 +169,7 @@ __all__ = [
     "METHODS",
     "SOLVERS",
     "DpOptions",
+    "DrecOptions",
     "IlpOptions",
     "NoOptions",
     "Solver",

@@ -388,16 +388,3 @@ def test_timeout_terminates_the_processes():
     with pytest.raises(BackendError, match="did not finish within 1s"):
         verify_torch(p, timeout=1)
     assert not multiprocessing.active_children()
-
-
-def test_verify_torch_strict_raises_on_mismatch(monkeypatch):
-    bad = tr.DistReport(
-        "m", "drec", "4", (2, 2), 4, False, False, "float32", 1e-4, 1e-5,
-        (tr.TensorError("loss", 1.0, 0.5, False),), 1.0, 0.5, first_mismatch="loss",
-    )  # fmt: skip
-    monkeypatch.setattr(td, "run_distributed", lambda *a, **k: bad)
-    p = make_plan(zoo.build("mlp", small=True), "4", method="data-parallel")
-    assert verify_torch(p) is bad
-    with pytest.raises(BackendError, match="MISMATCH"):
-        verify_torch(p, strict=True)
-    assert "MISMATCH" in bad.text() and bad.to_dict()["first_mismatch"] == "loss"
