@@ -238,7 +238,7 @@ ARCHITECTURES: tuple[tuple[str, str, Callable[[], tuple[Any, tuple]]], ...] = (
 
 def _opaque_shares(result: Any) -> tuple[float, float, list[tuple[str, float]]]:
     """(% FLOPs in opaque ops, % params read only by opaque ops, [(source, % FLOPs)])."""
-    from shardplan.importers._build import OPAQUE
+    from shardplan.ir.traits import OPAQUE_KIND as OPAQUE
 
     graph = result.graph
     total = graph.flops or 1.0

@@ -221,7 +221,10 @@ def conv2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """
     _need("conv2d", shapes, (2,))
     x, w = shapes
-    groups = int(attrs.get("groups", 1))
+    groups = attrs.get("groups", 1)
+    if not isinstance(groups, Integral) or isinstance(groups, bool):
+        raise ShapeError(f"conv2d: groups must be a positive int, got {groups!r}")
+    groups = int(groups)
     if groups < 1 or len(x) != 4 or len(w) != 4 or x[1] != w[1] * groups or w[0] % groups:
         raise ShapeError(
             f"conv2d: input {x} and weight {w} need [n,c,h,w] and [o,c/groups,r,s] with groups "

@@ -52,11 +52,6 @@ ALL = tuple((m, meth, t) for m in zoo.MODELS for meth in METHODS for t in (False
 # Known gaps of the explainer, found by the drec-memory plans (numerics pass in both): strict, so
 # a fix shows up as an unexpected pass.
 KNOWN = {
-    ("resnet152", "drec-memory", True): (
-        "a split that moves from channels to batch over two rounds at once: XLA runs one "
-        "all-to-all over the 4 devices, (Q-1)/Q |T|/Q = 3/4 of the per-round model's bytes; "
-        "no explainer rule for it yet"
-    ),
     ("wide-deep", "drec-memory", True): "144 B of all-to-all measured, none predicted; not traced",
 }
 
