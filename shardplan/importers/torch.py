@@ -103,11 +103,20 @@ def _translate(torch: Any, program: Any, name: str, policy: UnknownPolicy,
                decompose: bool | None = None) -> ImportResult:
     """Translate an exported program; decompose it to core ATen first only when some op needs
     it (`decompose=None`): the decomposition re-traces the whole program and takes most of an
-    import's time, while export's own IR is usually covered by the table already."""
+    import's time, while export's own IR is usually covered by the table already. The direct
+    try is strict: any op it cannot translate (a rule refusing a shape) sends the whole program
+    through the decomposition, where `policy` applies."""
     table = aten_table()
-    if decompose is None:
-        decompose = _needs_decomposition(program, table)
-    ep = program.run_decompositions(_decompositions(torch, program)) if decompose else program
+    if decompose is None and not _needs_decomposition(program, table):
+        try:
+            ctx = _Context(program, Emitter(name, "error"), table)
+            ctx.run()
+            return ctx.emitter.build()
+        except UnsupportedOpError:
+            pass
+    ep = program
+    if decompose is not False:
+        ep = program.run_decompositions(_decompositions(torch, program))
     ctx = _Context(ep, Emitter(name, policy), table)
     ctx.run()
     return ctx.emitter.build()
