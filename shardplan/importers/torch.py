@@ -110,6 +110,7 @@ def _translate(torch: Any, program: Any, name: str, policy: UnknownPolicy,
     if decompose is None and not _needs_decomposition(program, table):
         try:
             ctx = _Context(program, Emitter(name, "error"), table)
+            ctx.live = _live(program)  # what the decomposition's dead-code pass would keep
             ctx.run()
             return ctx.emitter.build()
         except UnsupportedOpError:
@@ -120,6 +121,19 @@ def _translate(torch: Any, program: Any, name: str, policy: UnknownPolicy,
     ctx = _Context(ep, Emitter(name, policy), table)
     ctx.run()
     return ctx.emitter.build()
+
+
+def _live(program: Any) -> set[Any]:
+    """The nodes the program's outputs depend on. O(nodes)."""
+    outputs = [n for n in program.graph.nodes if n.op == "output"]
+    live: set[Any] = set()
+    stack = list(outputs)
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live
 
 
 def _needs_decomposition(program: Any, table: Any) -> bool:
@@ -182,6 +196,7 @@ class _Context:
     def __init__(self, ep: Any, emitter: Emitter, table: TranslationTable[str, Rule]) -> None:
         self.torch = _torch()
         self.ep, self.emitter, self.table = ep, emitter, table
+        self.live: set[Node] | None = None  # when set, only these call nodes are translated
         self.env: dict[Node, Any] = {}
         self.static: set[Node] = set()
 
@@ -231,7 +246,7 @@ class _Context:
             if node.op == "get_attr":
                 self.static.add(node)
                 self.env[node] = None
-            elif node.op == "call_function":
+            elif node.op == "call_function" and (self.live is None or node in self.live):
                 self._call(node)
 
     def _call(self, node: Node) -> None:
