@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardplan.cost.presets import CostOptions
@@ -43,10 +43,25 @@ from shardplan.sharding import Strategy, cut_problem
 class _Search(RoundCosts):
     """One D-Rec run: the decisions of each round, priced by `RoundCosts`."""
 
-    def __init__(self, *args: Any, defer_ties: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        defer_ties: bool = False,
+        fixed: Mapping[int, Strategy] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
         self.defer_ties = defer_ties
         """Whether a heavy op with tied best cuts decides after the others."""
+        self.fixed = dict(fixed or {})
+        """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
+
+    def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
+        costs = super()._own_costs(i, r, charged)
+        if i in self.fixed:  # a user-fixed op has one candidate: every pass keeps it
+            cut = self.fixed[i][r]
+            return {cut: costs[cut]}
+        return costs
 
     def _greedy(self, r: int) -> dict[int, str | None]:
         """Heavy ops, heaviest first, each against the flex neighbours decided before it."""
@@ -216,6 +231,7 @@ class _Search(RoundCosts):
                 valid = cut is not None and cut_problem(st.op, cut, st.extents[cut], rnd.q) is None
                 previous[i] = cut if valid else None
             out.append(previous)
+            previous.update((i, s[r]) for i, s in self.fixed.items() if i in previous)
         leading: dict[int, str | None] = {}
         for i in self.heavy:
             st = self.states[i]
@@ -229,6 +245,8 @@ class _Search(RoundCosts):
             )
         out.append(leading)
         out.append(dict.fromkeys(self.heavy))  # leave the round unused: replicate everything
+        for alternative in out[-2:]:
+            alternative.update((i, s[r]) for i, s in self.fixed.items() if i in alternative)
         return out
 
     def run_round(self, r: int) -> None:
@@ -249,10 +267,13 @@ class _Search(RoundCosts):
         self._settle(r, decided, light)
         best = self.round_cost(r, decided)
         for alternative in self._alternatives(r):
-            if all(alternative[i] == decided[i] for i in self.heavy):
+            if all(cut is None for cut in alternative.values()) and not self.fixed:
+                # nothing to follow: replicate all; compare every op, the light ones included
+                alternative.update(dict.fromkeys(light))
+                if alternative == decided:
+                    continue
+            elif all(alternative[i] == decided[i] for i in self.heavy):
                 continue
-            if all(cut is None for cut in alternative.values()):
-                alternative.update(dict.fromkeys(light))  # nothing to follow: replicate all
             else:
                 self._settle(r, alternative, light)
             cost = self.round_cost(r, alternative)
@@ -281,10 +302,18 @@ class _Search(RoundCosts):
 
 
 def drec(
-    graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0, fold: bool = True
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float = 0.0,
+    fold: bool = True,
+    fixed: Mapping[str, Strategy] | None = None,
 ) -> dict[str, Strategy]:
     """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
-    keep tensors replicated, used by the memory-aware driver in `search.api`.
+    keep tensors replicated, used by the memory-aware driver in `search.api`. `fixed` (op name ->
+    strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
+    so their neighbours plan around them; variants that would override them are skipped and the
+    graph is not folded (a pinned op makes its layer unlike the others).
 
     A few variants of the search run and the plan the evaluator scores lower (cost + lambda *
     memory) is kept, each variant correcting a myopia of the round-by-round greedy:
@@ -302,13 +331,14 @@ def drec(
     0, 1, 2 and the last, and when blocks 1 and 2 decide alike every interior block takes that
     decision; otherwise (or with `fold=False`) the full graph is searched.
     """
-    repeats = find_fold(graph) if fold else None
+    repeats = find_fold(graph) if fold and not fixed else None
     flex = build_flex_graph(repeats.reduced) if repeats is not None else None
     if repeats is not None and flex is not None and repeats.local(flex):
         plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
         if plan is not None:
             return repeats.expand(plan)
-    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph))
+    pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
+    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned)
     assert plan is not None
     return plan
 
@@ -320,6 +350,7 @@ def _variants(
     memory_lambda: float,
     fold: Fold | None,
     flex: FlexGraph,
+    pinned: Mapping[int, Strategy] | None = None,
 ) -> dict[str, Strategy] | None:
     """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
     from shardplan.cost.evaluate import evaluate_strategies
@@ -332,11 +363,14 @@ def _variants(
     variants += [(k, False, False) for k in [*axis_ends, len(rounds)]]
     if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
         variants = variants[:1]
+    if pinned:  # a variant leaving rounds unused must not override a fixed cut in them
+        first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
+        variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
     for unused, final_compute, defer in variants:
-        if unused == len(rounds):  # nothing left to search: every op replicated
+        if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
             search = _Search(
@@ -350,6 +384,7 @@ def _variants(
                 weights,
                 labels,
                 defer_ties=defer,
+                fixed=pinned,
             )
             strategies = search.run()
         if any(strategies == plan for plan, _ in scored):
