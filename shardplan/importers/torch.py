@@ -105,14 +105,37 @@ def _translate(torch: Any, program: Any, name: str, policy: UnknownPolicy,
                decompose: bool | None = None) -> ImportResult:
     """Translate an exported program; decompose it to core ATen first only when some op needs
     it (`decompose=None`): the decomposition re-traces the whole program and takes most of an
-    import's time, while export's own IR is usually covered by the table already."""
+    import's time, while export's own IR is usually covered by the table already. The direct
+    try is strict: any op it cannot translate (a rule refusing a shape) sends the whole program
+    through the decomposition, where `policy` applies."""
     table = aten_table()
-    if decompose is None:
-        decompose = _needs_decomposition(program, table)
-    ep = program.run_decompositions(_decompositions(torch, program)) if decompose else program
+    if decompose is None and not _needs_decomposition(program, table):
+        try:
+            ctx = _Context(program, Emitter(name, "error"), table)
+            ctx.live = _live(program)  # what the decomposition's dead-code pass would keep
+            ctx.run()
+            return ctx.emitter.build()
+        except UnsupportedOpError:
+            pass
+    ep = program
+    if decompose is not False:
+        ep = program.run_decompositions(_decompositions(torch, program))
     ctx = _Context(ep, Emitter(name, policy), table)
     ctx.run()
     return ctx.emitter.build()
+
+
+def _live(program: Any) -> set[Any]:
+    """The nodes the program's outputs depend on. O(nodes)."""
+    outputs = [n for n in program.graph.nodes if n.op == "output"]
+    live: set[Any] = set()
+    stack = list(outputs)
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live
 
 
 def _needs_decomposition(program: Any, table: Any) -> bool:
@@ -175,6 +198,7 @@ class _Context:
     def __init__(self, ep: Any, emitter: Emitter, table: TranslationTable[str, Rule]) -> None:
         self.torch = _torch()
         self.ep, self.emitter, self.table = ep, emitter, table
+        self.live: set[Node] | None = None  # when set, only these call nodes are translated
         self.env: dict[Node, Any] = {}
         self.static: set[Node] = set()
         self.experts: dict[Node, Any] = {}  # node -> its grouped-experts block
@@ -230,7 +254,7 @@ class _Context:
             if node.op == "get_attr":
                 self.static.add(node)
                 self.env[node] = None
-            elif node.op == "call_function":
+            elif node.op == "call_function" and (self.live is None or node in self.live):
                 self._call(node)
 
     def _call(self, node: Node) -> None:

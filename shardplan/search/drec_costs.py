@@ -92,6 +92,24 @@ def layout(op: Op, cut: str | None, pos: int, is_output: bool) -> int:
     return REPLICATED if value == PARTIAL else value
 
 
+def through_chain(edge: FlexEdge, src: int, dst: int, into_consumer: bool) -> tuple[int, int]:
+    """The (src, dst) layouts an edge's redistribution is priced on once the chain of transparent
+    ops between producer and consumer is taken into account: `into_consumer` when src is the
+    producer's output layout, seen by the consumer; otherwise dst (the consumer's input layout)
+    is seen by the producer. A split the chain cannot carry gathers on the way."""
+    if into_consumer:
+        if src >= 0:
+            src = edge.forward.get(src, ELSEWHERE)
+            if src == ELSEWHERE:
+                dst = REPLICATED
+        return src, dst
+    if dst >= 0:
+        dst = edge.backward.get(dst, REPLICATED)
+    if src >= 0 and src not in edge.forward:
+        dst = REPLICATED
+    return src, dst
+
+
 def _candidate_order(op: Op) -> list[str | None]:
     """Tie order: dims of the result in its order (batch, rows, columns), then the other
     splittable dims (reductions), then "no cut"."""
@@ -376,22 +394,20 @@ class RoundCosts:
             if e.producer not in decided:
                 continue
             src = self._out(e.producer, decided[e.producer], e.out_pos)
-            cut_src = e.forward.get(src, ELSEWHERE) if src >= 0 else src
             numel, name = st.in_numel[e.in_pos], op.inputs[e.in_pos]
-            for cut in cuts:  # the chain cannot carry a split it loses: it gathers on the way
-                dst = REPLICATED if cut_src == ELSEWHERE else lay[cut][0][e.in_pos]
-                costs[cut] += edge(cut_src, dst, numel, name, rnd)
+            for cut in cuts:
+                costs[cut] += edge(
+                    *through_chain(e, src, lay[cut][0][e.in_pos], True), numel, name, rnd
+                )
         for e in st.succs:
             if e.consumer not in decided:
                 continue
             dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
-            if dst >= 0:
-                dst = e.backward.get(dst, REPLICATED)
             numel, name = st.out_numel[e.out_pos], op.outputs[e.out_pos]
             for cut in cuts:
-                src = lay[cut][1][e.out_pos]
-                through = REPLICATED if src >= 0 and src not in e.forward else dst
-                costs[cut] += edge(src, through, numel, name, rnd)
+                costs[cut] += edge(
+                    *through_chain(e, lay[cut][1][e.out_pos], dst, False), numel, name, rnd
+                )
         for other, pos, other_pos, to_other in st.siblings:
             if other not in decided:
                 continue
@@ -425,20 +441,12 @@ class RoundCosts:
         cost = 0.0
         k = 0
         for e in preds:
-            src, dst = mine[k], theirs[k]
+            src, dst = through_chain(e, mine[k], theirs[k], True)
             k += 1
-            if src >= 0:
-                src = e.forward.get(src, ELSEWHERE)
-                if src == ELSEWHERE:
-                    dst = REPLICATED
             cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
         for e in succs:
-            dst, src = mine[k], theirs[k]
+            src, dst = through_chain(e, theirs[k], mine[k], False)
             k += 1
-            if dst >= 0:
-                dst = e.backward.get(dst, REPLICATED)
-            if src >= 0 and src not in e.forward:
-                dst = REPLICATED
             cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
         return cost
 

@@ -84,3 +84,33 @@ def test_an_op_without_a_rule_is_decomposed_first():
     missing = {k for k in keys if k not in table}
     assert importer._needs_decomposition(program, table) == bool(missing)
     importer.import_torch(program)  # imports either way
+
+
+def test_a_shape_a_rule_refuses_falls_back_to_the_decomposition():
+    class Broadcast(torch.nn.Module):
+        def forward(self, a, b):
+            return a @ b  # (4, 2, 8, 16) @ (2, 16, 8): aten.matmul's rule refuses these shapes
+
+    program = _program(Broadcast(), torch.randn(4, 2, 8, 16), torch.randn(2, 16, 8))
+    assert not importer._needs_decomposition(program, importer.aten_table())
+    with pytest.raises(importer.UnsupportedOpError):
+        importer._translate(torch, program, "b", "error", decompose=False)
+    graph = importer._translate(torch, program, "b", "error").graph
+    assert "bmm" in {op.kind for op in graph.ops}
+
+
+def test_results_nobody_reads_are_not_imported():
+    class Dead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            self.unused(x).tanh()  # computed, never returned: the decomposition drops it too
+            return self.used(x)
+
+    program = _program(Dead(), torch.randn(2, 8))
+    direct = importer._translate(torch, program, "d", "error").graph
+    decomposed = importer._translate(torch, program, "d", "error", decompose=True).graph
+    assert [op.kind for op in direct.ops] == [op.kind for op in decomposed.ops]
+    assert "tanh" not in {op.kind for op in direct.ops}

@@ -100,3 +100,17 @@ def test_folded_search_finds_the_full_search_plan(model, layers, mesh):
     assert fold.local(flex)
     assert _variants(fold.reduced, mesh, OPTS, 0.0, fold, flex) is not None  # the fold is used
     assert drec(graph, mesh, OPTS) == drec(graph, mesh, OPTS, fold=False)
+
+
+@pytest.mark.parametrize(
+    ("preset", "train", "lam"),
+    [("mindspore", True, 0), ("shardplan", False, 0), ("shardplan", True, 4)],
+)
+def test_folded_search_matches_under_other_presets_and_memory_pressure(preset, train, lam):
+    graph, mesh = _deep("gpt3", 8), sp.parse_mesh("2x4")
+    opts = CostOptions.make(preset, train)
+    base = evaluate_strategies(graph, mesh, drec(graph, mesh, opts, fold=False), opts)
+    memory_lambda = lam * base.total / max(base.memory_per_device, 1.0)
+    assert drec(graph, mesh, opts, memory_lambda) == drec(
+        graph, mesh, opts, memory_lambda, fold=False
+    )
