@@ -160,6 +160,7 @@ class Plan:
                 "preset": self.options.preset.name,
                 "train": self.options.train,
                 "optimizer": self.options.optimizer.value,
+                "dtype": self.options.precision.name if self.options.precision else None,
             },
             "cost": self.cost.to_dict() if self.cost else None,
             "notes": list(self.notes),
@@ -186,8 +187,8 @@ class Plan:
             graph = graph_from_dict(data["graph"])
             mesh = Mesh.from_dict(data["mesh"])
             o = data["options"]
-            options = CostOptions(
-                get_preset(o["preset"]), bool(o["train"]), Optimizer(o["optimizer"])
+            options = CostOptions.make(
+                get_preset(o["preset"]), bool(o["train"]), Optimizer(o["optimizer"]), o.get("dtype")
             )
             strategies = {row["name"]: tuple(row["strategy"]) for row in data["ops"]}
             params = {k: tuple(v) for k, v in data.get("param_layouts", {}).items()}

@@ -140,7 +140,7 @@ def operand_infos(
             for j, other in enumerate(rounds):
                 if j != r and faster(other, rnd) and shrinks[j] and not (j < r and layout[j] >= 0):
                     divisor *= other.q
-            infos.append(OperandInfo(sizes[r], t.dtype_bytes, t.role, grad, divisor))
+            infos.append(OperandInfo(sizes[r], opts.element_bytes(t), t.role, grad, divisor))
         per_operand.append(infos)
     return [[p[r] for p in per_operand] for r in range(len(rounds))]
 
@@ -228,7 +228,7 @@ def edge_terms(
     for r, rnd in enumerate(rounds):
         if src[r] != dst[r]:
             total = total + redistribution_terms(
-                src[r], dst[r], sizes[r], t.dtype_bytes, rnd, grad, opts
+                src[r], dst[r], sizes[r], opts.element_bytes(t), rnd, grad, opts
             )
     return total
 
@@ -403,7 +403,7 @@ def evaluate_strategies(
     rows: list[OpCost] = []
     for t in op_terms(graph, mesh, strategies, opts, homes, out_layout):
         redis = t.redistribution
-        act = sum(_local_bytes(graph, name, out_layout[name], rounds) for name in t.op.outputs)
+        act = sum(_local_bytes(graph, name, out_layout[name], rounds, opts) for name in t.op.outputs)
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
         comm = comm + t.intra + redis
         compute += t.compute
@@ -421,9 +421,11 @@ def evaluate_strategies(
     )
 
 
-def _local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
+def _local_bytes(
+    graph: Graph, name: str, layout: Layout, rounds: Sequence[Round], opts: CostOptions
+) -> float:
     t = graph.tensors[name]
-    return round_numels(t.numel, layout, rounds)[-1] * t.dtype_bytes
+    return round_numels(t.numel, layout, rounds)[-1] * opts.element_bytes(t)
 
 
 def memory_per_device(
@@ -436,32 +438,31 @@ def memory_per_device(
 ) -> tuple[float, float]:
     """(parameter state bytes, activation bytes) per device.
 
-    Training: weights + gradients (dtype each) + optimizer state (fp32) per parameter element held
-    by the device, plus every activation kept for the backward pass and the local inputs.
+    Training: weights + gradients (compute width each) + fp32 master copy (mixed precision) +
+    optimizer state (fp32) per parameter element held by the device (`CostOptions.state_bytes`), plus every activation kept for the backward pass and the local inputs.
     Inference: weights, plus the largest working set of one op (its inputs and outputs).
     """
-    per_param = opts.optimizer.state_bytes_per_param if opts.train else 0
     param_mem = 0.0
     for name, layout in homes.items():
         t = graph.tensors[name]
         local = round_numels(t.numel, layout, rounds)[-1]
-        param_mem += local * (t.dtype_bytes * (2 if opts.train else 1) + per_param)
+        param_mem += local * opts.state_bytes(t)
     if opts.train:
-        act = sum(_local_bytes(graph, n, lay, rounds) for n, lay in out_layout.items())
+        act = sum(_local_bytes(graph, n, lay, rounds, opts) for n, lay in out_layout.items())
         for op in graph.ops:
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
                     act += _local_bytes(
-                        graph, name, operand_layout(op, strategies[op.name], i), rounds
+                        graph, name, operand_layout(op, strategies[op.name], i), rounds, opts
                     )
         return param_mem, act
     peak = 0.0
     for op in graph.ops:
         strategy = strategies[op.name]
-        work = sum(_local_bytes(graph, n, out_layout[n], rounds) for n in op.outputs)
+        work = sum(_local_bytes(graph, n, out_layout[n], rounds, opts) for n in op.outputs)
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
-                work += _local_bytes(graph, name, operand_layout(op, strategy, i), rounds)
+                work += _local_bytes(graph, name, operand_layout(op, strategy, i), rounds, opts)
         peak = max(peak, work)
     return param_mem, peak

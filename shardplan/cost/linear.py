@@ -35,9 +35,11 @@ class MemoryPieces:
     working_set: float
 
 
-def _local(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
+def _local(
+    graph: Graph, name: str, layout: Layout, rounds: Sequence[Round], opts: CostOptions
+) -> float:
     t = graph.tensors[name]
-    return round_numels(t.numel, layout, rounds)[-1] * t.dtype_bytes
+    return round_numels(t.numel, layout, rounds)[-1] * opts.element_bytes(t)
 
 
 def memory_pieces(
@@ -45,7 +47,6 @@ def memory_pieces(
 ) -> MemoryPieces:
     """The pieces of op `graph.ops[index]` under `strategy`."""
     op = graph.ops[index]
-    per_param = opts.optimizer.state_bytes_per_param if opts.train else 0
     param = activation = work = 0.0
     for pos, name in enumerate(op.inputs):
         t = graph.tensors[name]
@@ -53,15 +54,17 @@ def memory_pieces(
         if t.role is Role.PARAMETER:
             if graph.consumers[name][0] == (index, pos):
                 local = round_numels(t.numel, layout, rounds)[-1]
-                param += local * (t.dtype_bytes * (2 if opts.train else 1) + per_param)
+                param += local * opts.state_bytes(t)
             continue
         if opts.train:
             if t.role is Role.INPUT and graph.consumers[name][0][0] == index:
-                activation += _local(graph, name, layout, rounds)
+                activation += _local(graph, name, layout, rounds, opts)
         else:
-            work += _local(graph, name, layout, rounds)
+            work += _local(graph, name, layout, rounds, opts)
     for pos, name in enumerate(op.outputs):
-        local = _local(graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds)
+        local = _local(
+            graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds, opts
+        )
         if opts.train:
             activation += local
         else:

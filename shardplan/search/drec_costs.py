@@ -200,7 +200,9 @@ class RoundCosts:
                         op, st.cuts[j], groups[pos], bool(side), grad, train
                     ):
                         divisor *= q
-                out[side].append(OperandInfo(sizes[pos], t.dtype_bytes, t.role, grad, divisor))
+                out[side].append(
+                    OperandInfo(sizes[pos], self.opts.element_bytes(t), t.role, grad, divisor)
+                )
         result = self._info_cache[key] = (out[0], out[1])
         return result
 
@@ -295,16 +297,15 @@ class RoundCosts:
     def _kept_bytes(self, i: int, cut: str | None, rnd: Round) -> float:
         """Bytes per device this cut leaves replicated (parameters count with their state)."""
         st, graph, opts = self.states[i], self.graph, self.opts
-        per_param = 2 + opts.optimizer.state_bytes_per_param / 4 if opts.train else 1
         kept = 0.0
         for pos, name in enumerate(st.op.inputs):
             t = graph.tensors[name]
             if t.role is Role.PARAMETER and layout(st.op, cut, pos, False) < 0:
-                kept += st.in_numel[pos] * t.dtype_bytes * per_param
+                kept += st.in_numel[pos] * opts.state_bytes(t)
         if opts.train:
             for pos, name in enumerate(st.op.outputs):
                 if layout(st.op, cut, pos, True) < 0:
-                    kept += st.out_numel[pos] * graph.tensors[name].dtype_bytes
+                    kept += st.out_numel[pos] * opts.element_bytes(graph.tensors[name])
         return kept * (rnd.q - 1) / rnd.q
 
     def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
@@ -315,7 +316,13 @@ class RoundCosts:
         if cost is None:
             t = self.graph.tensors[name]
             cost = self._edge_cache[key] = redistribution_terms(
-                src, dst, numel, t.dtype_bytes, rnd, name in self.graph.requires_grad, self.opts
+                src,
+                dst,
+                numel,
+                self.opts.element_bytes(t),
+                rnd,
+                name in self.graph.requires_grad,
+                self.opts,
             ).total
         return cost
 
