@@ -403,7 +403,9 @@ def evaluate_strategies(
     rows: list[OpCost] = []
     for t in op_terms(graph, mesh, strategies, opts, homes, out_layout):
         redis = t.redistribution
-        act = sum(_local_bytes(graph, name, out_layout[name], rounds, opts) for name in t.op.outputs)
+        act = sum(
+            _local_bytes(graph, name, out_layout[name], rounds, opts) for name in t.op.outputs
+        )
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
         comm = comm + t.intra + redis
         compute += t.compute
@@ -439,7 +441,8 @@ def memory_per_device(
     """(parameter state bytes, activation bytes) per device.
 
     Training: weights + gradients (compute width each) + fp32 master copy (mixed precision) +
-    optimizer state (fp32) per parameter element held by the device (`CostOptions.state_bytes`), plus every activation kept for the backward pass and the local inputs.
+    optimizer state (fp32) per parameter element held by the device (`CostOptions.state_bytes`),
+    plus every activation kept for the backward pass and the local inputs.
     Inference: weights, plus the largest working set of one op (its inputs and outputs).
     """
     param_mem = 0.0

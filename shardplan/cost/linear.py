@@ -62,9 +62,7 @@ def memory_pieces(
         else:
             work += _local(graph, name, layout, rounds, opts)
     for pos, name in enumerate(op.outputs):
-        local = _local(
-            graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds, opts
-        )
+        local = _local(graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds, opts)
         if opts.train:
             activation += local
         else:
