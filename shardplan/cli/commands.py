@@ -44,10 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_plan_arguments(p)
     p.add_argument(
         "--ops",
-        default="heavy",
-        help="which ops to list: 'heavy' (default: ops with reductions/windows), 'all', or 'none'",
+        default=None,
+        help="which ops to list: 'heavy' (default: ops with reductions/windows), 'all', or 'none'"
+        " (with --dtype: per stage, default none)",
     )
     p.add_argument("--json", metavar="FILE", help="also write the plan as JSON to FILE")
+    from shardplan.cli.training import add_dtype_argument
+
+    add_dtype_argument(p)
     p.set_defaults(run=run_plan)
 
 
@@ -150,6 +154,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from shardplan.mesh import parse_mesh
 
     g = load_graph(args)
+    if args.dtype:
+        from shardplan.cli.training import run_training_plan
+
+        return run_training_plan(args, g)
     mesh = parse_mesh(args.mesh, machine=args.machine)
     extra = {"time_limit": args.time_limit} if args.method in ("ilp", "dp") else {}
     p = plan(
@@ -163,7 +171,7 @@ def run_plan(args: argparse.Namespace) -> int:
         **extra,
     )
     console = make_console()
-    print_plan(console, p, args.ops)
+    print_plan(console, p, args.ops or "heavy")
     if args.json:
         data = p.to_dict()
         data["model"] = model_label(args)

@@ -77,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     p.add_argument(
-        "--dtype",
+        "--check-dtype",
+        dest="check_dtype",
         default="float64",
         choices=("float64", "float32"),
         help="what both JAX programs compute in (default float64; collective bytes are counted "
@@ -161,7 +162,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     train = p.options.train if args.train is None else args.train
     report = verify_plan(
-        p, train=train, seed=args.seed, rtol=args.rtol, atol=args.atol, dtype=args.dtype
+        p, train=train, seed=args.seed, rtol=args.rtol, atol=args.atol, dtype=args.check_dtype
     )
     console = make_console()
     print_report(console, report, args.differences)

@@ -137,11 +137,14 @@ def profile_stage(
     outputs = sum(local(n) for n in out_layout)
     op_compute = {o.name: o.compute / factor for o in cost.ops}
     sel_bytes = sel_peak = sel_s = ckpt = seg_peak = 0.0
-    for seg in segments(graph):
+    segs = segments(graph)
+    for k, seg in enumerate(segs):
         ops = graph.ops[seg.start : seg.stop]
         if seg.entry is not None:
             ckpt += local(seg.entry)
-        seg_peak = max(seg_peak, sum(local(n) for op in ops for n in op.outputs))
+        exit_ = segs[k + 1].entry if k + 1 < len(segs) else None  # kept as the next checkpoint
+        rebuilt = sum(local(n) for op in ops for n in op.outputs if n != exit_)
+        seg_peak = max(seg_peak, rebuilt)
         widest = max(
             (
                 graph.tensors[n].numel
