@@ -355,9 +355,13 @@ def op_terms(
     per-operator prediction (`shardplan.backends.verify_predict`).
     """
     rounds = mesh.rounds
+    unary: dict[tuple[object, ...], tuple[CommTerms, float]] = {}  # repeated layers: once
     for index, op in enumerate(graph.ops):
         strategy = strategies[op.name]
-        intra, compute = unary_terms(graph, op, strategy, mesh, opts)
+        key = (_op_key(graph, op), strategy)
+        if key not in unary:
+            unary[key] = unary_terms(graph, op, strategy, mesh, opts)
+        intra, compute = unary[key]
         edges: list[EdgeTerm] = []
         for i, name in enumerate(op.inputs):
             prev = previous_consumer(graph, name, index, i)
@@ -379,6 +383,22 @@ def op_terms(
                 terms = edge_terms(graph, name, src, dst, rounds, opts)
                 edges.append(EdgeTerm(name, i, src, dst, terms))
         yield OpTerms(index, op, strategy, intra, compute, tuple(edges))
+
+
+def _op_key(graph: Graph, op: Op) -> tuple[object, ...]:
+    """Everything `unary_terms` reads about an op: equal keys give equal terms."""
+    def tensor(name: str) -> tuple[object, ...]:
+        t = graph.tensors[name]
+        return (t.shape, t.dtype_bytes, t.role, name in graph.requires_grad)
+
+    return (
+        op.kind,
+        op.signature,
+        op.flops,
+        op.attrs,
+        tuple(tensor(t) for t in op.inputs),
+        tuple(tensor(t) for t in op.outputs),
+    )
 
 
 def evaluate_strategies(

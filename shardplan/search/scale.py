@@ -35,12 +35,13 @@ from shardplan.cost.step import (
     stage_cost,
     step_cost,
 )
-from shardplan.errors import InfeasibleError
+from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
 from shardplan.plan import Plan
 from shardplan.precision import peak_flops
+from shardplan.search import experts
 from shardplan.search.drec import drec
 from shardplan.sharding import Strategy
 from shardplan.training import Stage, TrainingPlan, pipeline_of
@@ -108,7 +109,9 @@ class _StagePlanner:
     def __init__(self, opts: CostOptions, planner: Planner) -> None:
         self.opts, self.planner = opts, planner
         self.cache: dict[tuple[object, ...], tuple[Strategy, ...]] = {}
-        self.stages: dict[tuple[object, ...], tuple[tuple[Strategy, ...], StageProfile]] = {}
+        self.stages: dict[
+            tuple[object, ...], list[tuple[str, tuple[Strategy, ...], StageProfile]]
+        ] = {}
         self.runs = 0
 
     def strategies(self, graph: Graph, mesh: Mesh) -> dict[str, Strategy]:
@@ -130,26 +133,41 @@ class _StagePlanner:
                 strategies.update(self.strategies(subgraph(graph, seg.start, seg.stop), mesh))
         return Plan(graph, mesh, strategies, "drec", self.opts)
 
-    def stage(self, graph: Graph, mesh: Mesh) -> tuple[Plan, StageProfile]:
-        """The stage's plan (per-segment D-Rec) and profile; stages of one structure (the
-        middle stages of a uniform model) are planned and evaluated once."""
+    def stage(self, graph: Graph, mesh: Mesh) -> list[tuple[Plan, StageProfile]]:
+        """Candidate plans of a stage with their profiles: D-Rec (per segment), and the
+        data-parallel and Megatron expert plans (whole-plan alternatives, as D-Rec compares
+        its rounds with). Stages of one structure (the middle stages of a uniform model) are
+        planned and evaluated once."""
         key = (mesh.shape, _fingerprint(graph))
         hit = self.stages.get(key)
         if hit is None:
             strategies: dict[str, Strategy] = {}
             for seg in segments(graph):
                 strategies.update(self.strategies(subgraph(graph, seg.start, seg.stop), mesh))
-            prof = profile_stage(graph, mesh, strategies, self.opts)
-            hit = self.stages[key] = (tuple(strategies[op.name] for op in graph.ops), prof)
-        mapped = {op.name: s for op, s in zip(graph.ops, hit[0], strict=True)}
-        plan = Plan(graph, mesh, mapped, "drec", self.opts, cost=hit[1].breakdown)
-        return plan, hit[1]
+            found = [("drec", strategies)]
+            found.append(("data-parallel", experts.data_parallel(graph, mesh)))
+            if len(mesh.shape) > 1 and mesh.shape[-1] > 1:
+                found.append(("megatron", experts.megatron(graph, mesh)))
+            hit = self.stages[key] = [
+                (
+                    method,
+                    tuple(st[op.name] for op in graph.ops),
+                    profile_stage(graph, mesh, st, self.opts),
+                )
+                for method, st in found
+            ]
+        out = []
+        for method, cached, prof in hit:
+            mapped = {op.name: s for op, s in zip(graph.ops, cached, strict=True)}
+            out.append((Plan(graph, mesh, mapped, method, self.opts, cost=prof.breakdown), prof))
+        return out
 
 
 def choose_levers(
     profile: StageProfile, m: int, in_flight: int, slots: int, budget: float | None
-) -> Levers | None:
-    """The levers giving this stage the shortest (slots x slot share + sync) within `budget`."""
+) -> tuple[float, Levers] | None:
+    """The levers giving this stage the shortest (slots x slot share + sync) within `budget`,
+    with that time; None when no combination fits."""
     best: tuple[float, Levers] | None = None
     for lv in LEVERS:
         c = stage_cost(profile, lv, m, in_flight)
@@ -158,25 +176,24 @@ def choose_levers(
         t = slots * (c.fwd_s + c.bwd_s) + c.sync_s
         if best is None or t < best[0] * (1 - 1e-9):
             best = (t, lv)
-    return best[1] if best else None
+    return best
 
 
-def micro_batch_options(batch: int, stage: Mesh, limit: int = 2) -> list[int]:
-    """Up to `limit` values of m, largest first: divisors of the batch leaving at least one
-    sample per way of the stage's outermost axis, each a quarter of the previous or less."""
+def micro_batch_options(batch: int, stage: Mesh) -> list[int]:
+    """Values of m, largest first: micro-batches of one sample per device of the stage (data
+    parallelism can use every device) and of one sample per way of its outermost axis (the
+    rest is left to tensor parallelism), when they divide the batch; else the largest m that
+    keeps one sample per way of the outermost axis."""
+    sizes = {stage.size, stage.shape[0] if len(stage.shape) > 1 else stage.size}
+    ms = sorted({batch // b for b in sizes if b <= batch and batch % b == 0}, reverse=True)
+    if ms:
+        return ms
     need = stage.shape[0] if len(stage.shape) > 1 else 1
-    ms = [m for m in range(batch, 0, -1) if batch % m == 0 and batch // m >= need]
-    out: list[int] = []
-    for m in ms:
-        if not out or m * 4 <= out[-1]:
-            out.append(m)
-        if len(out) == limit:
-            break
-    return out
+    return [max(m for m in range(1, batch + 1) if batch % m == 0 and batch // m >= need)]
 
 
 def plan_training(
-    build: Callable[[int], Graph],
+    build: Callable[[int], Graph | None],
     batch: int,
     mesh: Mesh,
     opts: CostOptions,
@@ -193,41 +210,60 @@ def plan_training(
     start = time.perf_counter()
     stage_planner = _StagePlanner(opts, planner or (lambda g, m, o: drec(g, m, o)))
     probe = build(batch)
+    if probe is None:
+        raise SolverError(f"the model builder returned no graph at the global batch {batch}")
     segs = segments(probe)
     flops = [sum(op.flops for op in probe.ops[s.start : s.stop]) for s in segs]
     outer = mesh.shape[0]
     s_options = stages or [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
-    peak = mesh.flops_per_s * mesh.size
-    bound_total = 3 * sum(flops) / peak
-    best: TrainingPlan | None = None
-    leanest: tuple[float, str] | None = None
-    tried = 0
+    factor = opts.preset.training_flops_factor
+    candidates = []  # (lower bound of the step, S, m, stage starts)
     for n_stages in s_options:
         smesh = stage_mesh(mesh, n_stages)
         starts = balanced_stages(flops, n_stages)
+        ends = [*starts[1:], len(segs)]
+        heaviest = max(sum(flops[a:b]) for a, b in zip(starts, ends, strict=True))
         for m in micro_batch_options(batch, smesh):
-            if best is not None and best.step is not None and bound_total > best.step.step_s:
-                continue
+            # m + S - 1 slots of at least the heaviest stage's compute at peak rate
+            slot = factor * heaviest / m / (mesh.flops_per_s * smesh.size)
+            candidates.append(((m + n_stages - 1) * slot, n_stages, m, starts))
+    best: TrainingPlan | None = None
+    leanest: tuple[float, str] | None = None
+    tried = 0
+    built: dict[int, Graph | None] = {}
+    for bound, n_stages, m, starts in sorted(candidates, key=lambda c: (c[0], c[1], c[2])):
+        if True:  # candidates in order of their bound; stop at the first that cannot win
+            smesh = stage_mesh(mesh, n_stages)
+            if best is not None and best.step is not None and bound >= best.step.step_s:
+                say(f"  the remaining candidates cannot beat {best.step.step_s:.4g} s (bound)")
+                break
             tried += 1
-            graph = build(batch // m)
+            if m not in built:
+                built[m] = build(batch // m)
+            graph = built[m]
+            if graph is None:
+                say(f"  m={m}: the model cannot be rebuilt at micro-batch {batch // m}; skipped")
+                continue
             gsegs = segments(graph)
             bounds = [gsegs[i].start for i in starts] + [len(graph.ops)]
-            plans, profiles = [], []
+            plans, profiles, levers = [], [], []
             for s in range(n_stages):
                 sub = subgraph(graph, bounds[s], bounds[s + 1], f"{graph.name}.stage{s}")
-                plan, prof = stage_planner.stage(sub, smesh)
+                in_flight = min(n_stages - s, m)
+                options = []
+                for plan, prof in stage_planner.stage(sub, smesh):
+                    chosen = choose_levers(prof, m, in_flight, m + n_stages - 1, budget)
+                    if chosen is not None:
+                        options.append((chosen[0], len(options), plan, prof, chosen[1]))
+                    else:
+                        need = min(stage_cost(prof, x, m, in_flight).memory_bytes for x in LEVERS)
+                        if leanest is None or need < leanest[0]:
+                            leanest = (need, f"S={n_stages} m={m} stage {s}")
+                if not options:
+                    break
+                _, _, plan, prof, lv = min(options, key=lambda o: (o[0], o[1]))
                 plans.append(plan)
                 profiles.append(prof)
-            levers: list[Levers] = []
-            for s, prof in enumerate(profiles):
-                lv = choose_levers(prof, m, min(n_stages - s, m), m + n_stages - 1, budget)
-                if lv is None:
-                    need = min(
-                        stage_cost(prof, x, m, min(n_stages - s, m)).memory_bytes for x in LEVERS
-                    )
-                    if leanest is None or need < leanest[0]:
-                        leanest = (need, f"S={n_stages} m={m} stage {s}")
-                    break
                 levers.append(lv)
             label = f"S={n_stages} m={m} (micro-batch {batch // m})"
             elapsed = time.perf_counter() - start
@@ -302,6 +338,16 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
         )
     elif tp.micro_batches > 1:
         notes.append(f"{tp.micro_batches} micro-batches (gradient accumulation)")
+    methods: dict[str, list[int]] = {}
+    for s, stage in enumerate(tp.stages):
+        methods.setdefault(stage.plan.method, []).append(s)
+    if set(methods) != {"drec"}:
+        notes.append(
+            "stage plans: "
+            + "; ".join(f"{m} on stages {_ranges(v)}" for m, v in sorted(methods.items()))
+            + " (each stage keeps the fastest of D-Rec's plan and the expert plans under the "
+            "step model)"
+        )
     for s, stage in enumerate(tp.stages):
         lv = stage.levers
         used = []
@@ -313,6 +359,17 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
             why = f"to fit {budget / 1e9:.3g} GB per device" if budget else "faster under the model"
             notes.append(f"stage {s}: {' and '.join(used)} {why}")
     return tuple(notes)
+
+
+def _ranges(xs: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out: list[str] = []
+    for x in xs:
+        if out and out[-1][1] == x - 1:
+            out[-1] = (out[-1][0], x)
+        else:
+            out.append((x, x))  # type: ignore[arg-type]
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)  # type: ignore[misc]
 
 
 def axis_summary(tp: TrainingPlan) -> tuple[str, ...]:
