@@ -158,3 +158,34 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         "master weights): pipeline stages, micro-batches, recomputation and ZeRO chosen to fit "
         "--memory (see docs/training.md)",
     )
+
+
+def verify_training_plan(args: argparse.Namespace) -> int:
+    """`shardplan verify train.json --engine torch`: run the pipeline (backends/torch_pipeline)
+    on S x stage-devices gloo processes; loss and every gradient against one process."""
+    from shardplan.backends.torch_pipeline import run_pipeline
+    from shardplan.cli.commands import make_console
+
+    if args.engine != "torch":
+        raise SolverError(
+            f"{args.model} is a training plan (pipeline stages); verify it with --engine torch"
+        )
+    tp = TrainingPlan.from_json(Path(args.model).read_text())
+    report = run_pipeline(tp, seed=args.seed, dtype=args.check_dtype)
+    console = make_console()
+    verdict = "[bold green]OK[/]" if report.ok else "[bold red]FAIL[/]"
+    console.print(
+        f"{tp.model}: {report.stages} stages x {report.world_size // report.stages} devices, "
+        f"{report.micro_batches} micro-batches (1F1B, gloo): {verdict}\n"
+        f"  loss {report.loss:.12g} vs single process {report.reference_loss:.12g}\n"
+        f"  {report.grads_checked} gradients; worst {report.worst_grad} at "
+        f"{report.worst_grad_ratio:.3g} x tolerance; failed: {list(report.failed) or 'none'}\n"
+        f"  {report.seconds:.1f} s",
+        highlight=False,
+    )
+    if args.json:
+        from dataclasses import asdict
+
+        Path(args.json).write_text(json.dumps(asdict(report), indent=1))
+        console.print(f"report written to {args.json}")
+    return 0 if report.ok else 1

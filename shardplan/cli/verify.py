@@ -153,6 +153,10 @@ def _load_plan(args: argparse.Namespace) -> Any:
 def run_verify(args: argparse.Namespace) -> int:
     from shardplan.cli.commands import make_console
 
+    if _is_plan_file(args.model) and '"shardplan.training/' in Path(args.model).read_text()[:4000]:
+        from shardplan.cli.training import verify_training_plan
+
+        return verify_training_plan(args)
     p = _load_plan(args)
     mesh: Mesh = p.mesh
     if args.engine == "torch":
