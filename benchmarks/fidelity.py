@@ -3,7 +3,7 @@
 For several small zoo models (batch 8) on meshes 8 and 2x4, every plan (drec, data-parallel,
 megatron, fsdp) of a training step is compiled for 8 fake CPU devices; the collectives of the
 compiled HLO are converted to "bytes one device sends" and compared with the cost model per
-kind (shardplan.backends.verify). Per model, the Kendall tau between the ranking of the plans by
+kind (shardplan.fidelity.verify). Per model, the Kendall tau between the ranking of the plans by
 predicted communication bytes and by measured bytes says whether the model orders plans right.
 
     python benchmarks/fidelity.py                      # writes benchmarks/results/fidelity.*
@@ -51,7 +51,7 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective
 
 def run_one(model: str, mesh: str, method: str, train: bool, numerics: bool) -> dict:
     from shardplan import zoo
-    from shardplan.backends.verify import verify_plan
+    from shardplan.fidelity.verify import verify_plan
     from shardplan.search import plan
 
     graph = zoo.build(model, small=True, batch=8)
@@ -131,7 +131,7 @@ def markdown(data: dict) -> str:
         "model at `small=True, batch=8`; bytes are what one device sends with ring algorithms "
         "(all-reduce 2(g-1)/g B, all-gather (g-1)/g B, reduce-scatter (g-1) B, all-to-all "
         "(g-1)/g B, collective-permute B), predicted by `plan.cost.comm` and measured from the "
-        "compiled HLO (`shardplan.backends.verify`). Ratio = measured / predicted; `*` marks a "
+        "compiled HLO (`shardplan.fidelity.verify`). Ratio = measured / predicted; `*` marks a "
         "kind outside +-10%, whose causes (docs/verification.md) follow. Numerics (with "
         "`--numerics`): max error of the sharded vs the unsharded run, both in "
         f"{data['meta'].get('numerics_dtype') or 'float32'}; bytes from the float32 program.",

@@ -2,7 +2,8 @@
 algorithm (D-Rec) with a symbolic, profiling-free cost model.
 
 Public API: `zoo.build`, `Graph`/`GraphBuilder`, `Mesh`/`parse_mesh`, `plan`, `evaluate`, `Plan`.
-Heavy frameworks (jax, torch, onnx) are imported only by the importers and backends that need them.
+Heavy frameworks (jax, torch, onnx) are imported only by the importers, exporters and engines
+that need them.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from shardplan.ir import DimKind, Graph, GraphBuilder, Op, Role, Tensor
 from shardplan.mesh import Mesh, parse_mesh
 from shardplan.plan import Plan, evaluate
 from shardplan.search import plan  # rebinds `shardplan.plan` from the module to the function
-
-__version__ = "0.1.0"
+from shardplan.version import __version__  # noqa: E402  (one home for the version)
 
 __all__ = [
     "DimKind",

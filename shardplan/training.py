@@ -5,23 +5,18 @@ outermost mesh axis (S divides it), each stage an ordinary `Plan` of its sub-gra
 micro-batch size (global batch / m) on the stage's devices, with its `Levers`. `evaluate_training`
 (the one scorer of such plans) builds the step model's inputs from the stage plans — p2p bytes of
 each boundary activation, parameters shared by several stages — and returns the `StepCost`
-(cost/step.py). JSON schema "shardplan.training/1" stores the stage plans (each in the plan
-schema) and the levers; the step cost is stored for readers and recomputed on load.
-O(stages * evaluator).
+(cost/step.py). JSON: `shardplan.exporters.training_json`. O(stages * evaluator).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from shardplan.cost import collectives as coll
 from shardplan.cost.step import (
     Levers,
     Pipeline,
-    Recompute,
     StepCost,
     profile_stage,
     step_cost,
@@ -31,8 +26,6 @@ from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.plan import Plan
 from shardplan.precision import peak_flops
-
-SCHEMA = "shardplan.training/1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,66 +76,6 @@ class TrainingPlan:
     @property
     def pipeline_stages(self) -> int:
         return len(self.stages)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "model": self.model,
-            "mesh": self.mesh.to_dict(),
-            "batch": self.batch,
-            "micro_batches": self.micro_batches,
-            "pipeline_stages": self.pipeline_stages,
-            "method": self.method,
-            "tokens_per_sample": self.tokens_per_sample,
-            "axes": list(self.axes),
-            "search_seconds": self.search_seconds,
-            "notes": list(self.notes),
-            "step": self.step.to_dict() if self.step else None,
-            "stages": [
-                {
-                    "recompute": s.levers.recompute.value,
-                    "zero": s.levers.zero,
-                    "first_op": s.plan.graph.ops[0].name,
-                    "last_op": s.plan.graph.ops[-1].name,
-                    "plan": s.plan.to_dict(),
-                }
-                for s in self.stages
-            ],
-        }
-
-    def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    @classmethod
-    def from_json(cls, text: str | dict[str, Any]) -> TrainingPlan:
-        try:
-            data = json.loads(text) if isinstance(text, str) else text
-        except json.JSONDecodeError as e:
-            raise PlanError(f"training plan JSON does not parse: {e}") from e
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise PlanError(f"not a shardplan training plan (schema must be {SCHEMA!r})")
-        try:
-            stages = tuple(
-                Stage(
-                    Plan.from_json(s["plan"]),
-                    Levers(Recompute(s["recompute"]), int(s["zero"])),
-                )
-                for s in data["stages"]
-            )
-            return cls(
-                str(data["model"]),
-                Mesh.from_dict(data["mesh"]),
-                int(data["batch"]),
-                int(data["micro_batches"]),
-                stages,
-                str(data["method"]),
-                int(data.get("tokens_per_sample", 1)),
-                tuple(data.get("axes", ())),
-                float(data.get("search_seconds", 0.0)),
-                tuple(data.get("notes", ())),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise PlanError(f"training plan JSON is malformed: {e!r}") from e
 
 
 def pipeline_of(stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sample: int) -> Pipeline:

@@ -1,22 +1,79 @@
-"""Package-level rules: framework-free core, downward-only imports, small files, public API."""
+"""Package-level rules: framework-free core, downward-only imports (at module level AND inside
+functions), no reach-ins to another package's private names, no branches on op-kind names outside
+the catalogue, small files, public API."""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import shardplan
 
 ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
-    "errors": 0, "ir": 1, "mesh": 2, "sharding": 3, "cost": 4, "plan": 5, "search": 6,
-    "importers": 7, "exporters": 7, "backends": 7, "zoo": 2, "cli": 9, "__init__": 10,
-    "__main__": 10,
+    "version": 0, "errors": 0, "ir": 1, "hardware": 2, "mesh": 2, "precision": 2, "zoo": 2,
+    "sharding": 3, "cost": 4, "problem": 5, "plan": 5, "training": 5.5, "search": 6,
+    "importers": 7, "exporters": 7,
+    "engines": 8, "fidelity": 9, "cli": 10, "__init__": 11, "__main__": 11,
 }
+"""errors -> ir -> hardware/mesh/precision -> sharding -> cost -> problem/plan -> training (a
+training step's stage plans) -> search ->
+importers/exporters -> engines -> fidelity -> cli (docs/architecture.md). A module may import
+its own package and strictly lower layers."""
 
 
-def _layer(module: str) -> int:
-    return LAYERS[module.split(".")[0]]
+def _imports(tree: ast.AST, own: str) -> list[tuple[str, tuple[str, ...], int]]:
+    """Every shardplan import of a module, at any depth: (target module, names, line)."""
+    found = []
+    package = own.rsplit(".", 1)[0] if "." in own else ""
+    for node in ast.walk(tree):  # ast.walk: also imports inside functions and classes
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("shardplan."):
+                    found.append((alias.name.removeprefix("shardplan."), (), node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative import: resolve against the module's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([p for p in base if p] + ([module] if module else []))
+                module = "shardplan." + module if module else "shardplan"
+            names = tuple(a.name for a in node.names)
+            if module == "shardplan":  # `from shardplan import zoo, errors`
+                for name in names:
+                    found.append((name, (), node.lineno))
+            elif module.startswith("shardplan."):
+                found.append((module.removeprefix("shardplan."), names, node.lineno))
+    return found
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def layering_problems(root: Path) -> list[str]:
+    """Upward imports and cross-package private reach-ins in the package tree at `root`."""
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        own = ".".join(path.relative_to(root).with_suffix("").parts)
+        for target, names, line in _imports(ast.parse(path.read_text()), own):
+            where = f"{own}:{line}"
+            if _top(target) == _top(own):
+                continue  # inside one package any sibling may be used
+            if _top(target) not in LAYERS:
+                problems.append(f"{where} imports {target}, which has no layer in LAYERS")
+            elif LAYERS[_top(target)] >= LAYERS[_top(own)]:
+                problems.append(f"{where} imports {target} (layer {LAYERS[_top(target)]}) from "
+                                f"layer {LAYERS[_top(own)]}: imports must go down")
+            private = [p for p in (*target.split("."), *names) if _is_private(p)]
+            if private:
+                problems.append(f"{where} reaches into private {private} of {target}")
+    return problems
 
 
 def test_core_import_is_framework_free():
@@ -26,24 +83,54 @@ def test_core_import_is_framework_free():
     assert out.stdout.strip() == "[]"
 
 
-def test_module_level_imports_only_go_down():
-    problems = []
-    for path in ROOT.rglob("*.py"):
-        rel = path.relative_to(ROOT).with_suffix("")
-        own = ".".join(rel.parts)
-        tree = ast.parse(path.read_text())
-        for node in tree.body:  # module level only: lazy imports inside functions are allowed
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
-                    "shardplan."):
-                target = node.module.removeprefix("shardplan.")
-                if _layer(target) > _layer(own) and own.split(".")[0] != target.split(".")[0]:
-                    problems.append(f"{own} imports {node.module}")
-    assert problems == []
+def test_every_package_has_a_layer():
+    tops = {p.relative_to(ROOT).parts[0].removesuffix(".py") for p in ROOT.glob("*")}
+    assert tops - {"__pycache__"} <= set(LAYERS)
+
+
+def test_imports_only_go_down_and_never_reach_into_private_names():
+    assert layering_problems(ROOT) == []
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        # an upward import hidden inside a function (the old check only saw module level)
+        ({"ir/graph.py": "def f():\n    from shardplan.search import plan\n"},
+         "ir.graph:2 imports search"),
+        ({"plan.py": "import shardplan.engines.jax\n"}, "plan:1 imports engines.jax"),
+        ({"mesh.py": "from shardplan import cli\n"}, "mesh:1 imports cli"),
+        # same layer is not "down"
+        ({"importers/x.py": "from shardplan.exporters.dtensor import placements\n"},
+         "importers.x:1 imports exporters.dtensor"),
+        # private names / modules of another package
+        ({"engines/x.py": "from shardplan.importers.jaxpr import _leaf_names\n"},
+         "engines.x:1 reaches into private ['_leaf_names']"),
+        ({"cli/x.py": "def f():\n    from shardplan.importers._build import Lazy\n"},
+         "cli.x:2 reaches into private ['_build']"),
+    ],
+)
+def test_layering_check_catches_planted_violations(tmp_path, files, expected):
+    _write(tmp_path, {"ir/__init__.py": "", "ir/ok.py": "from shardplan.errors import IRError\n",
+                      "search/ok.py": "from shardplan.search.api import plan\n", **files})
+    problems = layering_problems(tmp_path)
+    assert len(problems) == 1 and problems[0].startswith(expected), problems
+
+
+OVER_600 = {"search/space.py": 650, "importers/_aten.py": 700}
+"""Known exceptions with their ceiling: space.py is being reworked by the issue-13 D-Rec work."""
 
 
 def test_files_stay_small():
     big = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > 700}
+           if (n := len(p.read_text().splitlines())) > OVER_600.get(str(p.relative_to(ROOT)), 600)}
     assert big == {}
 
 

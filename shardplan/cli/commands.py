@@ -12,6 +12,7 @@ from rich.table import Table
 
 from shardplan import zoo
 from shardplan.cli.models import add_model_arguments, load_graph, model_label
+from shardplan.exporters.plan_json import op_rows, to_dict
 from shardplan.mesh import MACHINES
 from shardplan.search import METHODS, plan
 from shardplan.search.flex import is_transparent
@@ -173,7 +174,7 @@ def run_plan(args: argparse.Namespace) -> int:
     console = make_console()
     print_plan(console, p, args.ops or "heavy")
     if args.json:
-        data = p.to_dict()
+        data = to_dict(p)
         data["model"] = model_label(args)
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"plan written to {args.json}")
@@ -181,7 +182,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def print_plan(console: Console, p, which: str = "heavy") -> None:  # noqa: ANN001
-    rows = p.op_rows()
+    rows = op_rows(p)
     units = p.cost.units
     if which not in ("heavy", "all", "none"):
         raise SystemExit(f"--ops must be heavy, all or none, not {which!r}")

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="shardplan",
         description="Operator-level (SPMD) parallel plans for DNN training, found by D-Rec.",
     )
-    from shardplan import __version__
+    from shardplan.version import __version__
 
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -18,6 +18,7 @@ from shardplan import zoo
 from shardplan.cli.models import SIZE_FLAGS, model_label
 from shardplan.cost import CostOptions
 from shardplan.errors import SolverError
+from shardplan.exporters import training_json
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import parse_bytes, parse_mesh
@@ -72,7 +73,7 @@ def run_training_plan(args: argparse.Namespace, graph: Graph) -> int:
             console.print(f"[bold]stage {s}[/] operators")
             print_plan(console, stage.plan, args.ops)
     if args.json:
-        data = tp.to_dict()
+        data = training_json.to_dict(tp)
         data["model"] = model_label(args)
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"training plan written to {args.json}")
@@ -161,16 +162,16 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
 
 
 def verify_training_plan(args: argparse.Namespace) -> int:
-    """`shardplan verify train.json --engine torch`: run the pipeline (backends/torch_pipeline)
+    """`shardplan verify train.json --engine torch`: run the pipeline (engines/torch_pipeline)
     on S x stage-devices gloo processes; loss and every gradient against one process."""
-    from shardplan.backends.torch_pipeline import run_pipeline
     from shardplan.cli.commands import make_console
+    from shardplan.engines.torch_pipeline import run_pipeline
 
     if args.engine != "torch":
         raise SolverError(
             f"{args.model} is a training plan (pipeline stages); verify it with --engine torch"
         )
-    tp = TrainingPlan.from_json(Path(args.model).read_text())
+    tp = training_json.from_json(Path(args.model).read_text())
     report = run_pipeline(tp, seed=args.seed, dtype=args.check_dtype)
     console = make_console()
     verdict = "[bold green]OK[/]" if report.ok else "[bold red]FAIL[/]"

@@ -104,6 +104,16 @@ def _is_plan_file(model: str) -> bool:
     return model.endswith(".json") or (os.sep in model and Path(model).is_file())
 
 
+def _is_training_file(path: str) -> bool:
+    """A training plan (pipeline stages) rather than a single SPMD plan."""
+    from shardplan.exporters.training_json import is_training_json
+
+    try:
+        return is_training_json(json.loads(Path(path).read_text()))
+    except (OSError, ValueError):
+        return False  # the plan loader reports unreadable files
+
+
 def ensure_devices(count: int) -> None:
     """Ask XLA's CPU backend for `count` fake devices, if jax has not started yet."""
     if "jax" in sys.modules and sys.modules["jax"] is not None:
@@ -118,14 +128,14 @@ def ensure_devices(count: int) -> None:
 
 
 def _load_plan(args: argparse.Namespace) -> Any:
-    from shardplan.plan import Plan
+    from shardplan.exporters.plan_json import from_json
     from shardplan.search import plan as make_plan
 
     if _is_plan_file(args.model):
         path = Path(args.model)
         if not path.is_file():
             raise PlanError(f"plan file {args.model!r} does not exist")
-        p = Plan.from_json(path.read_text())
+        p = from_json(path.read_text())
         if args.mesh is not None and parse_mesh(args.mesh).shape != p.mesh.shape:
             raise PlanError(
                 f"{args.model} is a plan for mesh {p.mesh.text()}, not {args.mesh}; "
@@ -153,7 +163,7 @@ def _load_plan(args: argparse.Namespace) -> Any:
 def run_verify(args: argparse.Namespace) -> int:
     from shardplan.cli.commands import make_console
 
-    if _is_plan_file(args.model) and '"shardplan.training/' in Path(args.model).read_text()[:4000]:
+    if _is_plan_file(args.model) and _is_training_file(args.model):
         from shardplan.cli.training import verify_training_plan
 
         return verify_training_plan(args)
@@ -162,7 +172,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.engine == "torch":
         return _verify_torch(p, args)
     ensure_devices(mesh.size)
-    from shardplan.backends.verify import verify_plan
+    from shardplan.fidelity.verify import verify_plan
 
     train = p.options.train if args.train is None else args.train
     report = verify_plan(
@@ -180,8 +190,8 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def _verify_torch(p: Any, args: argparse.Namespace) -> int:
     """Run the plan with DTensor on mesh-size gloo processes and compare with one process."""
-    from shardplan.backends.torch_dist import verify_torch
     from shardplan.cli.commands import make_console
+    from shardplan.fidelity.torch import verify_torch
 
     train = p.options.train if args.train is None else args.train
     report = verify_torch(p, seed=args.seed, train=train)
@@ -196,7 +206,7 @@ def _verify_torch(p: Any, args: argparse.Namespace) -> int:
 def print_report(console: Any, report: Any, differences: int = 15) -> None:
     from rich.table import Table
 
-    from shardplan.backends.verify import CAUSES, UNEXPLAINED
+    from shardplan.fidelity.verify import CAUSES, UNEXPLAINED
 
     mode = "training step (loss + gradients)" if report.train else "forward pass"
     verdict = "[bold green]OK[/]" if report.numerics_ok else "[bold red]FAIL[/]"

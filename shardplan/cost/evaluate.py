@@ -352,7 +352,7 @@ def op_terms(
     An operand's source layout is its producer's output layout (`output_layouts`) or its
     parameter home (`param_homes`); graph inputs and constants have none: they arrive in
     whatever layout the op reads. The one walk shared by the evaluator and the verifier's
-    per-operator prediction (`shardplan.backends.verify_predict`).
+    per-operator prediction (`shardplan.fidelity.predict`).
     """
     rounds = mesh.rounds
     unary: dict[tuple[object, ...], tuple[CommTerms, float]] = {}  # repeated layers: once

@@ -231,11 +231,11 @@ def _gather(t: _Translator, eqn: Any, ins: list[str]) -> list[str]:
 # -- jaxpr helpers ---------------------------------------------------------------------------------
 
 
-def _dropped(var: Any) -> bool:
+def is_dropped(var: Any) -> bool:
     return type(var).__name__ == "DropVar"
 
 
-def _sub_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
+def sub_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         sub = eqn.params.get(key)
         if sub is None or callable(sub) and not hasattr(sub, "eqns") and not hasattr(sub, "jaxpr"):

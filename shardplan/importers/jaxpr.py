@@ -1,8 +1,8 @@
-"""Import a plain JAX function as a shardplan Graph, and run it under a plan's shardings.
+"""Import a plain JAX function as a shardplan Graph.
 
     graph = from_jaxpr(fn, params, x, labels)      # fn(params, x, labels)
-    p = shardplan.search.plan(graph, "8")
-    sharded_fn = apply_plan(fn, p)                  # same signature and results as fn
+    p = shardplan.plan(graph, "8")
+    sharded_fn = apply_plan(fn, p)                  # shardplan.engines.jaxpr: runs fn under p
     loss = sharded_fn(params, x, labels)
 
 Conventions:
@@ -64,7 +64,6 @@ from typing import Any
 from shardplan.errors import (
     IRError,
     MissingDependencyError,
-    PlanError,
     ShapeError,
     UnsupportedOpError,
 )
@@ -75,11 +74,11 @@ from shardplan.importers._jaxpr_rules import (  # noqa: F401  (re-exported: the 
     PASS_THROUGH,
     RULES,
     Rule,
-    _dropped,
     _numel,
     _static_shape,
-    _sub_jaxpr,
+    is_dropped,
     opaque_signature,
+    sub_jaxpr,
 )
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Op, Role, Tensor
@@ -89,7 +88,7 @@ OPAQUE = "opaque"
 _INSTALL_HINT = "install it with: pip install 'shardplan[jax]'"
 
 
-def _require_jax() -> Any:
+def require_jax() -> Any:
     try:
         import jax
         import jax.extend.core  # noqa: F401  (Literal, Var)
@@ -111,7 +110,7 @@ class ImportedJaxpr:
     Attributes:
         graph: the verified Graph.
         tensor_of: jaxpr variable -> graph tensor name (every variable of the jaxpr and of the
-            inlined sub-jaxprs that has a tensor; used by `apply_plan`).
+            inlined sub-jaxprs that has a tensor; used by `shardplan.engines.jaxpr.apply_plan`).
         replicated: opaque operators (unknown primitives with unknown="replicate").
         approximated: primitive -> number of equations given an approximate form.
         out_tree: the pytree structure of `fn`'s results.
@@ -165,7 +164,7 @@ class _Translator:
         return name
 
     def read(self, atom: Any) -> str:
-        jax = _require_jax()
+        jax = require_jax()
         if isinstance(atom, jax.extend.core.Literal):
             return self.add(self._unique("literal"), atom, Role.CONSTANT)
         if atom not in self.env:
@@ -246,16 +245,16 @@ class _Translator:
             self.equation(eqn)
 
     def equation(self, eqn: Any) -> None:
-        jax = _require_jax()
+        jax = require_jax()
         prim = eqn.primitive.name
         literal = jax.extend.core.Literal
         operands = [a for a in eqn.invars if not isinstance(a, literal)]
         if all(self.env.get(a) in self.constants for a in operands):
             for var in eqn.outvars:  # only constants in: fold into a constant
-                if not _dropped(var):
+                if not is_dropped(var):
                     self.env[var] = self.add(self._unique("const"), var, Role.CONSTANT)
             return
-        sub = _sub_jaxpr(eqn) if prim in INLINE else None
+        sub = sub_jaxpr(eqn) if prim in INLINE else None
         if sub is not None:
             jaxpr, consts = sub
             ins = [self.read(a) for a in eqn.invars]
@@ -264,7 +263,7 @@ class _Translator:
             self.run(jaxpr, consts, ins[len(ins) - len(jaxpr.invars) :])
             self.scope = saved
             for outer, inner in zip(eqn.outvars, jaxpr.outvars, strict=True):
-                if not _dropped(outer):
+                if not is_dropped(outer):
                     self.env[outer] = (
                         self.read(inner)
                         if not isinstance(inner, literal)
@@ -281,7 +280,7 @@ class _Translator:
         finally:
             self.scope = saved
         for var, name in zip(eqn.outvars, outs, strict=True):
-            if not _dropped(var):
+            if not is_dropped(var):
                 self.env[var] = name
 
     def _scope_of(self, eqn: Any) -> str:
@@ -318,8 +317,8 @@ def _arg_names(fn: Callable[..., Any], count: int) -> list[str]:
     return [names[i] if i < len(names) else f"arg{i}" for i in range(count)]
 
 
-def _leaf_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[list[str]]:
-    jax = _require_jax()
+def leaf_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[list[str]]:
+    jax = require_jax()
     arg_names = _arg_names(fn, len(args))
     out = []
     for i, arg in enumerate(args):
@@ -346,13 +345,13 @@ def import_jaxpr(
     The first argument is the parameters pytree. Raises UnsupportedOpError for a primitive
     without a rule (unless `unknown="replicate"`), ShapeError for symbolic or zero-size shapes.
     """
-    jax = _require_jax()
+    jax = require_jax()
     if not example_args:
         raise IRError("from_jaxpr needs example arguments: fn(params, *inputs)")
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
     graph_name = name or getattr(fn, "__name__", "jaxpr")
     t = _Translator(graph_name, unknown)
-    names = [n for group in _leaf_names(fn, example_args) for n in group]
+    names = [n for group in leaf_names(fn, example_args) for n in group]
     roles = [Role.PARAMETER] * len(jax.tree_util.tree_leaves(example_args[0]))
     roles += [Role.INPUT] * (len(names) - len(roles))
     used = _used_invars(closed.jaxpr)
@@ -391,7 +390,7 @@ def import_jaxpr(
 
 
 def _used_invars(jaxpr: Any) -> set[Any]:
-    jax = _require_jax()
+    jax = require_jax()
     literal = jax.extend.core.Literal
     used: set[Any] = set()
     for eqn in jaxpr.eqns:
@@ -407,161 +406,3 @@ def from_jaxpr(
     return import_jaxpr(fn, *example_args, name=name, unknown=unknown).graph
 
 
-def apply_plan(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[..., Any]:
-    """`fn` run under `plan`'s shardings: a function with `fn`'s signature and results.
-
-    Each call traces `fn` on its arguments (cached per argument shapes), translates the jaxpr
-    exactly as `from_jaxpr` does and checks that it is the graph the plan was made for (same
-    tensor names and shapes, else PlanError). It then evaluates the jaxpr equation by equation
-    under `jax.jit` on the plan's device mesh: the parameters (first argument) and inputs are
-    placed by the plan's layouts through `in_shardings`, and every value that is a planned tensor
-    is constrained to its layout with `jax.lax.with_sharding_constraint` (in training, JAX applies
-    the same constraint to its gradient). `mesh` overrides the devices: a shardplan Mesh or mesh
-    text with the plan's rounds, or a `jax.sharding.Mesh` whose axes are the rounds (`r0`, ...).
-    """
-    jax = _require_jax()
-    from shardplan.backends import jax as jb
-
-    jmesh = _device_mesh(plan, mesh)
-    layouts = dict(plan.tensor_layouts())
-    layouts.update(plan.input_layouts())
-    cache: dict[Any, Callable[..., Any]] = {}
-
-    def sharding(tensor: str, rank: int) -> Any:
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        layout = layouts.get(tensor)
-        if layout is None:
-            return NamedSharding(jmesh, PartitionSpec())
-        return NamedSharding(jmesh, jb.partition_spec(layout, rank, plan.mesh))
-
-    def build(args: tuple[Any, ...]) -> Callable[..., Any]:
-        unknown = "replicate" if any(op.kind == OPAQUE for op in plan.graph.ops) else "error"
-        with warnings.catch_warnings():  # from_jaxpr already warned about opaque operators
-            warnings.simplefilter("ignore")
-            imported = import_jaxpr(fn, *args, name=plan.graph.name, unknown=unknown)
-        _check_same_graph(imported.graph, plan.graph)
-        closed = imported.closed_jaxpr
-        tensor_of = imported.tensor_of
-        leaf_names = [n for group in _leaf_names(fn, args) for n in group]
-        in_leaves = []
-        for var, n in zip(closed.jaxpr.invars, leaf_names, strict=True):
-            rank = len(var.aval.shape)
-            in_leaves.append(sharding(n, rank) if n in plan.graph.tensors else sharding("", rank))
-        treedef = jax.tree_util.tree_structure(args)
-        in_shardings = jax.tree_util.tree_unflatten(treedef, in_leaves)
-
-        def constrain(var: Any, value: Any) -> Any:
-            tensor = tensor_of.get(var)
-            if tensor is None or tensor not in layouts or not hasattr(value, "shape"):
-                return value
-            if tuple(value.shape) != plan.graph.tensors[tensor].shape:
-                return value
-            return jax.lax.with_sharding_constraint(value, sharding(tensor, len(value.shape)))
-
-        def run(*call_args: Any) -> Any:
-            flat = jax.tree_util.tree_leaves(call_args)
-            outs = _evaluate(closed.jaxpr, closed.consts, flat, constrain)
-            return jax.tree_util.tree_unflatten(imported.out_tree, outs)
-
-        return jax.jit(run, in_shardings=tuple(in_shardings))
-
-    def sharded(*args: Any) -> Any:
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        key = (
-            treedef,
-            tuple(
-                (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x)))) for x in leaves
-            ),
-        )
-        if key not in cache:
-            cache[key] = build(args)
-        return cache[key](*args)
-
-    sharded.__name__ = f"sharded_{getattr(fn, '__name__', 'fn')}"
-    sharded.__doc__ = f"{getattr(fn, '__name__', 'fn')} under the {plan.method} plan"
-    return sharded
-
-
-def _evaluate(
-    jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], constrain: Callable[[Any, Any], Any]
-) -> list[Any]:
-    """Evaluate `jaxpr`, inlining jit/closed_call sub-jaxprs, constraining every value."""
-    jax = _require_jax()
-    literal = jax.extend.core.Literal
-    env: dict[Any, Any] = {}
-
-    def read(atom: Any) -> Any:
-        return atom.val if isinstance(atom, literal) else env[atom]
-
-    for var, value in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = value
-    for var, value in zip(jaxpr.invars, args, strict=True):
-        env[var] = constrain(var, value)
-    for eqn in jaxpr.eqns:
-        invals = [read(a) for a in eqn.invars]
-        sub = _sub_jaxpr(eqn) if eqn.primitive.name in _INLINE_EVAL else None
-        if sub is not None:
-            inner, inner_consts = sub
-            outvals = _evaluate(
-                inner, inner_consts, invals[len(invals) - len(inner.invars) :], constrain
-            )
-        else:
-            bound = eqn.primitive.get_bind_params(eqn.params)
-            subfuns, params = ([], bound) if isinstance(bound, dict) else bound  # jax < 0.5
-            result = eqn.primitive.bind(*subfuns, *invals, **params)
-            outvals = list(result) if eqn.primitive.multiple_results else [result]
-        for var, value in zip(eqn.outvars, outvals, strict=True):
-            if not _dropped(var):
-                env[var] = constrain(var, value)
-    return [read(v) for v in jaxpr.outvars]
-
-
-_INLINE_EVAL = ("jit", "pjit", "closed_call", "core_call")
-"""Sub-jaxprs `apply_plan` evaluates in place (custom_jvp/vjp calls keep their rules)."""
-
-
-def _device_mesh(plan: Any, mesh: Any) -> Any:
-    from shardplan.backends import jax as jb
-    from shardplan.mesh import parse_mesh
-
-    if mesh is None:
-        return jb.jax_mesh(plan.mesh)
-    if hasattr(mesh, "axis_names") and hasattr(mesh, "devices"):  # a jax.sharding.Mesh
-        want = jb.axis_names(plan.mesh)
-        sizes = tuple(r.q for r in plan.mesh.rounds)
-        if tuple(mesh.axis_names) != want or tuple(mesh.devices.shape) != sizes:
-            raise PlanError(
-                f"apply_plan: the JAX mesh has axes {tuple(mesh.axis_names)} of sizes "
-                f"{tuple(mesh.devices.shape)}; the plan needs {want} of sizes {sizes}"
-            )
-        return mesh
-    parsed = parse_mesh(mesh)
-    if [r.q for r in parsed.rounds] != [r.q for r in plan.mesh.rounds]:
-        raise PlanError(
-            f"apply_plan: mesh {parsed.text()} has rounds "
-            f"{[r.q for r in parsed.rounds]} but the plan was made for mesh "
-            f"{plan.mesh.text()} with rounds {[r.q for r in plan.mesh.rounds]}"
-        )
-    return jb.jax_mesh(parsed)
-
-
-def _check_same_graph(got: Graph, want: Graph) -> None:
-    diff = [
-        n
-        for n, t in want.tensors.items()
-        if n not in got.tensors or got.tensors[n].shape != t.shape
-    ]
-    if diff or len(got.ops) != len(want.ops):
-        n = diff[0] if diff else ""
-        detail = (
-            f"tensor {n!r} is {want.tensors[n].shape} in the plan but "
-            f"{got.tensors[n].shape if n in got.tensors else 'missing'} in the traced "
-            "function"
-            if diff
-            else f"{len(want.ops)} ops in the plan, {len(got.ops)} traced"
-        )
-        raise PlanError(
-            f"apply_plan: the plan was made for another graph than this function's "
-            f"on these arguments ({detail}); plan the graph of from_jaxpr(fn, *args)"
-        )

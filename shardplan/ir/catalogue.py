@@ -2,7 +2,7 @@
 
 Each entry is a pure function `(input_shapes, attrs) -> OpForm` that names the loop dims, their
 extents and kinds, the tensor-dim groups of every operand and result, the result shapes and the
-FLOPs. Everything downstream (cost model, search, backends' sharding) reads only the signature;
+FLOPs. Everything downstream (cost model, search, engines' sharding) reads only the signature;
 only executors (JAX, torch) look at `kind` to pick a kernel. Building a form is O(rank).
 """
 

@@ -3,7 +3,7 @@
 import json
 
 from shardplan.cli.main import main
-from shardplan.training import TrainingPlan
+from shardplan.exporters import training_json
 
 
 def test_plan_with_dtype_prints_stages_and_the_step_and_writes_json(tmp_path, capsys):
@@ -16,7 +16,7 @@ def test_plan_with_dtype_prints_stages_and_the_step_and_writes_json(tmp_path, ca
     assert "S=1" in captured.err  # progress on stderr
     data = json.loads(out_file.read_text())
     assert data["schema"] == "shardplan.training/1" and data["model"] == "gpt2-small"
-    assert TrainingPlan.from_json(data).micro_batches == data["micro_batches"]
+    assert training_json.from_json(data).micro_batches == data["micro_batches"]
 
 
 def test_dtype_needs_drec_and_training(capsys):

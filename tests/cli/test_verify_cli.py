@@ -13,6 +13,7 @@ jax = pytest.importorskip("jax")
 from shardplan.cli import verify as cli_verify  # noqa: E402
 from shardplan.cli.main import build_parser, main  # noqa: E402
 from shardplan.errors import MissingDependencyError, UnsupportedOpError  # noqa: E402
+from shardplan.exporters.plan_json import to_json  # noqa: E402
 
 
 def test_verify_is_registered():
@@ -74,7 +75,9 @@ def test_verify_plan_json_lists_causes(devices8, capsys, tmp_path):
         == 0
     )
     capsys.readouterr()
-    code = main(["verify", str(plan_file), "--infer", "--differences", "3", "--check-dtype", "float32"])
+    code = main(
+        ["verify", str(plan_file), "--infer", "--differences", "3", "--check-dtype", "float32"]
+    )
     text = capsys.readouterr().out
     assert code == 0 and "numerics: OK" in text and "forward pass" in text
     assert "(float32)" in text and "0.0001" in text
@@ -98,7 +101,7 @@ def test_too_few_devices_is_a_backend_error(capsys):
 def test_missing_jax_names_the_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "jax", None)
     with pytest.raises(MissingDependencyError, match=r"shardplan\[jax\]"):
-        from shardplan.backends import jax as jb
+        from shardplan.engines import jax as jb
 
         jb.jax_mesh("8")
     code = main(["verify", "mlp", "--small", "--mesh", "8", "--method", "data-parallel"])
@@ -115,7 +118,7 @@ def test_op_without_jax_kernel_is_unsupported(devices8, capsys, tmp_path):
     with pytest.warns(UserWarning):
         g = from_jaxpr(f, jax.numpy.ones((8, 8)), jax.numpy.ones((8, 8)), unknown="replicate")
     plan_file = tmp_path / "opaque.json"
-    plan_file.write_text(plan(g, "8", "data-parallel").to_json())
+    plan_file.write_text(to_json(plan(g, "8", "data-parallel")))
     code = main(["verify", str(plan_file)])
     err = capsys.readouterr().err
     assert code == UnsupportedOpError.exit_code and "opaque" in err

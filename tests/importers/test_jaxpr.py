@@ -11,12 +11,12 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
+from shardplan.engines.jaxpr import apply_plan  # noqa: E402
 from shardplan.errors import PlanError, UnsupportedOpError  # noqa: E402
 from shardplan.importers._build import ReplicatedOpsWarning  # noqa: E402
 from shardplan.importers.jaxpr import (  # noqa: E402
     OPAQUE,
     RULES,
-    apply_plan,
     from_jaxpr,
     import_jaxpr,
 )
@@ -101,7 +101,7 @@ def test_data_parallel_apply_plan_shards_the_batch(devices8):
     sharded = apply_plan(mlp, p)
     assert "data-parallel" in sharded.__doc__
     hlo = jax.jit(sharded).lower(*args).compile().as_text()
-    from shardplan.backends.jax import parse_collectives
+    from shardplan.fidelity.hlo import parse_collectives
 
     # the batch is split 8 ways: the mean over it is one scalar all-reduce over all devices
     reduces = [c for c in parse_collectives(hlo) if c.kind == "all-reduce"]

@@ -6,12 +6,12 @@ from shardplan import zoo
 from shardplan.cost import CostOptions
 from shardplan.cost.step import Recompute
 from shardplan.errors import InfeasibleError, PlanError
+from shardplan.exporters import training_json
 from shardplan.ir.op import Role
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import parse_mesh
 from shardplan.search.recipes import megatron_recipe
 from shardplan.search.scale import balanced_stages, micro_batch_options, plan_training
-from shardplan.training import TrainingPlan
 
 BF16 = CostOptions.make(dtype="bf16")
 
@@ -97,7 +97,7 @@ def test_pipeline_stages_cover_the_graph_in_order_and_json_round_trips():
     names = [op.name for s in tp.stages for op in s.plan.graph.ops]
     assert names == [op.name for op in _gpt(16 // tp.micro_batches).ops]
     assert tp.axes[0].startswith("node axis: pipeline x2")
-    back = TrainingPlan.from_json(tp.to_json())
+    back = training_json.from_json(training_json.to_json(tp))
     assert back.step is not None and tp.step is not None
     assert back.step.step_s == pytest.approx(tp.step.step_s)
     assert back.micro_batches == tp.micro_batches
@@ -106,10 +106,10 @@ def test_pipeline_stages_cover_the_graph_in_order_and_json_round_trips():
 
 def test_training_plan_rejects_stages_that_do_not_divide_the_outer_axis():
     tp = plan_training(_gpt, 16, parse_mesh("4x2"), BF16, None, stages=[2])
-    data = tp.to_dict()
+    data = training_json.to_dict(tp)
     data["mesh"]["shape"] = [3, 2]
     with pytest.raises(PlanError, match="2 pipeline stages must divide"):
-        TrainingPlan.from_json(data)
+        training_json.from_json(data)
 
 
 def test_megatron_recipe_structure():

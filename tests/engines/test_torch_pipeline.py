@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 from shardplan import zoo  # noqa: E402
 from shardplan.cli.main import main  # noqa: E402
 from shardplan.cost import CostOptions  # noqa: E402
+from shardplan.exporters import training_json  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
 from shardplan.search.recipes import megatron_recipe  # noqa: E402
 
@@ -27,7 +28,7 @@ def test_pipeline_plan_runs_with_1f1b_and_matches_one_process(tmp_path, capsys):
     assert tp.pipeline_stages == 2 and tp.micro_batches == 4
     assert tp.axes == ("node axis: pipeline x2", "gpu axis: tensor x2")
     plan_file = tmp_path / "train.json"
-    plan_file.write_text(tp.to_json())
+    plan_file.write_text(training_json.to_json(tp))
     report_file = tmp_path / "report.json"
     args = ["verify", str(plan_file), "--engine", "torch", "--json", str(report_file)]
     assert main(args) == 0, capsys.readouterr().out
@@ -51,6 +52,6 @@ def test_a_training_plan_needs_the_torch_engine(tmp_path, capsys):
         pipeline=2,
     )
     plan_file = tmp_path / "train.json"
-    plan_file.write_text(tp.to_json())
+    plan_file.write_text(training_json.to_json(tp))
     assert main(["verify", str(plan_file)]) == 9
     assert "verify it with --engine torch" in capsys.readouterr().err

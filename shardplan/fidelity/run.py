@@ -1,4 +1,4 @@
-"""Running a plan for `shardplan.backends.verify`: the sharded program compiled from the plan's
+"""Running a plan for `shardplan.fidelity.verify`: the sharded program compiled from the plan's
 layouts, the unsharded reference, the numeric comparison of the two, and the compute dtype.
 
 Both programs compute in `dtype` ("float64" by default, "float32" on request): `x64(dtype)` is
@@ -81,7 +81,7 @@ def compile_sharded(
     and inputs placed by the plan's layouts, every operator output constrained (training: every
     parameter gradient too). Without params/inputs it compiles from shapes alone, with float
     tensors in `dtype`. Call it inside `x64(dtype)` when `dtype` is float64."""
-    from shardplan.backends import jax as jb
+    from shardplan.engines import jax as jb
 
     if params is None or inputs is None:
         shapes_p, shapes_i = jb.abstract_args(plan.graph)
@@ -131,7 +131,7 @@ def tensor_error(name: str, got: Any, want: Any, rtol: float, atol: float) -> Te
 def reference(plan: Plan, train: bool, params: Any, inputs: Any) -> Any:
     """The unsharded program on one device: outputs, or (outputs, loss, grads) when training."""
     jax = _jax()
-    from shardplan.backends import jax as jb
+    from shardplan.engines import jax as jb
 
     graph = plan.graph
     forward = jb.forward_fn(graph)
@@ -150,7 +150,7 @@ def reference(plan: Plan, train: bool, params: Any, inputs: Any) -> Any:
 
 
 def _jax() -> Any:
-    from shardplan.backends import jax as jb
+    from shardplan.engines import jax as jb
 
     return jb._require_jax()
 
@@ -181,7 +181,7 @@ def relu_sign_flips(plan: Plan, params: Mapping[str, Any], inputs: Mapping[str, 
     dtype of `params` (call it inside the same `x64` scope as the run it diagnoses).
     """
     jax = _jax()
-    from shardplan.backends import jax as jb
+    from shardplan.engines import jax as jb
 
     graph = plan.graph
     probes = sorted({op.inputs[0] for op in graph.ops if op.kind in KINK_KINDS})

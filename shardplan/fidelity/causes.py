@@ -1,5 +1,5 @@
 """Causes of differences between measured and predicted collectives for
-`shardplan.backends.verify`: the documented `CAUSES`, the tolerance constants, `Difference`
+`shardplan.fidelity.verify`: the documented `CAUSES`, the tolerance constants, `Difference`
 and the `_Delta` bookkeeping the explainer rules use.
 """
 

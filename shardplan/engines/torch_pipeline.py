@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.backends.torch_exec import (
+from shardplan.engines.torch_exec import (
     _require_torch,
     check_kinds,
     execute,
@@ -40,8 +40,9 @@ from shardplan.backends.torch_exec import (
     kernels,
     loss_from_outputs,
 )
-from shardplan.backends.torch_report import TOLERANCES
+from shardplan.engines.torch_report import TOLERANCES
 from shardplan.errors import BackendError
+from shardplan.exporters import training_json
 from shardplan.ir.graph import Graph, make_graph
 from shardplan.ir.op import Role
 from shardplan.training import TrainingPlan
@@ -136,13 +137,13 @@ def run_pipeline(
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-    from shardplan.backends.torch_dist import _free_port, _terminate
+    from shardplan.engines.torch_dist import _free_port, _terminate
 
     (stage_shape,) = shapes
     world = len(tp.stages) * int(np.prod(stage_shape or (1,)))
     workdir = tempfile.mkdtemp(prefix="shardplan-pipeline-")
     job = {
-        "plan": tp.to_dict(),
+        "plan": training_json.to_dict(tp),
         "seed": seed,
         "dtype": dtype,
         "timeout": timeout,
@@ -296,11 +297,11 @@ def _worker(rank: int, world: int, port: int, job_path: str) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-        from shardplan.backends.torch_runner import _Runner
+        from shardplan.engines.torch_runner import _Runner
 
         dtype = str(job["dtype"])
         torch.set_default_dtype(getattr(torch, dtype))
-        tp = TrainingPlan.from_json(job["plan"])
+        tp = training_json.from_json(job["plan"])
         shape = tuple(job["mesh_shape"])
         names = ("pp", *(f"r{i}" for i in range(len(shape) - 1)))
         mesh = init_device_mesh("cpu", mesh_shape=shape, mesh_dim_names=names)

@@ -2,12 +2,12 @@
 
 - `init_values`: deterministic numpy values for a graph's parameters, inputs and constants.
 - `kernels()`: ONE torch implementation per catalogue kind, keyed by `op.kind` (the same math as
-  `shardplan.backends.jax.kernels`): `kernel(op, *operands) -> tensor`; `check_kinds` names the
+  `shardplan.engines.jax.kernels`): `kernel(op, *operands) -> tensor`; `check_kinds` names the
   first op without one.
 - `execute` / `forward`: the single-process executor (ops in graph order); `loss_from_outputs`:
   the training loss both the single-process and the distributed runs differentiate.
 
-The distributed runner (`shardplan.backends.torch_runner`) calls the same kernels on local
+The distributed runner (`shardplan.engines.torch_runner`) calls the same kernels on local
 shards. Local kernels see global information only through the op (its signature's global
 extents), so a mean divides by the global count (`reduce_mean`, `cross_entropy`: a sum over the
 local rows over the global row count, partial across the cut rounds). The kinds that need the
@@ -15,7 +15,7 @@ device's position (reshape, embedding with the vocabulary cut, conv2d / pool2d w
 cut, batch_norm with a statistics dim cut) are handled by the runner, not the kernel.
 
 torch is imported inside the functions that need it; without it they raise
-MissingDependencyError. Values come from `shardplan.backends._common` (`init_params`,
+MissingDependencyError. Values come from `shardplan.engines._common` (`init_params`,
 `init_inputs`): the same numbers as the JAX backend, ids and labels as int64.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.backends._common import (
+from shardplan.engines._common import (
     affine,
     bias_add,
     einsum_letters,
@@ -35,7 +35,7 @@ from shardplan.backends._common import (
     init_params,
     require,
 )
-from shardplan.backends._common import pair as _pair
+from shardplan.engines._common import pair as _pair
 from shardplan.errors import BackendError, UnsupportedOpError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
@@ -54,8 +54,8 @@ def _require_torch() -> Any:
 def init_values(graph: Graph, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """`(params, inputs)`: numpy values for every parameter, and every input and constant.
 
-    `shardplan.backends._common.init_params` and `init_inputs` with int64 ids and labels: the
-    values of `shardplan.backends.jax.init_params` / `make_inputs` (which use int32 ids).
+    `shardplan.engines._common.init_params` and `init_inputs` with int64 ids and labels: the
+    values of `shardplan.engines.jax.init_params` / `make_inputs` (which use int32 ids).
     Deterministic in (seed, tensor name).
     """
     return init_params(graph, seed), init_inputs(graph, seed, np.int64)
@@ -76,7 +76,7 @@ def _reduce_count(op: Op) -> int:
 def kernels() -> dict[str, Kernel]:
     """One torch implementation per catalogue kind: `kernel(op, *operands) -> tensor`.
 
-    The math of `shardplan.backends.jax.kernels` (linear = x @ w.T, batch statistics in
+    The math of `shardplan.engines.jax.kernels` (linear = x @ w.T, batch statistics in
     batch_norm, avg pooling counts padded cells, dropout is the identity, cast keeps the
     dtype: the backend computes in one float dtype).
     Elementwise kernels also read the importer's attributes: `scalar` (+ `reverse`) for an

@@ -19,10 +19,12 @@ import pytest
 jax = pytest.importorskip("jax")  # fixture devices8: tests/conftest.py
 
 from shardplan import zoo  # noqa: E402
-from shardplan.backends import verify as v  # noqa: E402
-from shardplan.backends.jax import parse_collectives  # noqa: E402
 from shardplan.errors import BackendError, InfeasibleError  # noqa: E402
-from shardplan.plan import Plan  # noqa: E402
+from shardplan.exporters.plan_json import from_json, to_json  # noqa: E402
+from shardplan.fidelity import measure as m  # noqa: E402
+from shardplan.fidelity import run as r  # noqa: E402
+from shardplan.fidelity import verify as v  # noqa: E402
+from shardplan.fidelity.hlo import parse_collectives  # noqa: E402
 from shardplan.search import plan  # noqa: E402
 
 METHODS = ("drec", "data-parallel", "megatron", "drec-memory")
@@ -174,13 +176,13 @@ def test_inference_of_a_training_plan_is_re_predicted(devices8):
 
 def test_compile_only_and_plan_json_round_trip(devices8):
     p = plan(_graph("gpt2-small"), "2x4", "megatron")
-    q = Plan.from_json(p.to_json())
+    q = from_json(to_json(p))
     report = v.verify_plan(q, check_numerics=False)
     assert report.tensors == () and report.numerics_ok
     assert report.mesh == "2x4" and report.method == "megatron"
     data = report.to_dict()
     assert data["numerics"]["tensors_checked"] == 0
-    assert {k["kind"] for k in data["communication"]["kinds"]} == set(v.KINDS)
+    assert {k["kind"] for k in data["communication"]["kinds"]} == set(m.KINDS)
     assert set(data["causes"]) <= set(v.CAUSES)
 
 
@@ -207,27 +209,27 @@ def test_too_many_devices_is_a_backend_error_naming_xla_flags():
 
 
 def test_tolerance_is_relative_to_the_largest_magnitude():
-    ok = v.tensor_error("t", [1.0, 100.0 + 5e-3], [1.0, 100.0], 1e-4, 1e-6)
+    ok = r.tensor_error("t", [1.0, 100.0 + 5e-3], [1.0, 100.0], 1e-4, 1e-6)
     assert ok.ok and ok.relative_error == pytest.approx(5e-5, rel=1e-3)
-    bad = v.tensor_error("t", [1.0 + 0.02, 100.0], [1.0, 100.0], 1e-4, 1e-6)
+    bad = r.tensor_error("t", [1.0 + 0.02, 100.0], [1.0, 100.0], 1e-4, 1e-6)
     assert not bad.ok and bad.relative_error == pytest.approx(2e-4, rel=1e-3)
-    tiny = v.tensor_error("t", [1e-9], [0.0], 1e-4, 1e-6)  # exactly-zero gradients: atol
+    tiny = r.tensor_error("t", [1e-9], [0.0], 1e-4, 1e-6)  # exactly-zero gradients: atol
     assert tiny.ok
-    assert not v.tensor_error("t", [float("nan")], [0.0], 1e-4, 1e-6).ok
+    assert not r.tensor_error("t", [float("nan")], [0.0], 1e-4, 1e-6).ok
 
 
 # -- the byte convention and the HLO reader -------------------------------------------------------
 
 
 def test_sent_bytes_follow_the_ring_convention():
-    assert v.sent_bytes("all-reduce", 800, 8) == pytest.approx(2 * 7 / 8 * 800)
-    assert v.sent_bytes("all-gather", 800, 4) == pytest.approx(3 / 4 * 800)
-    assert v.sent_bytes("reduce-scatter", 100, 4) == pytest.approx(300)
-    assert v.sent_bytes("all-to-all", 800, 2) == pytest.approx(400)
-    assert v.sent_bytes("collective-permute", 64, 6) == 64
-    assert v.sent_bytes("all-reduce", 800, 1) == 0
+    assert m.sent_bytes("all-reduce", 800, 8) == pytest.approx(2 * 7 / 8 * 800)
+    assert m.sent_bytes("all-gather", 800, 4) == pytest.approx(3 / 4 * 800)
+    assert m.sent_bytes("reduce-scatter", 100, 4) == pytest.approx(300)
+    assert m.sent_bytes("all-to-all", 800, 2) == pytest.approx(400)
+    assert m.sent_bytes("collective-permute", 64, 6) == 64
+    assert m.sent_bytes("all-reduce", 800, 1) == 0
     with pytest.raises(BackendError):
-        v.sent_bytes("broadcast", 1, 2)
+        m.sent_bytes("broadcast", 1, 2)
 
 
 _HLO = "\n".join([
@@ -251,7 +253,7 @@ _HLO = "\n".join([
 
 def test_measure_splits_tuples_and_attributes_operators():
     g = _graph("mlp")
-    got = v.measure(_HLO, g)
+    got = m.measure(_HLO, g)
     assert [(m.kind, m.shape, m.group_size, m.op, m.backward) for m in got] == [
         ("all-reduce", "f32[]", 8, "loss", False),
         ("all-reduce", "f32[512,784]", 8, "fc0.linear", True),
@@ -268,13 +270,13 @@ def test_measure_splits_tuples_and_attributes_operators():
 def test_float_buffers_are_counted_at_the_plan_width():
     """A float64 program verifying a float32 plan: f64 buffers count 4 bytes an element."""
     g = _graph("mlp")
-    assert v.plan_element_bytes(g, "float64") == {"f64": 4}
-    assert v.plan_element_bytes(g, "float32") == {"f32": 4}
-    want = [(m.kind, m.sent_bytes, m.buffer_bytes) for m in v.measure(_HLO, g)]
+    assert m.plan_element_bytes(g, "float64") == {"f64": 4}
+    assert m.plan_element_bytes(g, "float32") == {"f32": 4}
+    want = [(m.kind, m.sent_bytes, m.buffer_bytes) for m in m.measure(_HLO, g)]
     hlo64 = _HLO.replace("f32[", "f64[")
-    got = [(m.kind, m.sent_bytes, m.buffer_bytes) for m in v.measure(hlo64, g, {"f64": 4})]
+    got = [(m.kind, m.sent_bytes, m.buffer_bytes) for m in m.measure(hlo64, g, {"f64": 4})]
     assert got == want
-    assert v.measure(hlo64, g)[1].buffer_bytes == 2 * want[1][2]  # HLO widths otherwise
+    assert m.measure(hlo64, g)[1].buffer_bytes == 2 * want[1][2]  # HLO widths otherwise
 
 
 def test_every_cause_is_documented():

@@ -1,18 +1,14 @@
-"""Run a shardplan graph on JAX/XLA, optionally under a plan's layouts, and read its collectives.
+"""Run a shardplan graph on JAX/XLA, optionally under a plan's layouts; compile it to HLO.
 
 - `init_params` / `make_inputs`: deterministic numpy values for a graph's parameters, inputs and
-  constants (`shardplan.backends._common`, shared with the torch backend; int32 ids and labels
+  constants (`shardplan.engines._common`, shared with the torch backend; int32 ids and labels
   in range, a causal mask for `causal_mask` constants).
 - `kernels()`: ONE jax.numpy implementation per catalogue kind, keyed by `op.kind`.
 - `forward_fn` / `loss_fn`: a pure `f(params, inputs)` evaluating the ops in graph order; with
   `layouts` and a mesh, every op output with a layout gets `jax.lax.with_sharding_constraint`.
-- `jax_mesh` / `partition_spec` / `shardings_for`: a shardplan Mesh becomes a JAX mesh with one
-  axis per round (`r0`, `r1`, ..., sizes q, devices row-major over the rounds, i.e. outermost
-  mesh axis first); a Layout becomes a PartitionSpec whose entry for tensor dim j is the tuple of
-  round axes split along j (REPLICATED and PARTIAL rounds contribute nothing).
+- shardings come from `shardplan.exporters.jax` (`jax_mesh`, `partition_spec`,
+  `shardings_for`: one JAX mesh axis per round).
 - `sharded_call` / `compiled_text`: jit with `in_shardings` and run, or return the compiled HLO.
-- `parse_collectives` / `collective_summary`: the collectives XLA actually inserted, from
-  compiled HLO text (defined in `shardplan.backends.hlo`, re-exported here).
 
 jax is imported inside the functions that need it; without it they raise MissingDependencyError.
 Every op is evaluated inside `jax.named_scope(op.name)`, so HLO metadata `op_name`s carry the
@@ -26,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.backends._common import (
+from shardplan.engines._common import (
     affine,
     bias_add,
     index_bound,
@@ -34,17 +30,12 @@ from shardplan.backends._common import (
     init_params,
     require,
 )
-from shardplan.backends._common import einsum_letters as _einsum_spec
-from shardplan.backends._common import pair as _pair
-from shardplan.backends.hlo import (
-    COLLECTIVE_KINDS,
-    Collective,
-    collective_summary,
-    parse_collectives,
-)
+from shardplan.engines._common import einsum_letters as _einsum_spec
+from shardplan.engines._common import pair as _pair
 from shardplan.errors import BackendError, UnsupportedOpError
+from shardplan.exporters.jax import jax_mesh, named_sharding, shardings_for
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Op, Role, Tensor
+from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, parse_mesh
 from shardplan.sharding import Layout
 
@@ -206,107 +197,8 @@ def kernels() -> dict[str, Kernel]:
     }
 
 
-# -- sharding ----------------------------------------------------------------------------------
-
-
 def _as_mesh(mesh: Mesh | str | int) -> Mesh:
     return parse_mesh(mesh)
-
-
-def axis_names(mesh: Mesh | str | int) -> tuple[str, ...]:
-    """The JAX axis names of `mesh`'s rounds: `("r0", "r1", ...)`."""
-    return tuple(f"r{r.index}" for r in _as_mesh(mesh).rounds)
-
-
-def jax_mesh(mesh: Mesh | str | int) -> Any:
-    """A `jax.sharding.Mesh` with one Auto axis per round (`r0`, `r1`, ...; sizes q).
-
-    Devices are the first `mesh.size` of `jax.devices()`, laid out row-major over the rounds, so
-    round 0 (outermost mesh axis) varies slowest.
-    """
-    jax = _require_jax()
-    from jax.sharding import AxisType
-    from jax.sharding import Mesh as JaxMesh
-
-    mesh = _as_mesh(mesh)
-    devices = jax.devices()
-    if len(devices) < mesh.size:
-        raise BackendError(
-            f"mesh {mesh.text()} needs {mesh.size} devices but JAX sees {len(devices)}; on CPU set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before jax is imported")
-    rounds = mesh.rounds
-    names = axis_names(mesh)
-    if not rounds:  # a mesh of one device: one trivial axis
-        return JaxMesh(np.array(devices[:1]), ("r0",), axis_types=(AxisType.Auto,))
-    grid = np.array(devices[: mesh.size], dtype=object).reshape(tuple(r.q for r in rounds))
-    return JaxMesh(grid, names, axis_types=(AxisType.Auto,) * len(rounds))
-
-
-def _check_layout(layout: Layout, shape: tuple[int, ...], mesh: Mesh, what: str) -> None:
-    rounds = mesh.rounds
-    if len(layout) != len(rounds):
-        raise BackendError(f"{what}: layout {tuple(layout)} has {len(layout)} entries but mesh "
-                           f"{mesh.text()} has {len(rounds)} rounds")
-    counts = [1] * len(shape)
-    for r, s in zip(rounds, layout, strict=True):
-        if s >= len(shape):
-            raise BackendError(f"{what}: layout {tuple(layout)} splits tensor dim {s} but the "
-                               f"tensor has rank {len(shape)} (shape {shape})")
-        if s >= 0:
-            counts[s] *= r.q
-    for j, (size, count) in enumerate(zip(shape, counts, strict=True)):
-        if size % count:
-            raise BackendError(f"{what}: dim {j} of size {size} is not divisible into {count} "
-                               f"parts (layout {tuple(layout)} on mesh {mesh.text()})")
-
-
-def partition_spec(layout: Layout, rank: int, mesh: Mesh | str | int | None = None) -> Any:
-    """PartitionSpec of `layout`: entry j is the tuple of round axes split along tensor dim j
-    (None when no round splits it); REPLICATED and PARTIAL rounds contribute nothing."""
-    _require_jax()
-    from jax.sharding import PartitionSpec
-
-    names = axis_names(mesh) if mesh is not None else tuple(f"r{i}" for i in range(len(layout)))
-    if len(names) != len(layout):
-        raise BackendError(f"layout {tuple(layout)} has {len(layout)} entries but the mesh has "
-                           f"{len(names)} rounds")
-    entries: list[tuple[str, ...] | None] = []
-    for j in range(rank):
-        axes = tuple(name for name, s in zip(names, layout, strict=True) if s == j)
-        entries.append(axes or None)
-    for s in layout:
-        if s >= rank:
-            raise BackendError(f"layout {tuple(layout)} splits tensor dim {s} of a rank-{rank} "
-                               "tensor")
-    return PartitionSpec(*entries)
-
-
-def _sharding(jmesh: Any, mesh: Mesh, layout: Layout | None, tensor: Tensor) -> Any:
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    if layout is None:
-        return NamedSharding(jmesh, PartitionSpec())
-    _check_layout(layout, tensor.shape, mesh, f"tensor {tensor.name!r}")
-    return NamedSharding(jmesh, partition_spec(layout, len(tensor.shape), mesh))
-
-
-def shardings_for(graph: Graph, mesh: Mesh | str | int,
-                  tensor_layouts: Layouts) -> dict[str, Any]:
-    """`NamedSharding` per tensor of `tensor_layouts` (tensor name -> Layout) on `jax_mesh(mesh)`.
-
-    Raises BackendError naming the tensor for an unknown tensor, a layout of the wrong length,
-    a split dim beyond the tensor's rank or a dim not divisible by its split count.
-    """
-    _require_jax()
-    mesh = _as_mesh(mesh)
-    jmesh = jax_mesh(mesh)
-    out: dict[str, Any] = {}
-    for name, layout in tensor_layouts.items():
-        if name not in graph.tensors:
-            raise BackendError(f"layout given for tensor {name!r}, which graph {graph.name!r} "
-                               "does not have")
-        out[name] = _sharding(jmesh, mesh, layout, graph.tensors[name])
-    return out
 
 
 # -- evaluation --------------------------------------------------------------------------------
@@ -414,8 +306,9 @@ def _jitted(graph: Graph, mesh: Mesh | str | int, param_layouts: Layouts | None,
             raise BackendError(f"{what} names tensors that are not graph "
                                f"{'parameters' if what == 'param_layouts' else 'inputs'}: "
                                f"{unknown[:3]}")
-    p_sh = {n: _sharding(jmesh, mesh, (param_layouts or {}).get(n), graph.tensors[n]) for n in p}
-    x_sh = {n: _sharding(jmesh, mesh, (input_layouts or {}).get(n), graph.tensors[n]) for n in x}
+    tensors = graph.tensors
+    p_sh = {n: named_sharding(jmesh, mesh, (param_layouts or {}).get(n), tensors[n]) for n in p}
+    x_sh = {n: named_sharding(jmesh, mesh, (input_layouts or {}).get(n), tensors[n]) for n in x}
     forward = forward_fn(graph, layouts, mesh)
 
     if not train:
@@ -469,8 +362,6 @@ def compiled_text(graph: Graph, mesh: Mesh | str | int, param_layouts: Layouts |
 
 
 __all__ = [
-    "COLLECTIVE_KINDS", "Collective", "abstract_args", "axis_names", "collective_summary",
-    "compiled_text", "forward_fn", "init_params", "jax_mesh", "kernels", "loss_fn",
-    "loss_from_outputs", "make_inputs", "parse_collectives", "partition_spec", "sharded_call",
-    "shardings_for",
+    "abstract_args", "compiled_text", "forward_fn", "init_params", "kernels", "loss_fn",
+    "loss_from_outputs", "make_inputs", "sharded_call",
 ]

@@ -1,9 +1,5 @@
-"""Run a shardplan graph in PyTorch, and run a Plan on torch.distributed DTensors (gloo, CPU).
+"""Run a Plan on torch.distributed DTensors (gloo, CPU): the parent side of the distributed run.
 
-- `init_values`: deterministic numpy values for a graph's parameters, inputs and constants.
-- `kernels()`: ONE torch implementation per catalogue kind, keyed by `op.kind` (the same math as
-  `shardplan.backends.jax.kernels`): `kernel(op, *operands) -> tensor`.
-- `execute` / `forward`: the single-process executor (ops in graph order).
 - `run_distributed(plan)`: spawns one local process per device (`torch.multiprocessing`, start
   method "spawn", gloo), builds a DeviceMesh shaped like the plan's rounds
   (`shardplan.exporters.dtensor.mesh_shape`), distributes every parameter and input to its
@@ -15,7 +11,7 @@
   redistributions then insert the all-reduce / reduce-scatter). Rank 0 compares the outputs
   (and, by default, every activation; with `train=True` also every parameter gradient) with the
   single-process run of the same executor and returns a `DistReport`.
-- `verify_torch(plan)`: the hook behind `shardplan verify PLAN --engine torch`.
+- `run_distributed_many(plans)`: the same for several plans in one set of processes.
 
 Numerics: float32 by default; a tensor matches when max|dist - single| <= rtol * max|single| +
 atol with rtol 1e-4, atol 1e-5 (`TOLERANCES`, a normwise criterion). Sharded partial sums add
@@ -26,18 +22,18 @@ useful tolerance — the single-process fp32 run itself is then ~1e-2 away from 
 `dtype="float64"` runs both sides in float64 (rtol 1e-9, atol 1e-12) to check the sharding
 exactly, without fp32 noise.
 
-The work is split over modules, and every public name is re-exported here:
-- `shardplan.backends.torch_exec`: values, kernels and the single-process executor (how a
-  local kernel divides by the global count);
-- `shardplan.backends.torch_runner`: the per-process runner (the four kinds that need the
-  device's position: reshape, vocabulary-cut embedding, window-cut conv2d / pool2d,
-  statistics-cut batch_norm; how redistributions are counted; gradient placements);
-- `shardplan.backends.torch_report`: `TensorError`, `DistReport`, `TOLERANCES`;
-- this module: the parent side (`run_distributed`, `run_distributed_many`, `verify_torch`).
+The torch engine is split over modules (each name is imported from where it is defined):
+- `shardplan.engines.torch_exec`: values (`init_values`), ONE kernel per kind (`kernels()`) and
+  the single-process executor (`execute` / `forward`, `loss_from_outputs`);
+- `shardplan.engines.torch_runner`: the per-process runner (the kinds that need the device's
+  position; how redistributions are counted; gradient placements);
+- `shardplan.engines.torch_report`: `TensorError`, `DistReport`, `TOLERANCES`;
+- this module: the parent side (`run_distributed`, `run_distributed_many`);
+- `shardplan.fidelity.torch.verify_torch`: the verdict behind `shardplan verify --engine torch`.
 
 torch is imported inside the functions that need it; without it they raise
 MissingDependencyError. Values: parameters are normal * 0.02 (norm scales 1), the same numbers as
-`shardplan.backends.jax.init_params`; see `init_values` for inputs and constants.
+`shardplan.engines.jax.init_params`.
 """
 
 from __future__ import annotations
@@ -51,28 +47,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shardplan.backends.torch_exec import Kernel as Kernel  # re-export, as before
-from shardplan.backends.torch_exec import (
-    _require_torch,
-    check_kinds,
-    einsum_letters,
-    execute,
-    forward,
-    index_bound,
-    init_values,
-    kernels,
-    loss_from_outputs,
-)
-from shardplan.backends.torch_report import (
-    ATOL,
-    RTOL,
-    TOLERANCES,
-    DistReport,
-    TensorError,
-    _report_from_dict,
-)
-from shardplan.backends.torch_runner import _worker
+from shardplan.engines.torch_exec import _require_torch, check_kinds, kernels
+from shardplan.engines.torch_report import TOLERANCES, DistReport, _report_from_dict
+from shardplan.engines.torch_runner import _worker
 from shardplan.errors import BackendError
+from shardplan.exporters.plan_json import to_dict
 from shardplan.plan import Plan
 
 DEFAULT_TIMEOUT = 300.0
@@ -161,7 +140,7 @@ def run_distributed_many(
         default_rtol, default_atol = TOLERANCES[d]
         entries.append(
             {
-                "plan": p.to_dict(),
+                "plan": to_dict(p),
                 "train": t,
                 "dtype": d,
                 "rtol": default_rtol if rtol is None else float(rtol),
@@ -255,45 +234,4 @@ def run_distributed(
     return report
 
 
-def verify_torch(
-    plan: Plan,
-    world_size: int | None = None,
-    seed: int = 0,
-    train: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
-    check_activations: bool = True,
-    dtype: str = "float32",
-    strict: bool = False,
-) -> DistReport:
-    """The hook of `shardplan verify PLAN --engine torch`: `run_distributed` + the verdict.
-
-    Print `report.text()` (or `json.dumps(report.to_dict())`) and exit non-zero unless
-    `report.ok`. With `strict=True` a mismatch raises BackendError carrying the report's text.
-    """
-    report = run_distributed(
-        plan, world_size, seed, train, timeout, check_activations, dtype, None, None
-    )
-    if strict and not report.ok:
-        raise BackendError(report.text())
-    return report
-
-
-__all__ = [
-    "ATOL",
-    "DEFAULT_TIMEOUT",
-    "RTOL",
-    "TOLERANCES",
-    "DistReport",
-    "TensorError",
-    "check_kinds",
-    "einsum_letters",
-    "execute",
-    "forward",
-    "index_bound",
-    "init_values",
-    "kernels",
-    "loss_from_outputs",
-    "run_distributed",
-    "run_distributed_many",
-    "verify_torch",
-]
+__all__ = ["DEFAULT_TIMEOUT", "run_distributed", "run_distributed_many"]

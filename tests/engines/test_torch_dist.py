@@ -16,8 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from shardplan import zoo  # noqa: E402
-from shardplan.backends import torch_dist as td  # noqa: E402
+from shardplan.engines import torch_dist as td  # noqa: E402
+from shardplan.engines import torch_exec as te  # noqa: E402
+from shardplan.engines import torch_report as tr  # noqa: E402
 from shardplan.errors import BackendError, MissingDependencyError, UnsupportedOpError  # noqa: E402
+from shardplan.fidelity.torch import verify_torch  # noqa: E402
 from shardplan.ir.catalogue import CATALOGUE  # noqa: E402
 from shardplan.ir.graph import GraphBuilder, make_graph  # noqa: E402
 from shardplan.ir.op import Op, Role, Tensor  # noqa: E402
@@ -33,14 +36,14 @@ CASES = cases(np.int64) + IMPORTER_CASES
 
 def test_cases_cover_the_catalogue():
     assert set(CATALOGUE) <= {kind for kind, *_ in CASES}
-    assert set(CATALOGUE) == set(td.kernels())
+    assert set(CATALOGUE) == set(te.kernels())
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
 def test_kernel_matches_numpy(case):
     kind, operands, attrs, reference = case
     graph, names, out = single_op_graph(kind, operands, attrs)
-    got = td.forward(graph, {}, dict(zip(names, operands, strict=True)))[out]
+    got = te.forward(graph, {}, dict(zip(names, operands, strict=True)))[out]
     want = np.asarray(reference(*operands), dtype=np.float64)
     assert tuple(got.shape) == graph.tensors[out].shape == want.shape
     np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-6)
@@ -52,7 +55,7 @@ def test_unknown_kind_is_rejected_naming_op_and_kind():
         "g", {"x": Tensor("x", (4,), role=Role.INPUT), "y": Tensor("y", (4,))}, (op,)
     )
     with pytest.raises(UnsupportedOpError, match="weird_op.*mystery"):
-        td.forward(graph, {}, {"x": np.zeros(4, np.float32)})
+        te.forward(graph, {}, {"x": np.zeros(4, np.float32)})
     p = Plan(graph, parse_mesh("2"), {"weird_op": ("a",)}, "hand")
     with pytest.raises(UnsupportedOpError, match="weird_op"):  # before any process starts
         td.run_distributed(p)
@@ -61,7 +64,7 @@ def test_unknown_kind_is_rejected_naming_op_and_kind():
 def test_missing_torch_raises_missing_dependency(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(MissingDependencyError, match="shardplan\\[torch\\]"):
-        td.kernels()
+        te.kernels()
 
 
 def test_world_size_must_match_the_mesh():
@@ -75,8 +78,8 @@ def test_world_size_must_match_the_mesh():
 
 def test_values_are_deterministic_and_ids_in_range():
     g = zoo.build("gpt2-small", small=True, batch=4)
-    p1, i1 = td.init_values(g, seed=3)
-    p2, i2 = td.init_values(g, seed=3)
+    p1, i1 = te.init_values(g, seed=3)
+    p2, i2 = te.init_values(g, seed=3)
     assert all(np.array_equal(p1[k], p2[k]) for k in p1)
     assert i1["input_ids"].dtype == np.int64 and i1["input_ids"].max() < 128
     assert i1["labels"].max() < 128
@@ -89,8 +92,8 @@ def test_zoo_forward_matches_jax_values_where_both_run():
     """Same parameters as the JAX backend (same seeding), and a finite loss for every model."""
     for name in ("mlp", "gpt2-small", "resnet50", "moe", "vit-b16", "wide-deep"):
         g = zoo.build(name, small=True)
-        params, inputs = td.init_values(g)
-        (loss,) = td.forward(g, params, inputs).values()
+        params, inputs = te.init_values(g)
+        (loss,) = te.forward(g, params, inputs).values()
         assert torch.isfinite(loss).all(), name
 
 
@@ -293,7 +296,7 @@ def reports() -> dict[str, Any]:
 def _check(report: Any) -> None:
     assert report.world_size == 4 and report.mesh_shape == (2, 2)
     assert report.ok, report.text()
-    assert (report.rtol, report.atol) == td.TOLERANCES[report.dtype]
+    assert (report.rtol, report.atol) == tr.TOLERANCES[report.dtype]
     assert report.max_rel_error <= (1e-5 if report.dtype == "float32" else 1e-10), report.text()
     assert report.first_mismatch is None
 
@@ -369,18 +372,18 @@ def test_timeout_terminates_the_processes():
 
     p = make_plan(zoo.build("mlp", small=True), "2", method="data-parallel")
     with pytest.raises(BackendError, match="did not finish within 1s"):
-        td.verify_torch(p, timeout=1)
+        verify_torch(p, timeout=1)
     assert not multiprocessing.active_children()
 
 
 def test_verify_torch_strict_raises_on_mismatch(monkeypatch):
-    bad = td.DistReport(
+    bad = tr.DistReport(
         "m", "drec", "4", (2, 2), 4, False, False, "float32", 1e-4, 1e-5,
-        (td.TensorError("loss", 1.0, 0.5, False),), 1.0, 0.5, first_mismatch="loss",
+        (tr.TensorError("loss", 1.0, 0.5, False),), 1.0, 0.5, first_mismatch="loss",
     )  # fmt: skip
     monkeypatch.setattr(td, "run_distributed", lambda *a, **k: bad)
     p = make_plan(zoo.build("mlp", small=True), "4", method="data-parallel")
-    assert td.verify_torch(p) is bad
+    assert verify_torch(p) is bad
     with pytest.raises(BackendError, match="MISMATCH"):
-        td.verify_torch(p, strict=True)
+        verify_torch(p, strict=True)
     assert "MISMATCH" in bad.text() and bad.to_dict()["first_mismatch"] == "loss"

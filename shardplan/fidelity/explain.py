@@ -1,6 +1,6 @@
-"""The `_Explainer` of `shardplan.backends.verify`: rules that read the compiled HLO and the plan
+"""The `_Explainer` of `shardplan.fidelity.verify`: rules that read the compiled HLO and the plan
 to attribute each per-operator difference between measured and predicted bytes to a cause
-(see `shardplan.backends.verify_causes.CAUSES`).
+(see `shardplan.fidelity.causes.CAUSES`).
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from shardplan.backends.verify_causes import NORM_KINDS, _Delta, _significant
-from shardplan.backends.verify_hlo import MeasuredCollective, _dims, _numel, sent_bytes
-from shardplan.backends.verify_predict import OpPrediction, kind_bytes
+from shardplan.fidelity.causes import NORM_KINDS, _Delta, _significant
+from shardplan.fidelity.measure import MeasuredCollective, _dims, _numel, sent_bytes
+from shardplan.fidelity.predict import OpPrediction, kind_bytes
 from shardplan.ir.op import Role
 from shardplan.plan import Plan
 

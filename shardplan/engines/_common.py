@@ -3,7 +3,7 @@ framework-neutral kernel pieces, attribute pairs and einsum letter specs.
 
 Values (`init_params`, `init_inputs`) are numpy arrays, deterministic in (seed, tensor name):
 every tensor has its own generator, so a tensor's values do not depend on the others, and the JAX
-and torch backends run on the same numbers.
+and torch engines run on the same numbers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Measured collectives of compiled HLO for `shardplan.backends.verify`: the "bytes one device
+"""Measured collectives of compiled HLO for `shardplan.fidelity.verify`: the "bytes one device
 sends" convention (`sent_bytes`), parsing collectives out of HLO text (`measure`), the largest
 array each operator computes (`computed_sizes`) and small HLO shape helpers.
 """
@@ -10,8 +10,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shardplan.backends.hlo import hlo_arrays, parse_collectives
 from shardplan.errors import BackendError
+from shardplan.fidelity.hlo import hlo_arrays, parse_collectives
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 

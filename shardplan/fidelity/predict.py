@@ -1,4 +1,4 @@
-"""Predicted communication for `shardplan.backends.verify`: the cost model's terms per operator
+"""Predicted communication for `shardplan.fidelity.verify`: the cost model's terms per operator
 and incoming edge (`predict_by_op`), the gradient-gather shortfall and the mapping from HLO
 collective kinds to `CommTerms` fields.
 """
@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shardplan.backends.verify_hlo import _numel
 from shardplan.cost.presets import CostOptions, get_preset
 from shardplan.cost.terms import CommTerms
+from shardplan.fidelity.measure import _numel
 from shardplan.ir.graph import Graph
 from shardplan.plan import Plan
 

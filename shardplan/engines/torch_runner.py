@@ -1,11 +1,11 @@
 """Inside each torch.distributed process: execute one Plan op by op on DTensors (gloo, CPU).
 
-`_worker` is the entry point of every spawned process (`shardplan.backends.torch_dist` starts
+`_worker` is the entry point of every spawned process (`shardplan.engines.torch_dist` starts
 them): it joins the gloo process group, builds a DeviceMesh shaped like the plan's rounds and runs
 each plan of the job with `_run_one`, which distributes every parameter and input to its planned
 placements (`distribute_tensor`) and executes the graph with `_Runner`: each operand is
 `.redistribute`d to the placements the op's strategy reads (`operand_layout`: split ->
-`Shard(d)`, replicated -> `Replicate()`), the kernel (`shardplan.backends.torch_exec.kernels`)
+`Shard(d)`, replicated -> `Replicate()`), the kernel (`shardplan.engines.torch_exec.kernels`)
 runs on the local shards (`to_local()`), and the result is wrapped with `DTensor.from_local` in
 the op's raw output placements (`Shard(d)`, `Replicate()`, or `Partial()` where a REDUCE cut
 leaves partial sums; consumers' redistributions then insert the all-reduce / reduce-scatter).
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.backends.torch_exec import (
+from shardplan.engines.torch_exec import (
     Kernel,
     _pair,
     _require_torch,
@@ -58,8 +58,9 @@ from shardplan.backends.torch_exec import (
     kernels,
     loss_from_outputs,
 )
-from shardplan.backends.torch_report import DistReport, _error, _worst
+from shardplan.engines.torch_report import DistReport, _error, _worst
 from shardplan.errors import BackendError, ShardplanError
+from shardplan.exporters.plan_json import from_json
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -436,7 +437,7 @@ def _worker(rank: int, world: int, port: int, job_path: str, out_path: str) -> N
         names = tuple(f"r{i}" for i in range(len(shape)))
         mesh = init_device_mesh("cpu", mesh_shape=shape, mesh_dim_names=names)
         reports = [
-            _run_one(Plan.from_json(entry["plan"]), mesh, int(job["seed"]), entry)
+            _run_one(from_json(entry["plan"]), mesh, int(job["seed"]), entry)
             for entry in job["plans"]
         ]
         if rank == 0:

@@ -1,5 +1,4 @@
-"""The JAX backend: kernels vs numpy, every zoo model runs, hand layouts keep the numerics, and
-the collectives XLA inserts are parsed from compiled HLO."""
+"""The JAX engine: kernels vs numpy, every zoo model runs, hand layouts keep the numerics."""
 
 from __future__ import annotations
 
@@ -11,12 +10,13 @@ import pytest
 jax = pytest.importorskip("jax")
 
 from shardplan import zoo  # noqa: E402
-from shardplan.backends import jax as jb  # noqa: E402
+from shardplan.engines import jax as jb  # noqa: E402
 from shardplan.errors import (  # noqa: E402
-    BackendError,
     MissingDependencyError,
     UnsupportedOpError,
 )
+from shardplan.exporters.jax import axis_names  # noqa: E402
+from shardplan.fidelity.hlo import parse_collectives  # noqa: E402
 from shardplan.ir.catalogue import CATALOGUE  # noqa: E402
 from shardplan.ir.graph import make_graph  # noqa: E402
 from shardplan.ir.op import Op, Role, Tensor  # noqa: E402
@@ -105,41 +105,6 @@ def test_zoo_model_forward_gives_finite_loss(name):
     assert loss.shape == () and np.isfinite(float(loss))
 
 
-# -- layouts -> PartitionSpec -------------------------------------------------------------------
-
-
-def test_partition_spec_groups_rounds_per_tensor_dim():
-    from jax.sharding import PartitionSpec
-
-    assert jb.axis_names("2x4") == ("r0", "r1", "r2")
-    assert jb.partition_spec((0, 0, 0), 2) == PartitionSpec(("r0", "r1", "r2"), None)
-    assert jb.partition_spec((1, R, 0), 2) == PartitionSpec(("r2",), ("r0",))
-    assert jb.partition_spec((P, R), 1) == PartitionSpec(None)
-    assert jb.partition_spec((0, 1), 3, "6") == PartitionSpec(("r0",), ("r1",), None)
-    with pytest.raises(BackendError, match="rank"):
-        jb.partition_spec((2,), 2)
-
-
-def test_shardings_for_checks_layouts(devices8):
-    g = zoo.build("mlp", small=True)
-    mesh = jb.jax_mesh("2x4")
-    assert mesh.axis_names == ("r0", "r1", "r2") and mesh.devices.shape == (2, 2, 2)
-    assert [d.id for d in mesh.devices.flat] == list(range(8))
-    sh = jb.shardings_for(g, "2x4", {"fc0.weight": (R, 0, 1)})
-    assert sh["fc0.weight"].spec == jb.partition_spec((R, 0, 1), 2)
-    with pytest.raises(BackendError, match="fc0.weight.*3 rounds"):
-        jb.shardings_for(g, "2x4", {"fc0.weight": (0, 0)})
-    with pytest.raises(BackendError, match="labels.*not divisible"):
-        jb.shardings_for(zoo.build("mlp", small=True, batch=4), "8", {"labels": (0, 0, 0)})
-    with pytest.raises(BackendError, match="nope"):
-        jb.shardings_for(g, "8", {"nope": (0, 0, 0)})
-
-
-def test_too_few_devices_is_a_clear_error():
-    with pytest.raises(BackendError, match="XLA_FLAGS"):
-        jb.jax_mesh("64")
-
-
 # -- sharded execution keeps the numerics -------------------------------------------------------
 
 
@@ -174,7 +139,7 @@ def test_gpt2_batch_split_matches_unsharded(devices8):
         err = float(np.abs(np.asarray(grads[name]) - np.asarray(ref_grads[name])).max())
         assert err <= 1e-5 * scale, (name, err, scale)
     # data parallel: the only collectives are all-reduces (gradients, loss) over all 8 devices
-    collectives = jb.parse_collectives(
+    collectives = parse_collectives(
         jb.compiled_text(g, "8", {}, input_layouts, layouts, train=True))
     assert collectives and {c.kind for c in collectives} == {"all-reduce"}
     assert max(c.group_size for c in collectives) == 8
@@ -199,7 +164,7 @@ def _megatron(mesh: str):
     """fc0 column-parallel (weight dim 0), fc1 row-parallel (weight dim 1) on the last rounds;
     on a 2-axis mesh the outer axis splits the batch (data x tensor parallel)."""
     dp = 1 if "x" in mesh else 0
-    tp = len(jb.axis_names(mesh)) - dp
+    tp = len(axis_names(mesh)) - dp
     d, r = (0,) * dp, (R,) * dp
     params = {"fc0.weight": r + (0,) * tp, "fc0.bias": r + (0,) * tp,
               "fc1.weight": r + (1,) * tp}
@@ -219,7 +184,7 @@ def test_megatron_mlp_matches_unsharded_and_all_reduces(devices8, mesh):
     out = jb.sharded_call(g, mesh, param_layouts, input_layouts, layouts, params, inputs)
     _rel_close(out["loss"], ref["loss"], 1e-5)
 
-    collectives = jb.parse_collectives(
+    collectives = parse_collectives(
         jb.compiled_text(g, mesh, param_layouts, input_layouts, layouts, params, inputs))
     fc1 = [c for c in collectives if c.kind == "all-reduce" and "fc1.linear" in c.op_name]
     assert len(fc1) == 1, collectives
@@ -227,49 +192,3 @@ def test_megatron_mlp_matches_unsharded_and_all_reduces(devices8, mesh):
     local_batch = batch // (8 // tp)
     assert fc1[0].group_size == tp
     assert fc1[0].bytes_per_device == local_batch * width * 4
-
-
-# -- parse_collectives --------------------------------------------------------------------------
-
-_HLO = "\n".join([
-    "HloModule jit_step, is_scheduled=true, num_partitions=8",
-    "ENTRY %main {",
-    "  %p = f32[4,8]{1,0} parameter(0)",
-    "  %all-reduce = f32[4,8]{1,0} all-reduce(%p), channel_id=1, "
-    "replica_groups={{0,1},{2,3},{4,5},{6,7}}, use_global_device_ids=true, to_apply=%add, "
-    'metadata={op_name="jit(f)/fc1.linear/dot_general" stack_frame_id=3}',
-    "  %all-reduce.2 = (f32[16]{0}, bf16[2,3]{1,0}) all-reduce(%a, %b), channel_id=2, "
-    "replica_groups=[2,4]<=[8], to_apply=%add",
-    "  %all-gather.1 = f32[16,32]{0,1} all-gather(%x), channel_id=4, "
-    "replica_groups=[4,2]<=[2,4]T(1,0), dimensions={1}",
-    "  %all-gather = f32[16,64]{1,0} all-gather(%y), channel_id=5, "
-    "replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0', 'axis_2'}, dimensions={0}",
-    "  %reduce-scatter = s32[8]{0} reduce-scatter(%z), replica_groups={}, dimensions={0}, "
-    "to_apply=%add",
-    "  %all-to-all = f32[2,4]{1,0} all-to-all(%w), replica_groups={{0,1,2,3,4,5,6,7}}, "
-    "dimensions={0}",
-    "  ROOT %collective-permute = f32[16,16]{0,1} collective-permute(%v), channel_id=3, "
-    "source_target_pairs={{0,0},{1,1},{2,4},{3,5},{4,2},{5,3},{6,6},{7,7}}",
-    "  %ags = (f32[2]{0}, f32[8]{0}) all-gather-start(%q), replica_groups={{0,1,2,3}}, "
-    "dimensions={0}",
-    "  %agd = f32[8]{0} all-gather-done(%ags)",
-    "  %not = f32[4] add(%all-reduce, %all-reduce)",
-    "}",
-])
-
-
-def test_parse_collectives_on_handwritten_hlo():
-    got = jb.parse_collectives(_HLO)
-    assert [(c.kind, c.bytes_per_device, c.group_size) for c in got] == [
-        ("all-reduce", 128, 2),
-        ("all-reduce", 16 * 4 + 6 * 2, 4),
-        ("all-gather", 16 * 32 * 4, 2),
-        ("all-gather", 16 * 64 * 4, 8),
-        ("reduce-scatter", 32, 8),
-        ("all-to-all", 32, 8),
-        ("collective-permute", 16 * 16 * 4, 4),
-        ("all-gather", 32, 4),
-    ]
-    assert got[0].op_name == "jit(f)/fc1.linear/dot_general" and got[0].instruction == "all-reduce"
-    assert got[1].op_name == ""
-    assert jb.collective_summary(got)["all-reduce"] == (2, 128 + 76)

@@ -23,7 +23,7 @@ documented in docs/verification.md), found by rules that read the HLO and the pl
 no rule explains is reported with cause "unexplained".
 
 Numerics are checked in float64 by default (`dtype="float32"` on request; see
-`shardplan.backends.verify_run`). The cost model prices the plan's own dtype (the zoo's float32:
+`shardplan.fidelity.run`). The cost model prices the plan's own dtype (the zoo's float32:
 4 bytes an element), and XLA does not partition every float64 program like its float32 twin
 (a max-pool's gradient is gathered whole in float64, computed in place in float32), so the
 collectives are always measured on the program compiled in the plan's dtype (`comm_dtype`:
@@ -43,16 +43,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from shardplan.backends.verify_causes import (
+from shardplan.errors import BackendError
+from shardplan.fidelity.causes import (
     CAUSES,
     MIN_BYTES,
-    NORM_KINDS,
     TOLERANCE,
     UNEXPLAINED,
     Difference,
 )
-from shardplan.backends.verify_explain import _Explainer
-from shardplan.backends.verify_hlo import (
+from shardplan.fidelity.explain import _Explainer
+from shardplan.fidelity.measure import (
     KINDS,
     MeasuredCollective,
     comm_dtype,
@@ -61,16 +61,13 @@ from shardplan.backends.verify_hlo import (
     plan_element_bytes,
     sent_bytes,
 )
-from shardplan.backends.verify_predict import (
-    PREDICTED_FIELD,
-    EdgePrediction,
+from shardplan.fidelity.predict import (
     OpPrediction,
     byte_options,
-    gradient_gather_shortfall,
     kind_bytes,
     predict_by_op,
 )
-from shardplan.backends.verify_run import (
+from shardplan.fidelity.run import (
     DTYPES,
     TOLERANCES,
     TensorError,
@@ -78,27 +75,16 @@ from shardplan.backends.verify_run import (
     check_dtype,
     compile_sharded,
     flatten_results,
-    plan_layouts,
     reference,
     relu_sign_flips,
     tensor_error,
     x64,
 )
-from shardplan.errors import BackendError
 from shardplan.plan import Plan
 
 DEFAULT_DTYPE = DTYPES[0]
 DEFAULT_RTOL, DEFAULT_ATOL = TOLERANCES[DEFAULT_DTYPE]
 
-# Names moved to verify_causes / verify_hlo / verify_predict / verify_run stay importable here.
-_REEXPORTED = (
-    NORM_KINDS,
-    PREDICTED_FIELD,
-    EdgePrediction,
-    gradient_gather_shortfall,
-    compile_sharded,
-    plan_layouts,
-)
 
 
 # -- comparison ----------------------------------------------------------------------------------
@@ -398,7 +384,7 @@ def verify_plan(
     """
     import time
 
-    from shardplan.backends import jax as jb
+    from shardplan.engines import jax as jb
 
     jb.jax_mesh(plan.mesh)  # BackendError early when there are too few devices
     default_rtol, default_atol = TOLERANCES[check_dtype(dtype)]

@@ -1,7 +1,7 @@
 """What a torch.distributed run measured: per-tensor errors, the per-plan `DistReport`, tolerances.
 
 A tensor matches when max|dist - single| <= rtol * max|single| + atol (`TOLERANCES`, a normwise
-criterion; see `shardplan.backends.torch_dist` for the numerics). Rank 0 builds the report as a
+criterion; see `shardplan.engines.torch_dist` for the numerics). Rank 0 builds the report as a
 dict (`DistReport.to_dict`, JSON across the process boundary); the parent turns it back into a
 `DistReport` with `_report_from_dict`.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardplan.backends.torch_exec import _require_torch
+from shardplan.engines.torch_exec import _require_torch
 
 RTOL = 1e-4
 ATOL = 1e-5

@@ -1,0 +1,123 @@
+"""Plans as JSON (schema "shardplan.plan/1"): `to_json` / `from_json` round-trip exactly.
+
+The graph, the mesh, the options and the strategies are stored; the cost is stored for readers
+and recomputed on load (`Plan.__post_init__` validates and scores). `op_rows` are the per-op
+display rows (strategy, MindSpore in_strategy, local operand shapes, output layout text) that the
+JSON and the CLI table share. O(|ops| * rounds * rank).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shardplan.cost import CostOptions, Optimizer, get_preset
+from shardplan.errors import PlanError
+from shardplan.exporters.mindspore import in_strategy
+from shardplan.ir.serialize import graph_from_dict, graph_to_dict
+from shardplan.mesh import Mesh
+from shardplan.plan import Plan
+from shardplan.sharding import layout_text, local_shape, operand_layout
+
+SCHEMA = "shardplan.plan/1"
+
+
+def op_rows(plan: Plan) -> list[dict[str, Any]]:
+    """One display row per op: strategy, MindSpore in_strategy, local shapes, output layout."""
+    rounds = plan.mesh.rounds
+    rows = []
+    costs = {c.name: c for c in (plan.cost.ops if plan.cost else ())}
+    for op in plan.graph.ops:
+        strategy = plan.strategies[op.name]
+        c = costs.get(op.name)
+        rows.append(
+            {
+                "name": op.name,
+                "kind": op.kind,
+                "layer": op.layer,
+                "strategy": [d for d in strategy],
+                "in_strategy": [list(s) for s in in_strategy(plan, op.name)],
+                "local_shapes": [
+                    list(
+                        local_shape(
+                            plan.graph.tensors[t].shape, operand_layout(op, strategy, i), rounds
+                        )
+                    )
+                    for i, t in enumerate(op.inputs)
+                ],
+                "output_layout": [
+                    layout_text(operand_layout(op, strategy, i, True))
+                    for i in range(len(op.outputs))
+                ],
+                "comm": (c.intra + c.redistribution) if c else 0.0,
+                "activation_bytes": c.activation_bytes if c else 0.0,
+            }
+        )
+    return rows
+
+
+def to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as a JSON-ready dict (schema SCHEMA)."""
+    return {
+        "schema": SCHEMA,
+        "model": plan.graph.name,
+        "mesh": plan.mesh.to_dict(),
+        "method": plan.method,
+        "status": plan.status,
+        "search_seconds": plan.search_seconds,
+        "options": {
+            "preset": plan.options.preset.name,
+            "train": plan.options.train,
+            "optimizer": plan.options.optimizer.value,
+            # precision only when set: plans of the graph's own widths keep their schema
+            **({"dtype": plan.options.precision.name} if plan.options.precision else {}),
+        },
+        "cost": plan.cost.to_dict() if plan.cost else None,
+        "notes": list(plan.notes),
+        "ops": op_rows(plan),
+        "param_layouts": {k: list(v) for k, v in plan.param_layouts.items()},
+        "graph": graph_to_dict(plan.graph),
+    }
+
+
+def to_json(plan: Plan, indent: int | None = None) -> str:
+    """The plan as JSON text; `from_json` reads it back exactly."""
+    return json.dumps(to_dict(plan), indent=indent)
+
+
+def from_json(text: str | dict[str, Any]) -> Plan:
+    """The Plan of JSON text (or its parsed dict); PlanError if it is not one."""
+    try:
+        data = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError as e:
+        raise PlanError(f"plan JSON does not parse: {e}") from e
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise PlanError(
+            f"not a shardplan plan (schema must be {SCHEMA!r}); "
+            "write plans with `shardplan plan --json FILE`"
+        )
+    try:
+        graph = graph_from_dict(data["graph"])
+        mesh = Mesh.from_dict(data["mesh"])
+        o = data["options"]
+        options = CostOptions.make(
+            get_preset(o["preset"]), bool(o["train"]), Optimizer(o["optimizer"]), o.get("dtype")
+        )
+        strategies = {row["name"]: tuple(row["strategy"]) for row in data["ops"]}
+        params = {k: tuple(v) for k, v in data.get("param_layouts", {}).items()}
+        return Plan(
+            graph,
+            mesh,
+            strategies,
+            str(data["method"]),
+            options,
+            float(data["search_seconds"]),
+            params,
+            str(data.get("status", "ok")),
+            tuple(data.get("notes", ())),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise PlanError(f"plan JSON is malformed: {e!r}") from e
+
+
+__all__ = ["SCHEMA", "from_json", "op_rows", "to_dict", "to_json"]
