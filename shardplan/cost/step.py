@@ -97,6 +97,7 @@ class StageProfile:
     selective_bytes: float
     selective_peak_bytes: float
     selective_s: float
+    selective_flops: float
     checkpoint_bytes: float
     segment_peak_bytes: float
     params: tuple[ParamGroup, ...]
@@ -136,7 +137,7 @@ def profile_stage(
 
     outputs = sum(local(n) for n in out_layout)
     op_compute = {o.name: o.compute / factor for o in cost.ops}
-    sel_bytes = sel_peak = sel_s = ckpt = seg_peak = 0.0
+    sel_bytes = sel_peak = sel_s = sel_flops = ckpt = seg_peak = 0.0
     segs = segments(graph)
     for k, seg in enumerate(segs):
         ops = graph.ops[seg.start : seg.stop]
@@ -160,7 +161,9 @@ def profile_stage(
         seg_bytes = sum(local(n) for _, n in dropped)
         sel_bytes += seg_bytes
         sel_peak = max(sel_peak, seg_bytes)
-        sel_s += sum(op_compute[op.name] for op in {op.name: op for op, _ in dropped}.values())
+        producers = {op.name: op for op, _ in dropped}.values()
+        sel_s += sum(op_compute[op.name] for op in producers)
+        sel_flops += sum(op.flops for op in producers)
     groups: dict[tuple[int, ...], list[float]] = {}
     for name, layout in param_homes(graph, strategies, param_layouts).items():
         t = graph.tensors[name]
@@ -195,6 +198,7 @@ def profile_stage(
         selective_bytes=sel_bytes,
         selective_peak_bytes=sel_peak,
         selective_s=sel_s,
+        selective_flops=sel_flops,
         checkpoint_bytes=ckpt,
         segment_peak_bytes=seg_peak,
         params=params,
@@ -348,15 +352,14 @@ def step_cost(
     step = pipeline + sync
     model_flops = 3.0 * m * sum(p.flops for p in profiles)
     recompute_flops = m * sum(
-        p.flops if lv.recompute is Recompute.FULL else 0.0
+        p.flops
+        if lv.recompute is Recompute.FULL
+        else p.selective_flops
+        if lv.recompute is Recompute.SELECTIVE
+        else 0.0
         for p, lv in zip(profiles, levers, strict=True)
     )
-    selective = m * sum(
-        s.recompute_s * pipe.peak_flops_per_s * _devices_per_stage(pipe, n_stages)
-        for s, lv in zip(stages, levers, strict=True)
-        if lv.recompute is Recompute.SELECTIVE
-    )
-    hardware = model_flops + recompute_flops + selective
+    hardware = model_flops + recompute_flops
     per_device = model_flops / step / pipe.devices
     return StepCost(
         step_s=step,
@@ -375,7 +378,3 @@ def step_cost(
         hardware_tflops_per_device=hardware / step / pipe.devices / 1e12,
         peak_fraction=per_device / pipe.peak_flops_per_s,
     )
-
-
-def _devices_per_stage(pipe: Pipeline, n_stages: int) -> int:
-    return pipe.devices // n_stages

@@ -231,65 +231,65 @@ def plan_training(
     leanest: tuple[float, str] | None = None
     tried = 0
     built: dict[int, Graph | None] = {}
+    # candidates in order of their bound; stop at the first that cannot beat the best found
     for bound, n_stages, m, starts in sorted(candidates, key=lambda c: (c[0], c[1], c[2])):
-        if True:  # candidates in order of their bound; stop at the first that cannot win
-            smesh = stage_mesh(mesh, n_stages)
-            if best is not None and best.step is not None and bound >= best.step.step_s:
-                say(f"  the remaining candidates cannot beat {best.step.step_s:.4g} s (bound)")
+        smesh = stage_mesh(mesh, n_stages)
+        if best is not None and best.step is not None and bound >= best.step.step_s:
+            say(f"  the remaining candidates cannot beat {best.step.step_s:.4g} s (bound)")
+            break
+        tried += 1
+        if m not in built:
+            built[m] = build(batch // m)
+        graph = built[m]
+        if graph is None:
+            say(f"  m={m}: the model cannot be rebuilt at micro-batch {batch // m}; skipped")
+            continue
+        gsegs = segments(graph)
+        bounds = [gsegs[i].start for i in starts] + [len(graph.ops)]
+        plans, profiles, levers = [], [], []
+        for s in range(n_stages):
+            sub = subgraph(graph, bounds[s], bounds[s + 1], f"{graph.name}.stage{s}")
+            in_flight = min(n_stages - s, m)
+            options = []
+            for plan, prof in stage_planner.stage(sub, smesh):
+                chosen = choose_levers(prof, m, in_flight, m + n_stages - 1, budget)
+                if chosen is not None:
+                    options.append((chosen[0], len(options), plan, prof, chosen[1]))
+                else:
+                    need = min(stage_cost(prof, x, m, in_flight).memory_bytes for x in LEVERS)
+                    if leanest is None or need < leanest[0]:
+                        leanest = (need, f"S={n_stages} m={m} stage {s}")
+            if not options:
                 break
-            tried += 1
-            if m not in built:
-                built[m] = build(batch // m)
-            graph = built[m]
-            if graph is None:
-                say(f"  m={m}: the model cannot be rebuilt at micro-batch {batch // m}; skipped")
-                continue
-            gsegs = segments(graph)
-            bounds = [gsegs[i].start for i in starts] + [len(graph.ops)]
-            plans, profiles, levers = [], [], []
-            for s in range(n_stages):
-                sub = subgraph(graph, bounds[s], bounds[s + 1], f"{graph.name}.stage{s}")
-                in_flight = min(n_stages - s, m)
-                options = []
-                for plan, prof in stage_planner.stage(sub, smesh):
-                    chosen = choose_levers(prof, m, in_flight, m + n_stages - 1, budget)
-                    if chosen is not None:
-                        options.append((chosen[0], len(options), plan, prof, chosen[1]))
-                    else:
-                        need = min(stage_cost(prof, x, m, in_flight).memory_bytes for x in LEVERS)
-                        if leanest is None or need < leanest[0]:
-                            leanest = (need, f"S={n_stages} m={m} stage {s}")
-                if not options:
-                    break
-                _, _, plan, prof, lv = min(options, key=lambda o: (o[0], o[1]))
-                plans.append(plan)
-                profiles.append(prof)
-                levers.append(lv)
-            label = f"S={n_stages} m={m} (micro-batch {batch // m})"
-            elapsed = time.perf_counter() - start
-            if len(levers) < n_stages:
-                say(f"  {label}: does not fit ({elapsed:.1f} s)")
-                continue
-            tokens = _tokens_per_sample(probe, batch)
-            step = step_cost(profiles, levers, m, pipeline_of(plans, mesh, batch, tokens))
-            tp = TrainingPlan(
-                probe.name,
-                mesh,
-                batch,
-                m,
-                tuple(Stage(p, lv) for p, lv in zip(plans, levers, strict=True)),
-                "drec",
-                tokens,
-                step=step,
-            )
-            assert tp.step is not None
-            say(
-                f"  {label}: step {tp.step.step_s:.4g} s, "
-                f"{tp.step.memory_per_device / 1e9:.3g} GB/device, "
-                f"{stage_planner.runs} D-Rec runs so far ({elapsed:.1f} s)"
-            )
-            if best is None or _better(tp, best):
-                best = tp
+            _, _, plan, prof, lv = min(options, key=lambda o: (o[0], o[1]))
+            plans.append(plan)
+            profiles.append(prof)
+            levers.append(lv)
+        label = f"S={n_stages} m={m} (micro-batch {batch // m})"
+        elapsed = time.perf_counter() - start
+        if len(levers) < n_stages:
+            say(f"  {label}: does not fit ({elapsed:.1f} s)")
+            continue
+        tokens = _tokens_per_sample(probe, batch)
+        step = step_cost(profiles, levers, m, pipeline_of(plans, mesh, batch, tokens))
+        tp = TrainingPlan(
+            probe.name,
+            mesh,
+            batch,
+            m,
+            tuple(Stage(p, lv) for p, lv in zip(plans, levers, strict=True)),
+            "drec",
+            tokens,
+            step=step,
+        )
+        assert tp.step is not None
+        say(
+            f"  {label}: step {tp.step.step_s:.4g} s, "
+            f"{tp.step.memory_per_device / 1e9:.3g} GB/device, "
+            f"{stage_planner.runs} D-Rec runs so far ({elapsed:.1f} s)"
+        )
+        if best is None or _better(tp, best):
+            best = tp
     if best is None:
         detail = f"; the leanest ({leanest[1]}) needs {leanest[0] / 1e9:.3g} GB" if leanest else ""
         raise InfeasibleError(

@@ -158,3 +158,23 @@ def test_peak_rates_follow_the_datasheets():
         peak_flops("ascend910", "bf16")
     with pytest.raises(MeshError, match="unknown dtype"):
         peak_flops("a100", "fp8")
+
+
+def test_selective_recomputation_drops_the_attention_scores():
+    # seq 32 > hidden 64 / heads 4 ... the scores [b h s t] = 4*4*32*32 = 16384 elements outgrow
+    # every parameter op's result in the attention half-layer (4*32*64 = 8192): the scores, their
+    # scaling, the mask add and the softmax (4 tensors per layer, 2 layers) are dropped
+    from shardplan import zoo
+
+    g = zoo.build("gpt2-small", small=True, seq=32, max_positions=32)
+    mesh = Mesh((1,), flops_per_s=RATE)
+    prof = profile_stage(g, mesh, {op.name: () for op in g.ops}, CostOptions.make(dtype="bf16"))
+    assert prof.selective_bytes == 2 * 4 * (4 * 4 * 32 * 32) * 2
+    scores_flops = 2 * 4 * 4 * 32 * 32 * 16  # q k^T: 2 b h s t d
+    assert prof.selective_flops >= 2 * scores_flops
+    none = stage_cost(prof, Levers(Recompute.NONE), 1, 1)
+    sel = stage_cost(prof, Levers(Recompute.SELECTIVE), 1, 1)
+    full = stage_cost(prof, Levers(Recompute.FULL), 1, 1)
+    assert sel.recompute_s == pytest.approx(prof.selective_flops / RATE)
+    assert 0 < sel.recompute_s < full.recompute_s
+    assert sel.activation_bytes < none.activation_bytes
