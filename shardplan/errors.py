@@ -1,8 +1,9 @@
 """Typed errors of shardplan: every message names the object at fault and says what to do.
 
-Hierarchy: ShardplanError > {IRError > (SignatureError, ShapeError, CycleError),
+Hierarchy: ShardplanError > {ArgumentError, IRError > (SignatureError, ShapeError, CycleError),
 MeshError, PlanError, InfeasibleError, UnsupportedOpError, UnknownModelError,
-MissingDependencyError, SolverError, BackendError}. The CLI maps each class to an exit code.
+MissingDependencyError, SolverError, BackendError}. The CLI maps each class to an exit code
+(docs/errors.md lists them).
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ class ShardplanError(Exception):
     """Base class of every error shardplan raises on purpose."""
 
     exit_code = 1
+
+
+class ArgumentError(ShardplanError):
+    """An argument of a public function or CLI flag has the wrong type or value (named)."""
+
+    exit_code = 2
 
 
 class IRError(ShardplanError):

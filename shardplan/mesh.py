@@ -1,73 +1,24 @@
-"""The device mesh: axes (outermost = slowest link first), their bandwidths, memory and FLOP rate.
+"""The device mesh: axes (outermost = slowest link first), their prime rounds, and a machine.
+
+Shape, axis names and rounds are the mesh's own; bandwidth per axis, FLOP rate and memory come
+from a machine preset (`shardplan.hardware`: `DEFAULT_MACHINE` unless one is named) and are kept
+on the Mesh so the cost model reads one value. `rounds` is computed once per Mesh.
 
 Each axis of size n is factored into prime rounds in ascending order (8 -> 2,2,2; 6 -> 2,3;
 12 -> 2,2,3), outer axes first. A round splits every device group into q parts over that
-axis's links; the search makes one
-cut per operator per round. Parsing and factoring are O(log n) per axis.
+axis's links; the search makes one cut per operator per round. A mesh has at most
+`checks.MAX_DEVICES` (2**20) devices, so trial division factors any axis in at most 2**10 steps;
+parsing is linear in the text.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from shardplan.errors import MeshError
-
-
-@dataclass(frozen=True, slots=True)
-class Machine:
-    """A datasheet-style preset: link bandwidths (bytes/s per device), HBM bytes, FLOP/s."""
-
-    name: str
-    intra_node_bytes_per_s: float
-    inter_node_bytes_per_s: float
-    memory_bytes: float
-    flops_per_s: float
-    devices_per_node: int
-    description: str
-
-
-MACHINES: dict[str, Machine] = {
-    m.name: m
-    for m in (
-        Machine(
-            "a100",
-            300e9,
-            25e9,
-            80e9,
-            312e12,
-            8,
-            "8x A100-80GB per node, NVLink3 300 GB/s per direction, 200 Gb/s IB per GPU",
-        ),
-        Machine(
-            "h100",
-            450e9,
-            50e9,
-            80e9,
-            989e12,
-            8,
-            "8x H100-80GB per node, NVLink4 450 GB/s per direction, 400 Gb/s IB per GPU",
-        ),
-        Machine(
-            "ascend910",
-            56e9,
-            12.5e9,
-            32e9,
-            256e12,
-            8,
-            "8x Ascend 910 per node, HCCS 56 GB/s, 100 Gb/s RoCE per NPU",
-        ),
-        Machine(
-            "uniform",
-            1e9,
-            1e9,
-            80e9,
-            1e12,
-            1 << 30,
-            "every link alike (1 GB/s) — pure communication-volume comparisons",
-        ),
-    )
-}
+from shardplan import checks
+from shardplan.errors import ArgumentError, MeshError
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES, get_machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +30,23 @@ class Round:
     axis_name: str
     q: int
     bandwidth_bytes_per_s: float
+
+
+def _sequence(x: object, what: str) -> tuple[object, ...]:
+    """A tuple or list as a tuple (None and () mean "the default"); anything else a MeshError."""
+    if x is None:
+        return ()
+    if not isinstance(x, (tuple, list)):
+        raise MeshError(f"{what} must be a tuple (one entry per mesh axis), got {x!r}")
+    return tuple(x)
+
+
+def _positive(x: object) -> bool:
+    """A positive finite number (not a bool): bandwidths, FLOP rates and budgets."""
+    try:
+        return checks.finite_number(x, "value") > 0
+    except ArgumentError:
+        return False
 
 
 def _prime_factors(n: int) -> list[int]:
@@ -105,30 +73,34 @@ class Mesh:
     names: tuple[str, ...] = ()
     bandwidth_bytes_per_s: tuple[float, ...] = ()
     memory_bytes: float | None = None
-    flops_per_s: float = 312e12
-    machine: str = "a100"
+    flops_per_s: float = MACHINES[DEFAULT_MACHINE].flops_per_s
+    machine: str = DEFAULT_MACHINE
+    _rounds: tuple[Round, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        shape = tuple(int(s) for s in self.shape)
-        if not shape:
-            raise MeshError("a mesh needs at least one axis, e.g. '8' or '2x8'")
-        if any(s < 1 for s in shape):
-            raise MeshError(f"mesh axis sizes must be >= 1, got {shape}")
+        shape = checks.mesh_shape(self.shape)  # no coercion: Mesh('16') and Mesh((2.5,)) fail
         object.__setattr__(self, "shape", shape)
-        names = self.names or default_names(len(shape))
-        if len(names) != len(shape) or len(set(names)) != len(names):
+        names = _sequence(self.names, "mesh axis names") or default_names(len(shape))
+        if (
+            len(names) != len(shape)
+            or len(set(names)) != len(names)
+            or not all(isinstance(n, str) and n for n in names)
+        ):
             raise MeshError(f"mesh axis names {names} must be unique, one per axis of {shape}")
-        object.__setattr__(self, "names", tuple(names))
-        if self.machine not in MACHINES:
+        object.__setattr__(self, "names", names)
+        if not isinstance(self.machine, str) or self.machine not in MACHINES:
             raise MeshError(f"unknown machine {self.machine!r}; choose one of {sorted(MACHINES)}")
-        bw = self.bandwidth_bytes_per_s or default_bandwidths(shape, MACHINES[self.machine])
-        if len(bw) != len(shape) or any(b <= 0 for b in bw):
+        bw = _sequence(self.bandwidth_bytes_per_s, "mesh bandwidths") or get_machine(
+            self.machine
+        ).link_bandwidths(shape)
+        if len(bw) != len(shape) or not all(_positive(b) for b in bw):
             raise MeshError(f"need one positive bandwidth per mesh axis {shape}, got {bw}")
         object.__setattr__(self, "bandwidth_bytes_per_s", tuple(float(b) for b in bw))
-        if self.memory_bytes is not None and self.memory_bytes <= 0:
+        if self.memory_bytes is not None and not _positive(self.memory_bytes):
             raise MeshError(f"per-device memory must be positive, got {self.memory_bytes}")
-        if self.flops_per_s <= 0:
+        if not _positive(self.flops_per_s):
             raise MeshError(f"FLOP rate must be positive, got {self.flops_per_s}")
+        object.__setattr__(self, "_rounds", self._make_rounds())  # once: the search reads it often
 
     @property
     def size(self) -> int:
@@ -139,6 +111,9 @@ class Mesh:
 
     @property
     def rounds(self) -> tuple[Round, ...]:
+        return self._rounds
+
+    def _make_rounds(self) -> tuple[Round, ...]:
         out: list[Round] = []
         for axis, n in enumerate(self.shape):
             for q in _prime_factors(n):
@@ -172,10 +147,10 @@ class Mesh:
                 tuple(data["bandwidth_bytes_per_s"]),  # type: ignore[arg-type]
                 data.get("memory_bytes"),
                 float(data["flops_per_s"]),  # type: ignore
-                str(data.get("machine", "a100")),
+                str(data.get("machine", DEFAULT_MACHINE)),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise MeshError(f"mesh JSON {data!r} is malformed: {e}") from e
+            raise MeshError(f"mesh JSON {repr(data)[:200]} is malformed: {e}") from e
 
 
 def default_names(rank: int) -> tuple[str, ...]:
@@ -186,74 +161,44 @@ def default_names(rank: int) -> tuple[str, ...]:
     return tuple(f"axis{i}" for i in range(rank))
 
 
-def default_bandwidths(shape: tuple[int, ...], machine: Machine) -> tuple[float, ...]:
-    """Innermost axis gets intra-node links when it fits in a node; every outer axis inter-node."""
-    inner = (
-        machine.intra_node_bytes_per_s
-        if shape[-1] <= machine.devices_per_node
-        else (machine.inter_node_bytes_per_s)
-    )
-    return tuple([machine.inter_node_bytes_per_s] * (len(shape) - 1) + [inner])
-
-
 _MESH_TEXT = re.compile(r"^\s*\d+(\s*[x×*,]\s*\d+)*\s*$")
 
 
 def parse_mesh(
     text: str | int | Mesh,
-    machine: str = "a100",
+    machine: str = DEFAULT_MACHINE,
     memory_bytes: float | None = None,
     names: tuple[str, ...] = (),
 ) -> Mesh:
-    """Parse `"8"`, `"2x8"`, `"4x8"`, `"3x4"` (also `4,8`) into a Mesh with `machine`'s constants.
+    """Parse `"8"`, `"2x8"`, `"4x8"`, `"3x4"` (also `4,8`) into a Mesh with `machine`'s constants
+    (`hardware.DEFAULT_MACHINE`, "a100", unless named). A Mesh is returned as it is.
 
     A single axis larger than the machine's node (e.g. 1024 GPUs) is read as a flat axis of
     inter-node links.
     """
     if isinstance(text, Mesh):
         return text
-    if machine not in MACHINES:
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise MeshError(
+            f"mesh must be a Mesh, a whole number of devices or text like '2x8', got {text!r} "
+            f"({type(text).__name__})"
+        )
+    if not isinstance(machine, str) or machine not in MACHINES:
         raise MeshError(f"unknown machine {machine!r}; choose one of {sorted(MACHINES)}")
-    spec = MACHINES[machine]
+    spec = get_machine(machine)
     raw = str(text)
-    if not _MESH_TEXT.match(raw):
-        raise MeshError(f"cannot parse mesh {raw!r}; write axis sizes like '8', '2x8' or '4x8'")
+    if len(raw) > 100 or not _MESH_TEXT.match(raw):
+        raise MeshError(
+            f"cannot parse mesh {raw[:50]!r}; write axis sizes like '8', '2x8' or '4x8'"
+        )
     shape = tuple(int(s) for s in re.split(r"[x×*,]", raw.replace(" ", "")))
     if any(s < 1 for s in shape):
         raise MeshError(f"mesh {raw!r}: every axis size must be >= 1")
-    return Mesh(
-        shape, names, default_bandwidths(shape, spec), memory_bytes, spec.flops_per_s, machine
-    )
-
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+    shape = checks.mesh_shape(shape, f"mesh {raw!r}")
+    return Mesh(shape, names, spec.link_bandwidths(shape), memory_bytes, spec.flops_per_s, machine)
 
 
 def parse_bytes(text: str | float | int) -> float:
-    """Parse `80GB`, `16GiB`, `512MB` or a plain number of bytes."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = _SIZE.match(text)
-    if not m:
-        raise MeshError(f"cannot parse memory size {text!r}; write e.g. '80GB' or '16GiB'")
-    value, unit = float(m.group(1)), (m.group(2) or "B").upper()
-    scale = {
-        "B": 1,
-        "K": 1e3,
-        "KB": 1e3,
-        "M": 1e6,
-        "MB": 1e6,
-        "G": 1e9,
-        "GB": 1e9,
-        "T": 1e12,
-        "TB": 1e12,
-        "KIB": 2**10,
-        "MIB": 2**20,
-        "GIB": 2**30,
-        "TIB": 2**40,
-        "KI": 2**10,
-        "MI": 2**20,
-        "GI": 2**30,
-        "TI": 2**40,
-    }[unit]
-    return value * scale
+    """Parse `80GB`, `16GiB`, `512MB`, `100B` or a positive number of bytes (see
+    `checks.memory_bytes`: text needs a unit, NaN / infinity / <= 0 are refused)."""
+    return checks.memory_bytes(text)

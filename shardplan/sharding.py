@@ -4,11 +4,18 @@ A strategy gives, for each round of the mesh, the loop dim an operator cuts q wa
 replicate). From it follow, per round, every operand's layout: split along tensor dim j (the loop
 dim is the major loop dim of j's group), REPLICATED (the loop dim does not index the tensor), or
 PARTIAL (a REDUCE loop dim left the result as partial sums). All functions are O(rounds * rank).
+
+Layouts are tuples of ints because the cost model and D-Rec read them in hot loops. Wherever a
+layout leaves the core (tables, JSON, DTensor, verification) it becomes `Placement` values,
+which print themselves DTensor-style: `S(d)` split on tensor dim d, `R` replicated, `P(sum)` /
+`P(max)` partial results (`placements(layout, reducers)`; `Placement.parse` reads them back).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
@@ -58,6 +65,13 @@ def cut_problem(op: Op, loop_dim: str, local_extent: int, q: int) -> str | None:
         return f"loop dim {loop_dim!r} is FROZEN"
     if local_extent % q:
         return f"local extent {local_extent} of {loop_dim!r} is not divisible by {q}"
+    # The one window rule: a WINDOW cut also splits the (larger) input dim, so it must divide it.
+    parts = dim.extent // max(local_extent, 1) * q
+    if dim.span and dim.span % parts:
+        return (
+            f"WINDOW loop dim {loop_dim!r} splits an input dim of size {dim.span}, "
+            f"which is not divisible into {parts} parts"
+        )
     for dims in (*op.signature.inputs, *op.signature.outputs):
         for group in dims:
             if loop_dim in group[1:]:
@@ -117,6 +131,104 @@ def in_strategy(
     )
 
 
-def layout_text(layout: Layout) -> str:
-    """Per round: `S(j)`, `R` or `P`, e.g. `S(0) S(0) R`."""
-    return " ".join("R" if s == REPLICATED else "P" if s == PARTIAL else f"S({s})" for s in layout)
+# -- placements: a layout entry as a value that prints itself ---------------------------------
+
+_PLACEMENT_TEXT = re.compile(r"^(?:S\((\d+)\)|R|P(?:\((sum|max|min)\))?)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One round of a tensor's layout: `Placement.shard(d)`, `Placement.replicate()` or
+    `Placement.partial("sum" | "max" | "min")`; `str()` gives `S(d)`, `R`, `P(sum)`."""
+
+    dim: int | None = None
+    reducer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dim is not None and (self.dim < 0 or self.reducer is not None):
+            raise PlanError(f"a shard placement needs a tensor dim >= 0, got {self!r}")
+        if self.reducer is not None and self.reducer not in ("sum", "max", "min"):
+            raise PlanError(f"partial placement reducer must be sum, max or min: {self.reducer!r}")
+
+    @classmethod
+    def shard(cls, dim: int) -> Placement:
+        return cls(dim=dim)
+
+    @classmethod
+    def replicate(cls) -> Placement:
+        return cls()
+
+    @classmethod
+    def partial(cls, reducer: str = "sum") -> Placement:
+        return cls(reducer=reducer)
+
+    @property
+    def is_shard(self) -> bool:
+        return self.dim is not None
+
+    @property
+    def is_partial(self) -> bool:
+        return self.reducer is not None
+
+    @property
+    def is_replicate(self) -> bool:
+        return self.dim is None and self.reducer is None
+
+    def __str__(self) -> str:
+        if self.dim is not None:
+            return f"S({self.dim})"
+        return f"P({self.reducer})" if self.reducer is not None else "R"
+
+    @classmethod
+    def parse(cls, text: str) -> Placement:
+        """`S(d)`, `R`, `P` (= `P(sum)`), `P(sum)`, `P(max)` or `P(min)` -> Placement."""
+        m = _PLACEMENT_TEXT.match(text.strip())
+        if m is None:
+            raise PlanError(f"{text!r} is not a placement; write S(d), R, P(sum) or P(max)")
+        if m.group(1) is not None:
+            return cls.shard(int(m.group(1)))
+        return cls.replicate() if text.strip() == "R" else cls.partial(m.group(2) or "sum")
+
+    @classmethod
+    def of(cls, entry: int, reducer: str | None = None) -> Placement:
+        """The placement of one layout entry (a tensor dim, REPLICATED or PARTIAL)."""
+        if entry >= 0:
+            return cls.shard(entry)
+        if entry == REPLICATED:
+            return cls.replicate()
+        if entry == PARTIAL:
+            return cls.partial(reducer or "sum")
+        raise PlanError(f"layout entry {entry} is not a tensor dim, REPLICATED or PARTIAL")
+
+
+def placements(
+    layout: Layout, reducers: Sequence[str | None] | None = None
+) -> tuple[Placement, ...]:
+    """A Layout as one Placement per round; `reducers[r]` names round r's partial reducer."""
+    return tuple(
+        Placement.of(s, reducers[r] if reducers is not None else None) for r, s in enumerate(layout)
+    )
+
+
+def partial_reducers(op: Op, strategy: Strategy, position: int = 0) -> tuple[str | None, ...]:
+    """Per round: the reducer (`"sum"`, `"max"`, ...) of result `position` where it is PARTIAL."""
+    layout = operand_layout(op, strategy, position, True)
+    out: list[str | None] = []
+    for cut, s in zip(strategy, layout, strict=True):
+        if s == PARTIAL and cut is not None:
+            reducer = op.signature.loop_dim(cut).reducer
+            out.append(reducer.value if reducer is not None else "sum")
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def output_placements(op: Op, strategy: Strategy, position: int = 0) -> tuple[Placement, ...]:
+    """The placements result `position` of `op` leaves under `strategy` (partials with reducer)."""
+    layout = operand_layout(op, strategy, position, True)
+    return placements(layout, partial_reducers(op, strategy, position))
+
+
+def layout_text(layout: Layout, reducers: Sequence[str | None] | None = None) -> str:
+    """Per round, space-separated: e.g. `S(0) S(0) R`, `S(0) P(sum)`."""
+    return " ".join(str(p) for p in placements(layout, reducers))

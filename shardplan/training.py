@@ -22,10 +22,10 @@ from shardplan.cost.step import (
     step_cost,
 )
 from shardplan.errors import PlanError
+from shardplan.hardware import peak_flops
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
-from shardplan.precision import peak_flops
+from shardplan.plans import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ def pipeline_of(stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sampl
             shared += coll.all_reduce_s(nbytes, len(where), bw)
     first = stages[0]
     precision = first.options.precision
-    peak = peak_flops(mesh.machine, precision) if precision is not None else mesh.flops_per_s
+    peak = peak_flops(mesh.machine, precision.name) if precision is not None else mesh.flops_per_s
     return Pipeline(tuple(p2p), bw, shared, devices, batch, tokens_per_sample, peak)
 
 

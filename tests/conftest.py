@@ -20,6 +20,22 @@ if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} {_FLAG}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+try:  # hypothesis profiles (registered here, before the plugin reads --hypothesis-profile)
+    from hypothesis import HealthCheck, settings
+
+    _slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    # CI: fixed examples (derandomize), few enough that tests/properties stays within ~60 s
+    settings.register_profile(
+        "ci", derandomize=True, deadline=None, max_examples=25, suppress_health_check=_slow
+    )
+    # local: `pytest tests/properties --hypothesis-profile=long` (>= 20,000 examples in all)
+    settings.register_profile(
+        "long", derandomize=False, deadline=None, max_examples=2500, suppress_health_check=_slow
+    )
+    settings.load_profile("ci")
+except ImportError:  # pragma: no cover - hypothesis is a test extra
+    pass
+
 
 @pytest.fixture(scope="session")
 def devices8() -> int:

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from shardplan.errors import MeshError
-from shardplan.mesh import MACHINES, Mesh, parse_bytes, parse_mesh
+from shardplan.hardware import MACHINES
+from shardplan.mesh import Mesh, parse_bytes, parse_mesh
 
 A100 = MACHINES["a100"]
 INTER, INTRA = A100.inter_node_bytes_per_s, A100.intra_node_bytes_per_s
@@ -142,7 +143,6 @@ def test_mesh_with_unknown_machine_is_a_mesh_error():
         ("64 KiB", 64 * 2**10),
         ("80gb", 80e9),
         ("4G", 4e9),
-        ("1024", 1024.0),
         ("100B", 100.0),
         (2e9, 2e9),
         (123, 123.0),
@@ -152,7 +152,7 @@ def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "GB", "-1GB", "80XB", "eighty"])
+@pytest.mark.parametrize("text", ["", "GB", "-1GB", "80XB", "eighty", "nanGB"])
 def test_bad_byte_sizes(text):
     with pytest.raises(MeshError, match=f"cannot parse memory size '{text}'"):
         parse_bytes(text)

@@ -13,14 +13,34 @@ import shardplan
 
 ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
-    "version": 0, "errors": 0, "ir": 1, "hardware": 2, "mesh": 2, "precision": 2, "zoo": 2,
-    "sharding": 3, "cost": 4, "problem": 5, "plan": 5, "training": 5.5, "search": 6,
-    "importers": 7, "exporters": 7,
-    "engines": 8, "fidelity": 9, "cli": 10, "__init__": 11, "__main__": 11,
+    "version": 0,
+    "errors": 0,
+    "checks": 0.5,
+    "ir": 1,
+    "precision": 1,
+    "hardware": 2,
+    "zoo": 2,
+    "mesh": 3,
+    "sharding": 4,
+    "cost": 5,
+    "problem": 6,
+    "plans": 6,
+    "training": 6.5,
+    "search": 7,
+    "importers": 8,
+    "exporters": 8,
+    "engines": 9,
+    "fidelity": 10,
+    "torch": 10.5,
+    "jax": 10.5,
+    "cli": 11,
+    "__init__": 12,
+    "__main__": 12,
 }
-"""errors -> ir -> hardware/mesh/precision -> sharding -> cost -> problem/plan -> training (a
-training step's stage plans) -> search ->
-importers/exporters -> engines -> fidelity -> cli (docs/architecture.md). A module may import
+"""errors -> checks -> ir/precision -> hardware/mesh -> sharding -> cost -> problem/plans ->
+training (a training step's stage plans) -> search ->
+importers/exporters -> engines -> fidelity -> torch/jax (the user-facing engines: they use
+fidelity's predictions in their checks) -> cli (docs/architecture.md). A module may import
 its own package and strictly lower layers."""
 
 
@@ -68,8 +88,10 @@ def layering_problems(root: Path) -> list[str]:
             if _top(target) not in LAYERS:
                 problems.append(f"{where} imports {target}, which has no layer in LAYERS")
             elif LAYERS[_top(target)] >= LAYERS[_top(own)]:
-                problems.append(f"{where} imports {target} (layer {LAYERS[_top(target)]}) from "
-                                f"layer {LAYERS[_top(own)]}: imports must go down")
+                problems.append(
+                    f"{where} imports {target} (layer {LAYERS[_top(target)]}) from "
+                    f"layer {LAYERS[_top(own)]}: imports must go down"
+                )
             private = [p for p in (*target.split("."), *names) if _is_private(p)]
             if private:
                 problems.append(f"{where} reaches into private {private} of {target}")
@@ -77,8 +99,10 @@ def layering_problems(root: Path) -> list[str]:
 
 
 def test_core_import_is_framework_free():
-    code = ("import sys, shardplan, shardplan.search, shardplan.cli.main; "
-            "print([m for m in ('torch', 'jax', 'onnx', 'matplotlib') if m in sys.modules])")
+    code = (
+        "import sys, shardplan, shardplan.search, shardplan.cli.main; "
+        "print([m for m in ('torch', 'jax', 'onnx', 'matplotlib') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -103,34 +127,118 @@ def _write(root: Path, files: dict[str, str]) -> None:
     ("files", "expected"),
     [
         # an upward import hidden inside a function (the old check only saw module level)
-        ({"ir/graph.py": "def f():\n    from shardplan.search import plan\n"},
-         "ir.graph:2 imports search"),
-        ({"plan.py": "import shardplan.engines.jax\n"}, "plan:1 imports engines.jax"),
+        (
+            {"ir/graph.py": "def f():\n    from shardplan.search import plan\n"},
+            "ir.graph:2 imports search",
+        ),
+        ({"plans.py": "import shardplan.engines.jax\n"}, "plans:1 imports engines.jax"),
         ({"mesh.py": "from shardplan import cli\n"}, "mesh:1 imports cli"),
         # same layer is not "down"
-        ({"importers/x.py": "from shardplan.exporters.dtensor import placements\n"},
-         "importers.x:1 imports exporters.dtensor"),
+        (
+            {"importers/x.py": "from shardplan.exporters.dtensor import placements\n"},
+            "importers.x:1 imports exporters.dtensor",
+        ),
         # private names / modules of another package
-        ({"engines/x.py": "from shardplan.importers.jaxpr import _leaf_names\n"},
-         "engines.x:1 reaches into private ['_leaf_names']"),
-        ({"cli/x.py": "def f():\n    from shardplan.importers._build import Lazy\n"},
-         "cli.x:2 reaches into private ['_build']"),
+        (
+            {"engines/x.py": "from shardplan.importers.jaxpr import _leaf_names\n"},
+            "engines.x:1 reaches into private ['_leaf_names']",
+        ),
+        (
+            {"cli/x.py": "def f():\n    from shardplan.importers._build import Lazy\n"},
+            "cli.x:2 reaches into private ['_build']",
+        ),
     ],
 )
 def test_layering_check_catches_planted_violations(tmp_path, files, expected):
-    _write(tmp_path, {"ir/__init__.py": "", "ir/ok.py": "from shardplan.errors import IRError\n",
-                      "search/ok.py": "from shardplan.search.api import plan\n", **files})
+    _write(
+        tmp_path,
+        {
+            "ir/__init__.py": "",
+            "ir/ok.py": "from shardplan.errors import IRError\n",
+            "search/ok.py": "from shardplan.search.api import plan\n",
+            **files,
+        },
+    )
     problems = layering_problems(tmp_path)
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
 
-OVER_600 = {"search/space.py": 650, "importers/_aten.py": 700}
+# -- no branches on op-kind names outside the catalogue ----------------------------------------
+
+KIND_BRANCHES_ALLOWED = ("ir", "importers")
+"""Where op kinds may be named in comparisons: the catalogue and the importers' translation.
+Engines name kinds only as the keys of their ONE kernel table (dict keys are not branches)."""
+
+
+def _op_kinds() -> set[str]:
+    from shardplan.ir.catalogue import CATALOGUE
+
+    return set(CATALOGUE) | {"opaque"}
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for e in node.elts for s in _strings(e)]
+    return []
+
+
+def _names_kind(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "kind") or (
+        isinstance(node, ast.Name) and node.id in ("kind", "op_kind")
+    )
+
+
+def kind_branches(source: str, kinds: set[str]) -> list[int]:
+    """Lines that compare an op's kind (`x.kind` / `kind`) with op-kind names, or that define a
+    tuple/set of op-kind names (`NORM_KINDS = (...)`: a list of names to branch on later)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_names_kind(s) for s in sides) and any(set(_strings(s)) & kinds for s in sides):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple | ast.Set):
+            if len(set(_strings(node.value)) & kinds) >= 1 and all(
+                isinstance(t, ast.Name) and t.id.endswith("KINDS") for t in node.targets
+            ):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_no_branch_on_op_kind_names_outside_the_catalogue():
+    kinds = _op_kinds()
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in KIND_BRANCHES_ALLOWED:
+            continue
+        if lines := kind_branches(path.read_text(), kinds):
+            found[str(rel)] = lines
+    assert found == {}
+
+
+def test_kind_branch_check_catches_planted_branches():
+    kinds = _op_kinds()
+    assert kind_branches('if op.kind == "reshape":\n    pass\n', kinds) == [1]
+    assert kind_branches('x = kind in ("conv2d", "pool2d")\n', kinds) == [1]
+    assert kind_branches('NORM_KINDS = ("layer_norm", "rms_norm")\n', kinds) == [1]
+    # not op kinds, or not a kind: fine
+    assert kind_branches('ok = c.kind == "all-reduce"\nname == "relu"\n', kinds) == []
+    assert kind_branches('table = {"relu": f}\n', kinds) == []
+
+
+OVER_600 = {"search/space.py": 650}
 """Known exceptions with their ceiling: space.py is being reworked by the issue-13 D-Rec work."""
 
 
 def test_files_stay_small():
-    big = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > OVER_600.get(str(p.relative_to(ROOT)), 600)}
+    big = {
+        str(p.relative_to(ROOT)): n
+        for p in ROOT.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > OVER_600.get(str(p.relative_to(ROOT)), 600)
+    }
     assert big == {}
 
 
@@ -139,9 +247,26 @@ def test_public_api():
         assert hasattr(shardplan, name), name
 
 
-def test_top_level_plan_is_the_function():
-    import shardplan.cli.main  # noqa: F401
-    import shardplan.plan  # noqa: F401
+def test_importers_and_engines_load_on_first_use():
+    code = ("import sys, shardplan; shardplan.from_torch, shardplan.from_jaxpr, "
+            "shardplan.from_onnx, shardplan.torch.parallelize, shardplan.jax.shard; "
+            "print([m for m in ('torch', 'jax', 'onnx') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # the names resolve without importing a framework
+    from shardplan.importers.torch import from_torch
 
+    assert shardplan.from_torch is from_torch
+
+
+def test_top_level_plan_is_the_function_and_no_module_shadows_it():
+    import types
+
+    import shardplan.cli.main  # noqa: F401
+    import shardplan.plans  # noqa: F401  (the Plan value's module; importing it rebinds nothing)
+    import shardplan.search
+
+    assert not isinstance(shardplan.plan, types.ModuleType)
+    assert shardplan.plan is shardplan.search.plan
+    assert not (ROOT / "plan.py").exists() and not (ROOT / "plan").exists()  # nothing shadows it
     p = shardplan.plan(shardplan.zoo.build("mlp"), "8")
     assert shardplan.evaluate(p).total == p.cost.total

@@ -1,72 +1,65 @@
-"""`shardplan compare MODEL --mesh M`: every method on the same problem, side by side.
+"""`shardplan compare MODEL --mesh M`: several methods on the same problem, side by side.
 
-Each method (D-Rec, the exact ILP, the DP baseline, the expert plans) plans the same graph on the
-same mesh with the same cost options; the one evaluator scores each plan. A method that fails is
-reported, not hidden: "infeasible" (memory budget), "did not finish" (time limit or a problem too
-large for an exact method) or the error's message. One rich table on stdout (method, total cost,
-cost / best, memory per device, search seconds, status), a spinner on stderr while a method
-runs, and `--json FILE` with the same rows.
+By default D-Rec and the expert plans (data parallel, Megatron, FSDP); `--exact` adds the ILP and
+the DP (or name methods with `--methods`). Every method plans the same graph on the same mesh with
+the same cost options and the one evaluator scores each plan. The ILP starts from D-Rec's plan as
+its incumbent: if HiGHS ends without a plan, or with a costlier one, D-Rec's plan is kept and the
+status says so. A method that fails is reported, not hidden: "infeasible" (memory budget), "did
+not finish" (time limit or a problem too large for an exact method) or the error's first line.
+Statuses print on one line; `--json FILE` has the full text and `--plot FILE` draws bars.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from shardplan.cli.models import add_model_arguments, load_graph, model_label
-from shardplan.errors import InfeasibleError, ShardplanError, SolverError
-from shardplan.mesh import MACHINES, parse_mesh
+from shardplan.cli.commands import check_output_path
+from shardplan.cli.models import load_graph, model_label
+from shardplan.cli.options import (
+    Progress,
+    output_flags,
+    parse_forces,
+    plan_options,
+    plot_flag,
+    progress_of,
+    search_flags,
+    source_flags,
+)
+from shardplan.cli.render import fmt_bytes, fmt_cost, make_console, one_line
+from shardplan.errors import InfeasibleError, ShardplanError, SolverError, UnknownModelError
+from shardplan.mesh import parse_mesh
 from shardplan.search import METHODS, plan
 
-DEFAULT_METHODS = ("drec", "ilp", "dp", "data-parallel", "megatron", "fsdp")
+DEFAULT_METHODS = ("drec", "data-parallel", "megatron", "fsdp")
+EXACT_METHODS = ("ilp", "dp")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "compare",
+        parents=[source_flags(), search_flags(method=False), output_flags()],
         help="run several methods on one model and mesh and compare their costs",
-        description="Plan MODEL on a mesh with every method (D-Rec, exact ILP, DP baseline, "
-        "expert plans) and print total cost, cost relative to the best, memory per device, "
-        "search time and each method's status.",
+        description="Plan MODEL on a mesh with D-Rec and the expert plans (--exact adds the ILP "
+        "and the DP) and print total cost, cost relative to the best, memory per device, search "
+        "time and each method's status.",
     )
-    add_model_arguments(p)
-    p.add_argument("--mesh", required=True, help="device mesh, e.g. 8, 2x8, 4x8 (outermost first)")
     p.add_argument(
         "--methods",
-        default=",".join(DEFAULT_METHODS),
-        help=f"comma-separated methods (default {','.join(DEFAULT_METHODS)})",
+        default=None,
+        help=f"comma-separated methods from {','.join(METHODS)} "
+        f"(default {','.join(DEFAULT_METHODS)})",
     )
     p.add_argument(
-        "--time-limit",
-        type=float,
-        default=60.0,
-        help="seconds each of ilp and dp may run (default 60)",
+        "--exact", action="store_true", help="also run the exact methods (ilp, dp); slow"
     )
-    p.add_argument(
-        "--machine",
-        default="a100",
-        choices=sorted(MACHINES),
-        help="bandwidth/FLOP/memory preset of the devices (default a100)",
-    )
-    p.add_argument("--memory", default=None, help="per-device memory budget, e.g. 80GB")
-    p.add_argument(
-        "--preset", default="shardplan", choices=("shardplan", "mindspore"), help="cost preset"
-    )
-    p.add_argument("--infer", action="store_true", help="plan inference (no backward pass)")
-    p.add_argument(
-        "--optimizer",
-        default="adam",
-        choices=("adam", "sgd-momentum", "none"),
-        help="optimizer state counted in memory (training)",
-    )
-    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    plot_flag(p)
     p.set_defaults(run=run_compare)
 
 
@@ -84,20 +77,26 @@ def compare_methods(
     mesh: Any,
     methods: list[str],
     time_limit: float,
-    progress: Console | None = None,
+    progress: Progress | None = None,
+    fixed: dict[str, Any] | None = None,
     **plan_options: Any,
 ) -> list[dict[str, Any]]:
-    """One row per method: cost, memory, seconds, status (failures included)."""
-    rows: list[dict[str, Any]] = []
-    for method in methods:
-        extra = {"time_limit": time_limit} if method in ("ilp", "dp") else {}
+    """One row per method: cost, memory, seconds, status (failures included). D-Rec runs first
+    so that its plan can be the ILP's incumbent."""
+    progress = progress or Progress(quiet=True)
+    rows: dict[str, dict[str, Any]] = {}
+    order = sorted(methods, key=lambda m: m != "drec")
+    drec_strategies = None
+    for method in order:
+        extra: dict[str, Any] = {"time_limit": time_limit} if method in ("ilp", "dp") else {}
+        if fixed and method in ("drec", "ilp"):
+            extra["fixed"] = fixed
+        if method == "ilp" and drec_strategies is not None:
+            extra["incumbent"] = drec_strategies
         start = time.perf_counter()
         row: dict[str, Any] = {"method": method}
         try:
-            if progress is not None:
-                with progress.status(f"[bold]{method}[/] planning {graph.name} on {mesh.text()}"):
-                    p = plan(graph, mesh, method, **plan_options, **extra)
-            else:
+            with progress.step(f"{method} planning {graph.name} on mesh {mesh.text()}"):
                 p = plan(graph, mesh, method, **plan_options, **extra)
         except ShardplanError as e:
             row.update(
@@ -110,84 +109,78 @@ def compare_methods(
             )
         else:
             assert p.cost is not None
+            if method == "drec":
+                drec_strategies = p.strategies
             row.update(
                 ok=True,
                 total=p.cost.total,
                 units=p.cost.units,
+                compute=p.cost.compute,
+                communication=p.cost.comm.total,
                 memory_per_device_bytes=p.cost.memory_per_device,
                 search_seconds=p.search_seconds,
                 status=p.status,
                 notes=list(p.notes),
             )
-        rows.append(row)
-        if progress is not None:
-            progress.print(f"{method}: {row['status']}", highlight=False, soft_wrap=True)
-    totals = [r["total"] for r in rows if r["ok"]]
+        rows[method] = row
+    out = [rows[m] for m in methods]
+    totals = [r["total"] for r in out if r["ok"]]
     best = min(totals) if totals else None
-    for r in rows:
+    for r in out:
         r["cost_over_best"] = r["total"] / best if r["ok"] and best else None
-    return rows
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} PB"
+    return out
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.methods:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    else:
+        methods = list(DEFAULT_METHODS)
+    if args.exact:
+        methods += [m for m in EXACT_METHODS if m not in methods]
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
-        Console(stderr=True).print(
-            f"[bold red]error[/]: unknown method(s) {unknown}; choose from {list(METHODS)}",
-            highlight=False,
-        )
-        return 2
-    graph = load_graph(args)
+        raise UnknownModelError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    check_output_path(args.json)
+    check_output_path(args.plot, "--plot")
+    progress = progress_of(args)
+    graph = load_graph(args, progress)
     mesh = parse_mesh(args.mesh, machine=args.machine)
-    err = Console(stderr=True)
+    forced = parse_forces(graph, mesh, args.force) or None
     rows = compare_methods(
-        graph,
-        mesh,
-        methods,
-        args.time_limit,
-        progress=err,
-        train=not args.infer,
-        memory=args.memory,
-        preset=args.preset,
-        optimizer=args.optimizer,
+        graph, mesh, methods, args.time_limit, progress, forced, **plan_options(args)
     )
     units = next((r["units"] for r in rows if r["ok"]), "s")
+    mode = "training" if args.train is not False else "inference"
     table = Table(
-        title=f"{model_label(args)} on mesh {mesh.text()} "
-        f"(rounds q={[r.q for r in mesh.rounds]}), {'training' if not args.infer else 'inference'}"
+        title=f"{model_label(args)} on mesh {mesh.text()}, {mode}",
+        title_justify="left",
     )
-    for col in (
-        "method",
-        f"total cost ({units})",
-        "cost / best",
-        "memory / device",
-        "search s",
-        "status",
+    for col, justify in (
+        ("method", "left"),
+        ("total / step", "right"),
+        ("cost / best", "right"),
+        ("memory / device", "right"),
+        ("search", "right"),
+        ("status", "left"),
     ):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in rows:
         table.add_row(
             r["method"],
-            f"{r['total']:.4g}" if r["ok"] else "-",
+            fmt_cost(r["total"], units) if r["ok"] else "-",
             f"{r['cost_over_best']:.3f}" if r["ok"] else "-",
-            _fmt_bytes(r["memory_per_device_bytes"]) if r["ok"] else "-",
-            f"{r['search_seconds']:.3f}",
-            r["status"],
+            fmt_bytes(r["memory_per_device_bytes"]) if r["ok"] else "-",
+            f"{r['search_seconds']:.2f} s",
+            escape(one_line(r["status"], 48)),
         )
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = make_console()
     console.print(table)
     ilp = next((r for r in rows if r["method"] == "ilp" and r["ok"]), None)
     if ilp is not None and ilp["status"] == "optimal":
         console.print("best = the ILP's proven optimum of the cost model", highlight=False)
+    if any(len(r["status"]) > 48 for r in rows):
+        console.print("(statuses cut to one line; --json FILE has them in full)", highlight=False)
     if args.json:
         data = {
             "model": model_label(args),
@@ -198,5 +191,11 @@ def run_compare(args: argparse.Namespace) -> int:
             "rows": rows,
         }
         Path(args.json).write_text(json.dumps(data, indent=1))
-        console.print(f"rows written to {args.json}")
+        console.print(f"rows written to {escape(args.json)}", highlight=False)
+    if args.plot:
+        from shardplan.cli.plot import plot_compare
+
+        with progress.step(f"drawing {args.plot}"):
+            plot_compare(rows, f"{model_label(args)} on mesh {mesh.text()}", args.plot)
+        console.print(f"plot written to {escape(args.plot)}", highlight=False)
     return 0 if any(r["ok"] for r in rows) else 1

@@ -10,36 +10,36 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rich.console import Console
+from rich.markup import escape
 
 from shardplan.errors import ShardplanError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from shardplan.cli import commands
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), like every other CLI failure."""
 
-    parser = argparse.ArgumentParser(
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: usage: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from shardplan.cli import commands, compare, explain, verify
+    from shardplan.version import __version__
+
+    parser = _Parser(
         prog="shardplan",
         description="Operator-level (SPMD) parallel plans for DNN training, found by D-Rec.",
     )
-    from shardplan.version import __version__
-
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.register(sub)
-    try:
-        from shardplan.cli import compare
-    except ImportError:  # compare is optional until its module lands
-        compare = None  # type: ignore[assignment]
-    if compare is not None:
-        compare.register(sub)
-    try:
-        from shardplan.cli import verify
-    except ImportError:
-        verify = None  # type: ignore[assignment]
-    if verify is not None:
-        verify.register(sub)
+    compare.register(sub)
+    explain.register(sub)
+    verify.register(sub)
     return parser
 
 
@@ -50,13 +50,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except ShardplanError as e:
+        # escape: messages carry text like "pip install 'shardplan[jax]'" that is not markup
         console.print(
-            f"[bold red]error[/]: {type(e).__name__}: {e}", highlight=False, soft_wrap=True
+            f"[bold red]error[/]: {type(e).__name__}: {escape(str(e))}",
+            highlight=False,
+            soft_wrap=True,
         )
         return e.exit_code
-    except TypeError as e:
+    except TypeError as e:  # zoo.build: a size flag the model does not take
         if "does not take" in str(e):
-            console.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+            console.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
             return 2
         raise
     except KeyboardInterrupt:

@@ -5,66 +5,54 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from typing import Any
 
-from rich.console import Console
-
 from shardplan import zoo
-from shardplan.errors import IRError, ShardplanError, UnknownModelError
+from shardplan.cli.options import SIZE_FLAGS, Progress
+from shardplan.errors import IRError, ShardplanError, UnknownModelError, UnsupportedOpError
 from shardplan.ir.graph import Graph
-
-SIZE_FLAGS = ("batch", "seq", "image", "layers", "hidden", "heads", "vocab", "experts", "width")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    parser.add_argument(
-        "model",
-        nargs="?",
-        help="zoo model name (see `shardplan models`); omit with --torch/--hf/--onnx",
-    )
-    source = parser.add_argument_group("other model sources")
-    source.add_argument(
-        "--torch",
-        metavar="MODULE:FUNCTION",
-        help="a Python function returning an nn.Module, or (module, example_args)",
-    )
-    source.add_argument(
-        "--args",
-        metavar="SHAPES",
-        help="example inputs for --torch, e.g. '8x128:long' or '8x3x224x224' "
-        "(comma-separated; dtypes float (default), long, int, bool)",
-    )
-    source.add_argument(
-        "--hf",
-        metavar="NAME",
-        help="a Hugging Face architecture built offline from its config "
-        "(see docs/importers.md), e.g. bert-base-uncased, gpt2",
-    )
-    source.add_argument("--onnx", metavar="FILE", help="an ONNX model file")
-    source.add_argument(
-        "--unknown",
-        choices=("error", "replicate"),
-        default="error",
-        help="ops outside the import tables: fail (default) or keep replicated",
-    )
-    group = parser.add_argument_group(
-        "model size (zoo models; --hf takes batch/seq/image/layers/hidden/heads)"
-    )
-    for flag in SIZE_FLAGS:
-        group.add_argument(f"--{flag}", type=int, default=None, help=f"override {flag}")
-    group.add_argument(
-        "--small", action="store_true", help="start from the reduced sizes used in tests"
-    )
 
 
 def model_label(args: argparse.Namespace) -> str:
     return args.model or args.hf or args.onnx or args.torch or "?"
 
 
-def load_graph(args: argparse.Namespace) -> Graph:
-    """Build the graph the arguments name (exactly one source)."""
+def is_plan_file(model: str | None) -> bool:
+    """A saved plan (`plan --json FILE`) given where a model name goes."""
+    import os
+    from pathlib import Path
+
+    return bool(model) and (
+        model.endswith(".json") or (os.sep in model and Path(model).is_file())  # type: ignore[union-attr]
+    )
+
+
+def load_graph(args: argparse.Namespace, progress: Progress | None = None) -> Graph:
+    """Build the graph the arguments name (exactly one source); imports show progress."""
+    progress = progress or Progress(quiet=True)
+    if getattr(args, "model", None) and not (args.torch or args.hf or args.onnx):
+        if is_plan_file(args.model):
+            from shardplan.cli.plans import load_plan_file
+
+            return load_plan_file(args.model).graph
+    with progress.step(f"importing {model_label(args)}"):
+        try:
+            result = _load(args)
+        except UnsupportedOpError as e:  # the importers speak Python; say the CLI flag
+            text = str(e).replace("pass unknown='replicate'", "pass --unknown replicate")
+            text = text.replace("with unknown='replicate'", "with --unknown replicate")
+            raise UnsupportedOpError(text) from e
+    if isinstance(result, Graph):
+        return result
+    if result.replicated or result.approximated or result.notes:
+        progress.note(result.report())  # what is not exact
+    return result.graph
+
+
+def _load(args: argparse.Namespace) -> Any:
     sources = [s for s in ("model", "torch", "hf", "onnx") if getattr(args, s, None)]
     if len(sources) != 1:
         raise UnknownModelError(
@@ -96,16 +84,15 @@ def load_graph(args: argparse.Namespace) -> Graph:
 
         module, example = _call_torch_builder(args.torch, args.args)
         result = import_torch(module, example, unknown=args.unknown)
-    if result.replicated:
-        Console(stderr=True).print(result.report(), highlight=False)
-    return result.graph
+    return result
 
 
 def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any, ...]]:
     if ":" not in target:
         raise IRError(f"--torch {target!r}: write MODULE:FUNCTION, e.g. my_models:build")
     module_name, function_name = target.split(":", 1)
-    sys.path.insert(0, ".")
+    sys.path.insert(0, os.getcwd())  # absolute: a cached finder for "." may be stale
+    importlib.invalidate_caches()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -113,9 +100,21 @@ def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any
     finally:
         sys.path.pop(0)
     function = getattr(module, function_name, None)
-    if function is None:
+    if not callable(function):
         raise IRError(f"--torch: module {module_name!r} has no function {function_name!r}")
-    built = function()
+    try:
+        built = function()
+    except Exception as e:  # the user's builder failed: say so in one line, not a traceback
+        raise IRError(
+            f"--torch {target}: calling {function_name}() failed with {type(e).__name__}: {e}; "
+            "it must take no arguments and return a torch module (or (module, example inputs))"
+        ) from e
+    pair = isinstance(built, tuple)
+    if (pair and len(built) != 2) or not _is_torch_module(built[0] if pair else built):
+        raise IRError(
+            f"--torch {target}: {function_name}() returned {type(built).__name__}, not a torch "
+            "module (or (module, example inputs))"
+        )
     if isinstance(built, tuple):
         model, example = built[0], tuple(built[1])
         if shapes:
@@ -124,6 +123,12 @@ def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any
     if not shapes:
         raise IRError(f"--torch {target}: the function returned a module; give --args shapes")
     return built, parse_example_args(shapes)
+
+
+def _is_torch_module(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.nn.Module)
 
 
 _DTYPES = {"float": "float32", "long": "int64", "int": "int32", "bool": "bool"}

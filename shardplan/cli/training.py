@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from shardplan import zoo
-from shardplan.cli.models import SIZE_FLAGS, model_label
+from shardplan.cli.models import load_graph, model_label
+from shardplan.cli.options import SIZE_FLAGS, progress_of
 from shardplan.cost import CostOptions
 from shardplan.errors import SolverError
 from shardplan.exporters import training_json
@@ -33,19 +34,23 @@ def graph_batch(graph: Graph) -> int:
     raise SolverError(f"graph {graph.name!r} has no input to read the batch size from")
 
 
-def run_training_plan(args: argparse.Namespace, graph: Graph) -> int:
-    from shardplan.cli.commands import make_console, print_plan
+def run_training_plan(args: argparse.Namespace) -> int:
+    from shardplan.cli.render import make_console, print_plan
     from shardplan.search.scale import plan_training
 
-    if args.method != "drec" or args.infer or args.preset != "shardplan":
+    if args.method != "drec" or args.train is False or args.preset != "shardplan":
         raise SolverError(
             "--dtype plans a training step with method drec and the shardplan preset; drop "
             "--method/--infer/--preset, or drop --dtype for a single SPMD plan"
         )
+    if args.mesh is None:
+        raise SolverError("--dtype plans need --mesh (e.g. --mesh 128x8)")
+    progress = progress_of(args)
+    graph = load_graph(args, progress)
     mesh = parse_mesh(args.mesh, machine=args.machine)
     opts = CostOptions.make("shardplan", True, args.optimizer, args.dtype)
     batch = graph_batch(graph)
-    if args.model:
+    if args.model and not (args.torch or args.hf or args.onnx):
         overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
         small = getattr(args, "small", False)
 
@@ -56,22 +61,21 @@ def run_training_plan(args: argparse.Namespace, graph: Graph) -> int:
         def build(b: int) -> Graph | None:
             return graph if b == batch else None  # imported graphs have one batch size
 
-    err = Console(stderr=True)
-    err.print(f"searching stages x micro-batches for {graph.name} on mesh {mesh.text()} ...")
+    progress.note(f"searching stages x micro-batches for {graph.name} on mesh {mesh.text()} ...")
     tp = plan_training(
         build,
         batch,
         mesh,
         opts,
         parse_bytes(args.memory) if args.memory else None,
-        progress=lambda msg: err.print(msg, highlight=False, soft_wrap=True),
+        progress=progress.note,
     )
     console = make_console()
     print_training_plan(console, tp)
-    if args.ops in ("heavy", "all"):
+    if args.ops == "all":
         for s, stage in enumerate(tp.stages):
             console.print(f"[bold]stage {s}[/] operators")
-            print_plan(console, stage.plan, args.ops)
+            print_plan(console, stage.plan, "heavy")
     if args.json:
         data = training_json.to_dict(tp)
         data["model"] = model_label(args)
@@ -157,7 +161,7 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         choices=("bf16", "fp16", "fp32"),
         help="plan a whole training step in this precision (bf16/fp16: mixed precision with fp32 "
         "master weights): pipeline stages, micro-batches, recomputation and ZeRO chosen to fit "
-        "--memory (see docs/training.md)",
+        "--memory (see docs/scale.md)",
     )
 
 

@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shardplan.cli.models import add_model_arguments, load_graph
-from shardplan.errors import PlanError
-from shardplan.mesh import MACHINES, Mesh, parse_mesh
-from shardplan.search import METHODS
+from shardplan.cli.options import output_flags, progress_of, search_flags, source_flags
+from shardplan.errors import ArgumentError
+from shardplan.mesh import Mesh
 
 _FLAG = "xla_force_host_platform_device_count"
 
@@ -29,44 +28,12 @@ _FLAG = "xla_force_host_platform_device_count"
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "verify",
+        parents=[source_flags(), search_flags(mesh_required=False), output_flags()],
         help="run a plan on JAX: numerics vs unsharded, measured vs predicted collectives",
         description="Run MODEL's plan (or a saved plan.json) sharded on JAX/XLA and unsharded on "
         "the same values; report whether the results agree and compare the collectives XLA "
         "inserts (bytes sent per device) with the cost model's prediction. Example: "
         "shardplan verify gpt2-small --small --batch 8 --mesh 8 --method megatron",
-    )
-    add_model_arguments(p)
-    p.add_argument(
-        "--mesh",
-        default=None,
-        help="device mesh, e.g. 8 or 2x4 (required for a model; a plan.json has one)",
-    )
-    p.add_argument("--method", default="drec", choices=METHODS, help="search method (models)")
-    p.add_argument(
-        "--machine",
-        default="a100",
-        choices=sorted(MACHINES),
-        help="bandwidth/FLOP preset used to plan (default a100)",
-    )
-    p.add_argument(
-        "--preset",
-        default="shardplan",
-        choices=("shardplan", "mindspore"),
-        help="cost model preset used to plan",
-    )
-    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd-momentum", "none"))
-    p.add_argument("--memory", default=None, help="per-device memory budget for the search")
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds for ilp/dp")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--train",
-        dest="train",
-        action="store_true",
-        default=None,
-        help="verify a training step: loss and every gradient (default)",
-    )
-    mode.add_argument(
-        "--infer", dest="train", action="store_false", help="verify the forward pass only"
     )
     p.add_argument(
         "--engine",
@@ -74,6 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=("jax", "torch"),
         help="SPMD engine: jax (XLA on fake CPU devices; numerics and collectives) or torch "
         "(DTensor on N local gloo processes; numerics)",
+    )
+    p.add_argument(
+        "--user-module",
+        action="store_true",
+        help="with --engine torch and --torch MODULE:FUNCTION: train YOUR module 3 AdamW steps "
+        "through shardplan.torch.parallelize on mesh-size gloo processes and compare losses and "
+        "parameters with one process, plus collectives per kind vs the plan's prediction",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     p.add_argument(
@@ -90,7 +64,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--atol", type=float, default=None, help="absolute tolerance (float64 1e-12, float32 1e-6)"
     )
-    p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     p.add_argument(
         "--differences",
         type=int,
@@ -98,20 +71,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="list at most N per-operator differences (0: none)",
     )
     p.set_defaults(run=run_verify)
-
-
-def _is_plan_file(model: str) -> bool:
-    return model.endswith(".json") or (os.sep in model and Path(model).is_file())
-
-
-def _is_training_file(path: str) -> bool:
-    """A training plan (pipeline stages) rather than a single SPMD plan."""
-    from shardplan.exporters.training_json import is_training_json
-
-    try:
-        return is_training_json(json.loads(Path(path).read_text()))
-    except (OSError, ValueError):
-        return False  # the plan loader reports unreadable files
 
 
 def ensure_devices(count: int) -> None:
@@ -127,57 +86,79 @@ def ensure_devices(count: int) -> None:
     os.environ["XLA_FLAGS"] = flags
 
 
-def _load_plan(args: argparse.Namespace) -> Any:
-    from shardplan.exporters.plan_json import from_json
-    from shardplan.search import plan as make_plan
+VERIFY_MEMORY_SHARE = 0.5
+"""verify refuses a model whose estimated run needs more than this share of the machine's RAM."""
 
-    if _is_plan_file(args.model):
-        path = Path(args.model)
-        if not path.is_file():
-            raise PlanError(f"plan file {args.model!r} does not exist")
-        p = from_json(path.read_text())
-        if args.mesh is not None and parse_mesh(args.mesh).shape != p.mesh.shape:
-            raise PlanError(
-                f"{args.model} is a plan for mesh {p.mesh.text()}, not {args.mesh}; "
-                "drop --mesh or plan again"
-            )
-        return p
-    if args.mesh is None:
-        raise PlanError("verify MODEL needs --mesh (e.g. --mesh 8); a plan.json carries its own")
-    graph = load_graph(args)
-    mesh = parse_mesh(args.mesh, machine=args.machine)
-    extra = {"time_limit": args.time_limit} if args.method in ("ilp", "dp") else {}
-    train = True if args.train is None else args.train
-    return make_plan(
-        graph,
-        mesh,
-        args.method,
-        train=train,
-        memory=args.memory,
-        preset=args.preset,
-        optimizer=args.optimizer,
-        **extra,
-    )
+
+def refuse_too_big(graph: Any, train: bool, dtype: str, small: bool) -> None:
+    """Refuse up front (ArgumentError) when running `graph` twice (one device, then sharded) at
+    `dtype`, with gradients when training, would not fit in memory: estimated as every tensor's
+    elements x dtype bytes x (2 runs) x (2 with gradients)."""
+    elements = sum(t.numel for t in graph.tensors.values())
+    need = elements * (8 if dtype == "float64" else 4) * 2 * (2 if train else 1)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        ram = 16e9
+    if need > VERIFY_MEMORY_SHARE * ram:
+        hint = "use smaller sizes" if small else "add --small (or smaller sizes)"
+        raise ArgumentError(
+            f"verify would need about {need / 1e9:.3g} GB to run {graph.name!r} "
+            f"({elements:,} tensor elements at {dtype}, reference and sharded"
+            f"{', with gradients' if train else ''}), over half of this machine's "
+            f"{ram / 1e9:.3g} GB; {hint}"
+        )
+
+
+def _is_training_file(path: str | None) -> bool:
+    """A training plan (pipeline stages) rather than a single SPMD plan."""
+    from shardplan.exporters.training_json import is_training_json
+
+    if not path or not path.endswith(".json"):
+        return False
+    try:
+        return is_training_json(json.loads(Path(path).read_text()))
+    except (OSError, ValueError):
+        return False  # the plan loader reports unreadable files
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from shardplan.cli.commands import make_console
-
-    if _is_plan_file(args.model) and _is_training_file(args.model):
+    if _is_training_file(args.model):
         from shardplan.cli.training import verify_training_plan
 
         return verify_training_plan(args)
-    p = _load_plan(args)
+    from shardplan.cli.commands import check_output_path
+    from shardplan.cli.plans import plan_for
+    from shardplan.cli.render import make_console
+
+    if args.user_module and (args.engine != "torch" or not args.torch):
+        raise ArgumentError(
+            "--user-module runs your own nn.Module: give --engine torch and --torch MODULE:FUNCTION"
+        )
+    check_output_path(args.json)
+    progress = progress_of(args)
+
+    def check(graph: Any, plan_train: bool | None) -> None:  # before the search and the run
+        train = (True if plan_train is None else plan_train) if args.train is None else args.train
+        refuse_too_big(graph, train, args.check_dtype, bool(getattr(args, "small", False)))
+
+    p, _ = plan_for(args, progress, check)
     mesh: Mesh = p.mesh
+    if args.user_module:
+        from shardplan.cli.verify_user import verify_user_module
+
+        return verify_user_module(p, args)
     if args.engine == "torch":
-        return _verify_torch(p, args)
+        with progress.step(f"running the plan on {mesh.size} torch processes"):
+            return _verify_torch(p, args)
     ensure_devices(mesh.size)
     from shardplan.fidelity.verify import verify_plan
 
     train = p.options.train if args.train is None else args.train
-    report = verify_plan(
-        p, train=train, seed=args.seed, rtol=args.rtol, atol=args.atol, dtype=args.check_dtype
-    )
+    with progress.step(f"running the plan on {mesh.size} JAX devices"):
+        report = verify_plan(
+            p, train=train, seed=args.seed, rtol=args.rtol, atol=args.atol, dtype=args.check_dtype
+        )
     console = make_console()
     print_report(console, report, args.differences)
     if args.json:
@@ -190,7 +171,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def _verify_torch(p: Any, args: argparse.Namespace) -> int:
     """Run the plan with DTensor on mesh-size gloo processes and compare with one process."""
-    from shardplan.cli.commands import make_console
+    from shardplan.cli.render import make_console
     from shardplan.fidelity.torch import verify_torch
 
     train = p.options.train if args.train is None else args.train

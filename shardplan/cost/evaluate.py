@@ -9,7 +9,7 @@ largest op working set (inference). O(rounds * sum of operand counts): linear in
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
@@ -21,6 +21,7 @@ from shardplan.cost.terms import (
     compute_cost,
     faster,
     intra_terms,
+    param_bytes,
     redistribution_terms,
     reduces,
     replicate_symbolic,
@@ -346,8 +347,12 @@ def op_terms(
     opts: CostOptions,
     homes: Mapping[str, Layout],
     out_layout: Mapping[str, Layout],
+    unary: Callable[[Graph, Op, Strategy, Mesh, CostOptions], tuple[CommTerms, float]] = (
+        unary_terms
+    ),
 ) -> Iterator[OpTerms]:
     """Per operator in graph order, the terms `evaluate_strategies` sums (see `OpTerms`).
+    `unary` prices an op's own terms (`unary_terms`, or a memo of it).
 
     An operand's source layout is its producer's output layout (`output_layouts`) or its
     parameter home (`param_homes`); graph inputs and constants have none: they arrive in
@@ -355,13 +360,9 @@ def op_terms(
     per-operator prediction (`shardplan.fidelity.predict`).
     """
     rounds = mesh.rounds
-    unary: dict[tuple[object, ...], tuple[CommTerms, float]] = {}  # repeated layers: once
     for index, op in enumerate(graph.ops):
         strategy = strategies[op.name]
-        key = (_op_key(graph, op), strategy)
-        if key not in unary:
-            unary[key] = unary_terms(graph, op, strategy, mesh, opts)
-        intra, compute = unary[key]
+        intra, compute = unary(graph, op, strategy, mesh, opts)
         edges: list[EdgeTerm] = []
         for i, name in enumerate(op.inputs):
             prev = previous_consumer(graph, name, index, i)
@@ -387,6 +388,7 @@ def op_terms(
 
 def _op_key(graph: Graph, op: Op) -> tuple[object, ...]:
     """Everything `unary_terms` reads about an op: equal keys give equal terms."""
+
     def tensor(name: str) -> tuple[object, ...]:
         t = graph.tensors[name]
         return (t.shape, t.dtype_bytes, t.role, name in graph.requires_grad)
@@ -421,11 +423,17 @@ def evaluate_strategies(
     comm = ZERO
     compute = 0.0
     rows: list[OpCost] = []
-    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout):
+    memo: dict[tuple[object, ...], tuple[CommTerms, float]] = {}
+
+    def unary(g: Graph, op: Op, strategy: Strategy, m: Mesh, o: CostOptions):  # noqa: ANN202
+        key = (_op_key(g, op), strategy)  # repeated layers are priced once
+        if key not in memo:
+            memo[key] = unary_terms(g, op, strategy, m, o)
+        return memo[key]
+
+    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout, unary):
         redis = t.redistribution
-        act = sum(
-            _local_bytes(graph, name, out_layout[name], rounds, opts) for name in t.op.outputs
-        )
+        act = sum(local_bytes(graph, name, out_layout[name], rounds, opts) for name in t.op.outputs)
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
         comm = comm + t.intra + redis
         compute += t.compute
@@ -443,11 +451,17 @@ def evaluate_strategies(
     )
 
 
-def _local_bytes(
-    graph: Graph, name: str, layout: Layout, rounds: Sequence[Round], opts: CostOptions
+def local_bytes(
+    graph: Graph,
+    name: str,
+    layout: Layout,
+    rounds: Sequence[Round],
+    opts: CostOptions | None = None,
 ) -> float:
+    """Bytes of tensor `name` on one device in `layout` (at `opts`' precision when given)."""
     t = graph.tensors[name]
-    return round_numels(t.numel, layout, rounds)[-1] * opts.element_bytes(t)
+    width = opts.element_bytes(t) if opts is not None else t.dtype_bytes
+    return round_numels(t.numel, layout, rounds)[-1] * width
 
 
 def memory_per_device(
@@ -460,32 +474,32 @@ def memory_per_device(
 ) -> tuple[float, float]:
     """(parameter state bytes, activation bytes) per device.
 
-    Training: weights + gradients (compute width each) + fp32 master copy (mixed precision) +
-    optimizer state (fp32) per parameter element held by the device (`CostOptions.state_bytes`),
-    plus every activation kept for the backward pass and the local inputs.
+    Training: weights + gradients (dtype each) + optimizer state (fp32) per parameter element held
+    by the device, plus every activation kept for the backward pass and the local inputs.
     Inference: weights, plus the largest working set of one op (its inputs and outputs).
     """
     param_mem = 0.0
     for name, layout in homes.items():
         t = graph.tensors[name]
-        local = round_numels(t.numel, layout, rounds)[-1]
-        param_mem += local * opts.state_bytes(t)
+        param_mem += param_bytes(
+            round_numels(t.numel, layout, rounds)[-1], opts.element_bytes(t), opts
+        )
     if opts.train:
-        act = sum(_local_bytes(graph, n, lay, rounds, opts) for n, lay in out_layout.items())
+        act = sum(local_bytes(graph, n, lay, rounds, opts) for n, lay in out_layout.items())
         for op in graph.ops:
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
-                    act += _local_bytes(
+                    act += local_bytes(
                         graph, name, operand_layout(op, strategies[op.name], i), rounds, opts
                     )
         return param_mem, act
     peak = 0.0
     for op in graph.ops:
         strategy = strategies[op.name]
-        work = sum(_local_bytes(graph, n, out_layout[n], rounds, opts) for n in op.outputs)
+        work = sum(local_bytes(graph, n, out_layout[n], rounds, opts) for n in op.outputs)
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
-                work += _local_bytes(graph, name, operand_layout(op, strategy, i), rounds, opts)
+                work += local_bytes(graph, name, operand_layout(op, strategy, i), rounds, opts)
         peak = max(peak, work)
     return param_mem, peak

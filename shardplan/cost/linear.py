@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardplan.cost.evaluate import round_numels
+from shardplan.cost.evaluate import local_bytes, round_numels
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import param_bytes
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import Round
-from shardplan.sharding import Layout, Strategy, operand_layout, resolved
+from shardplan.sharding import Strategy, operand_layout, resolved
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +34,6 @@ class MemoryPieces:
     param: float
     activation: float
     working_set: float
-
-
-def _local(
-    graph: Graph, name: str, layout: Layout, rounds: Sequence[Round], opts: CostOptions
-) -> float:
-    t = graph.tensors[name]
-    return round_numels(t.numel, layout, rounds)[-1] * opts.element_bytes(t)
 
 
 def memory_pieces(
@@ -54,15 +48,17 @@ def memory_pieces(
         if t.role is Role.PARAMETER:
             if graph.consumers[name][0] == (index, pos):
                 local = round_numels(t.numel, layout, rounds)[-1]
-                param += local * opts.state_bytes(t)
+                param += param_bytes(local, opts.element_bytes(t), opts)
             continue
         if opts.train:
             if t.role is Role.INPUT and graph.consumers[name][0][0] == index:
-                activation += _local(graph, name, layout, rounds, opts)
+                activation += local_bytes(graph, name, layout, rounds, opts)
         else:
-            work += _local(graph, name, layout, rounds, opts)
+            work += local_bytes(graph, name, layout, rounds, opts)
     for pos, name in enumerate(op.outputs):
-        local = _local(graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds, opts)
+        local = local_bytes(
+            graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds, opts
+        )
         if opts.train:
             activation += local
         else:

@@ -72,14 +72,17 @@ class CostOptions:
             return t.dtype_bytes
         return self.precision.element_bytes
 
-    def state_bytes(self, t: Tensor) -> float:
-        """Training bytes per parameter element: weight + gradient (compute width), the fp32
-        master copy under mixed precision, and the optimizer state; inference: the weight."""
-        width = self.element_bytes(t)
-        if not self.train:
-            return width
+    def state_bytes_for(self, width: int) -> float:
+        """Training bytes per parameter element stored `width` bytes wide: weight + gradient,
+        the fp32 master copy under mixed precision, and the optimizer state."""
         master = self.precision.master_bytes if self.precision is not None else 0
         return 2 * width + master + self.optimizer.state_bytes_per_param
+
+    def state_bytes(self, t: Tensor) -> float:
+        """Bytes per element of parameter `t`: `state_bytes_for` its width in training, the
+        weight alone in inference."""
+        width = self.element_bytes(t)
+        return self.state_bytes_for(width) if self.train else width
 
     @classmethod
     def make(

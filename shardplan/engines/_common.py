@@ -19,9 +19,7 @@ import numpy as np
 from shardplan.errors import MissingDependencyError, UnsupportedOpError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role, Tensor
-
-NORM_KINDS = ("layer_norm", "rms_norm", "batch_norm")
-"""Operators whose second operand is a scale (gamma), initialised to 1."""
+from shardplan.ir.traits import Trait, has_trait, traits_of
 
 
 def require(module: str, extra: str, user: str) -> ModuleType:
@@ -48,19 +46,20 @@ def index_bound(graph: Graph, name: str) -> int | None:
     bound: int | None = None
     for op_index, position in graph.consumers.get(name, ()):
         op = graph.ops[op_index]
-        high = None
-        if op.kind == "embedding" and position == 1:
-            high = graph.tensors[op.inputs[0]].shape[0]
-        elif op.kind == "cross_entropy" and position == 1:
-            high = graph.tensors[op.inputs[0]].shape[-1]
-        if high is not None:
+        index = traits_of(op.kind).index
+        if index is not None and position == index.position:
+            high = graph.tensors[op.inputs[index.bound_operand]].shape[index.bound_dim]
             bound = high if bound is None else min(bound, high)
     return bound
 
 
 def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """float32 values for every parameter: normal * 0.02, except norm scales (gamma) = 1."""
-    norm_scales = {op.inputs[1] for op in graph.ops if op.kind in NORM_KINDS and len(op.inputs) > 1}
+    norm_scales = {
+        op.inputs[1]
+        for op in graph.ops
+        if has_trait(op.kind, Trait.SCALE_OPERAND) and len(op.inputs) > 1
+    }
     out: dict[str, np.ndarray] = {}
     for t in graph.parameters:
         if t.name in norm_scales:

@@ -52,7 +52,7 @@ from shardplan.engines.torch_report import TOLERANCES, DistReport, _report_from_
 from shardplan.engines.torch_runner import _worker
 from shardplan.errors import BackendError
 from shardplan.exporters.plan_json import to_dict
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds `run_distributed` waits for its processes (all plans of one call) before killing them."""

@@ -11,17 +11,19 @@ the op's raw output placements (`Shard(d)`, `Replicate()`, or `Partial()` where 
 leaves partial sums; consumers' redistributions then insert the all-reduce / reduce-scatter).
 Rank 0 compares with the single-process run and returns the report as a dict.
 
-Four kinds need the device's position and are handled here, not by the kernel:
-- `reshape`: the target shape attribute is global; the local target is derived from the output
-  layout.
-- `embedding` with the vocabulary `v` cut: masked lookup of the ids the local table block owns
-  (offset = block index * local rows), zeros elsewhere, result `Partial()`.
-- `conv2d` / `pool2d` with a WINDOW dim (`y`, `x`) cut: the input is read replicated along that
+Four cases need the device's position and are handled here, not by the kernel; they are found
+from the op's signature and its traits (`shardplan.ir.traits`), never from its kind's name:
+- `reshape` (GLOBAL_SHAPE_ATTR): the target shape attribute is global; the local target is
+  derived from the output layout.
+- `embedding` (INDEX_INPUT) with the vocabulary `v` cut: masked lookup of the ids the local
+  table block owns (offset = block index * local rows), zeros elsewhere, result `Partial()`.
+- `conv2d` / `pool2d`: a WINDOW loop dim (`y`, `x`) cut: the input is read replicated along that
   spatial dim in the cutting rounds (an all-gather where the cost model predicts a halo
   exchange), padded explicitly, and each device convolves the rows its output block needs.
-- `batch_norm` with a statistics dim (batch, spatial) cut: the per-channel sums are made
-  `Partial()` and redistributed to `Replicate()` (all-reduce), twice (mean, then variance), so
-  the statistics are the global batch statistics of the single-process run.
+- `batch_norm` (STATISTICS_OVER_PARALLEL) with a statistics dim (batch, spatial) cut: the
+  per-channel sums are made `Partial()` and redistributed to `Replicate()` (all-reduce), twice
+  (mean, then variance), so the statistics are the global batch statistics of the single-process
+  run.
 
 Redistributions are DTensor's: on gloo a Shard(a) -> Shard(b) change runs as all-gather + chunk
 (no CPU all-to-all) and nested shards of one dim as sequential all-gathers; the runner counts the
@@ -64,8 +66,16 @@ from shardplan.exporters.plan_json import from_json
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
-from shardplan.plan import Plan
-from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, operand_layout
+from shardplan.ir.traits import Trait, traits_of
+from shardplan.plans import Plan
+from shardplan.sharding import (
+    PARTIAL,
+    REPLICATED,
+    Layout,
+    Strategy,
+    operand_layout,
+    partial_reducers,
+)
 
 
 def _transition(src: Any, dst: Any) -> str | None:
@@ -185,7 +195,6 @@ class _Runner:
                 f"op {op.name!r} ({op.kind}) gave {len(results)} results; the graph expects "
                 f"{len(op.outputs)}"
             )
-        from shardplan.exporters.dtensor import partial_reducers
 
         for i, (name, value) in enumerate(zip(op.outputs, results, strict=True)):
             layout = operand_layout(op, strategy, i, True)
@@ -206,23 +215,32 @@ class _Runner:
             )
 
     def local_call(self, op: Op, strategy: Strategy, locals_: list[Any], window: set[int]) -> Any:
-        if op.kind == "reshape":
+        """The kernel on local shards; the kinds whose traits need the device's position first."""
+        traits = traits_of(op.kind)
+        if Trait.GLOBAL_SHAPE_ATTR in traits:  # the shape attribute is global: make it local
             layout = operand_layout(op, strategy, 0, True)
             target = self.local_shape(self.graph.tensors[op.outputs[0]].shape, layout)
-            return self.table["reshape"](_with_attrs(op, shape=target), *locals_)
-        if op.kind == "embedding" and "v" in strategy:
-            return self.masked_lookup(op, strategy, *locals_)
-        if op.kind in ("conv2d", "pool2d") and window:
+            return self.table[op.kind](_with_attrs(op, shape=target), *locals_)
+        if traits.index is not None:  # ids into a cut extent: look up only the rows owned here
+            index = traits.index
+            looked_up = op.signature.inputs[index.bound_operand][index.bound_dim][0]
+            if looked_up in strategy:
+                return self.masked_lookup(op, strategy, looked_up, *locals_)
+        if window:  # a WINDOW dim (y, x) is cut: convolve/pool the rows this block needs
             return self.windowed(op, strategy, locals_, window)
-        if op.kind == "batch_norm" and any(d not in (None, "d1") for d in strategy):
-            return self.batch_norm(op, strategy, *locals_)
+        if Trait.STATISTICS_OVER_PARALLEL in traits and traits.statistics_kept is not None:
+            kept = op.signature.inputs[0][traits.statistics_kept][0]
+            if any(d not in (None, kept) for d in strategy):
+                return self.batch_norm(op, strategy, kept, *locals_)
         return self.table[op.kind](op, *locals_)
 
-    def masked_lookup(self, op: Op, strategy: Strategy, table: Any, ids: Any) -> Any:
+    def masked_lookup(
+        self, op: Op, strategy: Strategy, looked_up: str, table: Any, ids: Any
+    ) -> Any:
         """Embedding with the vocabulary cut: each device looks up the ids its rows own."""
         torch = self.torch
         rows = table.shape[0]
-        offset = self.block([r for r, d in enumerate(strategy) if d == "v"]) * rows
+        offset = self.block([r for r, d in enumerate(strategy) if d == looked_up]) * rows
         local = ids.long() - offset
         owned = (local >= 0) & (local < rows)
         out = torch.nn.functional.embedding(local.clamp(0, rows - 1), table)
@@ -232,7 +250,7 @@ class _Runner:
         """conv2d / pool2d with y or x cut: pad explicitly, keep the rows this block needs."""
         torch = self.torch
         x = locals_[0]
-        if op.kind == "conv2d":
+        if len(locals_) > 1:  # a weight operand (conv2d) gives the window; pooling has none
             kernel = tuple(int(k) for k in locals_[1].shape[2:])
             stride = _pair(op.attr("stride", 1))
             fill = 0.0
@@ -243,7 +261,8 @@ class _Runner:
         py, px = _pair(op.attr("padding", 0))
         x = torch.nn.functional.pad(x, (px, px, py, py), value=fill)
         extents = op.signature.extents
-        for axis, name in ((2, "y"), (3, "x")):
+        out_dims = op.signature.outputs[0]  # the WINDOW loop dims index output dims 2 and 3
+        for axis, name in ((a, out_dims[a][0]) for a in (2, 3)):
             cut = [r for r in window if strategy[r] == name]
             if not cut:
                 continue
@@ -254,12 +273,15 @@ class _Runner:
             x = x.narrow(axis, start, (rows - 1) * s + k)
         return self.table[op.kind](_with_attrs(op, padding=(0, 0)), x, *locals_[1:])
 
-    def batch_norm(self, op: Op, strategy: Strategy, x: Any, scale: Any, shift: Any) -> Any:
-        """Batch statistics over every device of the batch/spatial cuts (two all-reduces)."""
+    def batch_norm(
+        self, op: Op, strategy: Strategy, kept: str, x: Any, scale: Any, shift: Any
+    ) -> Any:
+        """Batch statistics over every device of the batch/spatial cuts (two all-reduces);
+        `kept` is the loop dim the statistics are kept per (the channel, tensor dim 1)."""
         torch, dt = self.torch, self.dt
-        stats = [r for r, d in enumerate(strategy) if d not in (None, "d1")]
+        stats = [r for r, d in enumerate(strategy) if d not in (None, kept)]
         partial = tuple(
-            dt.Partial() if r in stats else dt.Shard(0) if d == "d1" else dt.Replicate()
+            dt.Partial() if r in stats else dt.Shard(0) if d == kept else dt.Replicate()
             for r, d in enumerate(strategy)
         )
         whole = tuple(dt.Replicate() if p.is_partial() else p for p in partial)
@@ -269,7 +291,7 @@ class _Runner:
             return d.redistribute(self.mesh, whole).to_local(grad_placements=partial)
 
         axes = tuple(i for i in range(x.ndim) if i != 1)
-        count = math.prod(d.extent for d in op.signature.loop_dims if d.name != "d1")
+        count = math.prod(d.extent for d in op.signature.loop_dims if d.name != kept)
         shape = [1] * x.ndim
         shape[1] = x.shape[1]
         mean = (all_sum(x.sum(dim=axes)) / count).reshape(shape)

@@ -22,26 +22,30 @@ What each tensor gets (`placements(plan)`), per round:
 - a tensor nobody reads: `Replicate()` everywhere.
 
 A mesh of one device has no rounds: every tuple is empty (`run_distributed` then uses a trivial
-DeviceMesh of shape (1,)). `placement_texts` gives the same as strings (`"S(0)"`, `"R"`, `"P"`,
-`"P(max)"`) and needs no torch; `placements` returns real `torch.distributed.tensor` objects when
-torch is importable. Everything is O(|tensors| + |ops| * rounds).
+DeviceMesh of shape (1,)). `placement_texts` gives the same as strings (`"S(0)"`, `"R"`,
+`"P(sum)"`, `"P(max)"`: `shardplan.sharding.Placement`) and needs no torch; `placements`
+returns real `torch.distributed.tensor` objects when torch is importable. Everything is
+O(|tensors| + |ops| * rounds).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from shardplan.errors import MissingDependencyError, PlanError
-from shardplan.ir.op import Op, Role
+from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
-from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, operand_layout
+from shardplan.plans import Plan
+from shardplan.sharding import (
+    Layout,
+    Placement,
+    operand_layout,
+    partial_reducers,
+)
+from shardplan.sharding import placements as sharding_placements
 
 Form = Literal["auto", "torch", "text"]
-
-_TEXT = re.compile(r"^(?:S\((\d+)\)|R|P(?:\((sum|max|min)\))?)$")
 
 
 def mesh_shape(plan_or_mesh: Plan | Mesh) -> tuple[int, ...]:
@@ -56,33 +60,10 @@ def mesh_dim_names(plan_or_mesh: Plan | Mesh) -> tuple[str, ...]:
     return tuple(f"r{r.index}" for r in mesh.rounds)
 
 
-def partial_reducers(op: Op, strategy: Strategy, position: int = 0) -> tuple[str | None, ...]:
-    """Per round: the reducer (`"sum"`, `"max"`, ...) of result `position` where it is PARTIAL."""
-    layout = operand_layout(op, strategy, position, True)
-    out: list[str | None] = []
-    for cut, s in zip(strategy, layout, strict=True):
-        if s == PARTIAL and cut is not None:
-            reducer = op.signature.loop_dim(cut).reducer
-            out.append(reducer.value if reducer is not None else "sum")
-        else:
-            out.append(None)
-    return tuple(out)
-
-
 def layout_texts(layout: Layout, reducers: Sequence[str | None] | None = None) -> tuple[str, ...]:
-    """A Layout as placement strings: `S(d)`, `R`, `P` (sum) or `P(max)` / `P(min)`."""
-    out: list[str] = []
-    for r, s in enumerate(layout):
-        if s == REPLICATED:
-            out.append("R")
-        elif s == PARTIAL:
-            reducer = (reducers[r] if reducers is not None else None) or "sum"
-            out.append("P" if reducer == "sum" else f"P({reducer})")
-        elif s >= 0:
-            out.append(f"S({s})")
-        else:
-            raise PlanError(f"layout {tuple(layout)}: entry {s} of round {r} is not a layout")
-    return tuple(out)
+    """A Layout as placement strings (`shardplan.sharding.Placement`): `S(d)`, `R`, `P(sum)`,
+    `P(max)` / `P(min)`."""
+    return tuple(str(p) for p in sharding_placements(layout, reducers))
 
 
 def _require_placements() -> Any:
@@ -97,19 +78,18 @@ def _require_placements() -> Any:
 
 
 def to_placements(texts: Sequence[str]) -> tuple[Any, ...]:
-    """Placement strings -> `torch.distributed.tensor` placement objects (needs torch)."""
+    """Placement strings (`S(d)`, `R`, `P`, `P(sum)`, `P(max)`) -> `torch.distributed.tensor`
+    placement objects (needs torch)."""
     dt = _require_placements()
     out: list[Any] = []
     for text in texts:
-        m = _TEXT.match(text)
-        if m is None:
-            raise PlanError(f"{text!r} is not a placement; write S(d), R, P or P(max)")
-        if text.startswith("S"):
-            out.append(dt.Shard(int(m.group(1))))
-        elif text == "R":
-            out.append(dt.Replicate())
+        p = Placement.parse(text)
+        if p.dim is not None:
+            out.append(dt.Shard(p.dim))
+        elif p.reducer is not None:
+            out.append(dt.Partial(p.reducer))
         else:
-            out.append(dt.Partial(m.group(2) or "sum"))
+            out.append(dt.Replicate())
     return tuple(out)
 
 
@@ -128,7 +108,7 @@ def placement_texts(plan: Plan) -> dict[str, tuple[str, ...]]:
             produced[name] = layout_texts(layout, partial_reducers(op, strategy, i))
     homes = plan.tensor_layouts()
     inputs = plan.input_layouts()
-    replicated = ("R",) * len(rounds)
+    replicated = (str(Placement.replicate()),) * len(rounds)
     out: dict[str, tuple[str, ...]] = {}
     for name, tensor in graph.tensors.items():
         if name in produced:
@@ -193,7 +173,6 @@ __all__ = [
     "layouts_by_round",
     "mesh_dim_names",
     "mesh_shape",
-    "partial_reducers",
     "placement_texts",
     "placements",
     "to_placements",

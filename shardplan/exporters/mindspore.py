@@ -6,7 +6,7 @@ of one mesh axis multiply); a replicated or partial round contributes 1. O(|ops|
 
 from __future__ import annotations
 
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.sharding import in_strategy as _in_strategy
 
 InStrategy = tuple[tuple[int, ...], ...]

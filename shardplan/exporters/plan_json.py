@@ -1,7 +1,9 @@
 """Plans as JSON (schema "shardplan.plan/1"): `to_json` / `from_json` round-trip exactly.
 
 The graph, the mesh, the options and the strategies are stored; the cost is stored for readers
-and recomputed on load (`Plan.__post_init__` validates and scores). `op_rows` are the per-op
+and recomputed on load (`Plan.__post_init__` validates and scores); `from_json` first checks the
+data against the schema (`plan_schema.checked_plan_data`: typed fields, finite numbers, bounded
+depth and size), so a corrupt file is a PlanError naming the field. `op_rows` are the per-op
 display rows (strategy, MindSpore in_strategy, local operand shapes, output layout text) that the
 JSON and the CLI table share. O(|ops| * rounds * rank).
 """
@@ -14,10 +16,11 @@ from typing import Any
 from shardplan.cost import CostOptions, Optimizer, get_preset
 from shardplan.errors import PlanError
 from shardplan.exporters.mindspore import in_strategy
+from shardplan.exporters.plan_schema import checked_plan_data
 from shardplan.ir.serialize import graph_from_dict, graph_to_dict
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
-from shardplan.sharding import layout_text, local_shape, operand_layout
+from shardplan.plans import Plan
+from shardplan.sharding import local_shape, operand_layout, output_placements
 
 SCHEMA = "shardplan.plan/1"
 
@@ -46,7 +49,7 @@ def op_rows(plan: Plan) -> list[dict[str, Any]]:
                     for i, t in enumerate(op.inputs)
                 ],
                 "output_layout": [
-                    layout_text(operand_layout(op, strategy, i, True))
+                    " ".join(str(p) for p in output_placements(op, strategy, i))
                     for i in range(len(op.outputs))
                 ],
                 "comm": (c.intra + c.redistribution) if c else 0.0,
@@ -87,15 +90,7 @@ def to_json(plan: Plan, indent: int | None = None) -> str:
 
 def from_json(text: str | dict[str, Any]) -> Plan:
     """The Plan of JSON text (or its parsed dict); PlanError if it is not one."""
-    try:
-        data = json.loads(text) if isinstance(text, str) else text
-    except json.JSONDecodeError as e:
-        raise PlanError(f"plan JSON does not parse: {e}") from e
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise PlanError(
-            f"not a shardplan plan (schema must be {SCHEMA!r}); "
-            "write plans with `shardplan plan --json FILE`"
-        )
+    data = checked_plan_data(text)  # the schema check: typed fields, bounded, finite
     try:
         graph = graph_from_dict(data["graph"])
         mesh = Mesh.from_dict(data["mesh"])

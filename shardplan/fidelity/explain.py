@@ -5,14 +5,16 @@ to attribute each per-operator difference between measured and predicted bytes t
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from shardplan.fidelity.causes import NORM_KINDS, _Delta, _significant
+from shardplan.fidelity.causes import _Delta, _significant
 from shardplan.fidelity.measure import MeasuredCollective, _dims, _numel, sent_bytes
 from shardplan.fidelity.predict import OpPrediction, kind_bytes
 from shardplan.ir.op import Role
-from shardplan.plan import Plan
+from shardplan.ir.traits import Trait, traits_of
+from shardplan.plans import Plan
 
 
 class _Explainer:
@@ -70,11 +72,13 @@ class _Explainer:
         if not d.op or d.kind not in ("all-reduce", "all-gather"):
             return
         op = self.graph.op(d.op)
-        if op.kind not in NORM_KINDS:
+        traits = traits_of(op.kind)
+        if Trait.NORMALISES not in traits:
             return
         x = self.graph.tensors[op.inputs[0]].shape
-        if op.kind == "batch_norm":
-            per_row = x[1] if len(x) > 1 else 1
+        kept = traits.statistics_kept
+        if Trait.STATISTICS_OVER_PARALLEL in traits and kept is not None:
+            per_row = x[kept] if len(x) > kept else 1
         else:
             frozen = _numel(dm.extent for dm in op.signature.loop_dims if dm.kind.name == "FROZEN")
             per_row = _numel(x) // max(frozen, 1)
@@ -276,6 +280,28 @@ class _Explainer:
             if any(piece(m) for m in self.elems[(d.op, "all-gather")]):
                 d.take(d.remaining, "all-gather-for-all-to-all")
 
+    def multi_round_a2a(self, d: _Delta) -> None:
+        """An all-to-all edge whose split changes in several rounds: XLA sends one flat
+        all-to-all, (Q-1)/Q of the local piece, where the model charges sum (q-1)/q of it."""
+        if d.kind != "all-to-all" or d.sign > 0 or not d.op:
+            return
+        rounds = self.plan.mesh.rounds
+        for e in self.pred[d.op].edges:
+            moved = [
+                r.q
+                for r, a, b in zip(rounds, e.src, e.dst, strict=True)
+                if a >= 0 and b >= 0 and a != b
+            ]
+            if len(moved) < 2 or e.terms.all_to_all_bytes <= 0:
+                continue
+            per_round = sum((q - 1) / q for q in moved)
+            flat = 1 - 1 / math.prod(moved)
+            d.take(
+                e.terms.all_to_all_bytes * (1 - flat / per_round),
+                "multi-round-all-to-all",
+                f"{e.tensor!r} moves in {len(moved)} rounds at once",
+            )
+
     def gather_shortfall(self, d: _Delta) -> None:
         if d.kind != "all-gather" or not d.op:
             return
@@ -325,7 +351,8 @@ class _Explainer:
         if not d.op:
             return
         op = self.graph.op(d.op)
-        if op.kind not in NORM_KINDS or op.kind == "batch_norm":
+        traits = traits_of(op.kind)
+        if Trait.NORMALISES not in traits or Trait.STATISTICS_OVER_PARALLEL in traits:
             return
         amount = 0.0
         for e in self.pred[d.op].edges:
@@ -462,6 +489,7 @@ class _Explainer:
                 )
                 if d.sign > 0
                 else (
+                    self.multi_round_a2a,
                     self.split_normalised_axis,
                     self.merged_partial_sums,
                     self.partial_gradient_slice,

@@ -13,7 +13,7 @@ from shardplan.cost.presets import CostOptions, get_preset
 from shardplan.cost.terms import CommTerms
 from shardplan.fidelity.measure import _numel
 from shardplan.ir.graph import Graph
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 
 PREDICTED_FIELD = {
     "all-reduce": "all_reduce_bytes",

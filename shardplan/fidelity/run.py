@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from shardplan.errors import BackendError
-from shardplan.plan import Plan
+from shardplan.ir.traits import Trait, has_trait
+from shardplan.plans import Plan
 
 DTYPES = ("float64", "float32")
 """Compute dtypes of the verification (first = default)."""
@@ -166,11 +167,6 @@ def flatten_results(result: Any, train: bool) -> dict[str, Any]:
     return flat
 
 
-KINK_KINDS = ("relu",)
-"""Operators whose derivative jumps at 0: a rounding-noise sign flip of one input element
-changes the gradient by a finite amount."""
-
-
 def relu_sign_flips(plan: Plan, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> int:
     """Elements feeding a ReLU whose sign differs between the sharded and the unsharded forward
     pass while they lie within rounding noise of zero (|x| <= 1e-4 max|x| of that tensor).
@@ -184,7 +180,7 @@ def relu_sign_flips(plan: Plan, params: Mapping[str, Any], inputs: Mapping[str, 
     from shardplan.engines import jax as jb
 
     graph = plan.graph
-    probes = sorted({op.inputs[0] for op in graph.ops if op.kind in KINK_KINDS})
+    probes = sorted({op.inputs[0] for op in graph.ops if has_trait(op.kind, Trait.KINK)})
     if not probes:
         return 0
     table = jb.kernels()
@@ -228,7 +224,6 @@ def relu_sign_flips(plan: Plan, params: Mapping[str, Any], inputs: Mapping[str, 
 
 __all__ = [
     "DTYPES",
-    "KINK_KINDS",
     "TOLERANCES",
     "TensorError",
     "cast_floats",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from shardplan.engines.torch_dist import DEFAULT_TIMEOUT, run_distributed
 from shardplan.engines.torch_report import DistReport
 from shardplan.errors import BackendError
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 
 
 def verify_torch(

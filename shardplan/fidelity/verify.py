@@ -80,7 +80,7 @@ from shardplan.fidelity.run import (
     tensor_error,
     x64,
 )
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 
 DEFAULT_DTYPE = DTYPES[0]
 DEFAULT_RTOL, DEFAULT_ATOL = TOLERANCES[DEFAULT_DTYPE]

@@ -10,10 +10,28 @@ result shapes and dim kinds exact and are counted in `ImportResult.approximated`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import UnsupportedOpError
+from shardplan.importers._aten_views import (  # the shared helpers and view rules
+    Rule,
+    _alias,
+    _arg,
+    _axes,
+    _axis,
+    _copy,
+    _dropout,
+    _expand,
+    _extra,
+    _is_node,
+    _pair,
+    _permute,
+    _reshape,
+    _t,
+    _to_copy,
+    _transpose,
+)
 from shardplan.importers._build import Lazy, TranslationTable
 from shardplan.ir.op import Role
 
@@ -22,134 +40,6 @@ if TYPE_CHECKING:
 
     from shardplan.importers.torch import _Context
 
-Rule = Callable[["_Context", "Node"], Any]
-
-
-def _is_node(arg: Any) -> bool:
-    from torch.fx import Node
-
-    return isinstance(arg, Node)
-
-
-def _arg(node: Node, index: int, default: Any = None) -> Any:
-    """Positional or keyword argument `index` of an ATen call, by its schema name."""
-    if len(node.args) > index:
-        return node.args[index]
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None and index < len(schema.arguments):
-        return node.kwargs.get(schema.arguments[index].name, default)
-    return default
-
-
-def _axis(axis: int, rank: int) -> int:
-    return axis % rank if rank else 0
-
-
-def _axes(dims: Any, rank: int) -> tuple[int, ...] | None:
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return None
-    if isinstance(dims, int):
-        dims = [dims]
-    return tuple(sorted(_axis(d, rank) for d in dims))
-
-
-def _pair(value: Any, default: tuple[int, int] | None = None) -> tuple[int, int]:
-    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
-        if default is None:
-            raise UnsupportedOpError("a window parameter is missing")
-        return default
-    if isinstance(value, int):
-        return value, value
-    if len(value) == 1:
-        return int(value[0]), int(value[0])
-    return int(value[0]), int(value[1])
-
-
-def _simple(value: Any) -> bool:
-    return isinstance(value, (bool, int, float, str)) or value is None
-
-
-def _extra(node: Node, skip: int = 1) -> dict[str, Any]:
-    """Non-tensor arguments after the first `skip`, kept as attributes for executors."""
-    args = tuple(a for a in node.args[skip:] if _simple(a))
-    attrs: dict[str, Any] = {k: v for k, v in node.kwargs.items() if _simple(v) and k != "out"}
-    if args:
-        attrs["args"] = args
-    return attrs
-
-
-# -- rules: views and copies ----------------------------------------------------------------------
-def _alias(ctx: _Context, node: Node) -> Any:
-    """clone/alias/detach/contiguous: the result is the input's value."""
-    return ctx.value(node.args[0])
-
-
-def _reshape(ctx: _Context, node: Node) -> Any:
-    x, out = node.args[0], ctx.shape(node)
-    if ctx.shape(x) == out:
-        return ctx.value(x)
-    return ctx.emit("reshape", [x], node, shape=out)
-
-
-def _transpose_to(ctx: _Context, node: Node, x: Node, perm: tuple[int, ...]) -> Any:
-    if perm == tuple(range(len(perm))):
-        return ctx.value(x)
-    if perm == (1, 0):  # pending: mm/addmm read it as a linear weight, others materialize it
-        return Lazy(lambda: ctx.emit("transpose", [x], node, perm=perm), ctx.tensor(x))
-    return ctx.emit("transpose", [x], node, perm=perm)
-
-
-def _permute(ctx: _Context, node: Node) -> Any:
-    rank = len(ctx.shape(node.args[0]))
-    return _transpose_to(ctx, node, node.args[0], tuple(_axis(p, rank) for p in node.args[1]))
-
-
-def _transpose(ctx: _Context, node: Node) -> Any:
-    x, d0, d1 = node.args[:3]
-    rank = len(ctx.shape(x))
-    perm = list(range(rank))
-    perm[_axis(d0, rank)], perm[_axis(d1, rank)] = perm[_axis(d1, rank)], perm[_axis(d0, rank)]
-    return _transpose_to(ctx, node, x, tuple(perm))
-
-
-def _t(ctx: _Context, node: Node) -> Any:
-    x = node.args[0]
-    return _transpose_to(ctx, node, x, (1, 0)) if len(ctx.shape(x)) == 2 else ctx.value(x)
-
-
-def _expand(ctx: _Context, node: Node) -> Any:
-    """Exact: a broadcast is an einsum with a CONSTANT ones tensor (see `_build`)."""
-    x, out = node.args[0], ctx.shape(node)
-    if ctx.shape(x) == out:
-        return ctx.value(x)
-    return ctx.emitter.broadcast(ctx.tensor(x), out, **ctx.target(node, "", None),
-                                 source=str(node.target))
-
-
-def _copy(ctx: _Context, node: Node) -> Any:
-    """copy(dst, src): the value of src, broadcast to dst's shape."""
-    src, out = node.args[1], ctx.shape(node)
-    if ctx.shape(src) == out:
-        return ctx.value(src)
-    return ctx.emitter.broadcast(ctx.tensor(src), out, **ctx.target(node, "", None),
-                                 source=str(node.target))
-
-
-def _to_copy(ctx: _Context, node: Node) -> Any:
-    x = node.args[0]
-    if x.meta["val"].dtype == node.meta["val"].dtype:
-        return ctx.value(x)
-    return ctx.emit("cast", [x], node)
-
-
-def _dropout(ctx: _Context, node: Node) -> Any:
-    x, p, train = node.args[0], _arg(node, 1, 0.5), _arg(node, 2, True)
-    multi = isinstance(node.meta.get("val"), (tuple, list))
-    if not train or p == 0:
-        out = ctx.value(x)
-    else:
-        out = ctx.emit("dropout", [x], node, index=0 if multi else None, p=p)
-    return [out, None] if multi else out
 
 
 # -- rules: selections (gather-like einsum forms, see `_build`) -----------------------------------
@@ -188,7 +78,7 @@ def _split_sizes(ctx: _Context, node: Node, sizes: Sequence[int], dim: int) -> A
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     used = ctx.used(node)
     return [_slice_positions(ctx, node, x, axis, offsets[i], offsets[i] + sizes[i], 1, result=i)
-            if i in used else None for i in range(len(sizes))]
+            if i in used and sizes[i] > 0 else None for i in range(len(sizes))]  # empty: dropped
 
 
 def _split_with_sizes(ctx: _Context, node: Node) -> Any:
@@ -490,27 +380,26 @@ def _baddbmm(ctx: _Context, node: Node) -> Any:
 
 
 def _convolution(ctx: _Context, node: Node) -> Any:
-    """conv2d; conv1d as a conv2d over a height-1 image (exact). Bias -> bias_add on axis 1."""
+    """conv2d (any `groups`); conv1d as a conv2d over a height-1 image (exact). Bias -> bias_add
+    on axis 1."""
     x, w, bias, stride, padding, dilation, transposed, _, groups = node.args[:9]
     rank = len(ctx.shape(x))
     if transposed:
         raise UnsupportedOpError("transposed convolution is not in the catalogue")
     if any(d != 1 for d in dilation):
         raise UnsupportedOpError(f"dilated convolution (dilation={list(dilation)})")
-    if groups != 1:
-        raise UnsupportedOpError(f"grouped convolution (groups={groups}); the catalogue's "
-                                 "conv2d has groups=1 only")
     if rank not in (3, 4):
         raise UnsupportedOpError(f"{rank - 2}-D convolution; the catalogue has conv2d only")
+    grouped = {"groups": int(groups)} if groups != 1 else {}  # depthwise: groups == channels
     if rank == 4:
         y = ctx.emit("conv2d", [x, w], node, part="conv" if bias is not None else "",
-                     stride=_pair(stride), padding=_pair(padding))
+                     stride=_pair(stride), padding=_pair(padding), **grouped)
         return y if bias is None else _with_bias(ctx, node, y, bias, axis=1)
-    (n, c, length), (o, _, k) = ctx.shape(x), ctx.shape(w)
+    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
     x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
-    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, c, 1, k))
+    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
     y = ctx.emit("conv2d", [x2, w2], node, part="conv", stride=(1, int(stride[0])),
-                 padding=(0, int(padding[0])))
+                 padding=(0, int(padding[0])), **grouped)
     if bias is not None:
         y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
     return ctx.emit("reshape", [y], node, shape=ctx.shape(node))
@@ -676,11 +565,13 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.logsumexp.default")(_reduce("reduce_max", approx=True))
     # along one FROZEN axis
     reg("aten._softmax.default", "aten._safe_softmax.default")(_along("softmax"))
+    reg("aten.softmax.int")(_along("softmax"))  # export's IR before decomposition
     reg("aten._log_softmax.default")(_along("softmax", approx=True))  # log of a softmax
     reg("aten.cumsum.default", "aten.cumprod.default")(_along("softmax", approx=True))  # scans
     reg("aten.sort.default")(_along("softmax", approx=True))          # values and indices
     # normalization
     reg("aten.native_layer_norm.default")(_layer_norm)
+    reg("aten.layer_norm.default")(lambda ctx, node: _layer_norm(ctx, node)[0])  # undecomposed
     reg("aten._native_batch_norm_legit_no_training.default",
         "aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit_functional.default",
         "aten.native_batch_norm.default")(_batch_norm)
@@ -695,4 +586,7 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.convolution.default")(_convolution)
     reg("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default")(_pool)
     reg("aten._adaptive_avg_pool2d.default")(_adaptive_avg_pool)
+    from shardplan.importers._aten_more import register_more
+
+    register_more(reg)  # as_strided views, scatters, histogram (shardplan/importers/_aten_more.py)
     return t

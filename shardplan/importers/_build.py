@@ -33,12 +33,12 @@ from shardplan.ir.dims import DimKind, LoopDim
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Op, Role, Tensor
 from shardplan.ir.signature import Signature
+from shardplan.ir.traits import OPAQUE_KIND
 
 K = TypeVar("K")
 V = TypeVar("V")
 Shape = tuple[int, ...]
 UnknownPolicy = Literal["error", "replicate"]
-OPAQUE = "opaque"
 
 
 @dataclass(slots=True)
@@ -106,11 +106,14 @@ class ImportResult:
         replicated: framework ops imported as opaque operators (never cut), in graph order.
         approximated: framework op -> how many of its nodes map to a catalogue form that keeps
             shapes and dim kinds but not the exact function (see each importer's table).
+        notes: what the import dropped or assumed, one line each (zero-size values dropped,
+            grouped experts read with a capacity).
     """
 
     graph: Graph
     replicated: tuple[ReplicatedOp, ...] = ()
     approximated: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     def report(self) -> str:
         g = self.graph
@@ -121,6 +124,9 @@ class ImportResult:
         if self.approximated:
             lines.append("approximated (shapes exact, function approximate):")
             lines += [f"  {k}: {n}" for k, n in sorted(self.approximated.items())]
+        if self.notes:
+            lines.append("notes:")
+            lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -176,6 +182,7 @@ class Emitter:
         self._roles: dict[str, Role] = {}
         self.replicated: list[ReplicatedOp] = []
         self.approximated: Counter[str] = Counter()
+        self.notes: list[str] = []
 
     # -- tensors ------------------------------------------------------------------------------
     def shape(self, tensor: str) -> Shape:
@@ -240,7 +247,7 @@ class Emitter:
         for out, shape, nbytes in zip(outs, shapes, out_dtype_bytes, strict=True):
             self._add(Tensor(out, shape, nbytes, Role.ACTIVATION))
         signature = opaque_signature([self.shape(t) for t in inputs], shapes)
-        self.builder.add_op(Op(name, OPAQUE, signature, tuple(inputs), tuple(outs),
+        self.builder.add_op(Op(name, OPAQUE_KIND, signature, tuple(inputs), tuple(outs),
                                float(sum(_numel(s) for s in shapes)), (("source", source),),
                                layer))
         self.replicated.append(ReplicatedOp(name, source, module or layer))
@@ -337,7 +344,8 @@ class Emitter:
 
     def build(self) -> ImportResult:
         graph = self.builder.build()
-        return ImportResult(graph, tuple(self.replicated), dict(self.approximated))
+        return ImportResult(graph, tuple(self.replicated), dict(self.approximated),
+                            tuple(self.notes))
 
 
 def _shape(shape: Sequence[Any], name: str) -> Shape:

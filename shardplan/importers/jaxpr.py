@@ -67,13 +67,9 @@ from shardplan.errors import (
     ShapeError,
     UnsupportedOpError,
 )
-from shardplan.importers._jaxpr_rules import (  # noqa: F401  (re-exported: the table's parts)
-    APPROX_ELEMENTWISE,
-    EXACT_ELEMENTWISE,
+from shardplan.importers._jaxpr_rules import (
     INLINE,
-    PASS_THROUGH,
     RULES,
-    Rule,
     _numel,
     _static_shape,
     is_dropped,
@@ -82,8 +78,7 @@ from shardplan.importers._jaxpr_rules import (  # noqa: F401  (re-exported: the 
 )
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Op, Role, Tensor
-
-OPAQUE = "opaque"
+from shardplan.ir.traits import OPAQUE_KIND
 
 _INSTALL_HINT = "install it with: pip install 'shardplan[jax]'"
 
@@ -221,7 +216,7 @@ class _Translator:
         self.b.add_op(
             Op(
                 name,
-                OPAQUE,
+                OPAQUE_KIND,
                 signature,
                 tuple(ins),
                 tuple(outs),

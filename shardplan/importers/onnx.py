@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.errors import MissingDependencyError, ShapeError, UnsupportedOpError
+from shardplan.errors import (
+    ArgumentError,
+    IRError,
+    MissingDependencyError,
+    ShapeError,
+    UnsupportedOpError,
+)
 from shardplan.importers._build import (
     Emitter,
     ImportResult,
@@ -75,12 +81,24 @@ def import_onnx(path_or_model: Any, *, unknown: UnknownPolicy = "error",
     onnx = _onnx()
     policy = check_policy(unknown)
     if isinstance(path_or_model, (str, Path)):
-        model = onnx.load(str(path_or_model))
-        default = Path(path_or_model).stem
+        path = Path(path_or_model)
+        if not path.is_file():
+            raise ArgumentError(f"ONNX file {str(path)!r} does not exist (or is not a file)")
+        try:
+            model = onnx.load(str(path))
+        except Exception as e:  # protobuf's DecodeError and friends: the file is not ONNX
+            raise IRError(
+                f"ONNX file {str(path)!r} is not a valid ONNX model ({type(e).__name__}: {e}); "
+                "export it again with torch.onnx.export or onnx.save"
+            ) from e
+        default = path.stem
     else:
         model = path_or_model
         default = model.graph.name or "onnx_model"
-    model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    try:
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as e:  # onnx's InferenceError / ValidationError: a malformed model
+        raise IRError(f"ONNX shape inference failed ({type(e).__name__}: {e})") from e
     ctx = _Context(model, Emitter(name or default, policy), onnx_table())
     ctx.run()
     return ctx.emitter.build()

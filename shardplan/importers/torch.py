@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import difflib
 import operator
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import MissingDependencyError, ShapeError, UnsupportedOpError
-from shardplan.importers._aten import Rule, _is_node, aten_table
+from shardplan.importers._aten import Rule, aten_table
+from shardplan.importers._aten_views import _is_node
 from shardplan.importers._build import (
     Emitter,
     ImportResult,
@@ -95,11 +97,42 @@ def import_torch(module: Any, example_args: Sequence[Any] = (),
         program = module
     else:
         program = torch.export.export(module, tuple(example_args), example_kwargs or {})
-    ep = program.run_decompositions(_decompositions(torch, program))
     default = "exported_program" if program is module else type(module).__name__
-    ctx = _Context(ep, Emitter(name or default, policy), aten_table())
+    return _translate(torch, program, name or default, policy)
+
+
+def _translate(torch: Any, program: Any, name: str, policy: UnknownPolicy,
+               decompose: bool | None = None) -> ImportResult:
+    """Translate an exported program; decompose it to core ATen first only when some op needs
+    it (`decompose=None`): the decomposition re-traces the whole program and takes most of an
+    import's time, while export's own IR is usually covered by the table already."""
+    table = aten_table()
+    if decompose is None:
+        decompose = _needs_decomposition(program, table)
+    ep = program.run_decompositions(_decompositions(torch, program)) if decompose else program
+    ctx = _Context(ep, Emitter(name, policy), table)
     ctx.run()
     return ctx.emitter.build()
+
+
+def _needs_decomposition(program: Any, table: Any) -> bool:
+    """Whether an op of `program` has no rule and is not folded as a constant (conservatively:
+    placeholders count as non-constant). O(nodes)."""
+    static: set[Any] = set()
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        key = str(node.target)
+        parents = node.all_input_nodes
+        if node.target is operator.getitem:
+            if parents and parents[0] in static:
+                static.add(node)
+            continue
+        if key in _CREATION or all(p in static for p in parents):
+            static.add(node)
+        elif key not in table and key not in _SKIP:
+            return True
+    return False
 
 
 def _decompositions(torch: Any, program: Any) -> Any:
@@ -144,6 +177,9 @@ class _Context:
         self.ep, self.emitter, self.table = ep, emitter, table
         self.env: dict[Node, Any] = {}
         self.static: set[Node] = set()
+        self.experts: dict[Node, Any] = {}  # node -> its grouped-experts block
+        self.names: dict[Node, str] = {}
+        self.name_counts: dict[tuple[str, str], int] = {}
 
     # -- placeholders ---------------------------------------------------------------------------
     def _placeholders(self) -> None:
@@ -186,7 +222,10 @@ class _Context:
 
     # -- nodes ------------------------------------------------------------------------------------
     def run(self) -> None:
+        from shardplan.importers._aten_moe import expert_blocks
+
         self._placeholders()
+        self.experts = expert_blocks(self)
         for node in self.ep.graph.nodes:
             if node.op == "get_attr":
                 self.static.add(node)
@@ -198,6 +237,15 @@ class _Context:
         key = str(node.target)
         val = node.meta.get("val")
         parents = node.all_input_nodes
+        if self.experts.get(node) is not None:  # a grouped-experts block (see _aten_moe)
+            self.env[node] = self.experts[node].translate(self, node)
+            return
+        if self._is_tensor(val) and val.numel() == 0:  # nothing to compute or to cut: readers
+            self.emitter.notes.append(f"zero-size value {node.name} {tuple(val.shape)} "
+                                      f"({key}) dropped")  # fold it (a sum of it is 0) or skip it
+            self.static.add(node)
+            self.env[node] = None
+            return
         if node.target is operator.getitem:
             source, index = node.args
             if source in self.static:
@@ -241,7 +289,7 @@ class _Context:
         tensors = [v for v in flat if self._is_tensor(v)]
         path, _ = self.module(node)
         outs = self.emitter.opaque(inputs, [tuple(v.shape) for v in tensors],
-                                   [v.dtype.itemsize for v in tensors], name=node.name,
+                                   [v.dtype.itemsize for v in tensors], name=self.op_name(node),
                                    source=str(node.target), layer=self.layer(node), module=path)
         it = iter(outs)
         mapped = [next(it) if self._is_tensor(v) else None for v in flat]
@@ -257,6 +305,19 @@ class _Context:
 
     def layer(self, node: Node) -> str:
         return self.module(node)[0]
+
+    def op_name(self, node: Node) -> str:
+        """`<module path>.<aten name>` (`h.0.mlp.fc.addmm`), numbered within the module when it
+        has several: names read like the model's code and repeat from one layer to the next."""
+        name = self.names.get(node)
+        if name is None:
+            path = self.layer(node)
+            base = re.sub(r"_\d+$", "", node.name)
+            count = self.name_counts.get((path, base), 0)
+            self.name_counts[(path, base)] = count + 1
+            local = base if count == 0 else f"{base}_{count}"
+            name = self.names[node] = f"{path}.{local}" if path else node.name
+        return name
 
     def value(self, arg: Any) -> Any:
         return self.env[arg] if _is_node(arg) else arg
@@ -294,14 +355,15 @@ class _Context:
         `node.name/part` (an intermediate op, whose shape only the catalogue checks).
         """
         multi = isinstance(node.meta.get("val"), (tuple, list))
+        base = self.op_name(node)
         if part:
-            name, expect = f"{node.name}/{part}", None
+            name, expect = f"{base}/{part}", None
         elif multi:
             if index is None:
                 raise ShapeError(f"node {node.name!r} has several results; say which one")
-            name, expect = f"{node.name}:{index}", self.shape(node, index)
+            name, expect = f"{base}:{index}", self.shape(node, index)
         else:
-            name, expect = node.name, self.shape(node)
+            name, expect = base, self.shape(node)
         return {"name": name, "layer": self.layer(node), "expect": expect,
                 "dtype_bytes": self.dtype_bytes(node, index or 0)}
 
@@ -345,3 +407,48 @@ def _similar(keys: Sequence[str], key: str) -> list[str]:
         by_base.setdefault(base(k), []).append(k)
     close = difflib.get_close_matches(base(key), list(by_base), n=3)
     return [k for c in close for k in by_base[c]][:5]
+
+
+# -- tracing for engines that run the user's own program ----------------------------------------
+CHECK_OPS = _SKIP
+"""ATen ops of an export that only check (shapes, asserts) and have no tensor result."""
+
+
+class TorchTrace:
+    """What `shardplan.torch.parallelize` needs of an import: the decomposed program it runs, the
+    imported result, and FX node name -> the graph tensor(s) that node's value is.
+
+    `values[node]` is a tensor name, a tuple of names (None where a result is not a tensor) for a
+    multi-result node, or absent for folded, skipped and pending (transposed) nodes.
+    """
+
+    __slots__ = ("program", "result", "values")
+
+    def __init__(self, program: Any, result: ImportResult, values: dict[str, Any]) -> None:
+        self.program, self.result, self.values = program, result, values
+
+
+def trace_torch(module: Any, example_args: Sequence[Any] = (),
+                example_kwargs: dict[str, Any] | None = None, *,
+                unknown: UnknownPolicy = "error", name: str | None = None) -> TorchTrace:
+    """`import_torch`, also returning the decomposed ExportedProgram and the node -> tensor map."""
+    torch = _torch()
+    policy = check_policy(unknown)
+    if isinstance(module, torch.export.ExportedProgram):
+        program = module
+    else:
+        program = torch.export.export(module, tuple(example_args), example_kwargs or {})
+    ep = program.run_decompositions(_decompositions(torch, program))
+    default = "exported_program" if program is module else type(module).__name__
+    ctx = _Context(ep, Emitter(name or default, policy), aten_table())
+    ctx.run()
+    result = ctx.emitter.build()
+    values: dict[str, Any] = {}
+    for node, value in ctx.env.items():
+        if node in ctx.static:
+            continue
+        if isinstance(value, str):
+            values[node.name] = value
+        elif isinstance(value, (list, tuple)):
+            values[node.name] = tuple(v if isinstance(v, str) else None for v in value)
+    return TorchTrace(ep, result, values)

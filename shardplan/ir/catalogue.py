@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from types import MappingProxyType
 from typing import Any
 
 from shardplan.errors import ShapeError, UnsupportedOpError
+from shardplan.ir.catalogue_moe import MOE_RULES
 from shardplan.ir.dims import DimKind, LoopDim, Reducer
 from shardplan.ir.signature import Group, Signature, TensorDims
 
@@ -56,7 +58,19 @@ def _need(kind: str, shapes: Sequence[Shape], counts: tuple[int, ...]) -> None:
         raise ShapeError(f"{kind} takes {' or '.join(map(str, counts))} inputs, got {len(shapes)}")
 
 
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    """A sequence of whole numbers (an attribute such as `perm`, `axes` or a target shape)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ShapeError(f"{what} must be a tuple of whole numbers, got {value!r}")
+    if not all(isinstance(v, Integral) and not isinstance(v, bool) for v in value):
+        raise ShapeError(f"{what} must be a tuple of whole numbers, got {value!r}")
+    return tuple(int(v) for v in value)
+
+
 def _axis(axis: int, rank: int, kind: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, Integral):
+        raise ShapeError(f"{kind}: axis must be a whole number, got {axis!r}")
+    axis = int(axis)
     if not -rank <= axis < rank:
         raise ShapeError(f"{kind}: axis {axis} is out of range for rank {rank}")
     return axis % rank
@@ -92,7 +106,7 @@ def bias_add(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """`d0 .. dk .., dk -> d0 .. dk ..`: a 1-D bias added along `axis` (default last)."""
     _need("bias_add", shapes, (2,))
     x, bias = shapes
-    axis = _axis(int(attrs.get("axis", -1)), len(x), "bias_add")
+    axis = _axis(attrs.get("axis", -1), len(x), "bias_add")
     if bias != (x[axis],):
         raise ShapeError(f"bias_add: bias shape {bias} must be ({x[axis]},) for axis {axis}")
     names = _names("d", len(x))
@@ -104,7 +118,7 @@ def softmax(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """`d0 .. dn -> d0 .. dn` with the softmax axis FROZEN."""
     _need("softmax", shapes, (1,))
     (x,) = shapes
-    axis = _axis(int(attrs.get("axis", -1)), len(x), "softmax")
+    axis = _axis(attrs.get("axis", -1), len(x), "softmax")
     names = _names("d", len(x))
     dims = [
         LoopDim(n, e, DimKind.FROZEN if i == axis else DimKind.PARALLEL)
@@ -190,44 +204,53 @@ def bmm(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     return _matmul_core("bmm", shapes[0], shapes[1], bool(attrs.get("transpose_b")), True)
 
 
-def _pair(value: Any) -> tuple[int, int]:
-    if isinstance(value, int):
-        return value, value
-    a, b = value
-    return int(a), int(b)
+def _pair(value: Any, what: str, low: int = 1) -> tuple[int, int]:
+    """An int or a pair of ints, each >= `low` (kernel and stride >= 1, padding >= 0)."""
+    pair = (value, value) if isinstance(value, Integral) and not isinstance(value, bool) else value
+    a, b = _ints(pair, what) if len(_ints(pair, what)) == 2 else (None, None)
+    if a is None or b is None or a < low or b < low:
+        raise ShapeError(f"{what} must be an int or a pair of ints >= {low}, got {value!r}")
+    return a, b
 
 
 def conv2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
-    """`n c y x, o c r s -> n o y x`: c REDUCE(sum), y x WINDOW (halo r-stride), r s FROZEN."""
+    """`n c y x, o c r s -> n o y x`: c REDUCE(sum), y x WINDOW (halo r-stride), r s FROZEN.
+
+    With `groups` G > 1 (depthwise: G = channels) the channels are `(g c)` and `(g o)`: the
+    group dim g is PARALLEL (each group convolves its own channels), c and o inside a group FROZEN.
+    """
     _need("conv2d", shapes, (2,))
     x, w = shapes
-    if int(attrs.get("groups", 1)) != 1:
-        raise UnsupportedOpError(
-            f"conv2d: groups={attrs.get('groups')} is not in the catalogue (only groups=1); "
-            "import with unknown='replicate' to keep such convolutions replicated"
+    groups = int(attrs.get("groups", 1))
+    if groups < 1 or len(x) != 4 or len(w) != 4 or x[1] != w[1] * groups or w[0] % groups:
+        raise ShapeError(
+            f"conv2d: input {x} and weight {w} need [n,c,h,w] and [o,c/groups,r,s] with groups "
+            f"({groups}) dividing c and o"
         )
-    if len(x) != 4 or len(w) != 4 or x[1] != w[1]:
-        raise ShapeError(f"conv2d: input {x} and weight {w} need [n,c,h,w] and [o,c,r,s]")
-    sy, sx = _pair(attrs.get("stride", 1))
-    py, px = _pair(attrs.get("padding", 0))
+    sy, sx = _pair(attrs.get("stride", 1), "conv2d: stride")
+    py, px = _pair(attrs.get("padding", 0), "conv2d: padding", 0)
     r, s = w[2], w[3]
     oy, ox = (x[2] + 2 * py - r) // sy + 1, (x[3] + 2 * px - s) // sx + 1
     if oy < 1 or ox < 1:
         raise ShapeError(f"conv2d: input {x} too small for kernel {(r, s)}")
+    inner = DimKind.FROZEN if groups > 1 else DimKind.PARALLEL
     dims = [
         LoopDim("n", x[0]),
-        LoopDim("o", w[0]),
-        LoopDim("y", oy, DimKind.WINDOW, halo=max(r - sy, 0)),
-        LoopDim("x", ox, DimKind.WINDOW, halo=max(s - sx, 0)),
-        LoopDim("c", x[1], DimKind.REDUCE, Reducer.SUM),
+        LoopDim("o", w[0] // groups, inner),
+        LoopDim("y", oy, DimKind.WINDOW, halo=max(r - sy, 0), span=x[2]),
+        LoopDim("x", ox, DimKind.WINDOW, halo=max(s - sx, 0), span=x[3]),
+        LoopDim("c", w[1], DimKind.FROZEN if groups > 1 else DimKind.REDUCE),
         LoopDim("r", r, DimKind.FROZEN),
         LoopDim("s", s, DimKind.FROZEN),
     ]
-    ins = [(("n",), ("c",), ("y",), ("x",)), (("o",), ("c",), ("r",), ("s",))]
+    cin: Group = ("c",)
+    cout: Group = ("o",)
+    if groups > 1:
+        dims.insert(1, LoopDim("g", groups))
+        cin, cout = ("g", "c"), ("g", "o")
+    ins = [(("n",), cin, ("y",), ("x",)), (cout, ("c",), ("r",), ("s",))]
     out = (x[0], w[0], oy, ox)
-    return _form(
-        dims, ins, [(("n",), ("o",), ("y",), ("x",))], [out], 2 * _numel(out) * x[1] * r * s
-    )
+    return _form(dims, ins, [(("n",), cout, ("y",), ("x",))], [out], 2 * _numel(out) * w[1] * r * s)
 
 
 def pool2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
@@ -236,17 +259,17 @@ def pool2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     (x,) = shapes
     if len(x) != 4:
         raise ShapeError(f"pool2d: input must be [n,c,h,w], got {x}")
-    ky, kx = _pair(attrs.get("kernel", 2))
-    sy, sx = _pair(attrs.get("stride", attrs.get("kernel", 2)))
-    py, px = _pair(attrs.get("padding", 0))
+    ky, kx = _pair(attrs.get("kernel", 2), "pool2d: kernel")
+    sy, sx = _pair(attrs.get("stride", attrs.get("kernel", 2)), "pool2d: stride")
+    py, px = _pair(attrs.get("padding", 0), "pool2d: padding", 0)
     oy, ox = (x[2] + 2 * py - ky) // sy + 1, (x[3] + 2 * px - kx) // sx + 1
     if oy < 1 or ox < 1:
         raise ShapeError(f"pool2d: input {x} too small for kernel {(ky, kx)}")
     dims = [
         LoopDim("n", x[0]),
         LoopDim("c", x[1]),
-        LoopDim("y", oy, DimKind.WINDOW, halo=max(ky - sy, 0)),
-        LoopDim("x", ox, DimKind.WINDOW, halo=max(kx - sx, 0)),
+        LoopDim("y", oy, DimKind.WINDOW, halo=max(ky - sy, 0), span=x[2]),
+        LoopDim("x", ox, DimKind.WINDOW, halo=max(kx - sx, 0), span=x[3]),
     ]
     out = (x[0], x[1], oy, ox)
     io = (("n",), ("c",), ("y",), ("x",))
@@ -258,7 +281,13 @@ def reduce(shapes: Sequence[Shape], attrs: Mapping[str, Any], reducer: Reducer) 
     _need("reduce", shapes, (1,))
     (x,) = shapes
     axes = attrs.get("axes")
-    axes = tuple(range(len(x))) if axes is None else tuple(_axis(a, len(x), "reduce") for a in axes)
+    if isinstance(axes, Integral) and not isinstance(axes, bool):
+        axes = (axes,)  # one axis, as numpy accepts it
+    axes = (
+        tuple(range(len(x)))
+        if axes is None
+        else tuple(_axis(a, len(x), "reduce") for a in _ints(axes, "reduce: axes"))
+    )
     keep = bool(attrs.get("keepdims", False))
     names = _names("d", len(x))
     dims = [
@@ -285,7 +314,9 @@ def reshape(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """
     _need("reshape", shapes, (1,))
     (x,) = shapes
-    target = list(attrs["shape"])
+    target = list(_ints(attrs["shape"], "reshape: shape"))
+    if any(t < 1 and t != -1 for t in target):
+        raise ShapeError(f"reshape: target shape {target} has sizes below 1 (only one -1 allowed)")
     if target.count(-1) > 1:
         raise ShapeError(f"reshape: at most one -1 in target shape {target}")
     if -1 in target:
@@ -359,7 +390,7 @@ def transpose(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """`d0 d1 d2 -> d2 d0 d1` for `perm=(2, 0, 1)`."""
     _need("transpose", shapes, (1,))
     (x,) = shapes
-    perm = tuple(int(p) for p in attrs["perm"])
+    perm = _ints(attrs["perm"], "transpose: perm")
     if sorted(perm) != list(range(len(x))):
         raise ShapeError(f"transpose: perm {perm} is not a permutation of rank {len(x)}")
     names = _names("d", len(x))
@@ -384,8 +415,10 @@ def embedding(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
 
 def concat(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """`d0 c0, d0 c1 -> d0 cat`: the concatenated axis is FROZEN (one loop dim per side)."""
+    if not shapes:
+        raise ShapeError("concat needs at least one input")
     rank = len(shapes[0])
-    axis = _axis(int(attrs.get("axis", 0)), rank, "concat")
+    axis = _axis(attrs.get("axis", 0), rank, "concat")
     for s in shapes:
         if len(s) != rank or any(
             a != b for i, (a, b) in enumerate(zip(s, shapes[0], strict=True)) if i != axis
@@ -423,10 +456,18 @@ def einsum(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
     """Any einsum `spec` (e.g. MoE dispatch `b s e c, b s m -> e c m`): summed dims REDUCE(sum)."""
     from shardplan.ir.signature import parse_operands
 
-    spec = str(attrs["spec"])
+    spec = attrs["spec"]
+    if not isinstance(spec, str) or spec.count("->") != 1 or "(" in spec or ")" in spec:
+        raise ShapeError(
+            f"einsum spec {spec!r} must be text with exactly one '->' and no groups, "
+            "e.g. 'b s e c, b s m -> e c m'"
+        )
     lhs, rhs = spec.split("->")
     ins = parse_operands(lhs)
-    (out,) = parse_operands(rhs)
+    outs = parse_operands(rhs)
+    if len(outs) != 1:
+        raise ShapeError(f"einsum {spec!r}: exactly one result, got {len(outs)}")
+    (out,) = outs
     if len(ins) != len(shapes):
         raise ShapeError(f"einsum {spec!r}: {len(ins)} operands but {len(shapes)} inputs")
     extents: dict[str, int] = {}
@@ -439,7 +480,13 @@ def einsum(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
                 raise ShapeError(
                     f"einsum {spec!r}: loop dim {name!r} has sizes {extents[name]}, {size}"
                 )
-    out_names = [g[0] for g in out]
+    out_names = [g[0] for g in out if g]
+    missing = [n for n in out_names if n not in extents]
+    if missing or len(out_names) != len(out):
+        raise ShapeError(
+            f"einsum {spec!r}: result loop dims {missing or list(out)} appear in no input; "
+            "every result letter must index an input"
+        )
     frozen = set(attrs.get("frozen", ()))
     order = out_names + [n for n in extents if n not in out_names]
     dims = []
@@ -497,6 +544,7 @@ CATALOGUE: Mapping[str, Rule] = MappingProxyType(
         "concat": concat,
         "cross_entropy": cross_entropy,
         "einsum": einsum,
+        **MOE_RULES,  # experts as a loop dim (shardplan/ir/catalogue_moe.py)
     }
 )
 
@@ -516,3 +564,6 @@ def op_form(kind: str, shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpF
         return rule([tuple(int(d) for d in s) for s in shapes], attrs)
     except KeyError as e:
         raise ShapeError(f"{kind}: missing attribute {e.args[0]!r}") from e
+    except (TypeError, ValueError, ZeroDivisionError, IndexError) as e:
+        # an attribute of the wrong type or value that no rule names: say which op and attrs
+        raise ShapeError(f"{kind}: attributes {dict(attrs)} do not fit inputs {shapes}: {e}") from e

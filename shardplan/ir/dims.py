@@ -37,6 +37,8 @@ class LoopDim:
         kind: what cutting it means (see DimKind).
         reducer: for REDUCE dims, how partial results combine.
         halo: for WINDOW dims, rows each part needs from its neighbour when cut.
+        span: for WINDOW dims, the size of the input tensor dim the window grid reads (a conv
+            input is larger than its output grid); a cut must divide it as well (0: the extent).
     """
 
     name: str
@@ -44,6 +46,7 @@ class LoopDim:
     kind: DimKind = DimKind.PARALLEL
     reducer: Reducer | None = None
     halo: int = 0
+    span: int = 0
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -56,6 +59,10 @@ class LoopDim:
             raise SignatureError(f"loop dim {self.name!r}: a reducer needs kind REDUCE")
         if self.halo < 0:
             raise SignatureError(f"loop dim {self.name!r}: halo {self.halo} must be >= 0")
+        if self.span < 0 or (self.span and self.kind is not DimKind.WINDOW):
+            raise SignatureError(
+                f"loop dim {self.name!r}: span {self.span} is only for WINDOW dims (>= 1)"
+            )
 
     @property
     def splittable(self) -> bool:

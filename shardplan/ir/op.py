@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
+from shardplan.checks import MAX_SIZE
 from shardplan.errors import IRError
 from shardplan.ir.signature import Signature
 
@@ -27,9 +29,23 @@ class Tensor:
     role: Role = Role.ACTIVATION
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        if any(s < 1 for s in self.shape):
-            raise IRError(f"tensor {self.name!r} has shape {self.shape}; every dim must be >= 1")
+        if not isinstance(self.name, str) or not self.name:
+            raise IRError(f"tensor name {self.name!r} must be a non-empty string")
+        shape = self.shape
+        ok = isinstance(shape, (tuple, list)) and all(
+            isinstance(s, Integral) and not isinstance(s, bool) for s in shape
+        )
+        if not ok:  # no coercion: (2, 2.5), (2, nan), '23' are errors, not shapes
+            raise IRError(
+                f"tensor {self.name!r} has shape {shape!r}; a shape is a tuple of whole numbers"
+            )
+        object.__setattr__(self, "shape", tuple(int(s) for s in shape))  # numpy ints -> int
+        if any(s < 1 or s > MAX_SIZE for s in self.shape):
+            raise IRError(
+                f"tensor {self.name!r} has shape {self.shape}; every dim must be in [1, 2**48]"
+            )
+        if isinstance(self.dtype_bytes, bool) or not isinstance(self.dtype_bytes, Integral):
+            raise IRError(f"tensor {self.name!r}: dtype_bytes {self.dtype_bytes!r} must be an int")
         if self.dtype_bytes < 1:
             raise IRError(f"tensor {self.name!r}: dtype_bytes {self.dtype_bytes} must be >= 1")
 

@@ -32,7 +32,14 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
                 "inputs": list(op.inputs),
                 "outputs": list(op.outputs),
                 "loop_dims": [
-                    [d.name, d.extent, d.kind.value, d.reducer.value if d.reducer else None, d.halo]
+                    [
+                        d.name,
+                        d.extent,
+                        d.kind.value,
+                        d.reducer.value if d.reducer else None,
+                        d.halo,
+                        d.span,
+                    ]
                     for d in op.signature.loop_dims
                 ],
                 "input_dims": [[list(g) for g in dims] for dims in op.signature.inputs],
@@ -55,8 +62,9 @@ def graph_from_dict(data: dict[str, Any]) -> Graph:
         ops = []
         for o in data["ops"]:
             dims = tuple(
-                LoopDim(n, int(e), DimKind(k), Reducer(r) if r else None, int(h))
-                for n, e, k, r, h in o["loop_dims"]
+                LoopDim(n, int(e), DimKind(k), Reducer(r) if r else None, int(h), int(sp))
+                for n, e, k, r, h, *rest in o["loop_dims"]
+                for sp in [rest[0] if rest else 0]  # span: absent in files before it existed
             )
             sig = Signature(
                 dims,

@@ -103,6 +103,7 @@ class Signature:
         kinds: Mapping[str, DimKind] | None = None,
         halos: Mapping[str, int] | None = None,
         reducers: Mapping[str, object] | None = None,
+        spans: Mapping[str, int] | None = None,
     ) -> Signature:
         """Build from text like `"m k, n k -> m n"` with extents and non-default kinds.
 
@@ -124,7 +125,8 @@ class Signature:
         kinds = kinds or {}
         halos = halos or {}
         reducers = reducers or {}
-        for name in list(kinds) + list(extents):
+        spans = spans or {}
+        for name in list(kinds) + list(extents) + list(spans):
             if name not in order:
                 raise SignatureError(f"loop dim {name!r} is given but not used in {spec!r}")
         missing = [n for n in order if n not in extents]
@@ -137,6 +139,7 @@ class Signature:
                 kinds.get(n, DimKind.PARALLEL),
                 reducers.get(n),  # type: ignore[arg-type]
                 int(halos.get(n, 0)),
+                int(spans.get(n, 0)),
             )
             for n in order
         )

@@ -3,8 +3,9 @@
 Checks, each raising a typed error that names the operator or tensor: every operand exists and is
 defined before use (topological order, else CycleError), each tensor has at most one producer,
 op outputs are activations, graph inputs are not activations, operand ranks and group extents
-match the tensor shapes (WINDOW groups of inputs are exempt: a conv input is larger than its
-output window grid), and no tensor is left dangling (an activation nobody produces).
+match the tensor shapes (a WINDOW group of an input matches the dim's declared `span`: a conv
+input is larger than its output window grid), and no tensor is left dangling (an activation
+nobody produces).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def verify(graph: Graph) -> Graph:
     produced: set[str] = set()
     for op in graph.ops:
         extents = op.signature.extents
-        window = {d.name for d in op.signature.loop_dims if d.kind is DimKind.WINDOW}
+        window = {d.name: d for d in op.signature.loop_dims if d.kind is DimKind.WINDOW}
         for side, names, groups in (
             ("input", op.inputs, op.signature.inputs),
             ("output", op.outputs, op.signature.outputs),
@@ -51,8 +52,17 @@ def verify(graph: Graph) -> Graph:
                         f"{len(dims)} dims"
                     )
                 for j, (group, size) in enumerate(zip(dims, tensor.shape, strict=True)):
-                    if side == "input" and window & set(group):
+                    if side == "input" and len(group) == 1 and group[0] in window:
+                        span = window[group[0]].span or extents[group[0]]
+                        if size != span:
+                            raise ShapeError(
+                                f"op {op.name!r} ({op.kind}): input {pos} {tname!r} dim {j} has "
+                                f"size {size} but WINDOW loop dim {group[0]!r} declares span "
+                                f"{span}; declare the input size as the dim's span"
+                            )
                         continue
+                    if side == "input" and window.keys() & set(group):
+                        continue  # a window inside a merged group: no size to compare with
                     if group_extent(group, extents) != size:
                         raise ShapeError(
                             f"op {op.name!r} ({op.kind}): {side} {pos} {tname!r} dim {j} has "

@@ -1,5 +1,9 @@
-"""Searches: D-Rec (default), exact ILP, the DP baseline, and expert plans."""
+"""Searches: D-Rec (default), exact ILP, the DP baseline, and expert plans.
 
-from shardplan.search.api import METHODS, plan
+`plan(graph, mesh, ...)` canonicalises a `shardplan.problem.Problem` and `solve(problem, method)`
+dispatches it through `search.solvers.SOLVERS`.
+"""
 
-__all__ = ["METHODS", "plan"]
+from shardplan.search.api import METHODS, plan, solve
+
+__all__ = ["METHODS", "plan", "solve"]

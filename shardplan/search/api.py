@@ -1,28 +1,39 @@
 """The front door of the search: `plan(graph, mesh, method=...)` -> Plan, with the memory driver.
 
-Methods: "drec" (default), "ilp", "dp", and the expert plans "data-parallel", "megatron",
-"fsdp". Whatever the method, the returned Plan is scored by the one evaluator. With a memory
+`plan` canonicalises its arguments once into a `Problem` (`shardplan.problem`) and `solve`
+dispatches it through the solver registry (`search.solvers`: typed options per method). Methods:
+"drec" (default), "ilp", "dp", and the expert plans "data-parallel", "megatron", "fsdp".
+Whatever the method, the returned Plan is scored by the one evaluator. With a memory
 budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
 with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), then by
-sharding the storage of parameters it replicates (ZeRO-style); if even that does not fit it raises
-InfeasibleError saying by how much. Other methods raise InfeasibleError when over budget.
+sharding the storage of parameters it replicates (ZeRO-style). D-Rec's plan is then compared, by
+the one evaluator, with "all replicated" and every expert plan (baselines.py): the cheapest that
+fits is returned, with a note when a baseline won; if nothing fits it raises InfeasibleError
+saying by how much. Other methods raise InfeasibleError when over budget.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import time
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from shardplan.cost import CostOptions
-from shardplan.errors import InfeasibleError, SolverError
+from shardplan.errors import InfeasibleError, PlanError
 from shardplan.ir.graph import Graph
-from shardplan.mesh import Mesh, parse_bytes, parse_mesh
-from shardplan.plan import Plan, with_status
+from shardplan.mesh import Mesh
+from shardplan.plans import Plan, with_status
+from shardplan.problem import Problem
 from shardplan.search import experts
+from shardplan.search.baselines import baseline_plans, cheapest
 from shardplan.search.drec import drec
+from shardplan.search.solvers import METHODS, get_solver, solver_options
+from shardplan.sharding import Strategy, check_strategy
 
-METHODS = ("drec", "ilp", "dp", *experts.EXPERTS)
+__all__ = ["METHODS", "check_fixed", "drec_within", "plan", "solve", "unused_devices_note"]
 
 
 def plan(
@@ -33,6 +44,7 @@ def plan(
     memory: float | str | None = None,
     preset: str = "shardplan",
     optimizer: str = "adam",
+    machine: str | None = None,
     **options: Any,
 ) -> Plan:
     """Plan `graph` on `mesh` with `method`; raise InfeasibleError rather than exceed `memory`.
@@ -40,30 +52,36 @@ def plan(
     Args:
         graph: a verified Graph (zoo.build, from_torch, from_onnx, from_jaxpr).
         mesh: a Mesh or mesh text ("8", "2x8", "4x8").
-        method: one of METHODS.
+        method: one of METHODS (`search.solvers.SOLVERS`).
         train: model the backward pass and optimizer state (default) or inference.
         memory: per-device budget in bytes or text ("80GB"); None: unchecked (still reported).
         preset: cost preset, "shardplan" or "mindspore".
-        options: method options (ilp/dp: time_limit seconds).
+        optimizer: optimizer state counted in memory: "adam", "sgd-momentum", "none".
+        machine: the hardware preset mesh text is bound to (`shardplan.hardware.MACHINES`);
+            None: `hardware.DEFAULT_MACHINE` ("a100"). A Mesh keeps its own machine.
+        options: the method's typed options (`search.solvers`: ilp/dp `time_limit` seconds, ...);
+            an unknown one is a SolverError. drec and ilp take `fixed`: op name -> strategy (one
+            loop dim or None per round) the plan must keep, the other ops planned around them.
     """
-    mesh = parse_mesh(mesh)
-    budget = parse_bytes(memory) if memory is not None else mesh.memory_bytes
-    opts = CostOptions.make(preset, train, optimizer)
-    if method not in METHODS:
-        raise SolverError(f"unknown method {method!r}; choose one of {list(METHODS)}")
+    problem = Problem.make(
+        graph,
+        mesh,
+        machine=machine,
+        train=train,
+        memory=memory,
+        preset=preset,
+        optimizer=optimizer,
+    )
+    return solve(problem, method, **options)
+
+
+def solve(problem: Problem, method: str = "drec", **options: Any) -> Plan:
+    """Run `method` on a canonical Problem (the registry's typed options; see `plan`)."""
+    solver = get_solver(method)
+    typed = solver_options(method, options)
     start = time.perf_counter()
-    if method == "drec":
-        result = _drec_within(graph, mesh, opts, budget, start)
-    elif method == "ilp":
-        from shardplan.search.ilp import solve_ilp
-
-        result = solve_ilp(graph, mesh, opts, memory=budget, **options)
-    elif method == "dp":
-        from shardplan.search.dp import solve_dp
-
-        result = solve_dp(graph, mesh, opts, **options)
-    else:
-        result = _expert(graph, mesh, opts, method, start)
+    result = solver.run(problem, typed, start)
+    budget, graph, mesh = problem.budget, problem.graph, problem.mesh
     if budget is not None and result.cost is not None and result.cost.memory_per_device > budget:
         raise InfeasibleError(
             f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
@@ -76,9 +94,32 @@ def plan(
     return with_status(result, result.status, (unused,)) if unused else result
 
 
+def check_fixed(graph: Graph, mesh: Mesh, fixed: Mapping[str, Strategy]) -> dict[str, Strategy]:
+    """The user-fixed strategies, checked: known op, one entry per round, valid cuts."""
+    out: dict[str, Strategy] = {}
+    for name, strategy in fixed.items():
+        if name not in graph.op_index:
+            near = difflib.get_close_matches(name, list(graph.op_index), n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise PlanError(f"fixed strategy for op {name!r}: no such op in {graph.name}{hint}")
+        strategy = tuple(strategy)
+        if len(strategy) != len(mesh.rounds):
+            raise PlanError(
+                f"fixed strategy {strategy} for op {name!r}: give one cut per round "
+                f"({len(mesh.rounds)} rounds on mesh {mesh.text()}; '-' for none)"
+            )
+        check_strategy(graph.op(name), strategy, mesh.rounds)
+        out[name] = strategy
+    return out
+
+
 def unused_devices_note(p: Plan) -> str | None:
-    """Say so when a plan leaves rounds of the mesh unused (every op replicated across them):
-    the planner found that spreading the work over those links costs more than it saves."""
+    """Say so when a plan leaves rounds of the mesh unused (every op replicated across them), and
+    why: an expert plan's recipe has nothing left to split, no loop dim of any op divides by the
+    round's q there, or (otherwise) the planner found that spreading the work over those links
+    costs more than it saves."""
+    from shardplan.sharding import cut_problem, local_extents
+
     rounds = p.mesh.rounds
     idle = [r for r in range(len(rounds)) if all(s[r] is None for s in p.strategies.values())]
     if not idle:
@@ -91,6 +132,29 @@ def unused_devices_note(p: Plan) -> str | None:
             parts.append(f"mesh axis {name!r} ({size}-way)")
         elif ways > 1:
             parts.append(f"{ways} of the {size} ways of mesh axis {name!r}")
+    if p.method in experts.EXPERTS:
+        return (
+            f"{' and '.join(parts)} left unused: the {p.method} plan splits only the dims its "
+            "recipe names (the batch for data parallelism, hidden dims for Megatron) and they "
+            "do not divide further; every op is replicated across it"
+        )
+    divisible = any(
+        cut_problem(
+            op, d.name, local_extents(op, p.strategies[op.name], rounds, r)[d.name], rounds[r].q
+        )
+        is None
+        for r in idle
+        for op in p.graph.ops
+        for d in op.signature.loop_dims
+        if d.splittable
+    )
+    if not divisible:
+        qs = sorted({rounds[r].q for r in idle})
+        return (
+            f"{' and '.join(parts)} left unused: no dim of any op divides by "
+            f"{', '.join(map(str, qs))} there, so every op is replicated across it; use a mesh "
+            "whose sizes divide the model's dims (batch, hidden, heads)"
+        )
     return (
         f"{' and '.join(parts)} left unused: every op is replicated across it, because "
         "splitting this model and batch over those links costs more time than it saves; a "
@@ -98,22 +162,73 @@ def unused_devices_note(p: Plan) -> str | None:
     )
 
 
-def _expert(graph: Graph, mesh: Mesh, opts: CostOptions, method: str, start: float) -> Plan:
-    params: dict[str, tuple[int, ...]] = {}
-    if method == "data-parallel":
-        strategies = experts.data_parallel(graph, mesh)
-    elif method == "megatron":
-        strategies = experts.megatron(graph, mesh)
-    else:
-        strategies = experts.data_parallel(graph, mesh)
-        params = experts.fsdp_param_layouts(graph, mesh)
-    return Plan(graph, mesh, strategies, method, opts, time.perf_counter() - start, params)
-
-
-def _drec_within(
-    graph: Graph, mesh: Mesh, opts: CostOptions, budget: float | None, start: float
+def drec_within(
+    problem: Problem, start: float, fixed: Mapping[str, Strategy] | None = None
 ) -> Plan:
-    strategies = drec(graph, mesh, opts)
+    """D-Rec under the budget, then the cheapest of it and the baselines that fit (baselines.py).
+    With `fixed` ops the baselines (which would not keep them) are not compared; the plan is
+    D-Rec around the fixed ops or, when cheaper, the free plan with them swapped in."""
+    graph, mesh, opts, budget = problem.graph, problem.mesh, problem.options, problem.budget
+    if fixed:
+        pinned = check_fixed(graph, mesh, fixed)
+        forced = _drec_search(graph, mesh, opts, budget, start, pinned)
+        return _no_worse_than_swap(forced, graph, mesh, opts, budget, start, pinned)
+    try:
+        found: Plan | None = _drec_search(graph, mesh, opts, budget, start)
+        failure: InfeasibleError | None = None
+    except InfeasibleError as e:
+        found, failure = None, e
+    best = cheapest(found, baseline_plans(graph, mesh, opts), budget, time.perf_counter() - start)
+    if best is None:
+        assert failure is not None
+        raise failure
+    return replace(best, search_seconds=time.perf_counter() - start)  # baselines included
+
+
+def _no_worse_than_swap(
+    forced: Plan,
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    budget: float | None,
+    start: float,
+    fixed: Mapping[str, Strategy],
+) -> Plan:
+    """D-Rec around fixed ops is greedy too: keep the free D-Rec plan with the fixed strategies
+    swapped in when that is cheaper (and fits), saying so."""
+    free = _drec_search(graph, mesh, opts, budget, start)
+    swapped = Plan(
+        graph, mesh, {**free.strategies, **fixed}, "drec", opts, param_layouts=free.param_layouts
+    )
+    assert swapped.cost is not None and forced.cost is not None
+    fits = budget is None or swapped.cost.memory_per_device <= budget
+    if not fits or swapped.cost.total >= forced.cost.total:
+        return replace(forced, search_seconds=time.perf_counter() - start)
+    return Plan(
+        graph,
+        mesh,
+        swapped.strategies,
+        "drec",
+        opts,
+        time.perf_counter() - start,
+        swapped.param_layouts,
+        notes=(
+            "the unforced plan with the forced strategies swapped in was cheaper than "
+            "re-planning around them",
+        ),
+    )
+
+
+def _drec_search(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    budget: float | None,
+    start: float,
+    fixed: Mapping[str, Strategy] | None = None,
+) -> Plan:
+    """D-Rec, then (over budget) the memory penalty and ZeRO-style storage (module docstring)."""
+    strategies = drec(graph, mesh, opts, fixed=fixed)
     best = Plan(graph, mesh, strategies, "drec", opts, time.perf_counter() - start)
     assert best.cost is not None
     if budget is None or best.cost.memory_per_device <= budget:
@@ -126,7 +241,7 @@ def _drec_within(
     leanest = best
     for k in range(8):
         lam = base / budget * 4.0**k
-        candidate = Plan(graph, mesh, drec(graph, mesh, opts, lam), "drec", opts)
+        candidate = Plan(graph, mesh, drec(graph, mesh, opts, lam, fixed=fixed), "drec", opts)
         assert candidate.cost is not None and leanest.cost is not None
         if candidate.cost.memory_per_device < leanest.cost.memory_per_device:
             leanest = candidate
@@ -169,6 +284,8 @@ def _shard_replicated_params(p: Plan) -> Plan:
     homes = p.tensor_layouts()
     layouts: dict[str, tuple[int, ...]] = {}
     for t in p.graph.parameters:
+        if t.name not in homes:  # a parameter no op reads holds no device memory
+            continue
         layout = list(homes[t.name])
         local = list(t.shape)
         for r, rnd in enumerate(p.mesh.rounds):

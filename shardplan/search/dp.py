@@ -31,7 +31,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.search.space import CostModel, build_model
 
 MAX_TABLE_ENTRIES = 60_000_000

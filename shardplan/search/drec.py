@@ -28,24 +28,40 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, Round
 from shardplan.search.drec_costs import Overlay, RoundCosts, layout
-from shardplan.search.flex import FlexEdge, build_flex_graph, heavy_ops
+from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
+from shardplan.search.fold import Fold, find_fold, op_labels
 from shardplan.sharding import Strategy, cut_problem
 
 
 class _Search(RoundCosts):
     """One D-Rec run: the decisions of each round, priced by `RoundCosts`."""
 
-    def __init__(self, *args: Any, defer_ties: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        defer_ties: bool = False,
+        fixed: Mapping[int, Strategy] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
         self.defer_ties = defer_ties
         """Whether a heavy op with tied best cuts decides after the others."""
+        self.fixed = dict(fixed or {})
+        """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
+
+    def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
+        costs = super()._own_costs(i, r, charged)
+        if i in self.fixed:  # a user-fixed op has one candidate: every pass keeps it
+            cut = self.fixed[i][r]
+            return {cut: costs[cut]}
+        return costs
 
     def _greedy(self, r: int) -> dict[int, str | None]:
         """Heavy ops, heaviest first, each against the flex neighbours decided before it."""
@@ -62,14 +78,15 @@ class _Search(RoundCosts):
                 continue
             group = self.group_of.get(i, [i])
             totals: dict[str | None, float] = {}
-            for cut in self._own_costs(i, r, charged):
+            flex = {j: self._flex_costs(j, list(own[j]), rnd, decided) for j in group}
+            for cut in own[i]:
                 trial = Overlay(charged)
                 total = 0.0
                 for j in group:  # readers of one tensor decide together: they share its grad
                     costs = self._own_costs(j, r, trial)
                     if cut not in costs:
                         break
-                    total += costs[cut] + self._flex_cost(j, cut, rnd, decided)
+                    total += costs[cut] + flex[j][cut]
                     self._charge(j, cut, r, trial)
                 else:
                     totals[cut] = total
@@ -77,7 +94,7 @@ class _Search(RoundCosts):
                 group = [i]
                 totals = dict(self._own_costs(i, r, charged))
                 for cut in totals:
-                    totals[cut] += self._flex_cost(i, cut, rnd, decided)
+                    totals[cut] += flex[i][cut]
             regrets = dict.fromkeys(totals, 0.0)
             for j in group:
                 for cut, regret in self._lookahead(j, list(totals), rnd, decided, own).items():
@@ -119,7 +136,8 @@ class _Search(RoundCosts):
         neighbours = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
         for j in sorted(neighbours - decided.keys() - {i}):
             sj = self.states[j]
-            base = {cj: c + self._flex_cost(j, cj, rnd, decided) for cj, c in own[j].items()}
+            flex = self._flex_costs(j, list(own[j]), rnd, decided)
+            base = {cj: c + flex[cj] for cj, c in own[j].items()}
             floor = min(base.values())
             preds = [e for e in sj.preds if e.producer == i]
             succs = [e for e in sj.succs if e.consumer == i]
@@ -135,10 +153,9 @@ class _Search(RoundCosts):
                 mine += tuple(self._in(i, cut, e.in_pos) for e in succs)
                 forced = forced_by.get(mine)
                 if forced is None:
-                    pinned = {i: cut}
                     forced = forced_by[mine] = min(
-                        c + self._flex_edges_cost(j, cj, rnd, pinned, preds, succs)
-                        for c, cj in answers.values()
+                        c + self._pair_cost(j, preds, succs, mine, key, rnd)
+                        for key, (c, _) in answers.items()
                     )
                 regret[cut] = max(regret[cut], forced - floor)
         return regret
@@ -214,6 +231,7 @@ class _Search(RoundCosts):
                 valid = cut is not None and cut_problem(st.op, cut, st.extents[cut], rnd.q) is None
                 previous[i] = cut if valid else None
             out.append(previous)
+            previous.update((i, s[r]) for i, s in self.fixed.items() if i in previous)
         leading: dict[int, str | None] = {}
         for i in self.heavy:
             st = self.states[i]
@@ -227,6 +245,8 @@ class _Search(RoundCosts):
             )
         out.append(leading)
         out.append(dict.fromkeys(self.heavy))  # leave the round unused: replicate everything
+        for alternative in out[-2:]:
+            alternative.update((i, s[r]) for i, s in self.fixed.items() if i in alternative)
         return out
 
     def run_round(self, r: int) -> None:
@@ -235,23 +255,28 @@ class _Search(RoundCosts):
         rnd = self.rounds[r]
         self._cache.clear()
         self._edge_cache.clear()
+        self._edge_kinds.clear()
         self._info_cache.clear()
         if r < self.unused_rounds:
             for st in self.states:
                 st.cuts.append(None)
+                st.kind = (*st.kind, None)
             return
         light = [i for i in range(len(self.states)) if i not in self.heavy]
         decided = self._greedy(r)
         self._settle(r, decided, light)
-        best = self._round_cost(r, decided)
+        best = self.round_cost(r, decided)
         for alternative in self._alternatives(r):
-            if all(alternative[i] == decided[i] for i in self.heavy):
+            if all(cut is None for cut in alternative.values()) and not self.fixed:
+                # nothing to follow: replicate all; compare every op, the light ones included
+                alternative.update(dict.fromkeys(light))
+                if alternative == decided:
+                    continue
+            elif all(alternative[i] == decided[i] for i in self.heavy):
                 continue
-            if all(cut is None for cut in alternative.values()):
-                alternative.update(dict.fromkeys(light))  # nothing to follow: replicate all
             else:
                 self._settle(r, alternative, light)
-            cost = self._round_cost(r, alternative)
+            cost = self.round_cost(r, alternative)
             if cost < best:
                 decided, best = alternative, cost
         self._improve(r, decided)
@@ -259,6 +284,7 @@ class _Search(RoundCosts):
             cut = decided.get(i)
             self._record_all_reduces(i, r, cut)
             st.cuts.append(cut)
+            st.kind = (*st.kind, cut)
             if cut is None:
                 continue
             st.extents[cut] //= rnd.q
@@ -276,10 +302,18 @@ class _Search(RoundCosts):
 
 
 def drec(
-    graph: Graph, mesh: Mesh, opts: CostOptions, memory_lambda: float = 0.0
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float = 0.0,
+    fold: bool = True,
+    fixed: Mapping[str, Strategy] | None = None,
 ) -> dict[str, Strategy]:
     """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
-    keep tensors replicated, used by the memory-aware driver in `search.api`.
+    keep tensors replicated, used by the memory-aware driver in `search.api`. `fixed` (op name ->
+    strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
+    so their neighbours plan around them; variants that would override them are skipped and the
+    graph is not folded (a pinned op makes its layer unlike the others).
 
     A few variants of the search run and the plan the evaluator scores lower (cost + lambda *
     memory) is kept, each variant correcting a myopia of the round-by-round greedy:
@@ -292,7 +326,33 @@ def drec(
         down to the fully replicated plan.
     That is at most 2 + (mesh axes) linear searches; the unused-axis ones are shorter. With the
     symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
+
+    A run of >= 6 identical blocks (layers) is folded (`search.fold`): the variants search blocks
+    0, 1, 2 and the last, and when blocks 1 and 2 decide alike every interior block takes that
+    decision; otherwise (or with `fold=False`) the full graph is searched.
     """
+    repeats = find_fold(graph) if fold and not fixed else None
+    flex = build_flex_graph(repeats.reduced) if repeats is not None else None
+    if repeats is not None and flex is not None and repeats.local(flex):
+        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
+        if plan is not None:
+            return repeats.expand(plan)
+    pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
+    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned)
+    assert plan is not None
+    return plan
+
+
+def _variants(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Fold | None,
+    flex: FlexGraph,
+    pinned: Mapping[int, Strategy] | None = None,
+) -> dict[str, Strategy] | None:
+    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
     from shardplan.cost.evaluate import evaluate_strategies
 
     best: dict[str, Strategy] | None = None
@@ -303,20 +363,42 @@ def drec(
     variants += [(k, False, False) for k in [*axis_ends, len(rounds)]]
     if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
         variants = variants[:1]
-    flex = build_flex_graph(graph)  # the same for every variant
+    if pinned:  # a variant leaving rounds unused must not override a fixed cut in them
+        first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
+        variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
+    weights = fold.round_weights() if fold is not None else None
+    labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
+    scored: list[tuple[dict[str, Strategy], float]] = []
     for unused, final_compute, defer in variants:
-        if unused == len(rounds):  # nothing left to search: every op replicated
+        if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
             search = _Search(
-                graph, mesh, opts, memory_lambda, unused, final_compute, flex, defer_ties=defer
+                graph,
+                mesh,
+                opts,
+                memory_lambda,
+                unused,
+                final_compute,
+                flex,
+                weights,
+                labels,
+                defer_ties=defer,
+                fixed=pinned,
             )
             strategies = search.run()
-        cost = evaluate_strategies(graph, mesh, strategies, opts)
-        score = cost.total + memory_lambda * cost.memory_per_device
+        if any(strategies == plan for plan, _ in scored):
+            continue  # another variant found the same plan: it is scored already
+        if fold is not None:
+            if not fold.uniform(strategies):
+                return None
+            score = fold.score(mesh, strategies, opts, memory_lambda)
+        else:
+            cost = evaluate_strategies(graph, mesh, strategies, opts)
+            score = cost.total + memory_lambda * cost.memory_per_device
+        scored.append((strategies, score))
         if score < best_score:
             best, best_score = strategies, score
-    assert best is not None
     return best
 
 

@@ -10,13 +10,15 @@ sizes left by rounds < r, every candidate cut of an op:
     of layout-transparent ops), against immediate neighbours, and between readers of one
     parameter;
   * the full cost of a round's complete assignment, to compare whole-round alternatives.
-Every price is a dictionary look-up after its first computation (caches are per round), so each
-is O(1) amortised and a round costs O(|V| + |E|) look-ups.
+Every price is a dictionary look-up after its first computation (caches are per round; own terms
+are keyed by (op label, cuts so far) and edges by dtype and gradient status, so identical ops of
+repeated layers share them), so each is O(1) amortised and a round costs O(|V| + |E|) look-ups.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardplan.cost.collectives import all_reduce_s
@@ -26,6 +28,7 @@ from shardplan.cost.terms import (
     compute_cost,
     faster,
     intra_terms,
+    param_bytes,
     redistribution_terms,
     reduces,
     replicate_symbolic,
@@ -34,6 +37,7 @@ from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
 from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph
+from shardplan.search.fold import op_labels
 from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
 
 ELSEWHERE = 1 << 20
@@ -55,6 +59,8 @@ class _OpState:
     """(other heavy op, my output position, its output position, my dim -> its dim)."""
     ar_history: dict[tuple[bool, int], list[tuple[int, float]]] = field(default_factory=dict)
     """(is_output, position) -> [(round, all-reduce cost charged then)]."""
+    kind: tuple[object, ...] = ()
+    """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
 
 
 class Overlay:
@@ -111,6 +117,8 @@ class RoundCosts:
         unused_rounds: int = 0,
         final_compute: bool = False,
         flex: FlexGraph | None = None,
+        weights: Sequence[float] | None = None,
+        labels: Sequence[int] | None = None,
     ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
         flex = flex or build_flex_graph(graph)
@@ -121,11 +129,17 @@ class RoundCosts:
             for r in range(len(mesh.rounds))
         ]
         self.unused_rounds = unused_rounds
+        self.weights = list(weights) if weights is not None else [1.0] * len(graph.ops)
+        """How many ops of the searched model each op stands for in a round's total (folding)."""
         self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
-        self._cache: dict[tuple[int, int, tuple[int, ...]], dict[str | None, float]] = {}
-        self._edge_cache: dict[tuple[int, int, float, str, int], float] = {}
-        self._info_cache: dict[tuple[int, int], tuple[list[OperandInfo], list[OperandInfo]]] = {}
+        self.labels = list(labels) if labels is not None else op_labels(graph)
+        """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
+        self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
+        self._edge_cache: dict[tuple[int, int, float, str], float] = {}
+        self._edge_kinds: dict[tuple[int, int, float, int, bool], float] = {}
+        self._grad = graph.requires_grad
+        self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self.faster_than = [
             [(j, other.q) for j, other in enumerate(self.rounds) if j != r and faster(other, rnd)]
             for r, rnd in enumerate(self.rounds)
@@ -139,6 +153,8 @@ class RoundCosts:
             )
             for op in graph.ops
         ]
+        for label, st in zip(self.labels, self.states, strict=True):
+            st.kind = (label,)
         self.heavy = flex.heavy
         for sib in flex.siblings:
             self.states[sib.a].siblings.append((sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b)))
@@ -169,6 +185,21 @@ class RoundCosts:
             for op, cuts in zip(graph.ops, self.candidates, strict=True)
         ]
         self.out_pos = {t: op.outputs.index(t) for op in graph.ops for t in op.outputs}
+        self._in_adj = [
+            [
+                (pos, t, graph.producer[t], self.out_pos[t])
+                for pos, t in enumerate(op.inputs)
+                if t in graph.producer
+            ]
+            for op in graph.ops
+        ]
+        """Per op: (input position, tensor, producer, producer's output position)."""
+        self._out_adj = [
+            [(pos, t, graph.consumers.get(t, ())) for pos, t in enumerate(op.outputs)]
+            for op in graph.ops
+        ]
+        """Per op: (output position, tensor, its readers (op, position))."""
+        self._reduced_inputs: list[dict[str | None, tuple[str, ...]]] = [{} for _ in graph.ops]
         self.param_positions = [
             [p for p, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
             for op in graph.ops
@@ -178,7 +209,7 @@ class RoundCosts:
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
         """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
         already done count when they reduced the operand, faster later rounds are assumed to."""
-        key = (r, i)
+        key = (r, self.states[i].kind)
         cached = self._info_cache.get(key)
         if cached is not None:
             return cached
@@ -209,13 +240,13 @@ class RoundCosts:
     def _own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         """Intra + compute + memory terms of every valid candidate of op i in round r (cached per
         round: they change only with which inputs' gradients another consumer already reduces)."""
-        op = self.states[i].op
-        shared = tuple(pos for pos, name in enumerate(op.inputs) if (name, r) in charged)
-        key = (r, i, shared)
+        st = self.states[i]
+        shared = tuple(pos for pos, name in enumerate(st.op.inputs) if (name, r) in charged)
+        key = (r, st.kind, shared)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._compute_own_costs(i, r, charged)
-        return dict(cached)
+        return cached  # shared: callers copy before changing it
 
     def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         st, rnd, opts = self.states[i], self.rounds[r], self.opts
@@ -301,7 +332,7 @@ class RoundCosts:
         for pos, name in enumerate(st.op.inputs):
             t = graph.tensors[name]
             if t.role is Role.PARAMETER and layout(st.op, cut, pos, False) < 0:
-                kept += st.in_numel[pos] * opts.state_bytes(t)
+                kept += param_bytes(st.in_numel[pos], opts.element_bytes(t), opts)
         if opts.train:
             for pos, name in enumerate(st.op.outputs):
                 if layout(st.op, cut, pos, True) < 0:
@@ -309,21 +340,22 @@ class RoundCosts:
         return kept * (rnd.q - 1) / rnd.q
 
     def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
+        """Price of one edge in the current round (caches are cleared every round)."""
         if src == dst:
             return 0.0
-        key = (src, dst, numel, name, rnd.index)
+        key = (src, dst, numel, name)
         cost = self._edge_cache.get(key)
         if cost is None:
+            # tensors of one dtype and gradient status price alike: layer copies share the price
             t = self.graph.tensors[name]
-            cost = self._edge_cache[key] = redistribution_terms(
-                src,
-                dst,
-                numel,
-                self.opts.element_bytes(t),
-                rnd,
-                name in self.graph.requires_grad,
-                self.opts,
-            ).total
+            width = self.opts.element_bytes(t)
+            kind = (src, dst, numel, width, name in self._grad)
+            cost = self._edge_kinds.get(kind)
+            if cost is None:
+                cost = self._edge_kinds[kind] = redistribution_terms(
+                    src, dst, numel, width, rnd, name in self._grad, self.opts
+                ).total
+            self._edge_cache[key] = cost
         return cost
 
     def _in(self, i: int, cut: str | None, pos: int) -> int:
@@ -332,54 +364,84 @@ class RoundCosts:
     def _out(self, i: int, cut: str | None, pos: int) -> int:
         return self.layouts[i][cut][1][pos]
 
-    def _flex_cost(
-        self, i: int, cut: str | None, rnd: Round, decided: dict[int, str | None]
-    ) -> float:
+    def _flex_costs(
+        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+    ) -> dict[str | None, float]:
+        """Redistribution of each of `cuts` against the decided heavy neighbours: flex edges (a
+        split a chain cannot carry gathers on the way), sibling edges (splits must meet on the
+        shared op's dims) and other readers of a shared parameter; the neighbours' side is looked
+        up once per edge."""
         st = self.states[i]
-        cost = self._flex_edges_cost(i, cut, rnd, decided, st.preds, st.succs)
-        for other, pos, other_pos, to_other in st.siblings:
-            if other not in decided:
-                continue
-            mine = self._out(i, cut, pos)
-            theirs = self._out(other, decided[other], other_pos)
-            if mine >= 0:
-                mine = to_other.get(mine, REPLICATED)  # a split that cannot meet theirs gathers
-            other_st = self.states[other]
-            name = other_st.op.outputs[other_pos]
-            cost += self._edge(mine, theirs, other_st.out_numel[other_pos], name, rnd)
-        return cost + self._shared_param_costs(i, [cut], rnd, decided)[cut]
-
-    def _flex_edges_cost(
-        self,
-        i: int,
-        cut: str | None,
-        rnd: Round,
-        decided: dict[int, str | None],
-        preds: list[FlexEdge],
-        succs: list[FlexEdge],
-    ) -> float:
-        st = self.states[i]
-        op = st.op
-        cost = 0.0
-        for e in preds:
+        op, lay = st.op, self.layouts[i]
+        costs = dict.fromkeys(cuts, 0.0)
+        edge = self._edge
+        for e in st.preds:
             if e.producer not in decided:
                 continue
             src = self._out(e.producer, decided[e.producer], e.out_pos)
-            dst = self._in(i, cut, e.in_pos)
-            if src >= 0:
-                src = e.forward.get(src, ELSEWHERE)
-                if src == ELSEWHERE:  # the chain cannot carry that split: it gathers on the way
-                    dst = REPLICATED
-            cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
-        for e in succs:
+            cut_src = e.forward.get(src, ELSEWHERE) if src >= 0 else src
+            numel, name = st.in_numel[e.in_pos], op.inputs[e.in_pos]
+            for cut in cuts:  # the chain cannot carry a split it loses: it gathers on the way
+                dst = REPLICATED if cut_src == ELSEWHERE else lay[cut][0][e.in_pos]
+                costs[cut] += edge(cut_src, dst, numel, name, rnd)
+        for e in st.succs:
             if e.consumer not in decided:
                 continue
             dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
-            src = self._out(i, cut, e.out_pos)
+            if dst >= 0:
+                dst = e.backward.get(dst, REPLICATED)
+            numel, name = st.out_numel[e.out_pos], op.outputs[e.out_pos]
+            for cut in cuts:
+                src = lay[cut][1][e.out_pos]
+                through = REPLICATED if src >= 0 and src not in e.forward else dst
+                costs[cut] += edge(src, through, numel, name, rnd)
+        for other, pos, other_pos, to_other in st.siblings:
+            if other not in decided:
+                continue
+            theirs = self._out(other, decided[other], other_pos)
+            other_st = self.states[other]
+            numel, name = other_st.out_numel[other_pos], other_st.op.outputs[other_pos]
+            for cut in cuts:
+                mine = lay[cut][1][pos]
+                if mine >= 0:
+                    mine = to_other.get(mine, REPLICATED)  # a split that cannot meet theirs
+                costs[cut] += edge(mine, theirs, numel, name, rnd)
+        shared = self._shared_param_costs(i, cuts, rnd, decided)
+        for cut in cuts:
+            costs[cut] += shared[cut]
+        return costs
+
+    def _pair_cost(
+        self,
+        j: int,
+        preds: list[FlexEdge],
+        succs: list[FlexEdge],
+        mine: tuple[int, ...],
+        theirs: tuple[int, ...],
+        rnd: Round,
+    ) -> float:
+        """Redistribution on op j's flex edges to one neighbour (the same chain rules as
+        `_flex_costs`), from the layouts on them: `mine` the neighbour's (its outputs into j,
+        then its inputs from j), `theirs` j's."""
+        st = self.states[j]
+        op = st.op
+        cost = 0.0
+        k = 0
+        for e in preds:
+            src, dst = mine[k], theirs[k]
+            k += 1
+            if src >= 0:
+                src = e.forward.get(src, ELSEWHERE)
+                if src == ELSEWHERE:
+                    dst = REPLICATED
+            cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
+        for e in succs:
+            dst, src = mine[k], theirs[k]
+            k += 1
             if dst >= 0:
                 dst = e.backward.get(dst, REPLICATED)
             if src >= 0 and src not in e.forward:
-                dst = REPLICATED  # the chain cannot carry this split: it gathers on the way
+                dst = REPLICATED
             cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
         return cost
 
@@ -404,25 +466,25 @@ class RoundCosts:
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
     ) -> dict[str | None, float]:
         """Redistribution of each candidate against the immediate neighbours decided so far."""
-        st, graph = self.states[i], self.graph
-        op = st.op
+        st, lay, edge = self.states[i], self.layouts[i], self._edge
         costs = self._shared_param_costs(i, cuts, rnd, decided)
-        for pos, name in enumerate(op.inputs):
-            p = graph.producer.get(name)
-            if p is not None and p in decided:
-                src = self._out(p, decided[p], self.out_pos[name])
+        for pos, name, p, p_pos in self._in_adj[i]:
+            if p in decided:
+                src = self.layouts[p][decided[p]][1][p_pos]
+                numel = st.in_numel[pos]
                 for cut in cuts:
-                    dst = self._in(i, cut, pos)
+                    dst = lay[cut][0][pos]
                     if src != dst:
-                        costs[cut] += self._edge(src, dst, st.in_numel[pos], name, rnd)
-        for pos, name in enumerate(op.outputs):
-            for w, w_pos in graph.consumers.get(name, ()):
+                        costs[cut] += edge(src, dst, numel, name, rnd)
+        for pos, name, users in self._out_adj[i]:
+            numel = st.out_numel[pos]
+            for w, w_pos in users:
                 if w in decided:
-                    dst = self._in(w, decided[w], w_pos)
+                    dst = self.layouts[w][decided[w]][0][w_pos]
                     for cut in cuts:
-                        src = self._out(i, cut, pos)
+                        src = lay[cut][1][pos]
                         if src != dst:
-                            costs[cut] += self._edge(src, dst, st.out_numel[pos], name, rnd)
+                            costs[cut] += edge(src, dst, numel, name, rnd)
         return costs
 
     @staticmethod
@@ -435,37 +497,45 @@ class RoundCosts:
         return best
 
     def _charge(self, i: int, cut: str | None, r: int, charged: Charges) -> None:
-        op = self.states[i].op
-        for pos, name in enumerate(op.inputs):
-            if reduces(
-                op,
-                cut,
-                op.signature.inputs[pos],
-                False,
-                name in self.graph.requires_grad,
-                self.opts.train,
-            ):
-                charged.add((name, r))
+        """Mark the inputs whose gradient this cut all-reduces in round r."""
+        names = self._reduced_inputs[i].get(cut)
+        if names is None:
+            op = self.states[i].op
+            names = self._reduced_inputs[i][cut] = tuple(
+                name
+                for pos, name in enumerate(op.inputs)
+                if reduces(
+                    op,
+                    cut,
+                    op.signature.inputs[pos],
+                    False,
+                    name in self.graph.requires_grad,
+                    self.opts.train,
+                )
+            )
+        for name in names:
+            charged.add((name, r))
 
     # -- the double recursion -----------------------------------------------------------------
-    def _round_cost(self, r: int, decided: dict[int, str | None]) -> float:
+    def round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""
         rnd, graph = self.rounds[r], self.graph
         charged: set[tuple[str, int]] = set()
         total = 0.0
         for i, st in enumerate(self.states):
             op, cut = st.op, decided[i]
-            total += self._own_costs(i, r, charged)[cut]
+            mine = self._own_costs(i, r, charged)[cut]
             self._charge(i, cut, r, charged)
             for pos, name in enumerate(op.inputs):
                 dst = self._in(i, cut, pos)
                 p = graph.producer.get(name)
                 if p is not None:
                     src = self._out(p, decided[p], self.out_pos[name])
-                    total += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                    mine += self._edge(src, dst, st.in_numel[pos], name, rnd)
                 elif graph.tensors[name].role is Role.PARAMETER:
                     first, first_pos = graph.consumers[name][0]
                     if first != i:
                         src = self._in(first, decided[first], first_pos)
-                        total += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                        mine += self._edge(src, dst, st.in_numel[pos], name, rnd)
+            total += self.weights[i] * mine  # an op and its incoming edges, for each copy
         return total

@@ -44,12 +44,16 @@ numbers; the relative MIP gap defaults to 1e-7. The reported status is HiGHS's: 
 "time-limit (gap X%)" when the limit stopped it with a feasible plan; no plan at all within the
 limit raises SolverError, an infeasible memory budget raises InfeasibleError. Formulations over
 `MAX_STRATEGIES` binaries or `MAX_PAIR_COLUMNS` pair columns are refused as "did not finish".
-scipy's `milp` takes no starting solution, so HiGHS cannot be seeded with D-Rec's plan.
+scipy's `milp` takes no starting solution, so HiGHS cannot be seeded with D-Rec's plan; instead
+`solve_ilp(incumbent=...)` keeps a given plan (D-Rec's, from the CLI) when HiGHS ends without a
+plan or with a costlier one, and says so in the status. `fixed` ops (`--force`) have every other
+strategy's binary bounded to 0.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,8 +65,10 @@ from shardplan.cost.presets import CostOptions
 from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
-from shardplan.search.space import BSPLIT, CostModel, PairTerm, build_model
+from shardplan.plans import Plan
+from shardplan.search.round_split import BSPLIT
+from shardplan.search.space import CostModel, PairTerm, build_model
+from shardplan.sharding import Strategy
 
 MAX_STRATEGIES = 2_000_000
 """Refuse (SolverError) spaces with more binaries than this: HiGHS would not finish anyway."""
@@ -313,13 +319,18 @@ def solve_model(
     mip_rel_gap: float = 1e-7,
     max_pair_columns: int | None = MAX_PAIR_COLUMNS,
     split: str = "auto",
+    fixed: Mapping[int, int] | None = None,
 ) -> IlpResult:
-    """Run HiGHS on the model; raise InfeasibleError / SolverError as the module doc says."""
+    """Run HiGHS on the model; raise InfeasibleError / SolverError as the module doc says.
+    `fixed` maps an op index to the only strategy index it may take."""
     start = time.perf_counter()
     graph, mesh = model.space.graph, model.space.mesh
     c, integrality, bounds, constraint, scale, size, x_off = formulate(
         model, memory, opts, max_pair_columns, split
     )
+    for u, k in (fixed or {}).items():  # pin: every other strategy of op u is bounded to 0
+        bounds.ub[x_off[u] : x_off[u + 1]] = 0.0
+        bounds.ub[x_off[u] + k] = 1.0
     remaining = time_limit - (time.perf_counter() - start)
     if remaining <= 0:
         raise SolverError(f"ilp did not finish within {time_limit:g} s (building the MILP)")
@@ -376,9 +387,72 @@ def solve_ilp(
     max_pair_columns: int | None = MAX_PAIR_COLUMNS,
     split: str = "auto",
     max_table_entries: int | None = MAX_TABLE_ENTRIES,
+    fixed: Mapping[str, Strategy] | None = None,
+    incumbent: Mapping[str, Strategy] | None = None,
 ) -> Plan:
     """The optimal plan of our cost model (or the best HiGHS found within `time_limit` seconds,
-    with the gap in its status); `memory` bounds the bytes per device."""
+    with the gap in its status); `memory` bounds the bytes per device. `fixed` pins ops to a
+    strategy; `incumbent` (e.g. D-Rec's plan) is returned instead when HiGHS ends without a plan
+    or with a costlier one, with a status saying so (scipy's HiGHS takes no starting point)."""
+    start = time.perf_counter()
+    try:
+        result = _solve_ilp(
+            graph,
+            mesh,
+            opts,
+            memory,
+            time_limit,
+            mip_rel_gap,
+            max_strategies,
+            max_pair_columns,
+            split,
+            max_table_entries,
+            fixed,
+        )
+    except SolverError as e:
+        if incumbent is None:
+            raise
+        reason = "did not finish" if "did not finish" in str(e) else "failed"
+        return Plan(
+            graph,
+            mesh,
+            incumbent,
+            "ilp",
+            opts,
+            time.perf_counter() - start,
+            status=f"{reason}: no ILP plan, D-Rec's plan kept (not proven optimal)",
+            notes=(f"ilp: {e}",),
+        )
+    if incumbent is not None and result.status != "optimal":
+        kept = Plan(graph, mesh, incumbent, "ilp", opts)
+        assert kept.cost is not None and result.cost is not None
+        if kept.cost.total < result.cost.total:
+            return Plan(
+                graph,
+                mesh,
+                incumbent,
+                "ilp",
+                opts,
+                time.perf_counter() - start,
+                status=f"{result.status}: D-Rec's plan kept, cheaper than the ILP's",
+                notes=result.notes,
+            )
+    return result
+
+
+def _solve_ilp(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory: float | None,
+    time_limit: float,
+    mip_rel_gap: float,
+    max_strategies: int | None,
+    max_pair_columns: int | None,
+    split: str,
+    max_table_entries: int | None,
+    fixed: Mapping[str, Strategy] | None,
+) -> Plan:
     start = time.perf_counter()
     model = build_model(
         graph,
@@ -394,7 +468,13 @@ def solve_ilp(
     remaining = time_limit - (time.perf_counter() - start)
     if remaining <= 0:
         raise SolverError(f"ilp did not finish within {time_limit:g} s (building the cost tables)")
-    result = solve_model(model, opts, memory, remaining, mip_rel_gap, max_pair_columns, split)
+    pins: dict[int, int] = {}
+    for name, strategy in (fixed or {}).items():
+        options = model.space.of(name)
+        if tuple(strategy) not in options:
+            raise SolverError(f"ilp: fixed strategy {strategy} of op {name!r} is not in its space")
+        pins[graph.op_index[name]] = options.index(tuple(strategy))
+    result = solve_model(model, opts, memory, remaining, mip_rel_gap, max_pair_columns, split, pins)
     size = result.size
     note = (
         f"ilp: {size['binaries']} binaries, {size['continuous']} continuous, {size['rows']} rows, "

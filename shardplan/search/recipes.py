@@ -16,11 +16,11 @@ from dataclasses import replace
 from shardplan.cost import CostOptions
 from shardplan.cost.step import Levers, Recompute, profile_stage, step_cost
 from shardplan.errors import PlanError
+from shardplan.hardware import peak_flops
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
-from shardplan.precision import peak_flops
+from shardplan.plans import Plan
 from shardplan.search.experts import megatron
 from shardplan.search.scale import (
     _tokens_per_sample,
@@ -43,7 +43,7 @@ def megatron_recipe(
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh`."""
     if opts.precision is not None:
-        mesh = replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision))
+        mesh = replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
     if mesh.shape[0] % pipeline:
         raise PlanError(
             f"pipeline degree {pipeline} does not divide the outermost mesh axis {mesh.shape[0]}"

@@ -36,11 +36,11 @@ from shardplan.cost.step import (
     step_cost,
 )
 from shardplan.errors import InfeasibleError, SolverError
+from shardplan.hardware import peak_flops
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
-from shardplan.precision import peak_flops
+from shardplan.plans import Plan
 from shardplan.search import experts
 from shardplan.search.drec import drec
 from shardplan.sharding import Strategy
@@ -205,7 +205,7 @@ def plan_training(
     """Search S, m, boundaries and levers (module docstring); `build(b)` returns the model at
     batch b. Raises InfeasibleError naming the leanest candidate when nothing fits."""
     if opts.precision is not None:
-        mesh = replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision))
+        mesh = replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     stage_planner = _StagePlanner(opts, planner or (lambda g, m, o: drec(g, m, o)))

@@ -1,9 +1,10 @@
 """The strategy space the exact searches (ILP, DP) explore: every valid strategy of every op.
 
 A strategy gives each round of the mesh one loop dim to cut q ways, or None (replicate). The
-space of one op is every tuple in (splittable loop dims + [None]) ** rounds that `check_strategy`
+space of one op is every tuple in (splittable loop dims + [None]) ** rounds that `cut_problem`
 accepts: the loop dim is not FROZEN, it is the major loop dim of every tensor group it appears
-in, and its extent, already divided by the cuts of earlier rounds, is divisible by the round's q.
+in, and its extent (and a WINDOW dim's input span), already divided by the cuts of earlier rounds,
+is divisible by the round's q.
 Enumeration is deterministic: depth first over the rounds, candidates in the signature's loop-dim
 order, then None; so "all None" is the last strategy. With d candidates and R rounds an op has up
 to (d + 1) ** R strategies (e.g. 5 ** 5 = 3125 for a linear layer on a 4x8 mesh): this is what
@@ -53,6 +54,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
+from shardplan.search.round_split import RoundSplit, round_features
 from shardplan.sharding import (
     REPLICATED,
     Layout,
@@ -67,7 +69,7 @@ def candidate_dims(op: Op) -> tuple[str, ...]:
     """Loop dims that may ever be cut: splittable and never a minor dim of a tensor group."""
     out = []
     for d in op.signature.loop_dims:
-        if cut_problem(op, d.name, 1, 1) is None:  # q = 1: only the structural checks
+        if cut_problem(op, d.name, d.extent, 1) is None:  # q = 1: only the structural checks
             out.append(d.name)
     return tuple(out)
 
@@ -85,7 +87,7 @@ def op_strategies(op: Op, rounds: Sequence[Round]) -> tuple[Strategy, ...]:
             return
         q = rounds[r].q
         for d in dims:
-            if extents[d] % q == 0:
+            if cut_problem(op, d, extents[d], q) is None:  # the one validity rule
                 extents[d] //= q
                 prefix.append(d)
                 walk(r + 1)
@@ -113,7 +115,7 @@ def count_strategies(op: Op, rounds: Sequence[Round]) -> int:
         q = rounds[r].q
         n = count(r + 1, ext)
         for i, e in enumerate(ext):
-            if e % q == 0:
+            if cut_problem(op, dims[i], e, q) is None:  # the one validity rule
                 n += count(r + 1, ext[:i] + (e // q,) + ext[i + 1 :])
         memo[key] = n
         return n
@@ -179,14 +181,6 @@ def build_space(
 
 
 # -- the pairwise cost model ------------------------------------------------------------------
-
-from shardplan.search.round_split import (  # noqa: E402, F401  (BSPLIT re-exported for ilp.py)
-    BSPLIT,
-    NOT_BOTH_REPLICATED,
-    RoundSplit,
-    round_features,
-)
-
 
 @dataclass(frozen=True, slots=True)
 class PairTerm:

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from shardplan.errors import UnknownModelError
+from shardplan import checks
+from shardplan.errors import ArgumentError, UnknownModelError
 from shardplan.ir.graph import Graph
-from shardplan.zoo import cnn, transformer
+from shardplan.zoo import cnn, moe, transformer
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class ModelEntry:
     @property
     def builder(self) -> Callable[..., Graph]:
         module, function = self.builder_path.split(".")
-        return getattr({"cnn": cnn, "transformer": transformer}[module], function)
+        return getattr({"cnn": cnn, "moe": moe, "transformer": transformer}[module], function)
 
 
 def _entry(
@@ -198,10 +199,27 @@ MODELS: Mapping[str, ModelEntry] = MappingProxyType(
             ),
             _entry(
                 "moe",
-                "transformer.moe",
-                "one Mixture-of-Experts transformer layer (8 experts, top-1)",
+                "moe.moe",
+                "one Mixture-of-Experts transformer layer (8 experts, top-2)",
                 None,
                 {"batch": 2, "seq": 16, "hidden": 32, "heads": 4, "experts": 4, "ffn": 64},
+            ),
+            _entry(
+                "deepseek-moe",
+                "moe.deepseek_moe",
+                "DeepSeek-MoE-style decoder: 64 small experts top-6 + 2 shared experts",
+                None,
+                {
+                    "batch": 2,
+                    "seq": 16,
+                    "layers": 2,
+                    "hidden": 32,
+                    "heads": 4,
+                    "vocab": 128,
+                    "experts": 8,
+                    "top_k": 3,
+                    "expert_ffn": 16,
+                },
             ),
             _entry(
                 "wide-deep",
@@ -218,7 +236,8 @@ MODELS: Mapping[str, ModelEntry] = MappingProxyType(
 def build(name: str, small: bool = False, **overrides: Any) -> Graph:
     """Build zoo model `name`; `small=True` starts from the reduced sizes used in tests.
 
-    Unknown keyword arguments raise TypeError naming the accepted ones; `None` values are ignored.
+    Unknown keyword arguments raise ArgumentError naming the accepted ones, as do sizes that are
+    not whole numbers >= 1 (`checks.model_sizes`); `None` values are ignored.
     """
     entry = MODELS.get(name)
     if entry is None:
@@ -228,10 +247,14 @@ def build(name: str, small: bool = False, **overrides: Any) -> Graph:
         )
     kwargs = {**entry.defaults, **(entry.small if small else {})}
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
-    accepted = set(inspect.signature(entry.builder).parameters)
-    unknown = sorted(set(kwargs) - accepted)
+    parameters = inspect.signature(entry.builder).parameters
+    unknown = sorted(set(kwargs) - set(parameters))
     if unknown:
-        raise TypeError(f"model {name!r} does not take {unknown}; it takes {sorted(accepted)}")
+        raise ArgumentError(
+            f"model {name!r} does not take {unknown}; it takes {sorted(parameters)}"
+        )
+    defaults = {k: p.default for k, p in parameters.items()}
+    kwargs = checks.model_sizes(name, kwargs, defaults)
     kwargs.setdefault("name", name)
     return entry.builder(**kwargs)
 

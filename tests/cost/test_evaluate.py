@@ -8,7 +8,7 @@ from shardplan.errors import PlanError
 from shardplan.exporters.plan_json import from_json, to_json
 from shardplan.ir import GraphBuilder
 from shardplan.mesh import Mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.search import plan
 
 UNIT = Mesh((2,), bandwidth_bytes_per_s=(1.0,), flops_per_s=1e30)  # cost = bytes moved

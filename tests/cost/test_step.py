@@ -18,9 +18,9 @@ from shardplan.cost.step import (
     step_cost,
 )
 from shardplan.errors import MeshError, PlanError
+from shardplan.hardware import peak_flops
 from shardplan.ir import GraphBuilder
 from shardplan.mesh import Mesh
-from shardplan.precision import peak_flops
 from shardplan.search.experts import data_parallel
 
 PARAMS = 32 * 16 + 16 * 32
@@ -153,11 +153,13 @@ def test_bad_levers_and_shapes_are_typed_errors():
 def test_peak_rates_follow_the_datasheets():
     assert peak_flops("a100", "bf16") == 312e12
     assert peak_flops("a100", "fp32") == 19.5e12
-    assert peak_flops("h100", "fp16") == 989.4e12
+    assert peak_flops("h100", "fp16") == 989e12
     with pytest.raises(MeshError, match="ascend910.*no published bf16.*--dtype fp16"):
         peak_flops("ascend910", "bf16")
-    with pytest.raises(MeshError, match="unknown dtype"):
+    with pytest.raises(MeshError, match="no published fp8 rate"):
         peak_flops("a100", "fp8")
+    with pytest.raises(MeshError, match="unknown dtype"):
+        CostOptions.make(dtype="fp8")
 
 
 def test_selective_recomputation_drops_the_attention_scores():

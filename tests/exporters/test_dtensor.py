@@ -11,7 +11,7 @@ from shardplan.errors import MissingDependencyError, PlanError
 from shardplan.exporters import dtensor
 from shardplan.ir.graph import GraphBuilder
 from shardplan.mesh import parse_mesh
-from shardplan.plan import Plan
+from shardplan.plans import Plan
 from shardplan.search.api import plan as make_plan
 
 torch_tensor = pytest.importorskip("torch.distributed.tensor")
@@ -43,7 +43,7 @@ def test_data_parallel_mlp_shards_the_batch_and_replicates_weights(mlp):
         assert pl[f"{layer}.linear"] == (Shard(0), Shard(0))
     # the mean loss over a split batch is a partial sum on both rounds
     assert pl["loss"] == (Partial(), Partial())
-    assert dtensor.placement_texts(p)["loss"] == ("P", "P")
+    assert dtensor.placement_texts(p)["loss"] == ("P(sum)", "P(sum)")
 
 
 def test_megatron_mlp_column_then_row_parallel(mlp):
@@ -58,7 +58,7 @@ def test_megatron_mlp_column_then_row_parallel(mlp):
     assert pl["fc1.linear"] == (Shard(0), Partial())  # partial sums before the all-reduce
     assert pl["fc1.bias"] == (Replicate(), Replicate())
     texts = dtensor.placement_texts(p)
-    assert texts["fc1.linear"] == ("S(0)", "P")
+    assert texts["fc1.linear"] == ("S(0)", "P(sum)")
     assert texts["fc0.weight"] == ("R", "S(0)")
 
 
@@ -80,7 +80,7 @@ def test_rounds_of_one_axis_may_cut_different_dims(mlp):
     texts = dtensor.placement_texts(p)
     assert texts["fc0.weight"] == ("R", "S(0)")
     assert texts["fc0.linear"] == ("S(0)", "S(1)")
-    assert texts["fc1.linear"] == ("S(0)", "P")
+    assert texts["fc1.linear"] == ("S(0)", "P(sum)")
     assert texts["x"] == ("S(0)", "R")
 
 
@@ -113,7 +113,7 @@ def test_text_form_needs_no_torch(mlp, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed", None)
     monkeypatch.setitem(sys.modules, "torch.distributed.tensor", None)
     texts = dtensor.placements(p)  # auto: strings without torch
-    assert texts["fc1.linear"] == ("S(0)", "P")
+    assert texts["fc1.linear"] == ("S(0)", "P(sum)")
     assert dtensor.placements(p, form="text") == texts
     with pytest.raises(MissingDependencyError, match="placement_texts"):
         dtensor.placements(p, form="torch")
@@ -131,3 +131,16 @@ def test_text_round_trip_and_errors():
     with pytest.raises(PlanError, match="form"):
         dtensor.placements(make_plan(zoo.build("mlp", small=True), "2"), form="jax")  # type: ignore[arg-type]
     assert dtensor.layouts_by_round({"x": ("S(0)", "R")}) == {"x": "S(0) R"}
+
+
+def test_placement_values_print_and_parse():
+    from shardplan.sharding import PARTIAL, REPLICATED, Placement, placements
+
+    assert [str(p) for p in placements((1, REPLICATED, PARTIAL), (None, None, "max"))] == [
+        "S(1)", "R", "P(max)"]
+    assert str(Placement.partial()) == "P(sum)" and Placement.parse("P") == Placement.partial()
+    assert Placement.parse("S(3)") == Placement.shard(3) and Placement.parse("R").is_replicate
+    with pytest.raises(PlanError, match="not a placement"):
+        Placement.parse("S(-1)")
+    with pytest.raises(PlanError, match="reducer"):
+        Placement.partial("mean")

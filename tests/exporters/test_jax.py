@@ -44,5 +44,3 @@ def test_shardings_for_checks_layouts(devices8):
 def test_too_few_devices_is_a_clear_error():
     with pytest.raises(BackendError, match="XLA_FLAGS"):
         xj.jax_mesh("64")
-
-

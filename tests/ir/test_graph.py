@@ -100,8 +100,14 @@ def test_attrs_are_sorted_and_readable():
     op = b.build().op(y)
     assert op.attr("axis") == 1
     assert op.attr("missing", 7) == 7
-    op2 = Op("o", "identity", Signature.parse("d -> d", {"d": 4}), ("x",), ("y",),
-             attrs=(("z", 1), ("a", 2)))
+    op2 = Op(
+        "o",
+        "identity",
+        Signature.parse("d -> d", {"d": 4}),
+        ("x",),
+        ("y",),
+        attrs=(("z", 1), ("a", 2)),
+    )
     assert op2.attrs == (("a", 2), ("z", 1))
 
 
@@ -114,8 +120,9 @@ def test_cycle_raises_cycle_error_naming_ops():
         b.add_tensor(Tensor(t, (4,)))
     b.add_op(_copy("ping", "c", "a"))
     b.add_op(_copy("pong", "a", "c"))
-    with pytest.raises(CycleError,
-                       match=r"graph 'loop' has a cycle through ops \['ping', 'pong'\]"):
+    with pytest.raises(
+        CycleError, match=r"graph 'loop' has a cycle through ops \['ping', 'pong'\]"
+    ):
         b.build()
 
 
@@ -128,8 +135,11 @@ def test_self_loop_is_a_cycle():
 
 
 def test_verify_rejects_use_before_production():
-    tensors = {"x": Tensor("x", (4,), role=Role.INPUT), "a": Tensor("a", (4,)),
-               "c": Tensor("c", (4,))}
+    tensors = {
+        "x": Tensor("x", (4,), role=Role.INPUT),
+        "a": Tensor("a", (4,)),
+        "c": Tensor("c", (4,)),
+    }
     ops = (_copy("late", "a", "c"), _copy("early", "x", "a"))
     with pytest.raises(CycleError, match="op 'late' uses 'a' before it is produced by 'early'"):
         verify(make_graph("g", tensors, ops))
@@ -207,8 +217,9 @@ def test_unknown_operand_tensor():
         b.apply("relu", "nope")
     b.input("x", (4,))
     b.add_op(_copy("copy", "x", "missing"))
-    with pytest.raises(IRError, match="op 'copy' \\(identity\\): output 0 names unknown tensor "
-                                      "'missing'"):
+    with pytest.raises(
+        IRError, match="op 'copy' \\(identity\\): output 0 names unknown tensor 'missing'"
+    ):
         b.build()
 
 
@@ -238,17 +249,24 @@ def test_rank_mismatch_names_op_and_tensor():
         b.build()
 
 
-def test_window_input_groups_are_exempt_from_shape_checks():
+def test_window_input_groups_match_the_declared_span():
     b = GraphBuilder("g")
     x = b.input("x", (1, 1, 8, 8))
     b.apply("pool2d", x, kernel=2, name="pool")
     assert b.build().tensor("pool").shape == (1, 1, 4, 4)
-    b2 = GraphBuilder("g2")
-    b2.input("x", (1, 9))
-    b2.add_tensor(Tensor("y", (1, 5)))
-    sig = Signature.parse("n y -> n y", {"n": 1, "y": 5}, {"y": DimKind.WINDOW})
-    b2.add_op(Op("win", "pool2d", sig, ("x",), ("y",)))
-    b2.build()
+    for span, ok in ((9, True), (0, False), (10, False)):
+        b2 = GraphBuilder("g2")
+        b2.input("x", (1, 9))
+        b2.add_tensor(Tensor("y", (1, 5)))
+        sig = Signature.parse(
+            "n y -> n y", {"n": 1, "y": 5}, {"y": DimKind.WINDOW}, spans={"y": span}
+        )
+        b2.add_op(Op("win", "pool2d", sig, ("x",), ("y",)))
+        if ok:
+            b2.build()
+        else:
+            with pytest.raises(ShapeError, match="WINDOW loop dim 'y' declares span"):
+                b2.build()
 
 
 def test_op_operand_count_must_match_signature():
@@ -281,9 +299,13 @@ def test_add_op_needs_declared_outputs():
         b.build()
 
 
-@pytest.mark.parametrize(("shape", "dtype_bytes", "match"),
-                         [((4, 0), 4, r"tensor 't' has shape \(4, 0\); every dim must be >= 1"),
-                          ((4,), 0, "tensor 't': dtype_bytes 0 must be >= 1")])
+@pytest.mark.parametrize(
+    ("shape", "dtype_bytes", "match"),
+    [
+        ((4, 0), 4, r"tensor 't' has shape \(4, 0\); every dim must be in \[1, 2\*\*48\]"),
+        ((4,), 0, "tensor 't': dtype_bytes 0 must be >= 1"),
+    ],
+)
 def test_bad_tensors(shape, dtype_bytes, match):
     with pytest.raises(IRError, match=match):
         Tensor("t", shape, dtype_bytes)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from shardplan.errors import IRError, UnknownModelError
+from shardplan.errors import ArgumentError, IRError, UnknownModelError
 from shardplan.ir import Role, verify
 from shardplan.zoo import MODELS, build, cnn
 
@@ -67,8 +67,8 @@ def test_unknown_model():
         build("resnet5")
 
 
-def test_unknown_override_is_a_type_error_naming_the_accepted_ones():
-    with pytest.raises(TypeError, match=r"model 'resnet50' does not take \['layers'\]"):
+def test_unknown_override_is_an_argument_error_naming_the_accepted_ones():
+    with pytest.raises(ArgumentError, match=r"model 'resnet50' does not take \[.layers.\]"):
         build("resnet50", small=True, layers=3)
 
 

@@ -19,6 +19,7 @@ from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.sharding import (
+    REPLICATED,
     Layout,
     Strategy,
     check_strategy,
@@ -103,6 +104,10 @@ def validate(plan: Plan) -> None:
             raise PlanError(f"parameter {name!r}: layout {layout} needs {len(rounds)} rounds")
         counts = [1] * len(t.shape)
         for r, s in zip(rounds, layout, strict=True):
+            if isinstance(s, bool) or not isinstance(s, int) or s < REPLICATED:
+                raise PlanError(
+                    f"parameter {name!r}: layout {layout} entry {s!r} must be a tensor dim or -1"
+                )
             if s >= len(t.shape):
                 raise PlanError(f"parameter {name!r}: round {r.index} splits dim {s} of {t.shape}")
             if s >= 0:

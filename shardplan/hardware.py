@@ -1,0 +1,137 @@
+"""Machines: datasheet presets of the hardware a mesh runs on (links, FLOP rates, HBM).
+
+A `Machine` gives per-device link bandwidths inside a node and between nodes, the devices per
+node, the HBM per device and the dense FLOP rate per compute dtype (`flops_by_dtype`; the cost
+model prices compute at the rate of `compute_dtype`, the dtype the preset's number was read for —
+room is left for more dtypes, none is invented). `link_bandwidths(shape)` assigns one link per
+mesh axis: the innermost axis gets intra-node links when it fits in a node, every other axis
+inter-node links.
+
+The default machine is named once, `DEFAULT_MACHINE` ("a100"): mesh text given to `parse_mesh`,
+`shardplan.plan` or the CLI without a machine gets it, and the plan records it
+(`plan.mesh.machine`, and `mesh.machine` in the plan JSON). Lookups are O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from shardplan.errors import MeshError
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """A datasheet-style preset: link bandwidths (bytes/s per device), HBM bytes, FLOP/s."""
+
+    name: str
+    intra_node_bytes_per_s: float
+    inter_node_bytes_per_s: float
+    memory_bytes: float
+    flops_by_dtype: Mapping[str, float]
+    compute_dtype: str
+    devices_per_node: int
+    description: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flops_by_dtype", MappingProxyType(dict(self.flops_by_dtype)))
+        if self.compute_dtype not in self.flops_by_dtype:
+            raise MeshError(f"machine {self.name!r}: no FLOP rate for {self.compute_dtype!r}")
+
+    @property
+    def flops_per_s(self) -> float:
+        """Dense FLOP/s of one device in `compute_dtype` (what the cost model prices)."""
+        return self.flops_by_dtype[self.compute_dtype]
+
+    def link_bandwidths(self, shape: tuple[int, ...]) -> tuple[float, ...]:
+        """One bandwidth per mesh axis: the innermost intra-node when it fits in a node."""
+        inner = (
+            self.intra_node_bytes_per_s
+            if shape[-1] <= self.devices_per_node
+            else self.inter_node_bytes_per_s
+        )
+        return tuple([self.inter_node_bytes_per_s] * (len(shape) - 1) + [inner])
+
+
+MACHINES: Mapping[str, Machine] = MappingProxyType(
+    {
+        m.name: m
+        for m in (
+            Machine(
+                "a100",
+                300e9,
+                25e9,
+                80e9,
+                # NVIDIA A100 datasheet (2021, SXM4 80GB), dense: BF16/FP16 tensor core 312
+                # TFLOPS, FP32 19.5 (TF32's 156 is not used for "fp32")
+                {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+                "bf16",
+                8,
+                "8x A100-80GB per node, NVLink3 300 GB/s per direction, 200 Gb/s IB per GPU",
+            ),
+            Machine(
+                "h100",
+                450e9,
+                50e9,
+                80e9,
+                # NVIDIA H100 SXM5 datasheet (2023), dense: BF16/FP16 tensor core 989 TFLOPS
+                # (1,979 with sparsity), FP32 67
+                {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+                "bf16",
+                8,
+                "8x H100-80GB per node, NVLink4 450 GB/s per direction, 400 Gb/s IB per GPU",
+            ),
+            Machine(
+                "ascend910",
+                56e9,
+                12.5e9,
+                32e9,
+                # Huawei Ascend 910 (Hot Chips 31, 2019): FP16 256 TFLOPS, INT8 512 TOPS; no BF16
+                # unit and no published FP32 cube rate, so none is listed
+                {"fp16": 256e12},
+                "fp16",
+                8,
+                "8x Ascend 910 per node, HCCS 56 GB/s, 100 Gb/s RoCE per NPU",
+            ),
+            Machine(
+                "uniform",
+                1e9,
+                1e9,
+                80e9,
+                {"any": 1e12},
+                "any",
+                1 << 30,
+                "every link alike (1 GB/s) — pure communication-volume comparisons",
+            ),
+        )
+    }
+)
+
+DEFAULT_MACHINE = "a100"
+"""The machine mesh text gets when none is named (API, CLI `--machine`)."""
+
+
+def peak_flops(machine: str, dtype: str) -> float:
+    """Dense FLOP/s of one device of `machine` computing in `dtype` ("bf16", "fp16", "fp32"); a
+    machine with one rate for every dtype ("any") gives it; MeshError when the datasheet has
+    none (the message lists the dtypes it has)."""
+    rates = get_machine(machine).flops_by_dtype
+    if dtype in rates:
+        return rates[dtype]
+    if "any" in rates:
+        return rates["any"]
+    raise MeshError(
+        f"machine {machine!r} has no published {dtype} rate (it has {sorted(rates)}); "
+        f"pass --dtype {sorted(rates)[0]}"
+    )
+
+
+def get_machine(name: str) -> Machine:
+    """The preset called `name`, or MeshError listing the presets."""
+    if name not in MACHINES:
+        raise MeshError(f"unknown machine {name!r}; choose one of {sorted(MACHINES)}")
+    return MACHINES[name]
+
+
+__all__ = ["DEFAULT_MACHINE", "MACHINES", "Machine", "get_machine", "peak_flops"]

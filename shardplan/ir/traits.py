@@ -1,0 +1,107 @@
+"""Op-kind traits: what engines, verification and cost may need to know about a kind beyond its
+signature, declared once here as data so that no other layer branches on op-kind names.
+
+The signature (`ir/catalogue.py`) says how an op's loop dims index its tensors; a few facts it does
+not carry are listed per kind in `KIND_TRAITS`:
+
+- `SCALE_OPERAND`: operand 1 is a multiplicative scale (gamma); engines initialise it to ones.
+- `NORMALISES`: the op computes statistics (mean, variance, max, sum of exponentials) over an
+  axis; when that axis arrives split, XLA all-reduces the per-row statistics.
+- `STATISTICS_OVER_PARALLEL`: the statistics run over PARALLEL loop dims (batch norm: over batch
+  and space, per channel): cutting one of them needs an all-reduce of the statistics that the
+  signature cannot express; `KindTraits.statistics_kept` names the operand-0 tensor dim the
+  statistics are kept per (the channel).
+- `INDEX_INPUT`: an operand holds integer indices (ids, labels) into an extent of another operand;
+  `KindTraits.index` says which (engines draw values in range; a cut of the indexed extent turns
+  the lookup into a masked one).
+- `GLOBAL_SHAPE_ATTR`: the `shape` attribute is the global result shape (a device computing a
+  block needs its local shape).
+- `OPAQUE`: an operator the importers could not translate (every loop dim FROZEN).
+- `KINK`: the derivative jumps at 0 (rounding noise can flip a gradient by a finite amount).
+
+Lookups are O(1); the table is immutable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+
+
+class Trait(Enum):
+    SCALE_OPERAND = "scale-operand"
+    NORMALISES = "normalises"
+    STATISTICS_OVER_PARALLEL = "statistics-over-parallel"
+    INDEX_INPUT = "index-input"
+    GLOBAL_SHAPE_ATTR = "global-shape-attr"
+    OPAQUE = "opaque"
+    KINK = "kink"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexInput:
+    """Operand `position` holds integer indices into dim `bound_dim` of operand `bound_operand`."""
+
+    position: int
+    bound_operand: int
+    bound_dim: int
+
+
+@dataclass(frozen=True, slots=True)
+class KindTraits:
+    traits: frozenset[Trait] = frozenset()
+    index: IndexInput | None = None
+    statistics_kept: int | None = None
+
+    def __contains__(self, trait: Trait) -> bool:
+        return trait in self.traits
+
+
+OPAQUE_KIND = "opaque"
+"""The kind importers give operators they cannot translate (`unknown="replicate"`)."""
+
+
+def _t(*traits: Trait, index: IndexInput | None = None, kept: int | None = None) -> KindTraits:
+    return KindTraits(frozenset(traits), index, kept)
+
+
+_NORM = (Trait.SCALE_OPERAND, Trait.NORMALISES)
+
+KIND_TRAITS: Mapping[str, KindTraits] = MappingProxyType(
+    {
+        "layer_norm": _t(*_NORM),
+        "rms_norm": _t(*_NORM),
+        "batch_norm": _t(*_NORM, Trait.STATISTICS_OVER_PARALLEL, kept=1),
+        "softmax": _t(Trait.NORMALISES),
+        "cross_entropy": _t(Trait.NORMALISES, Trait.INDEX_INPUT, index=IndexInput(1, 0, -1)),
+        "embedding": _t(Trait.INDEX_INPUT, index=IndexInput(1, 0, 0)),
+        "reshape": _t(Trait.GLOBAL_SHAPE_ATTR),
+        "relu": _t(Trait.KINK),
+        OPAQUE_KIND: _t(Trait.OPAQUE),
+    }
+)
+"""Kind -> its traits; kinds not listed have none."""
+
+_NONE = KindTraits()
+
+
+def traits_of(kind: str) -> KindTraits:
+    """The traits of op kind `kind` (empty for kinds without any)."""
+    return KIND_TRAITS.get(kind, _NONE)
+
+
+def has_trait(kind: str, trait: Trait) -> bool:
+    return trait in traits_of(kind).traits
+
+
+__all__ = [
+    "KIND_TRAITS",
+    "OPAQUE_KIND",
+    "IndexInput",
+    "KindTraits",
+    "Trait",
+    "has_trait",
+    "traits_of",
+]

@@ -1,0 +1,274 @@
+"""Repeated layers folded: search a graph with four copies of a repeated block instead of n.
+
+A deep model repeats one block n times (96 identical GPT-3 layers). D-Rec's decisions are local
+(an op against its neighbours one or two flex edges away), so identical blocks in identical
+context get identical decisions. `find_fold` finds the longest run of identical consecutive
+blocks and builds a reduced graph keeping blocks 0, 1, 2 and n-1 (the last one reading block 2
+where it read block n-2). D-Rec searches the reduced graph, weighting blocks 1 and 2 by the
+(n-2) blocks they stand for when it compares whole rounds; when blocks 1 and 2 decide alike the
+interior is at its fixed point and every block 1..n-2 takes that decision (`expand`), else the
+caller searches the full graph. `score` is the evaluator's exact cost of the expanded plan,
+computed on the reduced graph: blocks 3..n-2 see the same neighbours as block 2, so their terms
+are block 2's, counted n-3 times.
+
+Identical blocks: op by op the same kind, signature, shapes, dtypes, roles and FLOPs (a label per
+op), each block k >= 2 reading block k-1 (or itself) exactly where block k-1 reads block k-2 (or
+itself), and the same outside tensors or block-local parameters/constants of the same form; no
+block but the last is read outside itself and its successor.
+Cost: labels O(|V| + |E|); candidate periods from the distance to a label's next occurrence (the
+few most common), each checked in O(|V| + |E|); the reduced graph O(|V| + |E|).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from shardplan.cost.evaluate import op_terms, output_layouts, param_homes, unary_terms
+from shardplan.cost.linear import memory_pieces
+from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import CommTerms
+from shardplan.ir.graph import Graph, make_graph
+from shardplan.ir.op import Op, Role
+from shardplan.mesh import Mesh
+from shardplan.search.flex import FlexGraph
+from shardplan.sharding import Strategy, check_strategy
+
+Unary = tuple[CommTerms, float]
+KEPT = 4
+"""Blocks the reduced graph keeps: 0, 1, 2 and the last."""
+MIN_BLOCKS = 6
+"""Fold only runs of at least this many blocks (fewer gain too little)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    """A run of `count` identical blocks of `period` ops starting at op `start`, and the
+    reduced graph (blocks 0, 1, 2 and count-1 kept)."""
+
+    full: Graph
+    reduced: Graph
+    start: int
+    period: int
+    count: int
+    labels: tuple[int, ...]
+    """`op_labels` of the reduced graph."""
+
+    def _block(self, index: int) -> int:
+        """Block of full-graph op `index` (-1 outside the run)."""
+        k, _ = divmod(index - self.start, self.period)
+        return k if self.start <= index < self.start + self.count * self.period else -1
+
+    def _stand_in(self, index: int) -> str:
+        """Name of the reduced-graph op that decides for full-graph op `index`."""
+        k = self._block(index)
+        if 3 <= k <= self.count - 2:
+            index -= (k - 2) * self.period
+        return self.full.ops[index].name
+
+    def _reduced_block(self, name: str) -> int:
+        """Block (0, 1, 2 or count-1) of a reduced-graph op, -1 outside the run."""
+        return self._block(self.full.op_index[name])
+
+    def round_weights(self) -> list[float]:
+        """Per reduced op: how many full-graph ops it stands for (in a round's total, and in the
+        score): block 2 and its incoming edges stand for blocks 2..n-2, exactly so when blocks 1
+        and 2 decide alike."""
+        return [
+            self.count - 3.0 if self._reduced_block(op.name) == 2 else 1.0
+            for op in self.reduced.ops
+        ]
+
+    def local(self, flex: FlexGraph) -> bool:
+        """Whether the ops after the run see no further back than its copies 1, 2 and the last:
+        no flex or sibling edge joins the suffix with block 0 or the prefix. Walks through chains
+        of transparent ops reach several blocks back (the residual stream); folded, a walk from
+        the suffix that reaches block 0 or the prefix sees ops the full graph's walk would not
+        (ResNet-152's last stage then decides differently), so such a run is not folded."""
+        place = []  # prefix -1, blocks 0, 1, 2, the last block 3, suffix 4
+        for op in self.reduced.ops:
+            k = self._reduced_block(op.name)
+            if k < 0:
+                k = -1 if self.full.op_index[op.name] < self.start else KEPT
+            elif k > 2:
+                k = KEPT - 1
+            place.append(k)
+        pairs = [(e.producer, e.consumer) for e in flex.edges]
+        pairs += [(e.a, e.b) for e in flex.siblings]
+        return not any(
+            max(place[u], place[v]) == KEPT and min(place[u], place[v]) <= 0 for u, v in pairs
+        )
+
+    def uniform(self, plan: Mapping[str, Strategy]) -> bool:
+        """Blocks 1 and 2 of a reduced plan decide alike (the interior's fixed point)."""
+        ops = self.full.ops
+        first = self.start + self.period
+        return all(
+            plan[ops[first + j].name] == plan[ops[first + self.period + j].name]
+            for j in range(self.period)
+        )
+
+    def expand(self, plan: Mapping[str, Strategy]) -> dict[str, Strategy]:
+        """The full graph's strategies from a uniform reduced plan."""
+        return {op.name: plan[self._stand_in(i)] for i, op in enumerate(self.full.ops)}
+
+    def score(
+        self,
+        mesh: Mesh,
+        plan: Mapping[str, Strategy],
+        opts: CostOptions,
+        memory_lambda: float = 0.0,
+    ) -> float:
+        """cost + lambda * memory of `expand(plan)` on the full graph, evaluated exactly on the
+        reduced graph (block 2's terms and memory pieces count n-3 times)."""
+        graph, rounds = self.reduced, mesh.rounds
+        for op in graph.ops:
+            check_strategy(op, plan[op.name], rounds)
+        weights = self.round_weights()
+        homes = param_homes(graph, plan)
+        label = dict(zip((op.name for op in graph.ops), self.labels, strict=True))
+        memo: dict[tuple[int, Strategy], Unary] = {}
+
+        def unary(g: Graph, op: Op, s: Strategy, m: Mesh, o: CostOptions) -> Unary:
+            key = (label[op.name], s)  # interchangeable ops price alike
+            if key not in memo:
+                memo[key] = unary_terms(g, op, s, m, o)
+            return memo[key]
+
+        total = 0.0
+        layouts = output_layouts(graph, plan)
+        for t in op_terms(graph, mesh, plan, opts, homes, layouts, unary):
+            total += weights[t.index] * (t.intra.total + t.compute + t.redistribution.total)
+        if memory_lambda:
+            param = act = peak = 0.0
+            for i, op in enumerate(graph.ops):
+                piece = memory_pieces(graph, i, plan[op.name], rounds, opts)
+                param += weights[i] * piece.param
+                act += weights[i] * piece.activation
+                peak = max(peak, piece.working_set)
+            total += memory_lambda * (param + (act if opts.train else peak))
+        return total
+
+
+def _label(graph: Graph, op: Op) -> tuple[object, ...]:
+    """What makes two ops interchangeable for the search and the evaluator."""
+    tensors, grad = graph.tensors, graph.requires_grad
+    operands = tuple(
+        (tensors[t].shape, tensors[t].dtype_bytes, tensors[t].role, t in grad)
+        for t in (*op.inputs, *op.outputs)
+    )
+    return (op.kind, op.signature, op.flops, op.attrs, operands)
+
+
+def op_labels(graph: Graph) -> list[int]:
+    """Per op, a small int equal for interchangeable ops (same `_label`)."""
+    ids: dict[tuple[object, ...], int] = {}
+    return [ids.setdefault(_label(graph, op), len(ids)) for op in graph.ops]
+
+
+def _consistent(graph: Graph, start: int, period: int, k: int) -> bool:
+    """Block k (>= 2) reads as block k-1 does, shifted by one block."""
+    lo = start + (k - 1) * period  # block k-1's first op: block k may read it and itself only
+    for x in range(start + k * period, start + (k + 1) * period):
+        op, twin = graph.ops[x], graph.ops[x - period]
+        for t, u in zip(op.inputs, twin.inputs, strict=True):
+            y = graph.producer.get(t)
+            if y is not None and y >= start:
+                if y < lo or graph.producer.get(u) != y - period:
+                    return False
+                continue
+            if t == u:  # one outside tensor read by every block: constants and inputs only
+                if graph.tensors[t].role in (Role.PARAMETER, Role.ACTIVATION):
+                    return False  # its readers would price each other (shared grads, layouts)
+                continue
+            users = {i for i, _ in graph.consumers[t]}
+            twin_users = {i for i, _ in graph.consumers[u]}
+            if graph.producer.get(u) is not None or twin_users != {i - period for i in users}:
+                return False  # not a block-local parameter/constant of the same form
+            if not all(lo + period <= i < lo + 2 * period for i in users):
+                return False
+    return True
+
+
+def _closed(graph: Graph, start: int, period: int, k: int) -> bool:
+    """Block k's results are read only by blocks k and k+1."""
+    lo, hi = start + k * period, start + (k + 2) * period
+    for x in range(lo, lo + period):
+        for t in graph.ops[x].outputs:
+            if any(not lo <= i < hi for i, _ in graph.consumers.get(t, ())):
+                return False
+    return True
+
+
+def _run(graph: Graph, labels: list[int], period: int) -> tuple[int, int]:
+    """(start, blocks) of the longest run of consistent blocks of this period."""
+    n = len(labels)
+    best = (0, 0)
+    i = 0
+    while i + period < n:
+        if labels[i] != labels[i + period]:
+            i += 1
+            continue
+        a = i
+        while i + period < n and labels[i] == labels[i + period]:
+            i += 1
+        blocks = (i - a) // period + 1  # ops a .. i+period-1 repeat with this period
+        count = 1
+        while count < blocks and _closed(graph, a, period, count - 1):
+            if count >= 2 and not _consistent(graph, a, period, count):
+                break
+            count += 1
+        if count > best[1]:
+            best = (a, count)
+    return best
+
+
+def find_fold(graph: Graph) -> Fold | None:
+    """The longest run of >= MIN_BLOCKS identical blocks, with its reduced graph, or None."""
+    labels = op_labels(graph)
+    last: dict[int, int] = {}
+    gaps: Counter[int] = Counter()
+    for i, label in enumerate(labels):
+        if label in last:
+            gaps[i - last[label]] += 1
+        last[label] = i
+    best: tuple[int, int, int] | None = None  # (ops saved, start, period) ...
+    for period, _ in gaps.most_common(3):
+        start, count = _run(graph, labels, period)
+        if count >= MIN_BLOCKS and (best is None or (count - KEPT) * period > best[0]):
+            best = ((count - KEPT) * period, start, period, count)  # type: ignore[assignment]
+    if best is None:
+        return None
+    _, start, period, count = best  # type: ignore[misc]
+    reduced = _reduce(graph, start, period, count)
+    return Fold(graph, reduced, start, period, count, tuple(op_labels(reduced)))
+
+
+def _reduce(graph: Graph, start: int, period: int, count: int) -> Graph:
+    """Blocks 0, 1, 2 and count-1 of the run, the last reading block 2 for block count-2."""
+    gone_lo, gone_hi = start + 3 * period, start + (count - 1) * period
+    shift = (count - 4) * period
+    ops: list[Op] = []
+    for x, op in enumerate(graph.ops):
+        if gone_lo <= x < gone_hi:
+            continue
+        if x >= gone_hi and x < gone_hi + period:  # the last block: rewire its reads of n-2
+            inputs = tuple(
+                graph.ops[graph.producer[t] - shift].outputs[
+                    graph.ops[graph.producer[t]].outputs.index(t)
+                ]
+                if gone_lo <= graph.producer.get(t, -1) < gone_hi
+                else t
+                for t in op.inputs
+            )
+            op = replace(op, inputs=inputs)
+        ops.append(op)
+    used = {t for op in ops for t in (*op.inputs, *op.outputs)}
+    tensors = {name: t for name, t in graph.tensors.items() if name in used}
+    return make_graph(graph.name, tensors, tuple(ops))
+
+
+def fold_weights(fold: Fold | None, graph: Graph) -> Sequence[float] | None:
+    """Round weights of `graph` when it is `fold`'s reduced graph."""
+    return fold.round_weights() if fold is not None and fold.reduced is graph else None

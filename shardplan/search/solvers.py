@@ -1,0 +1,180 @@
+"""The solver registry: each method's runner and its typed options, looked up once by name.
+
+`SOLVERS[method]` is a `Solver`: a runner `(problem, options, start) -> Plan` and the frozen
+dataclass of the options the method takes. `solver_options(method, given)` turns the keyword
+options of `shardplan.plan` into that dataclass: an unknown method or option is a SolverError that
+lists the valid ones, so nothing is passed to a solver blindly. Options left out keep the solver's
+own defaults (they are not repeated here). O(1) per lookup.
+
+Methods: "drec" (default; memory-aware driver in `search.api`), "ilp" (HiGHS), "dp" (graph
+elimination), and the expert plans "data-parallel", "megatron", "fsdp".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any
+
+from shardplan import checks
+from shardplan.errors import SolverError
+from shardplan.plans import Plan
+from shardplan.problem import Problem
+from shardplan.search import experts
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<solver default>"
+
+
+UNSET: Any = _Unset()
+"""An option left to the solver's own default."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoOptions:
+    """The expert plans take no options."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrecOptions:
+    """D-Rec's options: `fixed` op name -> strategy the plan keeps (`--force`)."""
+
+    fixed: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IlpOptions:
+    """`search.ilp.solve_ilp`'s options: seconds, MIP gap, enumeration limits, table split."""
+
+    time_limit: float = UNSET
+    mip_rel_gap: float = UNSET
+    max_strategies: int | None = UNSET
+    max_pair_columns: int | None = UNSET
+    split: str = UNSET
+    max_table_entries: int | None = UNSET
+    fixed: Mapping[str, Any] | None = UNSET
+    incumbent: Mapping[str, Any] | None = UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class DpOptions:
+    """`search.dp.solve_dp`'s options: seconds and enumeration limits."""
+
+    time_limit: float = UNSET
+    max_entries: int | None = UNSET
+    max_strategies: int | None = UNSET
+
+
+def given(options: Any) -> dict[str, Any]:
+    """The options a caller set (the rest keep the solver's defaults)."""
+    return {
+        f.name: getattr(options, f.name)
+        for f in fields(options)
+        if getattr(options, f.name) is not UNSET
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Solver:
+    name: str
+    options: type
+    run: Callable[[Problem, Any, float], Plan]
+    summary: str
+
+
+def _run_drec(problem: Problem, options: DrecOptions, start: float) -> Plan:
+    from shardplan.search.api import drec_within
+
+    return drec_within(problem, start, options.fixed)
+
+
+def _run_ilp(problem: Problem, options: IlpOptions, start: float) -> Plan:
+    from shardplan.search.api import check_fixed
+    from shardplan.search.ilp import solve_ilp
+
+    p = problem
+    kwargs = given(options)
+    if kwargs.get("fixed"):
+        kwargs["fixed"] = check_fixed(p.graph, p.mesh, kwargs["fixed"])
+    return solve_ilp(p.graph, p.mesh, p.options, memory=p.budget, **kwargs)
+
+
+def _run_dp(problem: Problem, options: DpOptions, start: float) -> Plan:
+    from shardplan.search.dp import solve_dp
+
+    return solve_dp(problem.graph, problem.mesh, problem.options, **given(options))
+
+
+def _expert(method: str) -> Callable[[Problem, NoOptions, float], Plan]:
+    def run(problem: Problem, options: NoOptions, start: float) -> Plan:
+        graph, mesh = problem.graph, problem.mesh
+        params: dict[str, tuple[int, ...]] = {}
+        strategies = (experts.megatron if method == "megatron" else experts.data_parallel)(
+            graph, mesh
+        )
+        if method == "fsdp":
+            params = experts.fsdp_param_layouts(graph, mesh)
+        return Plan(
+            graph, mesh, strategies, method, problem.options, time.perf_counter() - start, params
+        )
+
+    return run
+
+
+SOLVERS: Mapping[str, Solver] = MappingProxyType(
+    {
+        s.name: s
+        for s in (
+            Solver("drec", DrecOptions, _run_drec, "D-Rec (default), memory-aware"),
+            Solver("ilp", IlpOptions, _run_ilp, "exact ILP (HiGHS), time-limited"),
+            Solver("dp", DpOptions, _run_dp, "OptCNN-style DP by graph elimination"),
+            *(Solver(m, NoOptions, _expert(m), f"expert plan: {m}") for m in experts.EXPERTS),
+        )
+    }
+)
+
+METHODS = tuple(SOLVERS)
+
+
+def get_solver(method: str) -> Solver:
+    if not isinstance(method, str) or method not in SOLVERS:
+        raise SolverError(f"unknown method {method!r}; choose one of {list(SOLVERS)}")
+    return SOLVERS[method]
+
+
+def solver_options(method: str, options: Mapping[str, Any]) -> Any:
+    """The typed options of `method` from keyword options; SolverError naming any unknown one."""
+    solver = get_solver(method)
+    known = [f.name for f in fields(solver.options)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        takes = f"it takes {known}" if known else "it takes none"
+        raise SolverError(f"method {method!r} has no option(s) {unknown}; {takes}")
+    for key in ("time_limit", "mip_rel_gap"):
+        if key in options:
+            checks.finite_number(options[key], key)
+    for key in ("max_strategies", "max_pair_columns", "max_table_entries", "max_entries"):
+        if options.get(key) is not None:
+            checks.positive_int(options[key], key)
+    if "split" in options:
+        checks.choice(options["split"], "split", ["auto", "never", "always"])
+    return solver.options(**options)
+
+
+__all__ = [
+    "METHODS",
+    "SOLVERS",
+    "DpOptions",
+    "DrecOptions",
+    "IlpOptions",
+    "NoOptions",
+    "Solver",
+    "UNSET",
+    "get_solver",
+    "given",
+    "solver_options",
+]

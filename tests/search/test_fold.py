@@ -1,0 +1,102 @@
+"""Folding repeated layers: the runs found, the exact score, and plans equal to the full search."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import shardplan as sp
+from shardplan.cost import CostOptions, evaluate_strategies
+from shardplan.search.drec import _variants, drec
+from shardplan.search.flex import build_flex_graph
+from shardplan.search.fold import find_fold
+from shardplan.sharding import cut_problem, local_extents
+
+OPTS = CostOptions.make()
+
+
+def _deep(name: str, layers: int) -> sp.Graph:
+    return sp.zoo.build(name, small=True, layers=layers)
+
+
+def test_a_deep_gpt_folds_to_four_blocks():
+    graph = _deep("gpt3", 9)
+    fold = find_fold(graph)
+    assert fold is not None
+    assert fold.count >= 8  # the run may start on the embedding's add, which matches a residual
+    assert len(fold.reduced.ops) == len(graph.ops) - (fold.count - 4) * fold.period
+    names = {op.name for op in fold.reduced.ops}
+    assert "h.0.attn.q.linear" in names and "h.8.attn.q.linear" in names
+    assert "h.5.attn.q.linear" not in names
+
+
+def test_shallow_or_irregular_graphs_do_not_fold():
+    assert find_fold(_deep("gpt3", 2)) is None
+    assert find_fold(sp.zoo.build("alexnet", small=True)) is None
+
+
+def test_a_residual_stream_through_many_blocks_is_not_folded():
+    """ResNet's add/relu chain joins heavy ops many blocks apart: folding would change what an
+    op sees, so the full graph is searched (and the plan is the full search's)."""
+    graph = sp.zoo.build("resnet152", small=True)
+    fold = find_fold(graph)
+    assert fold is not None
+    assert not fold.local(build_flex_graph(fold.reduced))
+
+
+def _random_plan(graph, mesh, rng):
+    plan = {}
+    for op in graph.ops:
+        strategy: list[str | None] = []
+        for r, rnd in enumerate(mesh.rounds):
+            extents = local_extents(
+                op, tuple(strategy) + (None,) * (len(mesh.rounds) - r), mesh.rounds, r
+            )
+            valid = [None] + [
+                d.name
+                for d in op.signature.loop_dims
+                if cut_problem(op, d.name, extents[d.name], rnd.q) is None
+            ]
+            strategy.append(rng.choice(valid))
+        plan[op.name] = tuple(strategy)
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh", "train"), [("gpt3", "2x4", True), ("bert-base", "6", False)]
+)
+def test_the_folded_score_is_the_evaluator_on_the_expanded_plan(model, mesh, train):
+    graph = _deep(model, 8)
+    mesh = sp.parse_mesh(mesh)
+    opts = CostOptions.make(train=train)
+    fold = find_fold(graph)
+    assert fold is not None
+    rng = random.Random(3)
+    ops = fold.full.ops
+    for _ in range(4):
+        plan = _random_plan(fold.reduced, mesh, rng)
+        first = fold.start + fold.period
+        for j in range(fold.period):  # a uniform interior: block 2 decides as block 1
+            plan[ops[first + fold.period + j].name] = plan[ops[first + j].name]
+        assert fold.uniform(plan)
+        full = fold.expand(plan)
+        cost = evaluate_strategies(graph, mesh, full, opts)
+        for lam in (0.0, 1e-9):
+            want = cost.total + lam * cost.memory_per_device
+            assert fold.score(mesh, plan, opts, lam) == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("model", "layers", "mesh"),
+    [("gpt3", 8, "8"), ("gpt3", 7, "2x4"), ("bert-base", 6, "12"), ("vit-b16", 6, "8")],
+)
+def test_folded_search_finds_the_full_search_plan(model, layers, mesh):
+    graph = _deep(model, layers)
+    mesh = sp.parse_mesh(mesh)
+    fold = find_fold(graph)
+    assert fold is not None
+    flex = build_flex_graph(fold.reduced)
+    assert fold.local(flex)
+    assert _variants(fold.reduced, mesh, OPTS, 0.0, fold, flex) is not None  # the fold is used
+    assert drec(graph, mesh, OPTS) == drec(graph, mesh, OPTS, fold=False)
