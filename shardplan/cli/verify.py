@@ -118,8 +118,8 @@ def _is_training_file(path: str | None) -> bool:
         return False
     try:
         return is_training_json(json.loads(Path(path).read_text()))
-    except (OSError, ValueError):
-        return False  # the plan loader reports unreadable files
+    except (OSError, ValueError, RecursionError):
+        return False  # the plan loader reports unreadable or malformed files
 
 
 def run_verify(args: argparse.Namespace) -> int:
