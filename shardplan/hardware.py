@@ -63,7 +63,9 @@ MACHINES: Mapping[str, Machine] = MappingProxyType(
                 300e9,
                 25e9,
                 80e9,
-                {"bf16": 312e12},
+                # NVIDIA A100 datasheet (2021, SXM4 80GB), dense: BF16/FP16 tensor core 312
+                # TFLOPS, FP32 19.5 (TF32's 156 is not used for "fp32")
+                {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
                 "bf16",
                 8,
                 "8x A100-80GB per node, NVLink3 300 GB/s per direction, 200 Gb/s IB per GPU",
@@ -73,7 +75,9 @@ MACHINES: Mapping[str, Machine] = MappingProxyType(
                 450e9,
                 50e9,
                 80e9,
-                {"bf16": 989e12},
+                # NVIDIA H100 SXM5 datasheet (2023), dense: BF16/FP16 tensor core 989 TFLOPS
+                # (1,979 with sparsity), FP32 67
+                {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
                 "bf16",
                 8,
                 "8x H100-80GB per node, NVLink4 450 GB/s per direction, 400 Gb/s IB per GPU",
@@ -83,6 +87,8 @@ MACHINES: Mapping[str, Machine] = MappingProxyType(
                 56e9,
                 12.5e9,
                 32e9,
+                # Huawei Ascend 910 (Hot Chips 31, 2019): FP16 256 TFLOPS, INT8 512 TOPS; no BF16
+                # unit and no published FP32 cube rate, so none is listed
                 {"fp16": 256e12},
                 "fp16",
                 8,
@@ -106,6 +112,21 @@ DEFAULT_MACHINE = "a100"
 """The machine mesh text gets when none is named (API, CLI `--machine`)."""
 
 
+def peak_flops(machine: str, dtype: str) -> float:
+    """Dense FLOP/s of one device of `machine` computing in `dtype` ("bf16", "fp16", "fp32"); a
+    machine with one rate for every dtype ("any") gives it; MeshError when the datasheet has
+    none (the message lists the dtypes it has)."""
+    rates = get_machine(machine).flops_by_dtype
+    if dtype in rates:
+        return rates[dtype]
+    if "any" in rates:
+        return rates["any"]
+    raise MeshError(
+        f"machine {machine!r} has no published {dtype} rate (it has {sorted(rates)}); "
+        f"pass --dtype {sorted(rates)[0]}"
+    )
+
+
 def get_machine(name: str) -> Machine:
     """The preset called `name`, or MeshError listing the presets."""
     if name not in MACHINES:
@@ -113,4 +134,4 @@ def get_machine(name: str) -> Machine:
     return MACHINES[name]
 
 
-__all__ = ["DEFAULT_MACHINE", "MACHINES", "Machine", "get_machine"]
+__all__ = ["DEFAULT_MACHINE", "MACHINES", "Machine", "get_machine", "peak_flops"]

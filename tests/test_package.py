@@ -17,6 +17,7 @@ LAYERS = {
     "errors": 0,
     "checks": 0.5,
     "ir": 1,
+    "precision": 1,
     "hardware": 2,
     "zoo": 2,
     "mesh": 3,
@@ -24,6 +25,7 @@ LAYERS = {
     "cost": 5,
     "problem": 6,
     "plans": 6,
+    "training": 6.5,
     "search": 7,
     "importers": 8,
     "exporters": 8,
@@ -35,7 +37,8 @@ LAYERS = {
     "__init__": 12,
     "__main__": 12,
 }
-"""errors -> checks -> ir -> hardware/mesh -> sharding -> cost -> problem/plans -> search ->
+"""errors -> checks -> ir/precision -> hardware/mesh -> sharding -> cost -> problem/plans ->
+training (a training step's stage plans) -> search ->
 importers/exporters -> engines -> fidelity -> torch/jax (the user-facing engines: they use
 fidelity's predictions in their checks) -> cli (docs/architecture.md). A module may import
 its own package and strictly lower layers."""

@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--top", type=int, default=0, metavar="N", help="list the N costliest ops")
     plot_flag(p)
+    from shardplan.cli.training import add_dtype_argument
+
+    add_dtype_argument(p)
     p.set_defaults(run=run_plan)
 
 
@@ -141,6 +144,11 @@ def check_output_path(path: str | None, flag: str = "--json") -> None:
 def run_plan(args: argparse.Namespace) -> int:
     from shardplan.cli.plans import plan_for
 
+    if args.dtype:
+        from shardplan.cli.training import run_training_plan
+
+        check_output_path(args.json)
+        return run_training_plan(args)
     check_output_path(args.json)
     check_output_path(args.plot, "--plot")
     progress = progress_of(args)

@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     p.add_argument(
-        "--dtype",
+        "--check-dtype",
+        dest="check_dtype",
         default="float64",
         choices=("float64", "float32"),
         help="what both JAX programs compute in (default float64; collective bytes are counted "
@@ -109,7 +110,23 @@ def refuse_too_big(graph: Any, train: bool, dtype: str, small: bool) -> None:
         )
 
 
+def _is_training_file(path: str | None) -> bool:
+    """A training plan (pipeline stages) rather than a single SPMD plan."""
+    from shardplan.exporters.training_json import is_training_json
+
+    if not path or not path.endswith(".json"):
+        return False
+    try:
+        return is_training_json(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, RecursionError):
+        return False  # the plan loader reports unreadable or malformed files
+
+
 def run_verify(args: argparse.Namespace) -> int:
+    if _is_training_file(args.model):
+        from shardplan.cli.training import verify_training_plan
+
+        return verify_training_plan(args)
     from shardplan.cli.commands import check_output_path
     from shardplan.cli.plans import plan_for
     from shardplan.cli.render import make_console
@@ -123,7 +140,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     def check(graph: Any, plan_train: bool | None) -> None:  # before the search and the run
         train = (True if plan_train is None else plan_train) if args.train is None else args.train
-        refuse_too_big(graph, train, args.dtype, bool(getattr(args, "small", False)))
+        refuse_too_big(graph, train, args.check_dtype, bool(getattr(args, "small", False)))
 
     p, _ = plan_for(args, progress, check)
     mesh: Mesh = p.mesh
@@ -140,7 +157,7 @@ def run_verify(args: argparse.Namespace) -> int:
     train = p.options.train if args.train is None else args.train
     with progress.step(f"running the plan on {mesh.size} JAX devices"):
         report = verify_plan(
-            p, train=train, seed=args.seed, rtol=args.rtol, atol=args.atol, dtype=args.dtype
+            p, train=train, seed=args.seed, rtol=args.rtol, atol=args.atol, dtype=args.check_dtype
         )
     console = make_console()
     print_report(console, report, args.differences)

@@ -47,10 +47,10 @@ def verify_user_module(plan: Any, args: argparse.Namespace) -> int:
             plan.method,
             to_json(plan),
             args.seed,
-            args.dtype,
+            args.check_dtype,
         ),
     )
-    rtol = args.rtol if args.rtol is not None else TOLERANCE[args.dtype]
+    rtol = args.rtol if args.rtol is not None else TOLERANCE[args.check_dtype]
     ok = report["max_param_error"] <= rtol and all(
         abs(a - b) <= rtol * max(1.0, abs(b))
         for a, b in zip(report["parallel_losses"], report["reference_losses"], strict=True)

@@ -141,7 +141,7 @@ def operand_infos(
             for j, other in enumerate(rounds):
                 if j != r and faster(other, rnd) and shrinks[j] and not (j < r and layout[j] >= 0):
                     divisor *= other.q
-            infos.append(OperandInfo(sizes[r], t.dtype_bytes, t.role, grad, divisor))
+            infos.append(OperandInfo(sizes[r], opts.element_bytes(t), t.role, grad, divisor))
         per_operand.append(infos)
     return [[p[r] for p in per_operand] for r in range(len(rounds))]
 
@@ -229,7 +229,7 @@ def edge_terms(
     for r, rnd in enumerate(rounds):
         if src[r] != dst[r]:
             total = total + redistribution_terms(
-                src[r], dst[r], sizes[r], t.dtype_bytes, rnd, grad, opts
+                src[r], dst[r], sizes[r], opts.element_bytes(t), rnd, grad, opts
             )
     return total
 
@@ -386,6 +386,23 @@ def op_terms(
         yield OpTerms(index, op, strategy, intra, compute, tuple(edges))
 
 
+def _op_key(graph: Graph, op: Op) -> tuple[object, ...]:
+    """Everything `unary_terms` reads about an op: equal keys give equal terms."""
+
+    def tensor(name: str) -> tuple[object, ...]:
+        t = graph.tensors[name]
+        return (t.shape, t.dtype_bytes, t.role, name in graph.requires_grad)
+
+    return (
+        op.kind,
+        op.signature,
+        op.flops,
+        op.attrs,
+        tuple(tensor(t) for t in op.inputs),
+        tuple(tensor(t) for t in op.outputs),
+    )
+
+
 def evaluate_strategies(
     graph: Graph,
     mesh: Mesh,
@@ -406,9 +423,17 @@ def evaluate_strategies(
     comm = ZERO
     compute = 0.0
     rows: list[OpCost] = []
-    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout):
+    memo: dict[tuple[object, ...], tuple[CommTerms, float]] = {}
+
+    def unary(g: Graph, op: Op, strategy: Strategy, m: Mesh, o: CostOptions):  # noqa: ANN202
+        key = (_op_key(g, op), strategy)  # repeated layers are priced once
+        if key not in memo:
+            memo[key] = unary_terms(g, op, strategy, m, o)
+        return memo[key]
+
+    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout, unary):
         redis = t.redistribution
-        act = sum(local_bytes(graph, name, out_layout[name], rounds) for name in t.op.outputs)
+        act = sum(local_bytes(graph, name, out_layout[name], rounds, opts) for name in t.op.outputs)
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
         comm = comm + t.intra + redis
         compute += t.compute
@@ -426,10 +451,17 @@ def evaluate_strategies(
     )
 
 
-def local_bytes(graph: Graph, name: str, layout: Layout, rounds: Sequence[Round]) -> float:
-    """Bytes of tensor `name` on one device in `layout`."""
+def local_bytes(
+    graph: Graph,
+    name: str,
+    layout: Layout,
+    rounds: Sequence[Round],
+    opts: CostOptions | None = None,
+) -> float:
+    """Bytes of tensor `name` on one device in `layout` (at `opts`' precision when given)."""
     t = graph.tensors[name]
-    return round_numels(t.numel, layout, rounds)[-1] * t.dtype_bytes
+    width = opts.element_bytes(t) if opts is not None else t.dtype_bytes
+    return round_numels(t.numel, layout, rounds)[-1] * width
 
 
 def memory_per_device(
@@ -449,23 +481,25 @@ def memory_per_device(
     param_mem = 0.0
     for name, layout in homes.items():
         t = graph.tensors[name]
-        param_mem += param_bytes(round_numels(t.numel, layout, rounds)[-1], t.dtype_bytes, opts)
+        param_mem += param_bytes(
+            round_numels(t.numel, layout, rounds)[-1], opts.element_bytes(t), opts
+        )
     if opts.train:
-        act = sum(local_bytes(graph, n, lay, rounds) for n, lay in out_layout.items())
+        act = sum(local_bytes(graph, n, lay, rounds, opts) for n, lay in out_layout.items())
         for op in graph.ops:
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
                     act += local_bytes(
-                        graph, name, operand_layout(op, strategies[op.name], i), rounds
+                        graph, name, operand_layout(op, strategies[op.name], i), rounds, opts
                     )
         return param_mem, act
     peak = 0.0
     for op in graph.ops:
         strategy = strategies[op.name]
-        work = sum(local_bytes(graph, n, out_layout[n], rounds) for n in op.outputs)
+        work = sum(local_bytes(graph, n, out_layout[n], rounds, opts) for n in op.outputs)
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
-                work += local_bytes(graph, name, operand_layout(op, strategy, i), rounds)
+                work += local_bytes(graph, name, operand_layout(op, strategy, i), rounds, opts)
         peak = max(peak, work)
     return param_mem, peak

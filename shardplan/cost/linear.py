@@ -48,15 +48,17 @@ def memory_pieces(
         if t.role is Role.PARAMETER:
             if graph.consumers[name][0] == (index, pos):
                 local = round_numels(t.numel, layout, rounds)[-1]
-                param += param_bytes(local, t.dtype_bytes, opts)
+                param += param_bytes(local, opts.element_bytes(t), opts)
             continue
         if opts.train:
             if t.role is Role.INPUT and graph.consumers[name][0][0] == index:
-                activation += local_bytes(graph, name, layout, rounds)
+                activation += local_bytes(graph, name, layout, rounds, opts)
         else:
-            work += local_bytes(graph, name, layout, rounds)
+            work += local_bytes(graph, name, layout, rounds, opts)
     for pos, name in enumerate(op.outputs):
-        local = local_bytes(graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds)
+        local = local_bytes(
+            graph, name, resolved(operand_layout(op, strategy, pos, True)), rounds, opts
+        )
         if opts.train:
             activation += local
         else:

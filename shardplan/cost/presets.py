@@ -13,6 +13,8 @@ import enum
 from dataclasses import dataclass
 
 from shardplan.errors import ShardplanError
+from shardplan.ir.op import Role, Tensor
+from shardplan.precision import Precision, get_precision
 
 
 class Optimizer(enum.Enum):
@@ -60,6 +62,27 @@ class CostOptions:
     preset: CostPreset = PRESETS["shardplan"]
     train: bool = True
     optimizer: Optimizer = Optimizer.ADAM
+    precision: Precision | None = None
+    """None: every tensor at its declared dtype_bytes (the graph's own widths)."""
+
+    def element_bytes(self, t: Tensor) -> int:
+        """Bytes per element the cost model prices `t` at: the precision's width for parameters
+        and activations; graph inputs and constants (token ids, masks) keep their own."""
+        if self.precision is None or t.role in (Role.INPUT, Role.CONSTANT):
+            return t.dtype_bytes
+        return self.precision.element_bytes
+
+    def state_bytes_for(self, width: int) -> float:
+        """Training bytes per parameter element stored `width` bytes wide: weight + gradient,
+        the fp32 master copy under mixed precision, and the optimizer state."""
+        master = self.precision.master_bytes if self.precision is not None else 0
+        return 2 * width + master + self.optimizer.state_bytes_per_param
+
+    def state_bytes(self, t: Tensor) -> float:
+        """Bytes per element of parameter `t`: `state_bytes_for` its width in training, the
+        weight alone in inference."""
+        width = self.element_bytes(t)
+        return self.state_bytes_for(width) if self.train else width
 
     @classmethod
     def make(
@@ -67,6 +90,7 @@ class CostOptions:
         preset: str | CostPreset = "shardplan",
         train: bool = True,
         optimizer: str | Optimizer = "adam",
+        dtype: str | Precision | None = None,
     ) -> CostOptions:
         if not isinstance(optimizer, Optimizer):
             try:
@@ -75,4 +99,5 @@ class CostOptions:
                 raise ShardplanError(
                     f"unknown optimizer {optimizer!r}; choose one of {[o.value for o in Optimizer]}"
                 ) from e
-        return cls(get_preset(preset), train, optimizer)
+        precision = get_precision(dtype) if dtype is not None else None
+        return cls(get_preset(preset), train, optimizer, precision)

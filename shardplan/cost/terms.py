@@ -242,11 +242,12 @@ def redistribution_terms(
 def param_bytes(numel: float, dtype_bytes: int, opts: CostOptions) -> float:
     """Bytes `numel` elements of a parameter stored in `dtype_bytes` take on a device: the weights,
     and in training their gradients (same dtype) and the optimizer's state (fp32 whatever the
-    weights' dtype: `state_bytes_per_param` bytes per element). The evaluator's memory, the ILP's
+    weights' dtype: `state_bytes_per_param` bytes per element), plus the fp32 master copy under
+    mixed precision (`CostOptions.state_bytes_for`). The evaluator's memory, the ILP's
     memory pieces and D-Rec's price of kept replicas all use this one formula."""
     if not opts.train:
         return numel * dtype_bytes
-    return numel * (dtype_bytes * 2 + opts.optimizer.state_bytes_per_param)
+    return numel * opts.state_bytes_for(dtype_bytes)
 
 
 def compute_cost(flops_local: float, opts: CostOptions, flops_per_s: float) -> float:

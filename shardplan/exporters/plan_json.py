@@ -72,6 +72,8 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             "preset": plan.options.preset.name,
             "train": plan.options.train,
             "optimizer": plan.options.optimizer.value,
+            # precision only when set: plans of the graph's own widths keep their schema
+            **({"dtype": plan.options.precision.name} if plan.options.precision else {}),
         },
         "cost": plan.cost.to_dict() if plan.cost else None,
         "notes": list(plan.notes),
@@ -93,7 +95,9 @@ def from_json(text: str | dict[str, Any]) -> Plan:
         graph = graph_from_dict(data["graph"])
         mesh = Mesh.from_dict(data["mesh"])
         o = data["options"]
-        options = CostOptions(get_preset(o["preset"]), bool(o["train"]), Optimizer(o["optimizer"]))
+        options = CostOptions.make(
+            get_preset(o["preset"]), bool(o["train"]), Optimizer(o["optimizer"]), o.get("dtype")
+        )
         strategies = {row["name"]: tuple(row["strategy"]) for row in data["ops"]}
         params = {k: tuple(v) for k, v in data.get("param_layouts", {}).items()}
         return Plan(

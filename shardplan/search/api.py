@@ -87,7 +87,8 @@ def solve(problem: Problem, method: str = "drec", **options: Any) -> Plan:
             f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
             f"{result.cost.memory_per_device / 1e9:.3g} GB per device, over the "
             f"{budget / 1e9:.3g} GB budget by {(result.cost.memory_per_device - budget) / 1e9:.3g}"
-            " GB; use more devices, a smaller batch, or method 'drec'/'fsdp'"
+            " GB; use more devices, a smaller batch, method 'drec'/'fsdp', or plan the training "
+            "step with --dtype bf16 (micro-batches, recomputation, ZeRO, pipeline stages)"
         )
     unused = unused_devices_note(result)
     return with_status(result, result.status, (unused,)) if unused else result
@@ -273,7 +274,8 @@ def _drec_search(
         f"no D-Rec plan of {graph.name!r} fits {budget / 1e9:.3g} GB per device on mesh "
         f"{mesh.text()}: the leanest needs {sharded.cost.memory_per_device / 1e9:.3g} GB "
         f"(over by {(sharded.cost.memory_per_device - budget) / 1e9:.3g} GB); use more devices, "
-        "a smaller batch or a larger --memory"
+        "a smaller batch, a larger --memory, or plan the training step with --dtype bf16 "
+        "(micro-batches, recomputation, ZeRO, pipeline stages)"
     )
 
 

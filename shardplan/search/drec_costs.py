@@ -249,7 +249,9 @@ class RoundCosts:
                         op, st.cuts[j], groups[pos], bool(side), grad, train
                     ):
                         divisor *= q
-                out[side].append(OperandInfo(sizes[pos], t.dtype_bytes, t.role, grad, divisor))
+                out[side].append(
+                    OperandInfo(sizes[pos], self.opts.element_bytes(t), t.role, grad, divisor)
+                )
         result = self._info_cache[key] = (out[0], out[1])
         return result
 
@@ -348,11 +350,11 @@ class RoundCosts:
         for pos, name in enumerate(st.op.inputs):
             t = graph.tensors[name]
             if t.role is Role.PARAMETER and layout(st.op, cut, pos, False) < 0:
-                kept += param_bytes(st.in_numel[pos], t.dtype_bytes, opts)
+                kept += param_bytes(st.in_numel[pos], opts.element_bytes(t), opts)
         if opts.train:
             for pos, name in enumerate(st.op.outputs):
                 if layout(st.op, cut, pos, True) < 0:
-                    kept += st.out_numel[pos] * graph.tensors[name].dtype_bytes
+                    kept += st.out_numel[pos] * opts.element_bytes(graph.tensors[name])
         return kept * (rnd.q - 1) / rnd.q
 
     def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
@@ -364,11 +366,12 @@ class RoundCosts:
         if cost is None:
             # tensors of one dtype and gradient status price alike: layer copies share the price
             t = self.graph.tensors[name]
-            kind = (src, dst, numel, t.dtype_bytes, name in self._grad)
+            width = self.opts.element_bytes(t)
+            kind = (src, dst, numel, width, name in self._grad)
             cost = self._edge_kinds.get(kind)
             if cost is None:
                 cost = self._edge_kinds[kind] = redistribution_terms(
-                    src, dst, numel, t.dtype_bytes, rnd, name in self._grad, self.opts
+                    src, dst, numel, width, rnd, name in self._grad, self.opts
                 ).total
             self._edge_cache[key] = cost
         return cost

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -116,12 +117,26 @@ def _tensor_parallel_choice(graph: Graph) -> Chooser:
     return choose
 
 
-def megatron(graph: Graph, mesh: Mesh) -> dict[str, Strategy]:
-    """Tensor parallel on the innermost mesh axis, data parallel on the outer ones."""
+def megatron(graph: Graph, mesh: Mesh, tensor_ways: int | None = None) -> dict[str, Strategy]:
+    """Tensor parallel on the innermost mesh axis, data parallel on the outer ones.
+
+    `tensor_ways` (a product of the innermost rounds' q, default the whole innermost axis) keeps
+    tensor parallelism on that many innermost ways; the other rounds are data-parallel."""
     inner = len(mesh.shape) - 1
     rounds = mesh.rounds
-    tp = {r.index for r in rounds if r.mesh_axis == inner}
-    dp = {r.index for r in rounds if r.mesh_axis != inner}
+    tp: set[int] = set()
+    ways = mesh.shape[inner] if tensor_ways is None else tensor_ways
+    for r in reversed(rounds):
+        if ways % r.q or ways == 1:
+            break
+        tp.add(r.index)
+        ways //= r.q
+    if ways != 1:
+        raise PlanError(
+            f"tensor-parallel degree {tensor_ways} is not a product of the innermost rounds "
+            f"{[r.q for r in rounds]} of mesh {mesh.text()}; pick a divisor of the innermost axis"
+        )
+    dp = {r.index for r in rounds} - tp
     dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow)
     tp_cuts = _propagate(graph, mesh, tp, lambda name: None, _tensor_parallel_choice(graph))
     # both walks shrink extents independently; re-check the merged strategy round by round

@@ -75,7 +75,9 @@ def test_verify_plan_json_lists_causes(devices8, capsys, tmp_path):
         == 0
     )
     capsys.readouterr()
-    code = main(["verify", str(plan_file), "--infer", "--differences", "3", "--dtype", "float32"])
+    code = main(
+        ["verify", str(plan_file), "--infer", "--differences", "3", "--check-dtype", "float32"]
+    )
     text = capsys.readouterr().out
     assert code == 0 and "numerics: OK" in text and "forward pass" in text
     assert "(float32)" in text and "0.0001" in text

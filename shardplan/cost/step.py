@@ -1,0 +1,380 @@
+"""The training step: SPMD stage plans priced with micro-batches, recomputation, ZeRO and 1F1B.
+
+Input: per pipeline stage, the evaluator's terms of its SPMD plan at the micro-batch size
+(`profile_stage`), and the levers. Per stage s and micro-batch (F = forward compute, B = 2F the
+backward compute at the preset's factor 3, c_f / c_b the forward / backward collectives):
+  fwd_s = F + c_f [+ ZeRO-3: all-gather of the parameters]
+  bwd_s = B + c_b + recompute [+ ZeRO-2: reduce-scatter of gradients;
+          ZeRO-3: all-gather of the parameters again + reduce-scatter of gradients]
+  recompute: none 0; selective: the forward of the ops whose results are larger than any
+  parameter op's result in their segment (attention scores, softmax); full: F + c_f (one more
+  forward of the stage).
+1F1B over S stages and m micro-batches (Narayanan et al., SC'21): each slot runs one forward and
+one backward on every stage plus the point-to-point sends of the boundary activation and its
+gradient, slot = max_s(fwd_s + bwd_s) + 2 p2p; pipeline = (m + S - 1) slot, of which the bubble
+(S - 1) slot, i.e. (S-1)/(m+S-1) of it. Then once per step: the data-parallel gradient sync
+(ZeRO-0: the evaluator's all-reduce; ZeRO-1: reduce-scatter + all-gather; ZeRO-2: the
+all-gather of updated parameters; ZeRO-3: nothing) and the all-reduce of parameters shared
+by two stages (a tied embedding).
+Memory of stage s: parameter state with ZeRO z dividing optimizer state + master weights (z>=1),
+gradients (z>=2) and weights (z=3) by the data-parallel ways of each parameter (rounds where its
+home layout replicates it), plus min(S - s, m) micro-batches of kept activations (1F1B in-flight
+count) and the one segment being rebuilt during backward under recomputation.
+Everything is a closed-form sum: O(stages + parameter groups).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shardplan.cost import collectives as coll
+from shardplan.cost.evaluate import (
+    CostBreakdown,
+    evaluate_strategies,
+    output_layouts,
+    param_homes,
+    round_numels,
+)
+from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import faster
+from shardplan.errors import PlanError
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Role
+from shardplan.ir.segments import segments
+from shardplan.mesh import Mesh
+from shardplan.sharding import Layout, Strategy
+
+
+class Recompute(enum.Enum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class Levers:
+    """Per-stage choices: activation recomputation and the ZeRO stage (0-3)."""
+
+    recompute: Recompute = Recompute.NONE
+    zero: int = 0
+
+    def __post_init__(self) -> None:
+        if self.zero not in (0, 1, 2, 3):
+            raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero}")
+
+
+@dataclass(frozen=True, slots=True)
+class ParamGroup:
+    """A stage's parameters replicated over the same data-parallel rounds.
+
+    `gather_s` / `gather_bytes`: one all-gather of all of them over the group (hierarchical,
+    slow links first while the pieces are small); a reduce-scatter costs the same.
+    """
+
+    rounds: tuple[int, ...]
+    ways: int
+    weight_bytes: float
+    grad_bytes: float
+    state_bytes: float
+    gather_s: float
+    gather_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageProfile:
+    """What one stage's SPMD plan costs per micro-batch (seconds, bytes per device)."""
+
+    fwd_compute_s: float
+    bwd_compute_s: float
+    fwd_comm_s: float
+    bwd_comm_s: float
+    grad_sync_s: float
+    activation_bytes: float
+    input_bytes: float
+    selective_bytes: float
+    selective_peak_bytes: float
+    selective_s: float
+    selective_flops: float
+    checkpoint_bytes: float
+    segment_peak_bytes: float
+    params: tuple[ParamGroup, ...]
+    flops: float
+    breakdown: CostBreakdown
+
+
+def _gather(nbytes: float, rounds: Sequence[int], mesh: Mesh) -> float:
+    rs = mesh.rounds
+    total = 0.0
+    for r in rounds:
+        inner = math.prod(rs[j].q for j in rounds if j != r and faster(rs[j], rs[r]))
+        total += coll.all_gather_s(nbytes / inner, rs[r].q, rs[r].bandwidth_bytes_per_s)
+    return total
+
+
+def profile_stage(
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    param_layouts: Mapping[str, Layout] | None = None,
+) -> StageProfile:
+    """Read one stage's per-micro-batch terms off the evaluator (see the module docstring)."""
+    if not opts.train:
+        raise PlanError("the training-step model needs training options (train=True)")
+    cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
+    rounds = mesh.rounds
+    factor = opts.preset.training_flops_factor
+    fwd = cost.compute / factor
+    c = cost.comm
+    out_layout = output_layouts(graph, strategies)
+
+    def local(name: str) -> float:
+        t = graph.tensors[name]
+        return round_numels(t.numel, out_layout[name], rounds)[-1] * opts.element_bytes(t)
+
+    outputs = sum(local(n) for n in out_layout)
+    op_compute = {o.name: o.compute / factor for o in cost.ops}
+    sel_bytes = sel_peak = sel_s = sel_flops = ckpt = seg_peak = 0.0
+    segs = segments(graph)
+    for k, seg in enumerate(segs):
+        ops = graph.ops[seg.start : seg.stop]
+        if seg.entry is not None:
+            ckpt += local(seg.entry)
+        exit_ = segs[k + 1].entry if k + 1 < len(segs) else None  # kept as the next checkpoint
+        rebuilt = sum(local(n) for op in ops for n in op.outputs if n != exit_)
+        seg_peak = max(seg_peak, rebuilt)
+        widest = max(
+            (
+                graph.tensors[n].numel
+                for op in ops
+                if any(graph.tensors[t].role is Role.PARAMETER for t in op.inputs)
+                for n in op.outputs
+            ),
+            default=None,
+        )
+        if widest is None:
+            continue  # no parameter op: nothing to compare against
+        dropped = [(op, n) for op in ops for n in op.outputs if graph.tensors[n].numel > widest]
+        seg_bytes = sum(local(n) for _, n in dropped)
+        sel_bytes += seg_bytes
+        sel_peak = max(sel_peak, seg_bytes)
+        producers = {op.name: op for op, _ in dropped}.values()
+        sel_s += sum(op_compute[op.name] for op in producers)
+        sel_flops += sum(op.flops for op in producers)
+    groups: dict[tuple[int, ...], list[float]] = {}
+    for name, layout in param_homes(graph, strategies, param_layouts).items():
+        t = graph.tensors[name]
+        elems = round_numels(t.numel, layout, rounds)[-1]
+        width = opts.element_bytes(t)
+        rep = tuple(r for r, s in enumerate(layout) if s < 0 and rounds[r].q > 1)
+        g = groups.setdefault(rep, [0.0, 0.0, 0.0, 0.0])
+        g[0] += elems * width
+        g[1] += elems * width
+        g[2] += elems * (opts.state_bytes(t) - 2 * width)
+        g[3] += _gather(elems * width, rep, mesh)
+    params = tuple(
+        ParamGroup(
+            rep,
+            math.prod(rounds[r].q for r in rep),
+            w,
+            gr,
+            st,
+            ag,
+            w * (1 - 1 / math.prod(rounds[r].q for r in rep)),
+        )
+        for rep, (w, gr, st, ag) in sorted(groups.items())
+    )
+    return StageProfile(
+        fwd_compute_s=fwd,
+        bwd_compute_s=cost.compute - fwd,
+        fwd_comm_s=c.intra_fwd + c.redistribution_fwd,
+        bwd_comm_s=c.intra_bwd + c.redistribution_bwd + c.halo,
+        grad_sync_s=c.grad_sync,
+        activation_bytes=cost.activation_memory,
+        input_bytes=cost.activation_memory - outputs,
+        selective_bytes=sel_bytes,
+        selective_peak_bytes=sel_peak,
+        selective_s=sel_s,
+        selective_flops=sel_flops,
+        checkpoint_bytes=ckpt,
+        segment_peak_bytes=seg_peak,
+        params=params,
+        flops=graph.flops,
+        breakdown=cost,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """One stage under its levers: per-micro-batch times, per-step sync, memory per device."""
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    zero_per_micro_batch_s: float
+    sync_s: float
+    param_bytes: float
+    activation_bytes: float
+    in_flight: int
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.param_bytes + self.activation_bytes
+
+
+def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: int) -> StageCost:
+    """Price one stage (see the module docstring)."""
+    z = levers.zero
+    gather = sum(g.gather_s for g in p.params)
+    per_mb = {0: 0.0, 1: 0.0, 2: gather, 3: 3 * gather}[z]
+    sync = {0: p.grad_sync_s, 1: 2 * gather, 2: gather, 3: 0.0}[z]
+    param_bytes = sum(
+        g.weight_bytes / (g.ways if z >= 3 else 1)
+        + g.grad_bytes / (g.ways if z >= 2 else 1)
+        + g.state_bytes / (g.ways if z >= 1 else 1)
+        for g in p.params
+    )
+    if levers.recompute is Recompute.FULL:
+        recompute = p.fwd_compute_s + p.fwd_comm_s
+        kept, rebuilt = p.checkpoint_bytes + p.input_bytes, p.segment_peak_bytes
+    elif levers.recompute is Recompute.SELECTIVE:
+        recompute = p.selective_s
+        kept, rebuilt = p.activation_bytes - p.selective_bytes, p.selective_peak_bytes
+    else:
+        recompute, kept, rebuilt = 0.0, p.activation_bytes, 0.0
+    fwd = p.fwd_compute_s + p.fwd_comm_s + (gather if z == 3 else 0.0)
+    bwd = p.bwd_compute_s + p.bwd_comm_s + recompute + (per_mb - gather if z == 3 else per_mb)
+    return StageCost(
+        fwd_s=fwd,
+        bwd_s=bwd,
+        recompute_s=recompute,
+        zero_per_micro_batch_s=per_mb,
+        sync_s=sync,
+        param_bytes=param_bytes,
+        activation_bytes=in_flight * kept + rebuilt,
+        in_flight=in_flight,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """The whole training step. Times in seconds; memory in bytes per device."""
+
+    step_s: float
+    pipeline_s: float
+    bubble_s: float
+    p2p_s: float
+    sync_s: float
+    recompute_s: float
+    micro_batches: int
+    stages: tuple[StageCost, ...]
+    samples_per_s: float
+    tokens_per_s: float
+    model_flops: float
+    hardware_flops: float
+    tflops_per_device: float
+    hardware_tflops_per_device: float
+    peak_fraction: float
+
+    @property
+    def memory_per_device(self) -> float:
+        return max(s.memory_bytes for s in self.stages)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "step_s": self.step_s,
+            "pipeline_s": self.pipeline_s,
+            "bubble_s": self.bubble_s,
+            "p2p_s": self.p2p_s,
+            "sync_s": self.sync_s,
+            "recompute_s": self.recompute_s,
+            "micro_batches": self.micro_batches,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_flops": self.model_flops,
+            "tflops_per_device": self.tflops_per_device,
+            "hardware_tflops_per_device": self.hardware_tflops_per_device,
+            "peak_fraction": self.peak_fraction,
+            "memory_per_device_bytes": self.memory_per_device,
+            "stages": [
+                {
+                    "fwd_s": s.fwd_s,
+                    "bwd_s": s.bwd_s,
+                    "recompute_s": s.recompute_s,
+                    "sync_s": s.sync_s,
+                    "param_bytes": s.param_bytes,
+                    "activation_bytes": s.activation_bytes,
+                    "in_flight": s.in_flight,
+                }
+                for s in self.stages
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """What the step needs beyond the stages: per-device bytes sent between consecutive stages
+    (per micro-batch, each direction), the pipeline link, shared-parameter sync, the totals."""
+
+    p2p_bytes: tuple[float, ...]
+    bandwidth_bytes_per_s: float
+    shared_sync_s: float
+    devices: int
+    batch: int
+    tokens_per_sample: int
+    peak_flops_per_s: float
+
+
+def step_cost(
+    profiles: Sequence[StageProfile],
+    levers: Sequence[Levers],
+    micro_batches: int,
+    pipe: Pipeline,
+) -> StepCost:
+    """1F1B step time, throughput and memory of `profiles` under `levers` (module docstring)."""
+    n_stages, m = len(profiles), micro_batches
+    if m < 1 or len(levers) != n_stages or len(pipe.p2p_bytes) != n_stages - 1:
+        raise PlanError(
+            f"step model: {n_stages} stages need {n_stages} levers and {n_stages - 1} "
+            f"boundaries and m >= 1 (got {len(levers)}, {len(pipe.p2p_bytes)}, m={m})"
+        )
+    stages = tuple(
+        stage_cost(p, lv, m, min(n_stages - s, m))
+        for s, (p, lv) in enumerate(zip(profiles, levers, strict=True))
+    )
+    p2p = max((b / pipe.bandwidth_bytes_per_s for b in pipe.p2p_bytes), default=0.0)
+    slot = max(s.fwd_s + s.bwd_s for s in stages) + 2 * p2p
+    pipeline = (m + n_stages - 1) * slot
+    sync = max(s.sync_s for s in stages) + pipe.shared_sync_s
+    step = pipeline + sync
+    model_flops = 3.0 * m * sum(p.flops for p in profiles)
+    recompute_flops = m * sum(
+        p.flops
+        if lv.recompute is Recompute.FULL
+        else p.selective_flops
+        if lv.recompute is Recompute.SELECTIVE
+        else 0.0
+        for p, lv in zip(profiles, levers, strict=True)
+    )
+    hardware = model_flops + recompute_flops
+    per_device = model_flops / step / pipe.devices
+    return StepCost(
+        step_s=step,
+        pipeline_s=pipeline,
+        bubble_s=(n_stages - 1) * slot,
+        p2p_s=(m + n_stages - 1) * 2 * p2p,
+        sync_s=sync,
+        recompute_s=m * max(s.recompute_s for s in stages),
+        micro_batches=m,
+        stages=stages,
+        samples_per_s=pipe.batch / step,
+        tokens_per_s=pipe.batch * pipe.tokens_per_sample / step,
+        model_flops=model_flops,
+        hardware_flops=hardware,
+        tflops_per_device=per_device / 1e12,
+        hardware_tflops_per_device=hardware / step / pipe.devices / 1e12,
+        peak_fraction=per_device / pipe.peak_flops_per_s,
+    )

@@ -1,0 +1,132 @@
+"""Training plans: SPMD stage plans + micro-batches, recomputation, ZeRO and 1F1B pipeline stages.
+
+A `TrainingPlan` is a frozen value: the model's ops cut into S contiguous stages over the
+outermost mesh axis (S divides it), each stage an ordinary `Plan` of its sub-graph at the
+micro-batch size (global batch / m) on the stage's devices, with its `Levers`. `evaluate_training`
+(the one scorer of such plans) builds the step model's inputs from the stage plans — p2p bytes of
+each boundary activation, parameters shared by several stages — and returns the `StepCost`
+(cost/step.py). JSON: `shardplan.exporters.training_json`. O(stages * evaluator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shardplan.cost import collectives as coll
+from shardplan.cost.step import (
+    Levers,
+    Pipeline,
+    StepCost,
+    profile_stage,
+    step_cost,
+)
+from shardplan.errors import PlanError
+from shardplan.hardware import peak_flops
+from shardplan.ir.op import Role
+from shardplan.mesh import Mesh
+from shardplan.plans import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pipeline stage: its SPMD plan (sub-graph at the micro-batch size, stage mesh)."""
+
+    plan: Plan
+    levers: Levers = Levers()
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingPlan:
+    """A whole training step's plan on `mesh` (see the module docstring).
+
+    Attributes:
+        model: the model's name; batch: the global batch (samples per step).
+        micro_batches: m; each stage runs m micro-batches of batch / m samples.
+        stages: the S stages in order; S = 1 is a plain SPMD plan with levers.
+        axes: the per-axis summary, e.g. ("node axis: pipeline x8", "gpu axis: tensor x8").
+    """
+
+    model: str
+    mesh: Mesh
+    batch: int
+    micro_batches: int
+    stages: tuple[Stage, ...]
+    method: str
+    tokens_per_sample: int = 1
+    axes: tuple[str, ...] = ()
+    search_seconds: float = 0.0
+    notes: tuple[str, ...] = ()
+    step: StepCost | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple(self.stages))
+        n = len(self.stages)
+        if n < 1 or self.mesh.shape[0] % n:
+            raise PlanError(
+                f"{n} pipeline stages must divide the outermost mesh axis {self.mesh.shape[0]}"
+            )
+        if self.batch % self.micro_batches:
+            raise PlanError(
+                f"batch {self.batch} is not divisible into {self.micro_batches} micro-batches"
+            )
+        if self.step is None:
+            object.__setattr__(self, "step", evaluate_training(self))
+
+    @property
+    def pipeline_stages(self) -> int:
+        return len(self.stages)
+
+
+def pipeline_of(stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sample: int) -> Pipeline:
+    """The step model's non-stage inputs, read off the stage plans."""
+    n = len(stages)
+    devices = mesh.size
+    per_stage = devices // n
+    produced: dict[str, int] = {}
+    for s, p in enumerate(stages):
+        for op in p.graph.ops:
+            for t in op.outputs:
+                produced[t] = s
+    p2p: list[float] = [0.0] * (n - 1)
+    for s, p in enumerate(stages):
+        opts = p.options
+        for name, t in p.graph.tensors.items():
+            src = produced.get(name)
+            if t.role is Role.INPUT and src is not None and src < s:
+                nbytes = t.numel * opts.element_bytes(t) / per_stage  # sent sharded
+                for b in range(src, s):
+                    p2p[b] += nbytes
+    holders: dict[str, list[int]] = {}
+    for s, p in enumerate(stages):
+        for t in p.graph.parameters:
+            holders.setdefault(t.name, []).append(s)
+    bw = mesh.bandwidth_bytes_per_s[0]
+    shared = 0.0
+    for name, where in holders.items():
+        if len(where) > 1:
+            p = stages[where[0]]
+            t = p.graph.tensors[name]
+            nbytes = t.numel * p.options.element_bytes(t) / (p.mesh.size)
+            shared += coll.all_reduce_s(nbytes, len(where), bw)
+    first = stages[0]
+    precision = first.options.precision
+    peak = peak_flops(mesh.machine, precision.name) if precision is not None else mesh.flops_per_s
+    return Pipeline(tuple(p2p), bw, shared, devices, batch, tokens_per_sample, peak)
+
+
+def evaluate_training(tp: TrainingPlan) -> StepCost:
+    """The step cost of `tp` (cost/step.py), from its stage plans and levers."""
+    profiles = [
+        profile_stage(
+            s.plan.graph, s.plan.mesh, s.plan.strategies, s.plan.options, s.plan.param_layouts
+        )
+        for s in tp.stages
+    ]
+    plans = [s.plan for s in tp.stages]
+    return step_cost(
+        profiles,
+        [s.levers for s in tp.stages],
+        tp.micro_batches,
+        pipeline_of(plans, tp.mesh, tp.batch, tp.tokens_per_sample),
+    )
