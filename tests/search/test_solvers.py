@@ -6,7 +6,14 @@ from shardplan import zoo
 from shardplan.errors import SolverError
 from shardplan.problem import Problem
 from shardplan.search import METHODS, plan, solve
-from shardplan.search.solvers import SOLVERS, IlpOptions, NoOptions, given, solver_options
+from shardplan.search.solvers import (
+    SOLVERS,
+    DrecOptions,
+    IlpOptions,
+    NoOptions,
+    given,
+    solver_options,
+)
 
 
 def test_every_method_is_registered_once():
@@ -16,7 +23,8 @@ def test_every_method_is_registered_once():
 def test_options_are_typed_and_unknown_ones_rejected():
     opts = solver_options("ilp", {"time_limit": 5})
     assert isinstance(opts, IlpOptions) and given(opts) == {"time_limit": 5}
-    assert isinstance(solver_options("drec", {}), NoOptions)
+    assert isinstance(solver_options("drec", {}), DrecOptions)
+    assert isinstance(solver_options("megatron", {}), NoOptions)
     with pytest.raises(SolverError, match=r"'drec' has no option\(s\) \['time_limit'\]"):
         solver_options("drec", {"time_limit": 5})
     with pytest.raises(SolverError, match=r"no option\(s\) \['time_limimt'\]; it takes \["):
