@@ -29,12 +29,15 @@ LAYERS = {
     "exporters": 8,
     "engines": 9,
     "fidelity": 10,
+    "torch": 10.5,
+    "jax": 10.5,
     "cli": 11,
     "__init__": 12,
     "__main__": 12,
 }
 """errors -> checks -> ir -> hardware/mesh -> sharding -> cost -> problem/plans -> search ->
-importers/exporters -> engines -> fidelity -> cli (docs/architecture.md). A module may import
+importers/exporters -> engines -> fidelity -> torch/jax (the user-facing engines: they use
+fidelity's predictions in their checks) -> cli (docs/architecture.md). A module may import
 its own package and strictly lower layers."""
 
 
@@ -239,6 +242,17 @@ def test_files_stay_small():
 def test_public_api():
     for name in shardplan.__all__:
         assert hasattr(shardplan, name), name
+
+
+def test_importers_and_engines_load_on_first_use():
+    code = ("import sys, shardplan; shardplan.from_torch, shardplan.from_jaxpr, "
+            "shardplan.from_onnx, shardplan.torch.parallelize, shardplan.jax.shard; "
+            "print([m for m in ('torch', 'jax', 'onnx') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # the names resolve without importing a framework
+    from shardplan.importers.torch import from_torch
+
+    assert shardplan.from_torch is from_torch
 
 
 def test_top_level_plan_is_the_function_and_no_module_shadows_it():

@@ -47,8 +47,8 @@ def load_graph(args: argparse.Namespace, progress: Progress | None = None) -> Gr
             raise UnsupportedOpError(text) from e
     if isinstance(result, Graph):
         return result
-    if result.replicated or result.approximated:
-        progress.note(result.report())
+    if result.replicated or result.approximated or result.notes:
+        progress.note(result.report())  # what is not exact
     return result.graph
 
 

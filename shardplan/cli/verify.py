@@ -42,6 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="SPMD engine: jax (XLA on fake CPU devices; numerics and collectives) or torch "
         "(DTensor on N local gloo processes; numerics)",
     )
+    p.add_argument(
+        "--user-module",
+        action="store_true",
+        help="with --engine torch and --torch MODULE:FUNCTION: train YOUR module 3 AdamW steps "
+        "through shardplan.torch.parallelize on mesh-size gloo processes and compare losses and "
+        "parameters with one process, plus collectives per kind vs the plan's prediction",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     p.add_argument(
         "--dtype",
@@ -107,6 +114,10 @@ def run_verify(args: argparse.Namespace) -> int:
     from shardplan.cli.plans import plan_for
     from shardplan.cli.render import make_console
 
+    if args.user_module and (args.engine != "torch" or not args.torch):
+        raise ArgumentError(
+            "--user-module runs your own nn.Module: give --engine torch and --torch MODULE:FUNCTION"
+        )
     check_output_path(args.json)
     progress = progress_of(args)
 
@@ -116,6 +127,10 @@ def run_verify(args: argparse.Namespace) -> int:
 
     p, _ = plan_for(args, progress, check)
     mesh: Mesh = p.mesh
+    if args.user_module:
+        from shardplan.cli.verify_user import verify_user_module
+
+        return verify_user_module(p, args)
     if args.engine == "torch":
         with progress.step(f"running the plan on {mesh.size} torch processes"):
             return _verify_torch(p, args)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from shardplan.engines import moe_kernels
 from shardplan.engines._common import (
     affine,
     bias_add,
@@ -115,13 +116,12 @@ def kernels() -> dict[str, Kernel]:
         return jnp.matmul(a, jnp.swapaxes(b, -1, -2) if op.attr("transpose_b") else b)
 
     def conv2d(op: Op, x: Any, w: Any) -> Any:
-        if int(op.attr("groups", 1)) != 1:
-            raise UnsupportedOpError(f"op {op.name!r} (conv2d): only groups=1 is supported")
         sy, sx = _pair(op.attr("stride", 1))
         py, px = _pair(op.attr("padding", 0))
         return lax.conv_general_dilated(x, w, window_strides=(sy, sx),
                                         padding=((py, py), (px, px)),
-                                        dimension_numbers=("NCHW", "OIHW", "NCHW"))
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                        feature_group_count=x.shape[1] // w.shape[1])
 
     def pool2d(op: Op, x: Any) -> Any:
         ky, kx = _pair(op.attr("kernel", 2))
@@ -200,6 +200,7 @@ def kernels() -> dict[str, Kernel]:
         "concat": lambda op, *xs: jnp.concatenate(xs, axis=int(op.attr("axis", 0))),
         "cross_entropy": cross_entropy,
         "einsum": lambda op, *xs: jnp.einsum(_einsum_spec(str(op.attr("spec"))), *xs),
+        **moe_kernels.jax_kernels(),
     }
 
 

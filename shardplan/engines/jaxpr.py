@@ -1,14 +1,27 @@
-"""Run a plain JAX function under a plan's shardings: `apply_plan(fn, plan)`.
+"""Run a plain JAX function under a plan's shardings: `shard(fn, plan, mesh)` (`apply_plan` is
+its earlier name; users reach it as `shardplan.jax.shard`).
 
-    graph = from_jaxpr(fn, params, x, labels)      # shardplan.importers.jaxpr
-    p = shardplan.plan(graph, "8")
-    sharded_fn = apply_plan(fn, p)                  # same signature and results as fn
+    graph = shardplan.from_jaxpr(fn, params, x, labels)      # fn(params, x, labels)
+    p = shardplan.plan(graph, shardplan.Mesh((2, 4), ("data", "model")))
+    sharded_fn = shardplan.jax.shard(fn, p)                   # same signature and results
     loss = sharded_fn(params, x, labels)
 
-Each call traces `fn` (cached per argument shapes), translates its jaxpr exactly as the importer
-does, checks it is the plan's graph, and evaluates the jaxpr equation by equation under `jax.jit`
-on the plan's device mesh (`shardplan.exporters.jax.jax_mesh`: one axis per round), constraining
-every planned tensor to its layout. O(|equations|) per trace; jax is imported lazily.
+Each call traces `fn` on its arguments (cached per argument shapes), translates the jaxpr exactly
+as `from_jaxpr` does and checks that it is the graph the plan was made for (same tensor names
+and shapes, else PlanError). It then evaluates the jaxpr equation by equation under `jax.jit`:
+the parameters (first argument) and inputs are placed by the plan's layouts through
+`in_shardings`, and every value that is a planned tensor is constrained to its layout with
+`jax.lax.with_sharding_constraint` (in training, JAX applies the same constraint to its
+gradient), so `jax.grad` of the sharded function is sharded too.
+
+PartitionSpecs (`partition_specs`): a plan cuts once per prime ROUND; a mesh axis of 4 has two
+rounds. When every round of each mesh axis splits the same tensor dim (or none) for every
+tensor, the specs name the mesh's own axes (`P("data", None, "model")`) and the JAX mesh has the
+plan's axis names and shape; otherwise they name round axes (`r0`, `r1`, ...) on a round-shaped
+mesh made from the same devices in the same order (`shardplan.exporters.jax.partition_specs`).
+Partial sums are not a JAX sharding: a tensor's spec is its resolved layout (XLA inserts the
+reductions).
+Costs: O(|tensors| * rounds) for the specs; one trace and one translation per argument shape.
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardplan.errors import PlanError
-from shardplan.exporters.jax import axis_names, jax_mesh, partition_spec
+from shardplan.exporters.jax import axis_layouts, axis_names, jax_mesh, partition_specs
 from shardplan.importers.jaxpr import (
     import_jaxpr,
     is_dropped,
@@ -28,35 +41,73 @@ from shardplan.importers.jaxpr import (
 )
 from shardplan.ir.graph import Graph
 from shardplan.ir.traits import Trait, has_trait
-from shardplan.mesh import parse_mesh
+from shardplan.mesh import Mesh, parse_mesh
 
 
-def apply_plan(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[..., Any]:
+def _jax_mesh(plan: Any, mesh: Any) -> tuple[Any, tuple[str, ...] | None]:
+    """The jax Mesh to run on, and the axis names the specs use (None: round axes)."""
+    import numpy as np
+    from jax.sharding import Mesh as JaxMesh
+
+    expressible = axis_layouts(plan) is not None and bool(plan.mesh.rounds)
+    rounds = tuple(r.q for r in plan.mesh.rounds)
+    round_names = axis_names(plan.mesh)
+    if mesh is None or isinstance(mesh, (str, int, Mesh)):
+        parsed = plan.mesh if mesh is None else parse_mesh(mesh)
+        if tuple(r.q for r in parsed.rounds) != rounds:
+            raise PlanError(
+                f"shard: mesh {parsed.text()} has rounds {[r.q for r in parsed.rounds]} but the "
+                f"plan was made for mesh {plan.mesh.text()} with rounds {list(rounds)}"
+            )
+        round_mesh = jax_mesh(parsed)
+        if expressible and parsed.shape == plan.mesh.shape:
+            devices = round_mesh.devices.reshape(plan.mesh.shape)
+            return JaxMesh(devices, parsed.names), tuple(parsed.names)
+        return round_mesh, None
+    if not (hasattr(mesh, "axis_names") and hasattr(mesh, "devices")):
+        raise PlanError(
+            f"shard: mesh must be a jax.sharding.Mesh, a shardplan Mesh or mesh text, "
+            f"not {type(mesh).__name__}"
+        )
+    names, shape = tuple(mesh.axis_names), tuple(mesh.devices.shape)
+    if names == round_names and shape == rounds:
+        return mesh, None
+    if shape != plan.mesh.shape:
+        raise PlanError(
+            f"shard: the JAX mesh has axes {names} of sizes {shape}; the plan needs sizes "
+            f"{plan.mesh.shape} (its mesh {plan.mesh.text()}) or round axes {round_names} of "
+            f"sizes {rounds}"
+        )
+    if expressible:
+        return mesh, names
+    # rounds of one axis are contiguous and row-major: reshaping keeps every device's place
+    return JaxMesh(np.asarray(mesh.devices).reshape(rounds), round_names), None
+
+
+def shard(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[..., Any]:
     """`fn` run under `plan`'s shardings: a function with `fn`'s signature and results.
 
-    Each call traces `fn` on its arguments (cached per argument shapes), translates the jaxpr
-    exactly as `from_jaxpr` does and checks that it is the graph the plan was made for (same
-    tensor names and shapes, else PlanError). It then evaluates the jaxpr equation by equation
-    under `jax.jit` on the plan's device mesh: the parameters (first argument) and inputs are
-    placed by the plan's layouts through `in_shardings`, and every value that is a planned tensor
-    is constrained to its layout with `jax.lax.with_sharding_constraint` (in training, JAX applies
-    the same constraint to its gradient). `mesh` overrides the devices: a shardplan Mesh or mesh
-    text with the plan's rounds, or a `jax.sharding.Mesh` whose axes are the rounds (`r0`, ...).
+    Args:
+        fn: `fn(params, *inputs)`, the function `from_jaxpr` imported for the plan.
+        plan: a plan of `from_jaxpr(fn, *example_args)`.
+        mesh: None (the plan's mesh on the first devices), mesh text / a shardplan Mesh with the
+            plan's rounds, or a `jax.sharding.Mesh`: with the plan's mesh shape (its axis names
+            are used when the plan is expressible on them, else a round mesh of its devices) or
+            with the round axes `r0`, `r1`, ...
+
+    The returned function has `.mesh` (the jax Mesh) and `.axis_names` (None: round axes).
+    Raises PlanError when the plan is for another graph or the mesh does not fit.
     """
     jax = require_jax()
 
-    jmesh = _device_mesh(plan, mesh)
-    layouts = dict(plan.tensor_layouts())
-    layouts.update(plan.input_layouts())
+    jmesh, names = _jax_mesh(plan, mesh)
+    specs = partition_specs(plan, names)
     cache: dict[Any, Callable[..., Any]] = {}
 
-    def sharding(tensor: str, rank: int) -> Any:
+    def sharding(tensor: str) -> Any:
         from jax.sharding import NamedSharding, PartitionSpec
 
-        layout = layouts.get(tensor)
-        if layout is None:
-            return NamedSharding(jmesh, PartitionSpec())
-        return NamedSharding(jmesh, partition_spec(layout, rank, plan.mesh))
+        return NamedSharding(jmesh, specs.get(tensor, PartitionSpec()))
 
     def build(args: tuple[Any, ...]) -> Callable[..., Any]:
         opaque = any(has_trait(op.kind, Trait.OPAQUE) for op in plan.graph.ops)
@@ -64,24 +115,21 @@ def apply_plan(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[
         with warnings.catch_warnings():  # from_jaxpr already warned about opaque operators
             warnings.simplefilter("ignore")
             imported = import_jaxpr(fn, *args, name=plan.graph.name, unknown=unknown)
-        _check_same_graph(imported.graph, plan.graph)
+        check_same_graph(imported.graph, plan.graph)
         closed = imported.closed_jaxpr
         tensor_of = imported.tensor_of
-        names = [n for group in leaf_names(fn, args) for n in group]
-        in_leaves = []
-        for var, n in zip(closed.jaxpr.invars, names, strict=True):
-            rank = len(var.aval.shape)
-            in_leaves.append(sharding(n, rank) if n in plan.graph.tensors else sharding("", rank))
+        names_in = [n for group in leaf_names(fn, args) for n in group]
+        in_leaves = [sharding(n) for n in names_in]
         treedef = jax.tree_util.tree_structure(args)
         in_shardings = jax.tree_util.tree_unflatten(treedef, in_leaves)
 
         def constrain(var: Any, value: Any) -> Any:
             tensor = tensor_of.get(var)
-            if tensor is None or tensor not in layouts or not hasattr(value, "shape"):
+            if tensor is None or tensor not in specs or not hasattr(value, "shape"):
                 return value
             if tuple(value.shape) != plan.graph.tensors[tensor].shape:
                 return value
-            return jax.lax.with_sharding_constraint(value, sharding(tensor, len(value.shape)))
+            return jax.lax.with_sharding_constraint(value, sharding(tensor))
 
         def run(*call_args: Any) -> Any:
             flat = jax.tree_util.tree_leaves(call_args)
@@ -104,6 +152,8 @@ def apply_plan(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[
 
     sharded.__name__ = f"sharded_{getattr(fn, '__name__', 'fn')}"
     sharded.__doc__ = f"{getattr(fn, '__name__', 'fn')} under the {plan.method} plan"
+    sharded.mesh = jmesh  # type: ignore[attr-defined]
+    sharded.axis_names = names  # type: ignore[attr-defined]
     return sharded
 
 
@@ -142,33 +192,11 @@ def _evaluate(
 
 
 _INLINE_EVAL = ("jit", "pjit", "closed_call", "core_call")
-"""Sub-jaxprs `apply_plan` evaluates in place (custom_jvp/vjp calls keep their rules)."""
+"""Sub-jaxprs `shard` evaluates in place (custom_jvp/vjp calls keep their rules)."""
 
 
-def _device_mesh(plan: Any, mesh: Any) -> Any:
-
-    if mesh is None:
-        return jax_mesh(plan.mesh)
-    if hasattr(mesh, "axis_names") and hasattr(mesh, "devices"):  # a jax.sharding.Mesh
-        want = axis_names(plan.mesh)
-        sizes = tuple(r.q for r in plan.mesh.rounds)
-        if tuple(mesh.axis_names) != want or tuple(mesh.devices.shape) != sizes:
-            raise PlanError(
-                f"apply_plan: the JAX mesh has axes {tuple(mesh.axis_names)} of sizes "
-                f"{tuple(mesh.devices.shape)}; the plan needs {want} of sizes {sizes}"
-            )
-        return mesh
-    parsed = parse_mesh(mesh)
-    if [r.q for r in parsed.rounds] != [r.q for r in plan.mesh.rounds]:
-        raise PlanError(
-            f"apply_plan: mesh {parsed.text()} has rounds "
-            f"{[r.q for r in parsed.rounds]} but the plan was made for mesh "
-            f"{plan.mesh.text()} with rounds {[r.q for r in plan.mesh.rounds]}"
-        )
-    return jax_mesh(parsed)
-
-
-def _check_same_graph(got: Graph, want: Graph) -> None:
+def check_same_graph(got: Graph, want: Graph) -> None:
+    """PlanError unless `want` (the plan's graph) is `got` (the traced function's)."""
     diff = [
         n
         for n, t in want.tensors.items()
@@ -184,9 +212,14 @@ def _check_same_graph(got: Graph, want: Graph) -> None:
             else f"{len(want.ops)} ops in the plan, {len(got.ops)} traced"
         )
         raise PlanError(
-            f"apply_plan: the plan was made for another graph than this function's "
+            f"shard: the plan was made for another graph than this function's "
             f"on these arguments ({detail}); plan the graph of from_jaxpr(fn, *args)"
         )
 
 
-__all__ = ["apply_plan"]
+def apply_plan(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[..., Any]:
+    """The earlier name of `shard` (same arguments and result)."""
+    return shard(fn, plan, mesh)
+
+
+__all__ = ["apply_plan", "check_same_graph", "shard"]

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from shardplan.engines import moe_kernels
 from shardplan.engines._common import (
     affine,
     bias_add,
@@ -101,7 +102,7 @@ def kernels() -> dict[str, Kernel]:
         mode = approx if isinstance(approx, str) else ("tanh" if approx else "none")
         return F.gelu(fl(x), approximate=mode)
 
-    def elementwise(fn: Callable[[Any, Any], Any], kind: str) -> Kernel:
+    def elementwise(fn: Callable[[Any, Any], Any], kind: str, alpha: bool = False) -> Kernel:
         def kernel(op: Op, *xs: Any) -> Any:
             values: list[Any] = list(xs)
             scalar = op.attr("scalar")
@@ -110,9 +111,9 @@ def kernels() -> dict[str, Kernel]:
             for extra in op.attr("scalars", ()) or ():
                 if isinstance(extra, (int, float)) and not isinstance(extra, bool):
                     values.append(extra)
-            alpha = op.attr("alpha")
-            if alpha is not None and len(values) == 2:  # add/sub(x, y, alpha): x +- alpha * y
-                values[1] = values[1] * alpha
+            scale = op.attr("alpha") if alpha else None  # add/sub(x, y, alpha): x +- alpha * y
+            if scale is not None and len(values) == 2:
+                values[1] = values[1] * scale
             if not any(isinstance(v, torch.Tensor) for v in values):
                 raise BackendError(f"op {op.name!r} ({kind}) has no tensor operand")
             values = [v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in values]
@@ -144,10 +145,9 @@ def kernels() -> dict[str, Kernel]:
         return torch.matmul(a, b.transpose(-1, -2) if op.attr("transpose_b") else b)
 
     def conv2d(op: Op, x: Any, w: Any) -> Any:
-        if int(op.attr("groups", 1)) != 1:
-            raise UnsupportedOpError(f"op {op.name!r} (conv2d): only groups=1 is supported")
-        return F.conv2d(
-            x, w, stride=_pair(op.attr("stride", 1)), padding=_pair(op.attr("padding", 0))
+        return F.conv2d(  # groups from the (local) shapes: each part holds whole groups
+            x, w, stride=_pair(op.attr("stride", 1)), padding=_pair(op.attr("padding", 0)),
+            groups=x.shape[1] // w.shape[1],
         )
 
     def pool2d(op: Op, x: Any) -> Any:
@@ -196,8 +196,8 @@ def kernels() -> dict[str, Kernel]:
         "sqrt": unary(torch.sqrt),
         "rsqrt": unary(torch.rsqrt),
         "identity": unary(lambda x: x, float_only=False),
-        "add": elementwise(torch.add, "add"),
-        "sub": elementwise(torch.sub, "sub"),
+        "add": elementwise(torch.add, "add", alpha=True),
+        "sub": elementwise(torch.sub, "sub", alpha=True),
         "mul": elementwise(torch.mul, "mul"),
         "div": elementwise(torch.div, "div"),
         "maximum": elementwise(torch.maximum, "maximum"),
@@ -221,6 +221,7 @@ def kernels() -> dict[str, Kernel]:
         "concat": lambda op, *xs: torch.cat(xs, dim=int(op.attr("axis", 0))),
         "cross_entropy": cross_entropy,
         "einsum": einsum,
+        **moe_kernels.torch_kernels(),
     }
 
 

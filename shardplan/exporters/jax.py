@@ -5,8 +5,9 @@
 - `partition_spec(layout, rank, mesh)`: entry j is the tuple of round axes split along tensor dim
   j (replicated and partial rounds contribute nothing).
 - `named_sharding` / `shardings_for`: `NamedSharding`s per tensor, checked (rank, divisibility).
-- `partition_specs(plan)`: the PartitionSpec of every tensor of a plan (inputs, activations as
-  their producers leave them, parameters at their homes).
+- `partition_specs(plan, axis_names=None)`: the PartitionSpec of every tensor of a plan (inputs,
+  activations as their producers leave them, parameters at their homes), over round axes or,
+  when expressible, over the mesh's own axis names (`axis_layouts` says whether it is).
 
 The round mesh is the same as the DTensor exporter's (`shardplan.exporters.dtensor.mesh_shape`).
 jax is imported inside the functions that need it; without it they raise MissingDependencyError.
@@ -15,17 +16,18 @@ Everything is O(|tensors| * rounds).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from shardplan.errors import BackendError, MissingDependencyError
+from shardplan.errors import BackendError, MissingDependencyError, PlanError
+from shardplan.exporters.axes import collapse
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Tensor
 from shardplan.mesh import Mesh, parse_mesh
 from shardplan.plans import Plan
-from shardplan.sharding import Layout
+from shardplan.sharding import REPLICATED, Layout
 
 Layouts = Mapping[str, Layout]
 
@@ -150,16 +152,62 @@ def shardings_for(graph: Graph, mesh: Mesh | str | int, tensor_layouts: Layouts)
     return out
 
 
-def partition_specs(plan: Plan) -> dict[str, Any]:
-    """JAX PartitionSpecs per tensor of `plan` over `jax_mesh(plan.mesh)` (one axis per round)."""
+def partition_specs(plan: Plan, axis_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """JAX PartitionSpecs per tensor of `plan` (graph inputs as their first reader reads them).
+
+    Args:
+        axis_names: None: specs over `jax_mesh(plan.mesh)`, one axis per round (`r0`, ...). One
+            name per MESH axis (e.g. `("data", "model")` for mesh 2x8): specs over those names,
+            possible when every round of each axis splits the same tensor dim (or none) for
+            every tensor (`shardplan.exporters.axes`); else PlanError naming the tensor.
+    """
     layouts = {**plan.input_layouts(), **plan.tensor_layouts()}
-    return {
-        name: partition_spec(layout, len(plan.graph.tensors[name].shape), plan.mesh)
-        for name, layout in layouts.items()
-    }
+    if axis_names is None:
+        return {
+            name: partition_spec(layout, len(plan.graph.tensors[name].shape), plan.mesh)
+            for name, layout in layouts.items()
+        }
+    _require_jax()
+    from jax.sharding import PartitionSpec
+
+    names = tuple(axis_names)
+    if len(names) != len(plan.mesh.shape):
+        raise PlanError(
+            f"partition_specs: {len(names)} axis names {names} for the "
+            f"{len(plan.mesh.shape)} axes of mesh {plan.mesh.text()}"
+        )
+    out: dict[str, Any] = {}
+    for name, layout in layouts.items():
+        collapsed = collapse(layout, plan.mesh, REPLICATED)
+        if collapsed is None:
+            rounds = [f"r{r.index}:{r.axis_name}" for r in plan.mesh.rounds]
+            raise PlanError(
+                f"partition_specs: tensor {name!r} has layout {layout} over rounds {rounds}: "
+                "the rounds of one mesh axis split different dims, which no PartitionSpec over "
+                "the mesh's own axes says; use axis_names=None (round axes)"
+            )
+        dims: list[Any] = []
+        for j in range(len(plan.graph.tensors[name].shape)):
+            axes = tuple(a for a, s in zip(names, collapsed, strict=True) if s == j)
+            dims.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+        out[name] = PartitionSpec(*dims)
+    return out
+
+
+def axis_layouts(plan: Plan) -> dict[str, tuple[int, ...]] | None:
+    """Tensor -> split dim (or REPLICATED) per mesh AXIS, or None if some tensor's rounds of one
+    axis disagree (the plan then needs a round-shaped mesh). O(|tensors| * rounds)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, layout in {**plan.input_layouts(), **plan.tensor_layouts()}.items():
+        collapsed = collapse(layout, plan.mesh, REPLICATED)
+        if collapsed is None:
+            return None
+        out[name] = collapsed
+    return out
 
 
 __all__ = [
+    "axis_layouts",
     "axis_names",
     "jax_mesh",
     "named_sharding",

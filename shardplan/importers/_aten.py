@@ -78,7 +78,7 @@ def _split_sizes(ctx: _Context, node: Node, sizes: Sequence[int], dim: int) -> A
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     used = ctx.used(node)
     return [_slice_positions(ctx, node, x, axis, offsets[i], offsets[i] + sizes[i], 1, result=i)
-            if i in used else None for i in range(len(sizes))]
+            if i in used and sizes[i] > 0 else None for i in range(len(sizes))]  # empty: dropped
 
 
 def _split_with_sizes(ctx: _Context, node: Node) -> Any:
@@ -380,27 +380,26 @@ def _baddbmm(ctx: _Context, node: Node) -> Any:
 
 
 def _convolution(ctx: _Context, node: Node) -> Any:
-    """conv2d; conv1d as a conv2d over a height-1 image (exact). Bias -> bias_add on axis 1."""
+    """conv2d (any `groups`); conv1d as a conv2d over a height-1 image (exact). Bias -> bias_add
+    on axis 1."""
     x, w, bias, stride, padding, dilation, transposed, _, groups = node.args[:9]
     rank = len(ctx.shape(x))
     if transposed:
         raise UnsupportedOpError("transposed convolution is not in the catalogue")
     if any(d != 1 for d in dilation):
         raise UnsupportedOpError(f"dilated convolution (dilation={list(dilation)})")
-    if groups != 1:
-        raise UnsupportedOpError(f"grouped convolution (groups={groups}); the catalogue's "
-                                 "conv2d has groups=1 only")
     if rank not in (3, 4):
         raise UnsupportedOpError(f"{rank - 2}-D convolution; the catalogue has conv2d only")
+    grouped = {"groups": int(groups)} if groups != 1 else {}  # depthwise: groups == channels
     if rank == 4:
         y = ctx.emit("conv2d", [x, w], node, part="conv" if bias is not None else "",
-                     stride=_pair(stride), padding=_pair(padding))
+                     stride=_pair(stride), padding=_pair(padding), **grouped)
         return y if bias is None else _with_bias(ctx, node, y, bias, axis=1)
-    (n, c, length), (o, _, k) = ctx.shape(x), ctx.shape(w)
+    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
     x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
-    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, c, 1, k))
+    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
     y = ctx.emit("conv2d", [x2, w2], node, part="conv", stride=(1, int(stride[0])),
-                 padding=(0, int(padding[0])))
+                 padding=(0, int(padding[0])), **grouped)
     if bias is not None:
         y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
     return ctx.emit("reshape", [y], node, shape=ctx.shape(node))
@@ -587,4 +586,7 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.convolution.default")(_convolution)
     reg("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default")(_pool)
     reg("aten._adaptive_avg_pool2d.default")(_adaptive_avg_pool)
+    from shardplan.importers._aten_more import register_more
+
+    register_more(reg)  # as_strided views, scatters, histogram (shardplan/importers/_aten_more.py)
     return t

@@ -106,11 +106,14 @@ class ImportResult:
         replicated: framework ops imported as opaque operators (never cut), in graph order.
         approximated: framework op -> how many of its nodes map to a catalogue form that keeps
             shapes and dim kinds but not the exact function (see each importer's table).
+        notes: what the import dropped or assumed, one line each (zero-size values dropped,
+            grouped experts read with a capacity).
     """
 
     graph: Graph
     replicated: tuple[ReplicatedOp, ...] = ()
     approximated: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     def report(self) -> str:
         g = self.graph
@@ -121,6 +124,9 @@ class ImportResult:
         if self.approximated:
             lines.append("approximated (shapes exact, function approximate):")
             lines += [f"  {k}: {n}" for k, n in sorted(self.approximated.items())]
+        if self.notes:
+            lines.append("notes:")
+            lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -176,6 +182,7 @@ class Emitter:
         self._roles: dict[str, Role] = {}
         self.replicated: list[ReplicatedOp] = []
         self.approximated: Counter[str] = Counter()
+        self.notes: list[str] = []
 
     # -- tensors ------------------------------------------------------------------------------
     def shape(self, tensor: str) -> Shape:
@@ -337,7 +344,8 @@ class Emitter:
 
     def build(self) -> ImportResult:
         graph = self.builder.build()
-        return ImportResult(graph, tuple(self.replicated), dict(self.approximated))
+        return ImportResult(graph, tuple(self.replicated), dict(self.approximated),
+                            tuple(self.notes))
 
 
 def _shape(shape: Sequence[Any], name: str) -> Shape:

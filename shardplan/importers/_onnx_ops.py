@@ -352,15 +352,15 @@ def _gemm(ctx: _Context, node: Any) -> list[Any]:
 
 
 def _conv(ctx: _Context, node: Any) -> list[Any]:
-    """Conv -> conv2d (+ bias_add on axis 1); 1-D as a height-1 conv2d (exact)."""
+    """Conv (any `group`) -> conv2d (+ bias_add on axis 1); 1-D as a height-1 conv2d (exact)."""
     x, w = node.input[:2]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     rank = ctx.rank(x)
     if rank not in (3, 4):
         raise UnsupportedOpError(f"{rank - 2}-D convolution; the catalogue has conv2d only")
     spatial = rank - 2
-    if ctx.attr(node, "group", 1) != 1:
-        raise UnsupportedOpError(f"grouped convolution (group={ctx.attr(node, 'group')})")
+    group = int(ctx.attr(node, "group", 1))
+    grouped = {"groups": group} if group != 1 else {}  # depthwise: group == channels
     if any(d != 1 for d in ctx.attr(node, "dilations", [1] * spatial)):
         raise UnsupportedOpError("dilated convolution")
     if ctx.attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
@@ -369,13 +369,13 @@ def _conv(ctx: _Context, node: Any) -> list[Any]:
     strides = list(ctx.attr(node, "strides", [1] * spatial))
     if rank == 4:
         y = ctx.emit("conv2d", [x, w], node, part="conv" if bias else "",
-                     stride=_pair(strides, 1), padding=_pair(pads, 0))
+                     stride=_pair(strides, 1), padding=_pair(pads, 0), **grouped)
         return [y if bias is None else ctx.emit("bias_add", [y, bias], node, axis=1)]
-    (n, c, length), (o, _, k) = ctx.shape(x), ctx.shape(w)
+    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
     x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
-    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, c, 1, k))
+    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
     y = ctx.emit("conv2d", [x2, w2], node, part="conv", stride=(1, int(strides[0])),
-                 padding=(0, int(pads[0])))
+                 padding=(0, int(pads[0])), **grouped)
     if bias is not None:
         y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
     return [ctx.emit("reshape", [y], node, shape=ctx.shape(node.output[0]))]

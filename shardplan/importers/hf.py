@@ -84,6 +84,24 @@ ARCHITECTURES: dict[str, HFArch] = {
             "vocab_size": 32000,
         },
     ),
+    "mistralai/Mixtral-8x7B-v0.1": HFArch(
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        "tokens",
+        {
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "vocab_size": 32000,
+        },
+    ),
+    "facebook/convnext-tiny-224": HFArch(
+        "ConvNextConfig", "ConvNextModel", "pixels", {}, "depths", "hidden_size", ""
+    ),
 }
 
 

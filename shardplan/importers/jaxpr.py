@@ -67,13 +67,9 @@ from shardplan.errors import (
     ShapeError,
     UnsupportedOpError,
 )
-from shardplan.importers._jaxpr_rules import (  # noqa: F401  (re-exported: the table's parts)
-    APPROX_ELEMENTWISE,
-    EXACT_ELEMENTWISE,
+from shardplan.importers._jaxpr_rules import (
     INLINE,
-    PASS_THROUGH,
     RULES,
-    Rule,
     _numel,
     _static_shape,
     is_dropped,

@@ -177,6 +177,7 @@ class _Context:
         self.ep, self.emitter, self.table = ep, emitter, table
         self.env: dict[Node, Any] = {}
         self.static: set[Node] = set()
+        self.experts: dict[Node, Any] = {}  # node -> its grouped-experts block
         self.names: dict[Node, str] = {}
         self.name_counts: dict[tuple[str, str], int] = {}
 
@@ -221,7 +222,10 @@ class _Context:
 
     # -- nodes ------------------------------------------------------------------------------------
     def run(self) -> None:
+        from shardplan.importers._aten_moe import expert_blocks
+
         self._placeholders()
+        self.experts = expert_blocks(self)
         for node in self.ep.graph.nodes:
             if node.op == "get_attr":
                 self.static.add(node)
@@ -233,6 +237,15 @@ class _Context:
         key = str(node.target)
         val = node.meta.get("val")
         parents = node.all_input_nodes
+        if self.experts.get(node) is not None:  # a grouped-experts block (see _aten_moe)
+            self.env[node] = self.experts[node].translate(self, node)
+            return
+        if self._is_tensor(val) and val.numel() == 0:  # nothing to compute or to cut: readers
+            self.emitter.notes.append(f"zero-size value {node.name} {tuple(val.shape)} "
+                                      f"({key}) dropped")  # fold it (a sum of it is 0) or skip it
+            self.static.add(node)
+            self.env[node] = None
+            return
         if node.target is operator.getitem:
             source, index = node.args
             if source in self.static:
@@ -394,3 +407,48 @@ def _similar(keys: Sequence[str], key: str) -> list[str]:
         by_base.setdefault(base(k), []).append(k)
     close = difflib.get_close_matches(base(key), list(by_base), n=3)
     return [k for c in close for k in by_base[c]][:5]
+
+
+# -- tracing for engines that run the user's own program ----------------------------------------
+CHECK_OPS = _SKIP
+"""ATen ops of an export that only check (shapes, asserts) and have no tensor result."""
+
+
+class TorchTrace:
+    """What `shardplan.torch.parallelize` needs of an import: the decomposed program it runs, the
+    imported result, and FX node name -> the graph tensor(s) that node's value is.
+
+    `values[node]` is a tensor name, a tuple of names (None where a result is not a tensor) for a
+    multi-result node, or absent for folded, skipped and pending (transposed) nodes.
+    """
+
+    __slots__ = ("program", "result", "values")
+
+    def __init__(self, program: Any, result: ImportResult, values: dict[str, Any]) -> None:
+        self.program, self.result, self.values = program, result, values
+
+
+def trace_torch(module: Any, example_args: Sequence[Any] = (),
+                example_kwargs: dict[str, Any] | None = None, *,
+                unknown: UnknownPolicy = "error", name: str | None = None) -> TorchTrace:
+    """`import_torch`, also returning the decomposed ExportedProgram and the node -> tensor map."""
+    torch = _torch()
+    policy = check_policy(unknown)
+    if isinstance(module, torch.export.ExportedProgram):
+        program = module
+    else:
+        program = torch.export.export(module, tuple(example_args), example_kwargs or {})
+    ep = program.run_decompositions(_decompositions(torch, program))
+    default = "exported_program" if program is module else type(module).__name__
+    ctx = _Context(ep, Emitter(name or default, policy), aten_table())
+    ctx.run()
+    result = ctx.emitter.build()
+    values: dict[str, Any] = {}
+    for node, value in ctx.env.items():
+        if node in ctx.static:
+            continue
+        if isinstance(value, str):
+            values[node.name] = value
+        elif isinstance(value, (list, tuple)):
+            values[node.name] = tuple(v if isinstance(v, str) else None for v in value)
+    return TorchTrace(ep, result, values)

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from shardplan.errors import ShapeError, UnsupportedOpError
+from shardplan.ir.catalogue_moe import MOE_RULES
 from shardplan.ir.dims import DimKind, LoopDim, Reducer
 from shardplan.ir.signature import Group, Signature, TensorDims
 
@@ -213,36 +214,43 @@ def _pair(value: Any, what: str, low: int = 1) -> tuple[int, int]:
 
 
 def conv2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
-    """`n c y x, o c r s -> n o y x`: c REDUCE(sum), y x WINDOW (halo r-stride), r s FROZEN."""
+    """`n c y x, o c r s -> n o y x`: c REDUCE(sum), y x WINDOW (halo r-stride), r s FROZEN.
+
+    With `groups` G > 1 (depthwise: G = channels) the channels are `(g c)` and `(g o)`: the
+    group dim g is PARALLEL (each group convolves its own channels), c and o inside a group FROZEN.
+    """
     _need("conv2d", shapes, (2,))
     x, w = shapes
-    if int(attrs.get("groups", 1)) != 1:
-        raise UnsupportedOpError(
-            f"conv2d: groups={attrs.get('groups')} is not in the catalogue (only groups=1); "
-            "import with unknown='replicate' to keep such convolutions replicated"
+    groups = int(attrs.get("groups", 1))
+    if groups < 1 or len(x) != 4 or len(w) != 4 or x[1] != w[1] * groups or w[0] % groups:
+        raise ShapeError(
+            f"conv2d: input {x} and weight {w} need [n,c,h,w] and [o,c/groups,r,s] with groups "
+            f"({groups}) dividing c and o"
         )
-    if len(x) != 4 or len(w) != 4 or x[1] != w[1]:
-        raise ShapeError(f"conv2d: input {x} and weight {w} need [n,c,h,w] and [o,c,r,s]")
     sy, sx = _pair(attrs.get("stride", 1), "conv2d: stride")
     py, px = _pair(attrs.get("padding", 0), "conv2d: padding", 0)
     r, s = w[2], w[3]
     oy, ox = (x[2] + 2 * py - r) // sy + 1, (x[3] + 2 * px - s) // sx + 1
     if oy < 1 or ox < 1:
         raise ShapeError(f"conv2d: input {x} too small for kernel {(r, s)}")
+    inner = DimKind.FROZEN if groups > 1 else DimKind.PARALLEL
     dims = [
         LoopDim("n", x[0]),
-        LoopDim("o", w[0]),
+        LoopDim("o", w[0] // groups, inner),
         LoopDim("y", oy, DimKind.WINDOW, halo=max(r - sy, 0), span=x[2]),
         LoopDim("x", ox, DimKind.WINDOW, halo=max(s - sx, 0), span=x[3]),
-        LoopDim("c", x[1], DimKind.REDUCE, Reducer.SUM),
+        LoopDim("c", w[1], DimKind.FROZEN if groups > 1 else DimKind.REDUCE),
         LoopDim("r", r, DimKind.FROZEN),
         LoopDim("s", s, DimKind.FROZEN),
     ]
-    ins = [(("n",), ("c",), ("y",), ("x",)), (("o",), ("c",), ("r",), ("s",))]
+    cin: Group = ("c",)
+    cout: Group = ("o",)
+    if groups > 1:
+        dims.insert(1, LoopDim("g", groups))
+        cin, cout = ("g", "c"), ("g", "o")
+    ins = [(("n",), cin, ("y",), ("x",)), (cout, ("c",), ("r",), ("s",))]
     out = (x[0], w[0], oy, ox)
-    return _form(
-        dims, ins, [(("n",), ("o",), ("y",), ("x",))], [out], 2 * _numel(out) * x[1] * r * s
-    )
+    return _form(dims, ins, [(("n",), cout, ("y",), ("x",))], [out], 2 * _numel(out) * w[1] * r * s)
 
 
 def pool2d(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpForm:
@@ -536,6 +544,7 @@ CATALOGUE: Mapping[str, Rule] = MappingProxyType(
         "concat": concat,
         "cross_entropy": cross_entropy,
         "einsum": einsum,
+        **MOE_RULES,  # experts as a loop dim (shardplan/ir/catalogue_moe.py)
     }
 )
 

@@ -54,6 +54,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
+from shardplan.search.round_split import RoundSplit, round_features
 from shardplan.sharding import (
     REPLICATED,
     Layout,
@@ -180,14 +181,6 @@ def build_space(
 
 
 # -- the pairwise cost model ------------------------------------------------------------------
-
-from shardplan.search.round_split import (  # noqa: E402, F401  (BSPLIT re-exported for ilp.py)
-    BSPLIT,
-    NOT_BOTH_REPLICATED,
-    RoundSplit,
-    round_features,
-)
-
 
 @dataclass(frozen=True, slots=True)
 class PairTerm:

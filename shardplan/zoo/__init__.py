@@ -17,7 +17,7 @@ from typing import Any
 from shardplan import checks
 from shardplan.errors import ArgumentError, UnknownModelError
 from shardplan.ir.graph import Graph
-from shardplan.zoo import cnn, transformer
+from shardplan.zoo import cnn, moe, transformer
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class ModelEntry:
     @property
     def builder(self) -> Callable[..., Graph]:
         module, function = self.builder_path.split(".")
-        return getattr({"cnn": cnn, "transformer": transformer}[module], function)
+        return getattr({"cnn": cnn, "moe": moe, "transformer": transformer}[module], function)
 
 
 def _entry(
@@ -199,10 +199,27 @@ MODELS: Mapping[str, ModelEntry] = MappingProxyType(
             ),
             _entry(
                 "moe",
-                "transformer.moe",
-                "one Mixture-of-Experts transformer layer (8 experts, top-1)",
+                "moe.moe",
+                "one Mixture-of-Experts transformer layer (8 experts, top-2)",
                 None,
                 {"batch": 2, "seq": 16, "hidden": 32, "heads": 4, "experts": 4, "ffn": 64},
+            ),
+            _entry(
+                "deepseek-moe",
+                "moe.deepseek_moe",
+                "DeepSeek-MoE-style decoder: 64 small experts top-6 + 2 shared experts",
+                None,
+                {
+                    "batch": 2,
+                    "seq": 16,
+                    "layers": 2,
+                    "hidden": 32,
+                    "heads": 4,
+                    "vocab": 128,
+                    "experts": 8,
+                    "top_k": 3,
+                    "expert_ffn": 16,
+                },
             ),
             _entry(
                 "wide-deep",

@@ -1,4 +1,4 @@
-"""Transformer models: GPT-2/GPT-3 (decoder, tied LM head), BERT (encoder), ViT, a MoE layer."""
+"""Transformer models: GPT-2/GPT-3 (decoder, tied LM head), BERT (encoder), ViT (MoE: `moe.py`)."""
 
 from __future__ import annotations
 
@@ -134,50 +134,6 @@ def vit(
     x = b.apply("reduce_mean", x, axes=(1,), name="pool")
     logits = dense(b, x, classes, "head")
     b.apply("cross_entropy", logits, labels, name="loss")
-    return b.build()
-
-
-def moe(
-    batch: int = 8,
-    seq: int = 1024,
-    hidden: int = 1024,
-    heads: int = 16,
-    experts: int = 8,
-    ffn: int = 4096,
-    capacity_factor: float = 1.0,
-    name: str = "moe",
-) -> Graph:
-    """One GShard-style Mixture-of-Experts transformer layer (attention + top-1 routed experts).
-
-    The router's dispatch mask [b, s, e, c] is an input (it is an argmax, not differentiable); the
-    gate probabilities scale it into the combine weights, so the gate is trained.
-    """
-    _check_heads(hidden, heads)
-    capacity = max(1, int(capacity_factor * batch * seq / experts))
-    b = GraphBuilder(name)
-    x = b.input("x", (batch, seq, hidden))
-    dispatch = b.input("dispatch", (batch, seq, experts, capacity))
-    target = b.input("target", (batch, seq, hidden))
-    from shardplan.zoo.layers import attention
-
-    h = attention(b, layer_norm(b, x, "ln_1"), heads, "attn", causal=True)
-    x = b.apply("add", x, h, name="residual_1")
-    y = layer_norm(b, x, "ln_2")
-    with b.scope("moe"):
-        gates = b.apply("softmax", dense(b, y, experts, "router", bias=False), name="gates")
-        gates = b.apply("reshape", gates, shape=(batch, seq, experts, 1), name="gates_4d")
-        combine = b.apply("mul", dispatch, gates, name="combine_weights")
-        routed = b.apply("einsum", dispatch, y, spec="b s e c, b s m -> e c m", name="dispatch")
-        w1 = b.param("w1", (experts, ffn, hidden))
-        w2 = b.param("w2", (experts, hidden, ffn))
-        z = b.apply("einsum", routed, w1, spec="e c m, e f m -> e c f", name="expert_fc")
-        z = b.apply("gelu", z, name="expert_act")
-        z = b.apply("einsum", z, w2, spec="e c f, e m f -> e c m", name="expert_proj")
-        out = b.apply("einsum", combine, z, spec="b s e c, e c m -> b s m", name="combine")
-    x = b.apply("add", x, out, name="residual_2")
-    diff = b.apply("sub", x, target, name="error")
-    sq = b.apply("mul", diff, diff, name="square")
-    b.apply("reduce_mean", sq, name="loss")
     return b.build()
 
 

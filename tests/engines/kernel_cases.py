@@ -86,6 +86,115 @@ def _gelu_tanh(x):
 # -- the cases -----------------------------------------------------------------------------------
 
 
+def _grouped_conv2d(x, w, groups, pad):
+    cin, cout = x.shape[1] // groups, w.shape[0] // groups
+    parts = [
+        _conv2d(x[:, g * cin : (g + 1) * cin], w[g * cout : (g + 1) * cout], 1, pad)
+        for g in range(groups)
+    ]
+    return np.concatenate(parts, axis=1)
+
+
+def _route(ids, experts, capacity):
+    """Loop reference of moe_route: slots in (t, k) order, -1 once an expert is full."""
+    out = np.full(ids.shape, -1, np.int64)
+    for g in range(ids.shape[0]):
+        count = [0] * experts
+        for t in range(ids.shape[1]):
+            for k in range(ids.shape[2]):
+                e = int(ids[g, t, k])
+                if count[e] < capacity:
+                    out[g, t, k] = e * capacity + count[e]
+                count[e] += 1
+    return out
+
+
+def _slots(ids, experts, capacity):
+    routes = _route(ids, experts, capacity)
+    table = np.full((ids.shape[0], experts * capacity), -1, np.int64)
+    for g, t, k in np.ndindex(*ids.shape):
+        if routes[g, t, k] >= 0:
+            table[g, routes[g, t, k]] = t
+    return table.reshape(ids.shape[0], experts, capacity)
+
+
+def _dispatch(x, table):
+    e, c = table.shape[1:]
+    out = np.zeros((e, x.shape[0], c, x.shape[2]))
+    for g, i, j in np.ndindex(*table.shape):
+        if table[g, i, j] >= 0:
+            out[i, g, j] = x[g, table[g, i, j]]
+    return out
+
+
+def _combine(y, routes, weights):
+    capacity = y.shape[2]
+    out = np.zeros((routes.shape[0], routes.shape[1], y.shape[3]))
+    for g, t, k in np.ndindex(*routes.shape):
+        s = routes[g, t, k]
+        if s >= 0:
+            out[g, t] += weights[g, t, k] * y[s // capacity, g, s % capacity]
+    return out
+
+
+def _topk(p, k, normalize=False):
+    order = np.argsort(-p, axis=-1, kind="stable")[..., :k]
+    values = np.take_along_axis(p, order, -1)
+    return order, (values / values.sum(-1, keepdims=True) if normalize else values)
+
+
+def _moe_cases(index_dtype: type[np.integer[Any]]) -> list[Case]:
+    # 6 tokens x top-2 over 4 experts with capacity 2: experts 0 and 1 overflow (dropped choices)
+    ids = np.array(
+        [
+            [[0, 1], [0, 2], [1, 0], [3, 1], [0, 1], [2, 3]],
+            [[3, 2], [3, 0], [1, 3], [2, 0], [0, 1], [1, 2]],
+        ],
+        dtype=index_dtype,
+    )
+    route = {"experts": 4, "capacity": 2}
+    table = _slots(ids, 4, 2).astype(index_dtype)
+    routes = _route(ids, 4, 2).astype(index_dtype)
+    return [
+        ("moe_topk_ids", [_f(2, 6, 4)], {"k": 2}, lambda p: _topk(p, 2)[0]),
+        ("moe_topk_weights", [_f(2, 6, 4)], {"k": 2}, lambda p: _topk(p, 2)[1]),
+        (
+            "moe_topk_weights",
+            [_f(2, 6, 4, positive=True)],
+            {"k": 3, "normalize": True},
+            lambda p: _topk(p, 3, True)[1],
+        ),
+        ("moe_route", [ids], route, lambda i: _route(i, 4, 2)),
+        ("moe_slots", [ids], route, lambda i: _slots(i, 4, 2)),
+        ("moe_dispatch", [_f(2, 6, 5), table], {}, _dispatch),
+        (
+            "expert_matmul",
+            [_f(4, 2, 2, 5), _f(4, 3, 5, seed=1)],
+            {"transpose_b": True},
+            lambda x, w: np.einsum("egck,enk->egcn", x, w),
+        ),
+        (
+            "expert_matmul",
+            [_f(4, 3, 5), _f(4, 5, 2, seed=1)],
+            {},
+            lambda x, w: np.einsum("etk,ekn->etn", x, w),
+        ),
+        ("moe_combine", [_f(4, 2, 2, 5), routes, _f(2, 6, 2, seed=1)], {}, _combine),
+        (
+            "conv2d",
+            [_f(2, 4, 5, 5), _f(4, 1, 3, 3, seed=1)],
+            {"groups": 4, "padding": 1},
+            lambda x, w: _grouped_conv2d(x, w, 4, 1),
+        ),
+        (
+            "conv2d",
+            [_f(2, 4, 5, 5), _f(6, 2, 3, 3, seed=1)],
+            {"groups": 2},
+            lambda x, w: _grouped_conv2d(x, w, 2, 0),
+        ),
+    ]
+
+
 def cases(index_dtype: type[np.integer[Any]]) -> list[Case]:
     """(kind, operands, attrs, numpy reference) covering every catalogue kind."""
     ids = np.random.default_rng(3).integers(0, 7, size=(2, 4)).astype(index_dtype)
@@ -189,6 +298,7 @@ def cases(index_dtype: type[np.integer[Any]]) -> list[Case]:
             {"spec": "bat seq, seq hid -> hid bat"},
             lambda a, b: np.einsum("ij,jk->ki", a, b),
         ),
+        *_moe_cases(index_dtype),
     ]
 
 

@@ -1,9 +1,7 @@
-"""from_jaxpr / apply_plan: plain-JAX functions become graphs the planner can use, and the plans
-run on 8 fake XLA devices with the numerics of the unsharded function."""
+"""from_jaxpr: plain-JAX functions become graphs the planner can use (running their plans:
+tests/engines/test_jaxpr.py)."""
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import pytest
@@ -11,8 +9,9 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-from shardplan.engines.jaxpr import apply_plan  # noqa: E402
-from shardplan.errors import PlanError, UnsupportedOpError  # noqa: E402
+from jax_functions import block_args, mlp, mlp_args, transformer_block  # noqa: E402
+
+from shardplan.errors import UnsupportedOpError  # noqa: E402
 from shardplan.importers._build import ReplicatedOpsWarning  # noqa: E402
 from shardplan.importers.jaxpr import (  # noqa: E402
     RULES,
@@ -22,42 +21,12 @@ from shardplan.importers.jaxpr import (  # noqa: E402
 from shardplan.ir.dims import DimKind  # noqa: E402
 from shardplan.ir.op import Role  # noqa: E402
 from shardplan.ir.traits import OPAQUE_KIND  # noqa: E402
-from shardplan.search import plan  # noqa: E402
-
-
-def _normal(rng, *shape, scale=1.0):
-    return jnp.asarray(rng.standard_normal(shape) * scale, jnp.float32)
-
 
 # -- a plain-JAX MLP ------------------------------------------------------------------------------
 
 
-def mlp(params, x, targets):
-    h = x
-    for i, layer in enumerate(params["layers"]):
-        with jax.named_scope(f"fc{i}"):
-            h = h @ layer["w"] + layer["b"]
-            if i < len(params["layers"]) - 1:
-                h = jax.nn.relu(h)
-    logp = jax.nn.log_softmax(h, axis=-1)
-    return -jnp.mean(jnp.sum(targets * logp, axis=-1))
-
-
-def _mlp_args(batch=16, sizes=(32, 64, 64, 16)):
-    rng = np.random.default_rng(0)
-    params = {
-        "layers": [
-            {"w": _normal(rng, a, b, scale=0.2), "b": _normal(rng, b, scale=0.1)}
-            for a, b in zip(sizes[:-1], sizes[1:], strict=True)
-        ]
-    }
-    x = _normal(rng, batch, sizes[0])
-    targets = jax.nn.one_hot(rng.integers(0, sizes[-1], batch), sizes[-1])
-    return params, x, targets
-
-
 def test_mlp_graph_names_roles_and_kinds():
-    params, x, targets = _mlp_args()
+    params, x, targets = mlp_args()
     g = from_jaxpr(mlp, params, x, targets)
     assert g.name == "mlp"
     roles = {n: t.role for n, t in g.tensors.items()}
@@ -75,86 +44,11 @@ def test_mlp_graph_names_roles_and_kinds():
     assert g.tensors[g.outputs[0]].shape == ()
 
 
-@pytest.mark.parametrize("method", ["drec", "data-parallel", "megatron"])
-def test_mlp_plans_run_sharded_with_unsharded_numerics(devices8, method):
-    args = _mlp_args()
-    g = from_jaxpr(mlp, *args)
-    p = plan(g, "8", method)
-    sharded = apply_plan(mlp, p)
-    want = float(jax.jit(mlp)(*args))
-    assert float(sharded(*args)) == pytest.approx(want, rel=1e-5)
-    # gradients flow through the constrained program too
-    got_g = jax.grad(sharded)(*args)
-    want_g = jax.grad(mlp)(*args)
-    for a, b in zip(
-        jax.tree_util.tree_leaves(got_g), jax.tree_util.tree_leaves(want_g), strict=True
-    ):
-        np.testing.assert_allclose(
-            np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5 * float(np.abs(np.asarray(b)).max())
-        )
-
-
-def test_data_parallel_apply_plan_shards_the_batch(devices8):
-    args = _mlp_args()
-    g = from_jaxpr(mlp, *args)
-    p = plan(g, "8", "data-parallel")
-    sharded = apply_plan(mlp, p)
-    assert "data-parallel" in sharded.__doc__
-    hlo = jax.jit(sharded).lower(*args).compile().as_text()
-    from shardplan.fidelity.hlo import parse_collectives
-
-    # the batch is split 8 ways: the mean over it is one scalar all-reduce over all devices
-    reduces = [c for c in parse_collectives(hlo) if c.kind == "all-reduce"]
-    assert reduces and max(c.group_size for c in reduces) == 8
-    assert {c.kind for c in parse_collectives(hlo)} == {"all-reduce"}
-
-
 # -- a transformer block (no flax / equinox) ------------------------------------------------------
 
 
-def transformer_block(params, x):
-    b, s, d = x.shape
-    heads = 4
-    hd = d // heads
-
-    def layer_norm(h, g, beta):
-        mu = jnp.mean(h, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(h - mu), axis=-1, keepdims=True)
-        return (h - mu) * jax.lax.rsqrt(var + 1e-5) * g + beta
-
-    with jax.named_scope("attn"):
-        h = layer_norm(x, params["ln1_g"], params["ln1_b"])
-        q = (h @ params["wq"]).reshape(b, s, heads, hd).transpose(0, 2, 1, 3)
-        k = (h @ params["wk"]).reshape(b, s, heads, hd).transpose(0, 2, 1, 3)
-        v = (h @ params["wv"]).reshape(b, s, heads, hd).transpose(0, 2, 1, 3)
-        scores = jnp.einsum("bhsd,bhtd->bhst", q, k) / np.sqrt(hd)
-        mask = jnp.tril(jnp.ones((s, s), bool))
-        scores = jnp.where(mask, scores, -1e9)
-        probs = jax.nn.softmax(scores, axis=-1)
-        ctx = jnp.einsum("bhst,bhtd->bhsd", probs, v).transpose(0, 2, 1, 3).reshape(b, s, d)
-        x = x + ctx @ params["wo"]
-    with jax.named_scope("mlp"):
-        h = layer_norm(x, params["ln2_g"], params["ln2_b"])
-        h = jax.nn.gelu(h @ params["w1"] + params["b1"])
-        x = x + h @ params["w2"] + params["b2"]
-    return jnp.mean(jnp.square(x))
-
-
-def _block_args(batch=8, seq=16, d=32):
-    rng = np.random.default_rng(1)
-    params = {
-        "ln1_g": jnp.ones((d,)), "ln1_b": jnp.zeros((d,)),
-        "ln2_g": jnp.ones((d,)), "ln2_b": jnp.zeros((d,)),
-        "wq": _normal(rng, d, d, scale=0.2), "wk": _normal(rng, d, d, scale=0.2),
-        "wv": _normal(rng, d, d, scale=0.2), "wo": _normal(rng, d, d, scale=0.2),
-        "w1": _normal(rng, d, 4 * d, scale=0.2), "b1": jnp.zeros((4 * d,)),
-        "w2": _normal(rng, 4 * d, d, scale=0.2), "b2": jnp.zeros((d,)),
-    }  # fmt: skip
-    return params, _normal(rng, batch, seq, d)
-
-
 def test_transformer_block_import():
-    imported = import_jaxpr(transformer_block, *_block_args())
+    imported = import_jaxpr(transformer_block, *block_args())
     g = imported.graph
     kinds = [op.kind for op in g.ops]
     assert kinds.count("bmm") == 2  # scores and context (leading batch dims b, h)
@@ -167,33 +61,6 @@ def test_transformer_block_import():
     assert any(t.role is Role.CONSTANT and t.shape == (16, 16) for t in g.tensors.values())
     scores = next(op for op in g.ops if op.kind == "bmm")
     assert scores.attr("transpose_b") is True
-
-
-@pytest.mark.parametrize("method", ["drec", "data-parallel", "megatron"])
-def test_transformer_block_runs_sharded_with_unsharded_numerics(devices8, method):
-    args = _block_args()
-    g = from_jaxpr(transformer_block, *args)
-    p = plan(g, "8", method)
-    got = float(apply_plan(transformer_block, p)(*args))
-    want = float(jax.jit(transformer_block)(*args))
-    assert got == pytest.approx(want, rel=1e-5)
-
-
-def test_apply_plan_on_a_2x4_mesh_and_mesh_override(devices8):
-    args = _block_args()
-    g = from_jaxpr(transformer_block, *args)
-    p = plan(g, "2x4", "megatron")
-    want = float(jax.jit(transformer_block)(*args))
-    assert float(apply_plan(transformer_block, p)(*args)) == pytest.approx(want, rel=1e-5)
-    assert float(apply_plan(transformer_block, p, mesh="8")(*args)) == pytest.approx(want, rel=1e-5)
-    with pytest.raises(PlanError, match="rounds"):
-        apply_plan(transformer_block, p, mesh="6")
-
-
-def test_apply_plan_rejects_a_plan_of_another_function(devices8):
-    p = plan(from_jaxpr(mlp, *_mlp_args()), "8", "data-parallel")
-    with pytest.raises(PlanError, match="another graph"):
-        apply_plan(mlp, p)(*_mlp_args(sizes=(32, 64, 64, 8)))
 
 
 # -- the translation table ------------------------------------------------------------------------
@@ -289,20 +156,6 @@ def test_unknown_primitive_is_named_or_replicated():
     assert imported.replicated == (f"{op.name} (cumsum)",)
     with pytest.raises(ValueError, match="unknown"):
         from_jaxpr(f, *args, unknown="ignore")
-
-
-def test_opaque_ops_plan_and_run(devices8):
-    def f(p, x):
-        return jnp.sum(jnp.cumsum(jnp.tanh(x @ p), axis=1))
-
-    args = (_normal(np.random.default_rng(2), 16, 16), _normal(np.random.default_rng(3), 8, 16))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ReplicatedOpsWarning)
-        g = from_jaxpr(f, *args, unknown="replicate")
-    p = plan(g, "8", "data-parallel")
-    opaque = next(op for op in g.ops if op.kind == OPAQUE_KIND)
-    assert p.strategies[opaque.name] == (None, None, None)
-    assert float(apply_plan(f, p)(*args)) == pytest.approx(float(f(*args)), rel=1e-5)
 
 
 def test_one_table_keyed_by_primitive():

@@ -168,3 +168,16 @@ def test_symbolic_input_shape_is_a_clear_error():
     dim.dim_param = "batch"
     with pytest.raises(ShapeError, match="static shape"):
         from_onnx(model)
+
+
+def test_depthwise_conv_imports_with_groups():
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="/dw/Conv", group=8,
+                              pads=[1, 1, 1, 1])]
+    model = _model(nodes, [vi("x", TensorProto.FLOAT, [2, 8, 6, 6])],
+                   [vi("y", TensorProto.FLOAT, [2, 8, 6, 6])],
+                   [_init("w", (8, 1, 3, 3)), _init("b", (8,), 1)])
+    result = import_onnx(model)
+    conv = next(op for op in result.graph.ops if op.kind == "conv2d")
+    assert conv.attr("groups") == 8 and conv.signature.loop_dim("g").extent == 8
+    assert result.graph.num_params == 8 * 9 + 8

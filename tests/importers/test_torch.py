@@ -222,13 +222,16 @@ def test_unsupported_op_replicates_and_reports():
     assert graph.num_params == 20
 
 
-def test_moe_with_grouped_experts_replicates_the_routing_kernels():
+def test_moe_with_grouped_experts_imports_strictly_with_an_expert_dim():
     torch.manual_seed(0)
-    model, args, _ = mixtral(experts=None)
-    result = import_torch(model.eval(), args, unknown="replicate")
-    modules = {r.module for r in result.replicated if "grouped_mm" in r.source}
-    assert modules == {"model.layers.0.mlp.experts", "model.layers.1.mlp.experts"}
+    model, args, _ = mixtral(experts=None)  # transformers' default: grouped_mm
+    result = import_torch(model.eval(), args)
+    assert result.replicated == ()
     assert result.graph.num_params == _params(model)
+    experts = [op for op in result.graph.ops if op.kind == "expert_matmul"]
+    assert len(experts) == 4  # up and down, two layers
+    assert all(op.signature.loop_dims[0].name == "e" for op in experts)
+    assert sum("experts model.layers" in n for n in result.notes) == 2
 
 
 def test_bad_policy_and_table_invariants():

@@ -45,6 +45,19 @@ CASES: dict[str, tuple[list[tuple[int, ...]], dict, list[tuple[int, ...]], dict]
     "cross_entropy": ([(4, 10), (4,)], {}, [()], {"d0": R, "v": F}),
     "einsum": ([(2, 4, 3, 5), (2, 4, 6)], {"spec": "b s e c, b s m -> e c m"}, [(3, 5, 6)],
                {"e": P, "c": P, "m": P, "b": R, "s": R}),
+    # experts as a loop dim (shardplan/ir/catalogue_moe.py): g groups of t tokens, e experts
+    "moe_topk_ids": ([(2, 6, 4)], {"k": 2}, [(2, 6, 2)], {"g": P, "t": P, "e": F, "k": F}),
+    "moe_topk_weights": ([(2, 6, 4)], {"k": 2}, [(2, 6, 2)], {"g": P, "t": P, "e": F, "k": F}),
+    "moe_route": ([(2, 6, 2)], {"experts": 4, "capacity": 3}, [(2, 6, 2)],
+                  {"g": P, "t": F, "k": F}),
+    "moe_slots": ([(2, 6, 2)], {"experts": 4, "capacity": 3}, [(2, 4, 3)],
+                  {"g": P, "t": F, "k": F, "e": F, "c": F}),
+    "moe_dispatch": ([(2, 6, 8), (2, 4, 3)], {}, [(4, 2, 3, 8)],
+                     {"e": P, "g": P, "c": P, "m": P, "t": F}),
+    "expert_matmul": ([(4, 2, 3, 8), (4, 16, 8)], {"transpose_b": True}, [(4, 2, 3, 16)],
+                      {"e": P, "a0": P, "a1": P, "k": R, "n": P}),
+    "moe_combine": ([(4, 2, 3, 8), (2, 6, 2), (2, 6, 2)], {}, [(2, 6, 8)],
+                    {"g": P, "t": P, "n": P, "k": R, "e": F, "c": F}),
 }
 
 
@@ -260,7 +273,7 @@ def test_unknown_kind_suggests_close_names():
         ("matmul", [(2, 4), (3, 4, 5)], {}, "right operand must be 2-D"),
         ("bmm", [(2, 3, 4), (3, 4, 5)], {}, "batch dims differ"),
         ("bmm", [(3, 4), (4, 5)], {}, "equal rank >= 3"),
-        ("conv2d", [(2, 3, 8, 8), (4, 2, 3, 3)], {}, r"need \[n,c,h,w\] and \[o,c,r,s\]"),
+        ("conv2d", [(2, 3, 8, 8), (4, 2, 3, 3)], {}, r"need \[n,c,h,w\] and \[o,c/groups,r,s\]"),
         ("conv2d", [(2, 3, 2, 2), (4, 3, 3, 3)], {}, "too small for kernel"),
         ("pool2d", [(2, 3, 8)], {}, r"input must be \[n,c,h,w\]"),
         ("pool2d", [(2, 3, 2, 2)], {"kernel": 3}, "too small for kernel"),
@@ -279,11 +292,6 @@ def test_unknown_kind_suggests_close_names():
 def test_shape_errors_name_the_kind(kind, shapes, attrs, match):
     with pytest.raises(ShapeError, match=match):
         op_form(kind, shapes, attrs)
-
-
-def test_grouped_conv_is_unsupported():
-    with pytest.raises(UnsupportedOpError, match="only groups=1"):
-        op_form("conv2d", [(2, 4, 8, 8), (4, 2, 3, 3)], {"groups": 2})
 
 
 def test_batch_norm_rank_one_input_is_a_shape_error():

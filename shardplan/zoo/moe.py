@@ -1,0 +1,172 @@
+"""Mixture-of-Experts models: a GShard/Mixtral-style layer and a DeepSeek-style fine-grained MoE.
+
+Both route with the catalogue's MoE kinds (`shardplan.ir.catalogue_moe`): each sequence of the
+batch is one routing group (g = batch, t = seq), the router's softmax picks the top-k experts of
+every token, expert e takes at most `capacity = ceil(capacity_factor * seq * top_k / experts)`
+tokens per sequence, and the experts are one `expert_matmul` per projection over a stacked
+[experts, out, in] weight. Building is O(layers).
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardplan.errors import IRError
+from shardplan.ir.graph import Graph, GraphBuilder
+from shardplan.zoo.layers import attention, dense, layer_norm
+
+
+def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert and group: ceil(capacity_factor * tokens * top_k / experts), >= 1."""
+    return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
+
+
+def moe_block(
+    b: GraphBuilder,
+    x: str,
+    experts: int,
+    top_k: int,
+    ffn: int,
+    name: str,
+    capacity_factor: float = 1.0,
+    gated: bool = False,
+    normalize: bool = False,
+) -> str:
+    """Routed experts on `x` [batch, seq, hidden]: router, top-k, dispatch, experts, combine.
+
+    `gated`: SwiGLU experts (gate, up, down); else fc -> gelu -> proj.
+    """
+    batch, seq, hidden = b.shape(x)
+    if not 1 <= top_k <= experts:
+        raise IRError(f"{name}: top_k={top_k} must be between 1 and experts={experts}")
+    cap = capacity(seq, experts, top_k, capacity_factor)
+    route = {"experts": experts, "capacity": cap}
+    with b.scope(name):
+        probs = b.apply("softmax", dense(b, x, experts, "router", bias=False), name="probs")
+        ids = b.apply("moe_topk_ids", probs, k=top_k, name="topk_ids")
+        weights = b.apply(
+            "moe_topk_weights", probs, k=top_k, normalize=normalize, name="topk_weights"
+        )
+        slots = b.apply("moe_slots", ids, **route, name="slots")
+        routes = b.apply("moe_route", ids, **route, name="routes")
+        tokens = b.apply("moe_dispatch", x, slots, name="dispatch")
+        if gated:
+            gate = b.apply(
+                "expert_matmul",
+                tokens,
+                b.param("w_gate", (experts, ffn, hidden)),
+                transpose_b=True,
+                name="expert_gate",
+            )
+            up = b.apply(
+                "expert_matmul",
+                tokens,
+                b.param("w_up", (experts, ffn, hidden)),
+                transpose_b=True,
+                name="expert_up",
+            )
+            h = b.apply("mul", b.apply("silu", gate, name="expert_act"), up, name="expert_glu")
+        else:
+            h = b.apply(
+                "expert_matmul",
+                tokens,
+                b.param("w1", (experts, ffn, hidden)),
+                transpose_b=True,
+                name="expert_fc",
+            )
+            h = b.apply("gelu", h, name="expert_act")
+        h = b.apply(
+            "expert_matmul",
+            h,
+            b.param("w2", (experts, hidden, ffn)),
+            transpose_b=True,
+            name="expert_proj",
+        )
+        return b.apply("moe_combine", h, routes, weights, name="combine")
+
+
+def _swiglu(b: GraphBuilder, x: str, ffn: int, name: str) -> str:
+    hidden = b.shape(x)[-1]
+    with b.scope(name):
+        gate = b.apply("silu", dense(b, x, ffn, "gate", bias=False), name="act")
+        h = b.apply("mul", gate, dense(b, x, ffn, "up", bias=False), name="glu")
+        return dense(b, h, hidden, "down", bias=False)
+
+
+def moe(
+    batch: int = 8,
+    seq: int = 1024,
+    hidden: int = 1024,
+    heads: int = 16,
+    experts: int = 8,
+    ffn: int = 4096,
+    top_k: int = 2,
+    capacity_factor: float = 1.0,
+    name: str = "moe",
+) -> Graph:
+    """One Mixture-of-Experts transformer layer: attention, then top-k routed gelu experts.
+
+    Regression loss (mean squared error against a `target` input) as in the original zoo entry.
+    """
+    if hidden % heads:
+        raise IRError(f"hidden size {hidden} is not divisible by {heads} heads")
+    b = GraphBuilder(name)
+    x = b.input("x", (batch, seq, hidden))
+    target = b.input("target", (batch, seq, hidden))
+    h = attention(b, layer_norm(b, x, "ln_1"), heads, "attn", causal=True)
+    x = b.apply("add", x, h, name="residual_1")
+    out = moe_block(b, layer_norm(b, x, "ln_2"), experts, top_k, ffn, "moe", capacity_factor)
+    x = b.apply("add", x, out, name="residual_2")
+    diff = b.apply("sub", x, target, name="error")
+    b.apply("reduce_mean", b.apply("mul", diff, diff, name="square"), name="loss")
+    return b.build()
+
+
+def deepseek_moe(
+    batch: int = 8,
+    seq: int = 1024,
+    layers: int = 4,
+    hidden: int = 2048,
+    heads: int = 16,
+    vocab: int = 32000,
+    experts: int = 64,
+    top_k: int = 6,
+    expert_ffn: int = 1408,
+    shared: int = 2,
+    capacity_factor: float = 1.25,
+    name: str = "deepseek-moe",
+) -> Graph:
+    """DeepSeek-MoE-style decoder: many small SwiGLU experts (top-k, renormalised weights) plus
+    `shared` always-on experts (one SwiGLU MLP of width shared * expert_ffn), RMSNorm, tied-free
+    LM head and a cross-entropy loss."""
+    if hidden % heads:
+        raise IRError(f"hidden size {hidden} is not divisible by {heads} heads")
+    b = GraphBuilder(name)
+    ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
+    labels = b.input("labels", (batch, seq), dtype_bytes=4)
+    x = b.apply("embedding", b.param("embed", (vocab, hidden)), ids, name="lookup")
+    for i in range(layers):
+        with b.scope(f"layer.{i}"):
+            h = attention(b, layer_norm(b, x, "ln_1", rms=True), heads, "attn", causal=True)
+            x = b.apply("add", x, h, name="residual_1")
+            y = layer_norm(b, x, "ln_2", rms=True)
+            routed = moe_block(
+                b,
+                y,
+                experts,
+                top_k,
+                expert_ffn,
+                "experts",
+                capacity_factor,
+                gated=True,
+                normalize=True,
+            )
+            if shared:
+                routed = b.apply(
+                    "add", routed, _swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
+                )
+            x = b.apply("add", x, routed, name="residual_2")
+    x = layer_norm(b, x, "ln_f", rms=True)
+    logits = dense(b, x, vocab, "lm_head", bias=False)
+    b.apply("cross_entropy", logits, labels, name="loss")
+    return b.build()
