@@ -48,3 +48,19 @@ def devices8() -> int:
             f"asks for fewer devices; export XLA_FLAGS={_FLAG} before pytest"
         )
     return count
+
+
+@pytest.fixture(autouse=True)
+def _torch_default_dtype_unchanged():
+    """A test (or the engine it calls in-process) must not leave torch's default dtype changed:
+    a leaked float64 doubles every byte count the torch importer reads in later tests."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    before = torch.get_default_dtype() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_default_dtype() != before:
+        leaked = torch.get_default_dtype()
+        torch.set_default_dtype(before)
+        pytest.fail(f"the test left torch's default dtype at {leaked} (was {before})")

@@ -97,7 +97,17 @@ def _graph_inputs(graph: Graph, seed: int, k: int) -> dict[str, np.ndarray]:
 
 def _reference(tp: TrainingPlan, seed: int, dtype: str) -> tuple[float, dict[str, np.ndarray]]:
     torch = _require_torch()
+    previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))
+    try:  # runs in the caller's process: its default dtype must not leak out
+        return _reference_in(torch, tp, seed, dtype)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _reference_in(
+    torch: Any, tp: TrainingPlan, seed: int, dtype: str
+) -> tuple[float, dict[str, np.ndarray]]:
     graph = whole_graph(tp)
     params, _ = init_values(graph, seed)
     leaves = {
