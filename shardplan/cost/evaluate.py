@@ -197,8 +197,20 @@ def unary_terms(
     for r, cut in zip(mesh.rounds, strategy, strict=True):
         if cut is not None:
             parts *= r.q
-    compute = compute_cost(op.flops / parts, opts, mesh.flops_per_s)
+    nbytes = op_bytes(graph, op, strategy, mesh.rounds, opts)
+    compute = compute_cost(op.flops / parts, nbytes, opts, mesh)
     return op_intra(graph, op, strategy, mesh.rounds, opts), compute
+
+
+def op_bytes(
+    graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round], opts: CostOptions
+) -> float:
+    """Bytes an op reads and writes on one device under `strategy`: its local operands + results."""
+    return sum(
+        local_bytes(graph, name, operand_layout(op, strategy, i, is_output), rounds, opts)
+        for is_output, names in ((False, op.inputs), (True, op.outputs))
+        for i, name in enumerate(names)
+    )
 
 
 def edge_terms(
