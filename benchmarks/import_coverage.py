@@ -34,6 +34,16 @@ TINY = {
     "vocab_size": 256,
     "max_position_embeddings": 64,
 }
+ENC_DEC = {  # the tiny encoder-decoder sizes (BART, Whisper)
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "vocab_size": 256,
+}
 
 
 def _ids(vocab: int = 256, seq: int = SEQ) -> Any:
@@ -79,17 +89,10 @@ def _whisper() -> tuple[Any, tuple]:
     import transformers as T
 
     cfg = T.WhisperConfig(
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
+        **ENC_DEC,
         num_mel_bins=16,
         max_source_positions=32,
         max_target_positions=32,
-        vocab_size=256,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
@@ -99,21 +102,6 @@ def _whisper() -> tuple[Any, tuple]:
     )
     features = torch.randn(BATCH, 16, 64)  # [batch, mel bins, frames]; frames = 2 x positions
     return T.WhisperForConditionalGeneration(cfg), (features, None, _ids(seq=8))
-
-
-def _mamba() -> tuple[Any, tuple]:
-    import transformers as T
-
-    cfg = T.MambaConfig(
-        hidden_size=64,
-        state_size=8,
-        num_hidden_layers=2,
-        vocab_size=256,
-        expand=2,
-        conv_kernel=4,
-        use_cache=False,
-    )
-    return T.MambaForCausalLM(cfg), (_ids(),)
 
 
 _MOE = {"num_experts_per_tok": 2}
@@ -145,14 +133,7 @@ ARCHITECTURES: tuple[tuple[str, str, Callable[[], tuple[Any, tuple]]], ...] = (
         _seq2seq(
             "BartConfig",
             "BartForConditionalGeneration",
-            d_model=64,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=128,
-            decoder_ffn_dim=128,
-            vocab_size=256,
+            **ENC_DEC,
             max_position_embeddings=64,
         ),
     ),
@@ -231,7 +212,7 @@ ARCHITECTURES: tuple[tuple[str, str, Callable[[], tuple[Any, tuple]]], ...] = (
             **_MOE,
         ),
     ),
-    ("mamba", "state-space model", _mamba),
+    ("mamba", "state-space model", _decoder("MambaConfig", state_size=8, expand=2, conv_kernel=4)),
     ("whisper", "speech encoder-decoder", _whisper),
 )
 
