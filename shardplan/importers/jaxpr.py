@@ -399,5 +399,3 @@ def from_jaxpr(
 ) -> Graph:
     """The Graph of `fn(params, *inputs)` traced on `example_args` (see `import_jaxpr`)."""
     return import_jaxpr(fn, *example_args, name=name, unknown=unknown).graph
-
-
