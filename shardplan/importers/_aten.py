@@ -32,7 +32,7 @@ from shardplan.importers._aten_views import (  # the shared helpers and view rul
     _to_copy,
     _transpose,
 )
-from shardplan.importers._build import Lazy, TranslationTable
+from shardplan.importers._build import Lazy, TranslationTable, conv
 from shardplan.ir.op import Role
 
 if TYPE_CHECKING:
@@ -445,33 +445,7 @@ def _convolution(ctx: _Context, node: Node) -> Any:
         raise UnsupportedOpError(f"dilated convolution (dilation={list(dilation)})")
     if rank not in (3, 4):
         raise UnsupportedOpError(f"{rank - 2}-D convolution; the catalogue has conv2d only")
-    grouped = {"groups": int(groups)} if groups != 1 else {}  # depthwise: groups == channels
-    if rank == 4:
-        y = ctx.emit(
-            "conv2d",
-            [x, w],
-            node,
-            part="conv" if bias is not None else "",
-            stride=_pair(stride),
-            padding=_pair(padding),
-            **grouped,
-        )
-        return y if bias is None else _with_bias(ctx, node, y, bias, axis=1)
-    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
-    x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
-    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
-    y = ctx.emit(
-        "conv2d",
-        [x2, w2],
-        node,
-        part="conv",
-        stride=(1, int(stride[0])),
-        padding=(0, int(padding[0])),
-        **grouped,
-    )
-    if bias is not None:
-        y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
-    return ctx.emit("reshape", [y], node, shape=ctx.shape(node))
+    return conv(ctx, node, x, w, bias, _pair(stride), _pair(padding), int(groups))
 
 
 def _pool(ctx: _Context, node: Node) -> Any:

@@ -448,6 +448,44 @@ class Emitter:
         )
 
 
+def conv(
+    ctx: Any,
+    node: Any,
+    x: Any,
+    w: Any,
+    bias: Any,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    groups: int,
+) -> str:
+    """A 2-D convolution of both importers: conv2d (+ bias_add on axis 1); a 1-D one (3-D `x`)
+    as a conv2d over a height-1 image (exact: reshape in, conv2d, bias, reshape out; its stride
+    and padding are the last of the pairs). `ctx` is the importer's context (`emit`, `shape`,
+    `emitter`);
+    groups > 1 is a grouped (depthwise when groups == channels) convolution."""
+    grouped = {"groups": groups} if groups != 1 else {}
+    if len(ctx.shape(x)) == 4:
+        part = "conv" if bias is not None else ""
+        y = ctx.emit("conv2d", [x, w], node, part=part, stride=stride, padding=padding, **grouped)
+        return y if bias is None else ctx.emit("bias_add", [y, bias], node, axis=1)
+    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
+    x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
+    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
+    y = ctx.emit(
+        "conv2d",
+        [x2, w2],
+        node,
+        part="conv",
+        stride=(1, stride[1]),
+        padding=(0, padding[1]),
+        **grouped,
+    )
+    if bias is not None:
+        y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
+    n, o, _, length = ctx.emitter.shape(y)
+    return ctx.emit("reshape", [y], node, shape=(n, o, length))
+
+
 def _shape(shape: Sequence[Any], name: str) -> Shape:
     out = []
     for s in shape:

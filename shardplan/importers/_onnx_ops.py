@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import UnsupportedOpError
-from shardplan.importers._build import Lazy, TranslationTable
+from shardplan.importers._build import Lazy, TranslationTable, conv
 from shardplan.ir.op import Role
 
 if TYPE_CHECKING:
@@ -407,39 +407,13 @@ def _conv(ctx: _Context, node: Any) -> list[Any]:
         raise UnsupportedOpError(f"{rank - 2}-D convolution; the catalogue has conv2d only")
     spatial = rank - 2
     group = int(ctx.attr(node, "group", 1))
-    grouped = {"groups": group} if group != 1 else {}  # depthwise: group == channels
     if any(d != 1 for d in ctx.attr(node, "dilations", [1] * spatial)):
         raise UnsupportedOpError("dilated convolution")
     if ctx.attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise UnsupportedOpError(f"auto_pad={ctx.attr(node, 'auto_pad')!r}")
     pads = _symmetric_pads(ctx.attr(node, "pads"), spatial)
     strides = list(ctx.attr(node, "strides", [1] * spatial))
-    if rank == 4:
-        y = ctx.emit(
-            "conv2d",
-            [x, w],
-            node,
-            part="conv" if bias else "",
-            stride=_pair(strides, 1),
-            padding=_pair(pads, 0),
-            **grouped,
-        )
-        return [y if bias is None else ctx.emit("bias_add", [y, bias], node, axis=1)]
-    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
-    x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
-    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
-    y = ctx.emit(
-        "conv2d",
-        [x2, w2],
-        node,
-        part="conv",
-        stride=(1, int(strides[0])),
-        padding=(0, int(pads[0])),
-        **grouped,
-    )
-    if bias is not None:
-        y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
-    return [ctx.emit("reshape", [y], node, shape=ctx.shape(node.output[0]))]
+    return [conv(ctx, node, x, w, bias, _pair(strides, 1), _pair(pads, 0), group)]
 
 
 def _pool(ctx: _Context, node: Any) -> list[Any]:

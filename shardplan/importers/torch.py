@@ -114,12 +114,18 @@ def import_torch(
     """
     torch = _torch()
     policy = check_policy(unknown)
-    if isinstance(module, torch.export.ExportedProgram):
-        program = module
-    else:
-        program = torch.export.export(module, tuple(example_args), example_kwargs or {})
-    default = "exported_program" if program is module else type(module).__name__
+    program, default = _export(torch, module, example_args, example_kwargs)
     return _translate(torch, program, name or default, policy)
+
+
+def _export(
+    torch: Any, module: Any, example_args: Sequence[Any], example_kwargs: dict[str, Any] | None
+) -> tuple[Any, str]:
+    """(the ExportedProgram of `module`, the graph's default name); a program passes through."""
+    if isinstance(module, torch.export.ExportedProgram):
+        return module, "exported_program"
+    program = torch.export.export(module, tuple(example_args), example_kwargs or {})
+    return program, type(module).__name__
 
 
 def _translate(
@@ -542,12 +548,8 @@ def trace_torch(
     """`import_torch`, also returning the decomposed ExportedProgram and the node -> tensor map."""
     torch = _torch()
     policy = check_policy(unknown)
-    if isinstance(module, torch.export.ExportedProgram):
-        program = module
-    else:
-        program = torch.export.export(module, tuple(example_args), example_kwargs or {})
+    program, default = _export(torch, module, example_args, example_kwargs)
     ep = program.run_decompositions(_decompositions(torch, program))
-    default = "exported_program" if program is module else type(module).__name__
     ctx = _Context(ep, Emitter(name or default, policy), aten_table())
     ctx.run()
     result = ctx.emitter.build()
