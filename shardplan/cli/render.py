@@ -40,18 +40,19 @@ rounding of sums of the same terms in another order, not a cost."""
 
 
 def fmt_seconds(s: float, scale: float = 0.0) -> str:
-    """0.0123 -> '12.3 ms', 1.38e-05 -> '13.8 µs', 1.5e-08 -> '0.015 µs', 2e-11 -> '<0.001 µs'.
+    """0.0123 -> '12.3 ms', 1.38e-05 -> '13.8 µs', 1.5e-07 -> '0.15 µs', 2e-11 -> '<0.01 µs'.
 
-    Units are s, ms and µs; under a nanosecond (a few bytes over a fast link) prints as
-    '<0.001 µs'. `scale` (e.g. the plan's total): |s| <= NOISE * scale, or under a femtosecond,
-    is float noise and prints as '0'.
+    Units are s, ms and µs; under a microsecond two decimals of µs, under 10 ns (a few bytes
+    over a fast link) '<0.01 µs', so columns stay narrow. `scale` (e.g. the plan's total):
+    |s| <= NOISE * scale, or under a femtosecond, is float noise and prints as '0'.
     """
     a = abs(s)
-    sign = "-" if s < 0 else ""
     if a <= max(1e-15, NOISE * abs(scale)):
         return "0"
-    if a < 1e-9:
-        return f"{sign}<0.001 µs"
+    if a < 1e-8:
+        return f"{'-' if s < 0 else ''}<0.01 µs"
+    if a < 1e-6:
+        return f"{s * 1e6:.2f} µs"
     if a < 1e-3:
         return f"{s * 1e6:.3g} µs"
     if a < 1:

@@ -91,10 +91,12 @@ class ReplicatedOp:
     op: str
     source: str
     module: str = ""
+    results: tuple[str, ...] = ()  # its result tensors, each replicated on every device
 
     def __str__(self) -> str:
         where = f" in {self.module!r}" if self.module else ""
-        return f"{self.op} ({self.source}{where})"
+        several = f": {len(self.results)} results {', '.join(self.results)}"
+        return f"{self.op} ({self.source}{where}){several if len(self.results) > 1 else ''}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +294,7 @@ class Emitter:
                 layer,
             )
         )
-        self.replicated.append(ReplicatedOp(name, source, module or layer))
+        self.replicated.append(ReplicatedOp(name, source, module or layer, tuple(outs)))
         return outs
 
     # -- einsum forms ---------------------------------------------------------------------------

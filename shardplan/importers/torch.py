@@ -29,7 +29,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardplan.errors import MissingDependencyError, ShapeError, UnsupportedOpError
+from shardplan.errors import (
+    MissingDependencyError,
+    ShapeError,
+    ShardplanError,
+    UnsupportedOpError,
+)
 from shardplan.importers._aten import Rule, aten_table
 from shardplan.importers._aten_views import _is_node
 from shardplan.importers._build import (
@@ -73,6 +78,7 @@ _SKIP = frozenset(
         "aten.sym_constrain_range.default",
         "aten.sym_constrain_range_for_size.default",
         "aten._functional_assert_async.msg",
+        "aten._linalg_check_errors.default",
     }
 )
 
@@ -124,7 +130,22 @@ def _export(
     """(the ExportedProgram of `module`, the graph's default name); a program passes through."""
     if isinstance(module, torch.export.ExportedProgram):
         return module, "exported_program"
-    program = torch.export.export(module, tuple(example_args), example_kwargs or {})
+    try:
+        program = torch.export.export(module, tuple(example_args), example_kwargs or {})
+    except ShardplanError:
+        raise
+    except Exception as e:  # torch raises many types here (UserError, DynamicOutputShape...)
+        lines = str(e).strip().splitlines()
+        raise UnsupportedOpError(
+            f"torch.export could not trace {type(module).__name__}: {type(e).__name__}: "
+            f"{lines[0] if lines else ''}. The torch importer reads what torch.export traces "
+            "with the example inputs' static shapes: an op whose result shape depends on "
+            "values (nonzero, unique, linalg.lstsq, masked_select) or Python control flow on "
+            "tensor values cannot be traced, e.g. the per-expert loop of MoE experts in "
+            'transformers (experts_implementation="eager"; build the model with "grouped_mm", '
+            'the default, or "batched_mm"); rewrite that part of forward, or export the '
+            "module yourself and pass the ExportedProgram"
+        ) from e
     return program, type(module).__name__
 
 
@@ -304,7 +325,9 @@ class _Context:
         if self.experts.get(node) is not None:  # a grouped-experts block (see _aten_moe)
             self.env[node] = self.experts[node].translate(self, node)
             return
-        if self._is_tensor(val) and val.numel() == 0:  # nothing to compute or to cut: readers
+        source = getattr(node.args[0], "target", None) if node.args else None
+        token = node.target is operator.getitem and str(source) == "with_effects"
+        if self._is_tensor(val) and val.numel() == 0 and not token:  # nothing to compute or cut
             self.emitter.notes.append(
                 f"zero-size value {node.name} {tuple(val.shape)} ({key}) dropped"
             )  # fold it (a sum of it is 0) or skip it
@@ -320,6 +343,12 @@ class _Context:
                 self.env[node] = self.env[source][index]
             return
         if key in _SKIP or (val is None and not node.users):
+            return
+        if key == "with_effects" and str(node.args[1]) in _SKIP:
+            # with_effects(token, op, *args) threads a side effect through a token; around a
+            # check (linalg's error check after lu_factor, inv_ex...) it computes nothing
+            self.static.add(node)
+            self.env[node] = val
             return
         if key in _CREATION or all(p in self.static for p in parents):
             self.static.add(node)
@@ -346,15 +375,31 @@ class _Context:
             self.env[node] = self._opaque(node)
 
     def _opaque(self, node: Node) -> Any:
+        """An op the table cannot translate (unknown="replicate"): one opaque op reading every
+        tensor operand the import knows (not effect tokens, not dropped zero-size values) and
+        writing every non-empty tensor result (each replicated; a zero-size or non-tensor result
+        maps to None)."""
         inputs: list[str] = []
         for parent in node.all_input_nodes:
-            if self._is_tensor(parent.meta.get("val")):
+            if isinstance(self.env.get(parent), (str, Lazy)):
                 tensor = self.tensor(parent)
                 if tensor not in inputs:
                     inputs.append(tensor)
         val = node.meta.get("val")
         flat = list(val) if isinstance(val, (tuple, list)) else [val]
+        for i, v in enumerate(flat):
+            if self._is_tensor(v) and v.numel() == 0:
+                self.emitter.notes.append(
+                    f"zero-size result {i} {tuple(v.shape)} of {node.name} ({node.target}) dropped"
+                )
+                flat[i] = None
         tensors = [v for v in flat if self._is_tensor(v)]
+        if not tensors:
+            raise UnsupportedOpError(
+                f"ATen op {str(node.target)!r} (node {node.name!r}) has no tensor result to "
+                "import as an opaque op; it cannot be replicated. Add a row to aten_table() "
+                "(shardplan/importers/_aten.py) or leave the op out of the exported forward"
+            )
         path, _ = self.module(node)
         outs = self.emitter.opaque(
             inputs,
