@@ -396,13 +396,18 @@ def _addmm(ctx: _Context, node: Node) -> Any:
 def _matmul_nd(ctx: _Context, node: Node) -> Any:
     """aten.matmul kept whole (see torch.py): a 2-D right operand -> matmul/linear; equal-rank
     batched operands -> one bmm over all batch dims, so heads stay a separate loop dim instead
-    of being merged with the batch by ATen's reshape-bmm-reshape decomposition."""
+    of being merged with the batch by ATen's reshape-bmm-reshape decomposition; a 2-D left
+    operand applied to every matrix of a batched right one (Mamba's `dt_proj.weight @ x`) ->
+    the exact einsum `m k, b.. k n -> b.. m n` (no broadcast copy of the left operand)."""
     a, b = node.args[:2]
     ra, rb = len(ctx.shape(a)), len(ctx.shape(b))
     if rb == 2 and ra >= 2:
         return _matmul(ctx, node, a, b)
     if ra == rb >= 3 and ctx.shape(a)[:-2] == ctx.shape(b)[:-2]:
         return ctx.emit("bmm", [a, b], node)
+    if ra == 2 and rb >= 3:
+        batch = " ".join(f"b{i}" for i in range(rb - 2))
+        return ctx.emit("einsum", [a, b], node, spec=f"m k, {batch} k n -> {batch} m n")
     raise UnsupportedOpError(f"matmul of shapes {ctx.shape(a)} x {ctx.shape(b)}")
 
 
@@ -422,7 +427,8 @@ def _linear(ctx: _Context, node: Node) -> Any:
 def simple_matmul(a_shape: Sequence[int], b_shape: Sequence[int]) -> bool:
     """Shapes `_matmul_nd` translates (torch.py keeps aten.matmul only when all are)."""
     ra, rb = len(a_shape), len(b_shape)
-    return (rb == 2 and ra >= 2) or (ra == rb >= 3 and tuple(a_shape[:-2]) == tuple(b_shape[:-2]))
+    same_batch = ra == rb >= 3 and tuple(a_shape[:-2]) == tuple(b_shape[:-2])
+    return (rb == 2 and ra >= 2) or same_batch or (ra == 2 and rb >= 3)
 
 
 def _bmm(ctx: _Context, node: Node) -> Any:
@@ -578,7 +584,13 @@ def aten_table() -> TranslationTable[str, Rule]:
         "aten.lift_fresh_copy.default",
         "aten.contiguous.default",
     )(_alias)
-    reg("aten._to_copy.default", "prims.convert_element_type.default")(_to_copy)  # cast if dtype
+    reg(
+        "aten._to_copy.default",
+        "prims.convert_element_type.default",
+        "aten.to.dtype",  # export's IR before decomposition: a cast if the dtype changes
+        "aten.to.device",
+        "aten.to.dtype_layout",
+    )(_to_copy)
     reg("aten.copy.default")(_copy)
     reg("aten.native_dropout.default", "aten.dropout.default")(_dropout)
     # layout: reshape / transpose (exact)
@@ -602,7 +614,7 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.narrow.default")(_narrow)
     reg("aten.select.int")(_select)
     reg("aten.split_with_sizes.default")(_split_with_sizes)
-    reg("aten.split.Tensor")(_split)
+    reg("aten.split.Tensor", "aten.chunk.default")(_split)  # sizes read off the results
     reg("aten.unbind.int")(_unbind)
     reg("aten.index.Tensor")(_index)  # a 2-D table on axis 0 -> embedding
     reg("aten.index_select.default")(_index_select)
