@@ -23,6 +23,22 @@ def _attrs(op: Op) -> tuple[int, int]:
     return int(op.attr("experts")), int(op.attr("capacity"))
 
 
+KINDS = (
+    "moe_topk_ids",
+    "moe_topk_weights",
+    "moe_route",
+    "moe_slots",
+    "moe_dispatch",
+    "expert_matmul",
+    "moe_combine",
+)
+"""The kinds both kernel sets implement, in the order `_table` takes them."""
+
+
+def _table(*kernels: Kernel) -> dict[str, Kernel]:
+    return dict(zip(KINDS, kernels, strict=True))
+
+
 def jax_kernels() -> dict[str, Kernel]:
     """MoE kernels on jax.numpy (jax imported by the caller)."""
     import jax
@@ -68,15 +84,7 @@ def jax_kernels() -> dict[str, Kernel]:
         hot = (routes[..., None] == jnp.arange(e * c)).astype(y.dtype)  # g t k s
         return jnp.einsum("gtks,gtk,gsn->gtn", hot, weights, flat)
 
-    return {
-        "moe_topk_ids": topk_ids,
-        "moe_topk_weights": topk_weights,
-        "moe_route": route,
-        "moe_slots": slots,
-        "moe_dispatch": dispatch,
-        "expert_matmul": expert_matmul,
-        "moe_combine": combine,
-    }
+    return _table(topk_ids, topk_weights, route, slots, dispatch, expert_matmul, combine)
 
 
 def torch_kernels() -> dict[str, Kernel]:
@@ -124,12 +132,4 @@ def torch_kernels() -> dict[str, Kernel]:
         hot = (routes.unsqueeze(-1) == torch.arange(e * c)).to(y.dtype)
         return torch.einsum("gtks,gtk,gsn->gtn", hot, weights.to(y.dtype), flat)
 
-    return {
-        "moe_topk_ids": topk_ids,
-        "moe_topk_weights": topk_weights,
-        "moe_route": route,
-        "moe_slots": slots,
-        "moe_dispatch": dispatch,
-        "expert_matmul": expert_matmul,
-        "moe_combine": combine,
-    }
+    return _table(topk_ids, topk_weights, route, slots, dispatch, expert_matmul, combine)
