@@ -132,17 +132,25 @@ class ImportResult:
         return "\n".join(lines)
 
 
-def warn_replicated(result: ImportResult, importer: str) -> None:
-    if result.replicated:
+def warn_replicated(
+    result: ImportResult | Sequence[Any],
+    importer: str,
+    what: str = "op(s)",
+    hint: str = "; call the import_* function for the full report",
+    stacklevel: int = 3,
+) -> None:
+    """ReplicatedOpsWarning naming the first ten opaque ops of `result` (or of a list), if any."""
+    replicated = result.replicated if isinstance(result, ImportResult) else result
+    if replicated:
         import warnings
 
-        names = ", ".join(str(r) for r in result.replicated[:10])
-        more = "" if len(result.replicated) <= 10 else f" and {len(result.replicated) - 10} more"
+        names = ", ".join(str(r) for r in replicated[:10])
+        more = "" if len(replicated) <= 10 else f" and {len(replicated) - 10} more"
         warnings.warn(
-            f"{importer}: {len(result.replicated)} op(s) imported as opaque replicated operators "
-            f"(never cut): {names}{more}; call the import_* function for the full report",
+            f"{importer}: {len(replicated)} {what} imported as opaque replicated operators "
+            f"(never cut): {names}{more}{hint}",
             ReplicatedOpsWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,  # 3: the caller of from_torch / from_onnx
         )
 
 
