@@ -33,10 +33,9 @@ from shardplan.cost.step import (
     StageProfile,
     profile_stage,
     stage_cost,
-    step_cost,
 )
 from shardplan.errors import InfeasibleError, SolverError
-from shardplan.hardware import get_machine, peak_flops
+from shardplan.hardware import get_machine
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
@@ -44,7 +43,7 @@ from shardplan.plans import Plan
 from shardplan.search import experts
 from shardplan.search.drec import drec
 from shardplan.sharding import Strategy
-from shardplan.training import Stage, TrainingPlan, pipeline_of
+from shardplan.training import TrainingPlan, assemble, at_precision
 
 Progress = Callable[[str], None]
 Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
@@ -204,8 +203,7 @@ def plan_training(
 ) -> TrainingPlan:
     """Search S, m, boundaries and levers (module docstring); `build(b)` returns the model at
     batch b. Raises InfeasibleError naming the leanest candidate when nothing fits."""
-    if opts.precision is not None:
-        mesh = replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
+    mesh = at_precision(mesh, opts)
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     stage_planner = _StagePlanner(opts, planner or (lambda g, m, o: drec(g, m, o)))
@@ -271,17 +269,14 @@ def plan_training(
         if len(levers) < n_stages:
             say(f"  {label}: does not fit ({elapsed:.1f} s)")
             continue
-        tokens = _tokens_per_sample(probe, batch)
-        step = step_cost(profiles, levers, m, pipeline_of(plans, mesh, batch, tokens))
-        tp = TrainingPlan(
+        tp = assemble(
             probe.name,
             mesh,
             batch,
+            list(zip(plans, profiles, levers, strict=True)),
             m,
-            tuple(Stage(p, lv) for p, lv in zip(plans, levers, strict=True)),
             "drec",
-            tokens,
-            step=step,
+            _tokens_per_sample(probe, batch),
         )
         assert tp.step is not None
         say(
