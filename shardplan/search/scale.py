@@ -14,8 +14,11 @@ outer axis):
      share that fits the budget, preferring the least intrusive among equals — so a lever is on
      only where memory needs it;
   5. the step model (cost/step.py) scores the candidate; the fastest that fits wins.
-Candidates whose step time bound (no bubble, no communication) exceeds the best found are
-skipped. Progress goes to `progress` (the CLI prints it on stderr).
+Each candidate's step is bounded below by m + S - 1 slots of its heaviest stage's compute with
+every op split ideally (its FLOPs and bytes at the global batch divided by m x the stage's
+devices, priced by the roofline: a real piece moves and computes at least that much); candidates
+run in order of that bound and the search stops when it reaches the best step found.
+Progress goes to `progress` (the CLI prints it on stderr).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from shardplan.cost import CostOptions
+from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.step import (
     Levers,
     Recompute,
@@ -34,8 +38,8 @@ from shardplan.cost.step import (
     profile_stage,
     stage_cost,
 )
+from shardplan.cost.terms import compute_cost
 from shardplan.errors import InfeasibleError, SolverError
-from shardplan.hardware import get_machine
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
@@ -214,17 +218,22 @@ def plan_training(
     flops = [sum(op.flops for op in probe.ops[s.start : s.stop]) for s in segs]
     outer = mesh.shape[0]
     s_options = stages or [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
-    factor = opts.preset.training_flops_factor
-    rate = mesh.flops_per_s * get_machine(mesh.machine).flops_efficiency  # roofline's FLOP side
+    sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
     candidates = []  # (lower bound of the step, S, m, stage starts)
     for n_stages in s_options:
         smesh = stage_mesh(mesh, n_stages)
         starts = balanced_stages(flops, n_stages)
         ends = [*starts[1:], len(segs)]
-        heaviest = max(sum(flops[a:b]) for a, b in zip(starts, ends, strict=True))
         for m in micro_batch_options(batch, smesh):
-            # m + S - 1 slots of at least the heaviest stage's compute at the achieved rate
-            slot = factor * heaviest / m / (rate * smesh.size)
+            # m + S - 1 slots of at least the heaviest stage's compute, every op split ideally
+            k = m * smesh.size
+            slot = max(
+                sum(
+                    compute_cost(f / k, b / k, opts, smesh)
+                    for f, b in sizes[segs[a].start : segs[e - 1].stop]
+                )
+                for a, e in zip(starts, ends, strict=True)
+            )
             candidates.append(((m + n_stages - 1) * slot, n_stages, m, starts))
     best: TrainingPlan | None = None
     leanest: tuple[float, str] | None = None
