@@ -19,10 +19,11 @@ from shardplan.cost.terms import (
     CommTerms,
     OperandInfo,
     compute_cost,
+    edge_redistribution,
+    edge_sizes,
     faster,
     intra_terms,
     param_bytes,
-    redistribution_terms,
     reduces,
     replicate_symbolic,
 )
@@ -146,25 +147,12 @@ def operand_infos(
     return [[p[r] for p in per_operand] for r in range(len(rounds))]
 
 
-def edge_numels(numel: float, src: Layout, dst: Layout, rounds: Sequence[Round]) -> list[float]:
-    """Per round, the size of the tensor that round's collective works on.
-
-    A round j other than r divides it when the data stays split along j while r runs: split on
-    both sides (same dim, or an all-to-all), or split on one side only (a gather) and j is
-    faster than r — hierarchical gathers run on the slow links first, while pieces are small.
-    Over rounds of one bandwidth a multi-round gather then telescopes to the ring volume
-    (1 - 1/Q)|T|.
-    """
-    out = []
-    for r, rnd in enumerate(rounds):
-        divisor = 1.0
-        for j, other in enumerate(rounds):
-            if j == r:
-                continue
-            if (src[j] >= 0 and dst[j] >= 0) or (src[j] != dst[j] and faster(other, rnd)):
-                divisor *= other.q
-        out.append(numel / divisor)
-    return out
+def edge_numels(
+    numel: float, src: Layout, dst: Layout, rounds: Sequence[Round], grouped: bool = True
+) -> list[float]:
+    """Per round, the size of the tensor that round's collective works on (`terms.edge_sizes`:
+    a multi-round all-to-all is one collective over the product of its rounds)."""
+    return edge_sizes(numel, src, dst, rounds, grouped)
 
 
 def op_intra(
@@ -232,18 +220,13 @@ def edge_terms(
     dst: Layout,
     rounds: Sequence[Round],
     opts: CostOptions,
+    only: int | None = None,
 ) -> CommTerms:
-    """Redistribution of `tensor` from layout `src` (producer or parameter home) to `dst`."""
+    """Redistribution of `tensor` from layout `src` (producer or parameter home) to `dst` (of
+    round `only` alone, when given)."""
     t = graph.tensors[tensor]
-    sizes = edge_numels(t.numel, src, dst, rounds)
     grad = tensor in graph.requires_grad
-    total = ZERO
-    for r, rnd in enumerate(rounds):
-        if src[r] != dst[r]:
-            total = total + redistribution_terms(
-                src[r], dst[r], sizes[r], opts.element_bytes(t), rnd, grad, opts
-            )
-    return total
+    return edge_redistribution(src, dst, t.numel, opts.element_bytes(t), rounds, grad, opts, only)
 
 
 def shared_rounds(

@@ -34,7 +34,7 @@ from typing import Any
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh, Round
-from shardplan.search.drec_costs import Overlay, RoundCosts, layout
+from shardplan.search.drec_costs import Overlay, RoundCosts
 from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.fold import Fold, find_fold, op_labels
 from shardplan.sharding import Strategy, cut_problem
@@ -252,15 +252,9 @@ class _Search(RoundCosts):
     def run_round(self, r: int) -> None:
         """Greedy D-Rec assignment, checked against the whole-round alternatives; the cheapest
         (by the round's full cost) is then locally improved, one op at a time."""
-        rnd = self.rounds[r]
-        self._cache.clear()
-        self._edge_cache.clear()
-        self._edge_kinds.clear()
-        self._info_cache.clear()
+        self.begin_round(r)
         if r < self.unused_rounds:
-            for st in self.states:
-                st.cuts.append(None)
-                st.kind = (*st.kind, None)
+            self.apply_round(r, {})
             return
         light = [i for i in range(len(self.states)) if i not in self.heavy]
         decided = self._greedy(r)
@@ -280,20 +274,7 @@ class _Search(RoundCosts):
             if cost < best:
                 decided, best = alternative, cost
         self._improve(r, decided)
-        for i, st in enumerate(self.states):
-            cut = decided.get(i)
-            self._record_all_reduces(i, r, cut)
-            st.cuts.append(cut)
-            st.kind = (*st.kind, cut)
-            if cut is None:
-                continue
-            st.extents[cut] //= rnd.q
-            for pos in range(len(st.op.inputs)):
-                if layout(st.op, cut, pos, False) >= 0:
-                    st.in_numel[pos] /= rnd.q
-            for pos in range(len(st.op.outputs)):
-                if layout(st.op, cut, pos, True) >= 0:
-                    st.out_numel[pos] /= rnd.q
+        self.apply_round(r, decided)
 
     def run(self) -> dict[str, Strategy]:
         for r in range(len(self.rounds)):

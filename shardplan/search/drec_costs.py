@@ -8,11 +8,17 @@ sizes left by rounds < r, every candidate cut of an op:
     all-reduce "backlog" of earlier slower rounds a cut breaks, and lambda * bytes kept replicated;
   * redistribution against decided neighbours: through flex edges (heavy to heavy across chains
     of layout-transparent ops), against immediate neighbours, and between readers of one
-    parameter;
+    parameter. An edge's price in round r is its MARGINAL cost: the evaluator's price of the
+    edge over rounds 0..r (`cost.terms.edge_redistribution`) minus its price over rounds
+    0..r-1, given the layouts decided in the earlier rounds (the edge's "context": per earlier
+    round how its two layouts relate, `relation`). Summed over the rounds this telescopes to the
+    evaluator's price of the whole edge, multi-round all-to-alls included; a round that keeps a
+    split on both sides earns the shrinking of earlier rounds' collectives (a negative price);
   * the full cost of a round's complete assignment, to compare whole-round alternatives.
 Every price is a dictionary look-up after its first computation (caches are per round; own terms
-are keyed by (op label, cuts so far) and edges by dtype and gradient status, so identical ops of
-repeated layers share them), so each is O(1) amortised and a round costs O(|V| + |E|) look-ups.
+are keyed by (op label, cuts so far) and edges by (relation, context, size, dtype, gradient
+status), so identical ops of repeated layers share them), so each is O(1) amortised and a round
+costs O(|V| + |E|) look-ups plus O(|E| * rounds) to compute the edges' contexts.
 """
 
 from __future__ import annotations
@@ -23,15 +29,16 @@ from dataclasses import dataclass, field
 from dataclasses import replace as dataclass_replace
 
 from shardplan.cost.collectives import all_reduce_s
+from shardplan.cost.evaluate import previous_consumer
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
     OperandInfo,
     compute_cost,
+    edge_redistribution,
     faster,
     intra_terms,
     param_bytes,
     piece_compute,
-    redistribution_terms,
     reduces,
     replicate_symbolic,
 )
@@ -44,6 +51,19 @@ from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
 
 ELSEWHERE = 1 << 20
 """Layout value of a split on a tensor dim that does not survive a flex chain."""
+
+_EXAMPLE = ((0, 0), (REPLICATED, REPLICATED), (0, 1), (0, REPLICATED), (REPLICATED, 0))
+"""A (src, dst) pair of each `relation` (an edge's price depends on its layouts only so)."""
+
+
+def relation(src: int, dst: int) -> int:
+    """How an edge's two layouts relate in one round: 0 the same split, 1 both replicated,
+    2 split -> other split (all-to-all), 3 split -> replicated, 4 replicated -> split."""
+    if src == dst:
+        return 0 if src >= 0 else 1
+    if src >= 0:
+        return 2 if dst >= 0 else 3
+    return 4
 
 
 @dataclass(slots=True)
@@ -61,8 +81,14 @@ class _OpState:
     """(other heavy op, my output position, its output position, my dim -> its dim)."""
     ar_history: dict[tuple[bool, int], list[tuple[int, float]]] = field(default_factory=dict)
     """(is_output, position) -> [(round, all-reduce cost charged then)]."""
+    credits: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Input position -> [(round, all-reduce cost the previous reader paid for it then)]: owed
+    back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
     kind: tuple[object, ...] = ()
     """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
+    in_layouts: list[tuple[int, ...]] = field(default_factory=list)
+    out_layouts: list[tuple[int, ...]] = field(default_factory=list)
+    """Each operand's layout in the rounds done (outputs resolved: partial sums replicated)."""
 
 
 class Overlay:
@@ -156,8 +182,18 @@ class RoundCosts:
         self.labels = list(labels) if labels is not None else op_labels(graph)
         """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
-        self._edge_cache: dict[tuple[int, int, float, str], float] = {}
+        self._edge_cache: dict[tuple[int, int, int, str], float] = {}
         self._edge_kinds: dict[tuple[int, int, float, int, bool], float] = {}
+        self._r = 0
+        self._ctx_ids: dict[tuple[int, ...], int] = {}
+        self._ctxs: list[tuple[int, ...]] = []
+        self._ctx_moves: list[bool] = []
+        self._prev_price: dict[tuple[int, float, int, bool], float] = {}
+        self._in_ctx: list[list[int]] = []
+        """Per op, per input: the context of the edge into it (producer or parameter home)."""
+        self._flex_ctx: dict[int, int] = {}
+        self._sib_ctx: dict[tuple[int, int], int] = {}
+        self._param_ctx: dict[tuple[int, int, int, int], int] = {}
         self._grad = graph.requires_grad
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self.faster_than = [
@@ -175,6 +211,8 @@ class RoundCosts:
         ]
         for label, st in zip(self.labels, self.states, strict=True):
             st.kind = (label,)
+            st.in_layouts = [()] * len(st.op.inputs)
+            st.out_layouts = [()] * len(st.op.outputs)
         self.heavy = flex.heavy
         for sib in flex.siblings:
             self.states[sib.a].siblings.append((sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b)))
@@ -224,6 +262,12 @@ class RoundCosts:
             [p for p, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
             for op in graph.ops
         ]
+        self._prev_reader: list[list[tuple[int, int] | None]] = [
+            [previous_consumer(graph, name, i, pos) for pos, name in enumerate(op.inputs)]
+            for i, op in enumerate(graph.ops)
+        ]
+        """Per op input: the reader of the same tensor just before it (graph order), if any."""
+        self.begin_round(0)
 
     # -- per-round helpers --------------------------------------------------------------------
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
@@ -338,22 +382,78 @@ class RoundCosts:
                 ):
                     costs[cut] += backlog
 
-    def _record_all_reduces(self, i: int, r: int, cut: str | None) -> None:
+    def _grow_backlog(self, i: int, r: int, cut: str | None) -> None:
+        """Round r's cut neither splits nor reduces an operand: the earlier, slower rounds' pieces
+        of its all-reduce stay q times larger (the backlog just charged), so a later faster round
+        that also breaks the hierarchy pays on the grown pieces (the backlogs then telescope to
+        the evaluator's hierarchical all-reduce exactly)."""
         st, rnd = self.states[i], self.rounds[r]
+        credits = (((False, pos), h) for pos, h in st.credits.items())
+        for (is_output, pos), history in (*st.ar_history.items(), *credits):
+            if self._shrinks(i, cut, pos, is_output):
+                continue
+            history[:] = [(j, c * rnd.q if faster(rnd, self.rounds[j]) else c) for j, c in history]
+
+    def _shrinks(self, i: int, cut: str | None, pos: int, is_output: bool) -> bool:
+        """Does `cut` split or all-reduce this operand of op i?"""
+        op = self.states[i].op
+        groups = (op.signature.outputs if is_output else op.signature.inputs)[pos]
+        name = (op.outputs if is_output else op.inputs)[pos]
+        grad = name in self._grad
+        return layout_of_cut(groups, cut, is_output, op) >= 0 or reduces(
+            op, cut, groups, is_output, grad, self.opts.train
+        )
+
+    def _parted(self, i: int, pos: int, decided: dict[int, str | None]) -> bool:
+        """Do op i's input `pos` and its previous reader's part in this round (their layouts
+        agreed in the rounds before)?"""
+        p, p_pos = self._prev_reader[i][pos]  # type: ignore[misc]
+        return self._in(p, decided[p], p_pos) != self._in(i, decided[i], pos)
+
+    def _revoked(self, i: int, r: int, decided: dict[int, str | None]) -> float:
+        """The all-reduces the previous reader paid for op i in earlier rounds, owed back now
+        that their layouts part (the evaluator's credit needs them equal in every round), each
+        with this round's backlog if the cut breaks the hierarchy (`_add_backlog`)."""
+        st, rnd = self.states[i], self.rounds[r]
+        total = 0.0
+        for pos, entries in st.credits.items():
+            if entries and self._parted(i, pos, decided):
+                grow = not self._shrinks(i, decided[i], pos, False)
+                for j, c in entries:
+                    total += c * rnd.q if grow and faster(rnd, self.rounds[j]) else c
+        return total
+
+    def _record_all_reduces(
+        self, i: int, r: int, decided: dict[int, str | None]
+    ) -> tuple[int, ...]:
+        """Remember the all-reduces round r's cut pays (not those another reader pays); returns
+        the input positions skipped so."""
+        st, rnd, cut = self.states[i], self.rounds[r], decided.get(i)
+        skipped: list[int] = []
+        for pos, entries in st.credits.items():
+            if entries and self._parted(i, pos, decided):  # owed back: a normal piece again
+                st.ar_history.setdefault((False, pos), []).extend(entries)
+                entries.clear()
+                skipped.append(-1 - pos)
         if cut is None or self.opts.preset.symbolic:
-            return
+            return tuple(skipped)
         op = st.op
         ins, outs = self._infos(i, r)
-        for is_output, infos, groups in (
-            (False, ins, op.signature.inputs),
-            (True, outs, op.signature.outputs),
+        credited = self._credited(i, r, decided) if self.opts.train else set()
+        for is_output, infos, groups, names in (
+            (False, ins, op.signature.inputs, op.inputs),
+            (True, outs, op.signature.outputs, op.outputs),
         ):
             for pos, info in enumerate(infos):
                 if reduces(op, cut, groups[pos], is_output, info.requires_grad, self.opts.train):
                     nbytes = info.numel * info.dtype_bytes / info.ar_divisor
-                    st.ar_history.setdefault((is_output, pos), []).append(
-                        (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s))
-                    )
+                    piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s))
+                    if not is_output and (names[pos], r) in credited:
+                        st.credits.setdefault(pos, []).append(piece)
+                        skipped.append(pos)
+                        continue
+                    st.ar_history.setdefault((is_output, pos), []).append(piece)
+        return tuple(skipped)
 
     def _kept_bytes(self, i: int, cut: str | None, rnd: Round) -> float:
         """Bytes per device this cut leaves replicated (parameters count with their state)."""
@@ -369,24 +469,123 @@ class RoundCosts:
                     kept += st.out_numel[pos] * opts.element_bytes(graph.tensors[name])
         return kept * (rnd.q - 1) / rnd.q
 
-    def _edge(self, src: int, dst: int, numel: float, name: str, rnd: Round) -> float:
-        """Price of one edge in the current round (caches are cleared every round)."""
-        if src == dst:
-            return 0.0
-        key = (src, dst, numel, name)
+    def _edge(self, src: int, dst: int, ctx: int, name: str) -> float:
+        """Marginal price of one edge in the current round: round r's layouts `src` -> `dst`
+        after the earlier rounds' context `ctx` (caches are cleared every round)."""
+        if src == dst and (src < 0 or not self._ctx_moves[ctx]):
+            return 0.0  # nothing moves now, and no earlier collective shrinks
+        key = (src, dst, ctx, name)
         cost = self._edge_cache.get(key)
         if cost is None:
-            # tensors of one dtype and gradient status price alike: layer copies share the price
+            # tensors of one size, dtype and gradient status price alike: layer copies share it
             t = self.graph.tensors[name]
             width = self.opts.element_bytes(t)
-            kind = (src, dst, numel, width, name in self._grad)
+            kind = (relation(src, dst), ctx, float(t.numel), width, name in self._grad)
             cost = self._edge_kinds.get(kind)
             if cost is None:
-                cost = self._edge_kinds[kind] = redistribution_terms(
-                    src, dst, numel, width, rnd, name in self._grad, self.opts
-                ).total
+                cost = self._edge_kinds[kind] = self._marginal(*kind)
             self._edge_cache[key] = cost
         return cost
+
+    def _marginal(self, rel: int, ctx: int, numel: float, width: int, grad: bool) -> float:
+        """The edge's price over rounds 0..r minus over rounds 0..r-1 (see the module doc)."""
+        r, rounds, opts = self._r, self.rounds, self.opts
+        codes = self._ctxs[ctx]
+        src = tuple(_EXAMPLE[c][0] for c in codes)
+        dst = tuple(_EXAMPLE[c][1] for c in codes)
+        key = (ctx, numel, width, grad)
+        before = self._prev_price.get(key)
+        if before is None:
+            before = self._prev_price[key] = edge_redistribution(
+                src, dst, numel, width, rounds[:r], grad, opts
+            ).total
+        a, b = _EXAMPLE[rel]
+        now = edge_redistribution(
+            (*src, a), (*dst, b), numel, width, rounds[: r + 1], grad, opts
+        ).total
+        return now - before
+
+    def _ctx(self, src: Sequence[int], dst: Sequence[int]) -> int:
+        """The id of the context of an edge whose layouts in the rounds done are src, dst."""
+        codes = tuple(map(relation, src, dst))
+        ctx = self._ctx_ids.get(codes)
+        if ctx is None:
+            ctx = self._ctx_ids[codes] = len(self._ctxs)
+            self._ctxs.append(codes)
+            self._ctx_moves.append(any(c >= 2 for c in codes))
+        return ctx
+
+    def begin_round(self, r: int) -> None:
+        """Clear the round's caches and compute every edge's context (O(|E| * r))."""
+        self._r = r
+        for cache in (self._cache, self._edge_cache, self._edge_kinds, self._info_cache):
+            cache.clear()
+        self._prev_price.clear()
+        self._param_ctx.clear()
+        graph, states = self.graph, self.states
+        self._in_ctx = []
+        for st in states:
+            row = []
+            for pos, name in enumerate(st.op.inputs):
+                p = graph.producer.get(name)
+                if p is not None:
+                    src = states[p].out_layouts[self.out_pos[name]]
+                elif graph.tensors[name].role is Role.PARAMETER:
+                    first, first_pos = graph.consumers[name][0]
+                    src = states[first].in_layouts[first_pos]
+                else:
+                    src = st.in_layouts[pos]
+                row.append(self._ctx(src, st.in_layouts[pos]))
+            self._in_ctx.append(row)
+        self._flex_ctx.clear()
+        for st in states:
+            for e in st.preds:
+                pairs = zip(
+                    states[e.producer].out_layouts[e.out_pos],
+                    st.in_layouts[e.in_pos],
+                    strict=True,
+                )
+                chained = [through_chain(e, a, b, True) for a, b in pairs]
+                self._flex_ctx[id(e)] = self._ctx([a for a, _ in chained], [b for _, b in chained])
+        self._sib_ctx.clear()
+        for i, st in enumerate(states):
+            for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
+                mine = [to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos]]
+                self._sib_ctx[i, k] = self._ctx(mine, states[other].out_layouts[other_pos])
+
+    def _shared_ctx(self, other: int, other_pos: int, i: int, pos: int) -> int:
+        key = (other, other_pos, i, pos)
+        ctx = self._param_ctx.get(key)
+        if ctx is None:
+            ctx = self._param_ctx[key] = self._ctx(
+                self.states[other].in_layouts[other_pos], self.states[i].in_layouts[pos]
+            )
+        return ctx
+
+    def apply_round(self, r: int, decided: dict[int, str | None]) -> None:
+        """Round r is decided: record its all-reduces, cuts, layouts and the local sizes."""
+        rnd = self.rounds[r]
+        skipped = []
+        for i in range(len(self.states)):  # before any layout grows: credits compare prefixes
+            self._grow_backlog(i, r, decided.get(i))
+            skipped.append(self._record_all_reduces(i, r, decided))
+        for i, st in enumerate(self.states):
+            cut = decided.get(i)
+            st.cuts.append(cut)
+            # ops of one kind must keep equal all-reduce histories (they share prices)
+            st.kind = (*st.kind, (cut, skipped[i]) if skipped[i] else cut)
+            ins, outs = self.layouts[i][cut]
+            st.in_layouts = [(*old, new) for old, new in zip(st.in_layouts, ins, strict=True)]
+            st.out_layouts = [(*old, new) for old, new in zip(st.out_layouts, outs, strict=True)]
+            if cut is None:
+                continue
+            st.extents[cut] //= rnd.q
+            for pos in range(len(st.op.inputs)):
+                if ins[pos] >= 0:
+                    st.in_numel[pos] /= rnd.q
+            for pos in range(len(st.op.outputs)):
+                if outs[pos] >= 0:
+                    st.out_numel[pos] /= rnd.q
 
     def _in(self, i: int, cut: str | None, pos: int) -> int:
         return self.layouts[i][cut][0][pos]
@@ -409,31 +608,26 @@ class RoundCosts:
             if e.producer not in decided:
                 continue
             src = self._out(e.producer, decided[e.producer], e.out_pos)
-            numel, name = st.in_numel[e.in_pos], op.inputs[e.in_pos]
+            ctx, name = self._flex_ctx[id(e)], op.inputs[e.in_pos]
             for cut in cuts:
-                costs[cut] += edge(
-                    *through_chain(e, src, lay[cut][0][e.in_pos], True), numel, name, rnd
-                )
+                costs[cut] += edge(*through_chain(e, src, lay[cut][0][e.in_pos], True), ctx, name)
         for e in st.succs:
             if e.consumer not in decided:
                 continue
             dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
-            numel, name = st.out_numel[e.out_pos], op.outputs[e.out_pos]
+            ctx, name = self._flex_ctx[id(e)], op.outputs[e.out_pos]
             for cut in cuts:
-                costs[cut] += edge(
-                    *through_chain(e, lay[cut][1][e.out_pos], dst, False), numel, name, rnd
-                )
-        for other, pos, other_pos, to_other in st.siblings:
+                costs[cut] += edge(*through_chain(e, lay[cut][1][e.out_pos], dst, False), ctx, name)
+        for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
             if other not in decided:
                 continue
             theirs = self._out(other, decided[other], other_pos)
-            other_st = self.states[other]
-            numel, name = other_st.out_numel[other_pos], other_st.op.outputs[other_pos]
+            ctx, name = self._sib_ctx[i, k], self.states[other].op.outputs[other_pos]
             for cut in cuts:
                 mine = lay[cut][1][pos]
                 if mine >= 0:
                     mine = to_other.get(mine, REPLICATED)  # a split that cannot meet theirs
-                costs[cut] += edge(mine, theirs, numel, name, rnd)
+                costs[cut] += edge(mine, theirs, ctx, name)
         shared = self._shared_param_costs(i, cuts, rnd, decided)
         for cut in cuts:
             costs[cut] += shared[cut]
@@ -458,11 +652,11 @@ class RoundCosts:
         for e in preds:
             src, dst = through_chain(e, mine[k], theirs[k], True)
             k += 1
-            cost += self._edge(src, dst, st.in_numel[e.in_pos], op.inputs[e.in_pos], rnd)
+            cost += self._edge(src, dst, self._flex_ctx[id(e)], op.inputs[e.in_pos])
         for e in succs:
             src, dst = through_chain(e, theirs[k], mine[k], False)
             k += 1
-            cost += self._edge(src, dst, st.out_numel[e.out_pos], op.outputs[e.out_pos], rnd)
+            cost += self._edge(src, dst, self._flex_ctx[id(e)], op.outputs[e.out_pos])
         return cost
 
     def _shared_param_costs(
@@ -476,35 +670,31 @@ class RoundCosts:
             for other, other_pos in graph.consumers[name]:
                 if other != i and other in decided:
                     src = self._in(other, decided[other], other_pos)
+                    ctx = self._shared_ctx(other, other_pos, i, pos)
                     for cut in cuts:
-                        dst = self._in(i, cut, pos)
-                        if src != dst:
-                            costs[cut] += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                        costs[cut] += self._edge(src, self._in(i, cut, pos), ctx, name)
         return costs
 
     def _near_costs(
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
     ) -> dict[str | None, float]:
         """Redistribution of each candidate against the immediate neighbours decided so far."""
-        st, lay, edge = self.states[i], self.layouts[i], self._edge
+        lay, edge = self.layouts[i], self._edge
         costs = self._shared_param_costs(i, cuts, rnd, decided)
+        in_ctx = self._in_ctx
         for pos, name, p, p_pos in self._in_adj[i]:
             if p in decided:
                 src = self.layouts[p][decided[p]][1][p_pos]
-                numel = st.in_numel[pos]
+                ctx = in_ctx[i][pos]
                 for cut in cuts:
-                    dst = lay[cut][0][pos]
-                    if src != dst:
-                        costs[cut] += edge(src, dst, numel, name, rnd)
+                    costs[cut] += edge(src, lay[cut][0][pos], ctx, name)
         for pos, name, users in self._out_adj[i]:
-            numel = st.out_numel[pos]
             for w, w_pos in users:
                 if w in decided:
                     dst = self.layouts[w][decided[w]][0][w_pos]
+                    ctx = in_ctx[w][w_pos]
                     for cut in cuts:
-                        src = lay[cut][1][pos]
-                        if src != dst:
-                            costs[cut] += edge(src, dst, numel, name, rnd)
+                        costs[cut] += edge(lay[cut][1][pos], dst, ctx, name)
         return costs
 
     @staticmethod
@@ -537,25 +727,49 @@ class RoundCosts:
             charged.add((name, r))
 
     # -- the double recursion -----------------------------------------------------------------
+    def _credited(self, i: int, r: int, decided: dict[int, str | None]) -> set[tuple[str, int]]:
+        """The inputs whose gradient all-reduce op i need not pay in round r: as the evaluator's
+        `share_credit`, the previous reader of the tensor reads it in the same layout (in the
+        rounds so far, this one included) and reduces it in this round too. (The evaluator also
+        needs the later rounds' layouts to agree, which no round can see.)"""
+        st, train = self.states[i], self.opts.train
+        op, cut = st.op, decided[i]
+        out: set[tuple[str, int]] = set()
+        for pos, prev in enumerate(self._prev_reader[i]):
+            if prev is None:
+                continue
+            p, p_pos = prev
+            name = op.inputs[pos]
+            grad = name in self._grad
+            p_op, p_cut = self.states[p].op, decided[p]
+            if (
+                reduces(op, cut, op.signature.inputs[pos], False, grad, train)
+                and reduces(p_op, p_cut, p_op.signature.inputs[p_pos], False, grad, train)
+                and self._in(p, p_cut, p_pos) == self._in(i, cut, pos)
+                and self.states[p].in_layouts[p_pos] == st.in_layouts[pos]
+            ):
+                out.add((name, r))
+        return out
+
     def round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""
-        rnd, graph = self.rounds[r], self.graph
-        charged: set[tuple[str, int]] = set()
+        graph = self.graph
         total = 0.0
         for i, st in enumerate(self.states):
             op, cut = st.op, decided[i]
-            mine = self._own_costs(i, r, charged)[cut]
-            self._charge(i, cut, r, charged)
+            mine = self._own_costs(i, r, self._credited(i, r, decided))[cut]
+            if st.credits:
+                mine += self._revoked(i, r, decided)
             for pos, name in enumerate(op.inputs):
                 dst = self._in(i, cut, pos)
                 p = graph.producer.get(name)
                 if p is not None:
                     src = self._out(p, decided[p], self.out_pos[name])
-                    mine += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                    mine += self._edge(src, dst, self._in_ctx[i][pos], name)
                 elif graph.tensors[name].role is Role.PARAMETER:
                     first, first_pos = graph.consumers[name][0]
                     if first != i:
                         src = self._in(first, decided[first], first_pos)
-                        mine += self._edge(src, dst, st.in_numel[pos], name, rnd)
+                        mine += self._edge(src, dst, self._in_ctx[i][pos], name)
             total += self.weights[i] * mine  # an op and its incoming edges, for each copy
         return total

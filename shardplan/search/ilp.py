@@ -29,7 +29,8 @@ Formulation (one block of columns per op, one per pair term):
                    ops (equalities as above); per round r and moved cell (al != be):
                    sum_f z[.., f] = p[e, r, al, be]; per feature bit i of round r (round j):
                    sum_{f: bit i set} z <= F_j and sum_{f: bit i clear} z <= 1 - F_j, F_j linear
-                   in p[e, j] (consumer split in j; or not both replicated in j). At integer x
+                   in p[e, j] (split on both sides in j; split on both sides along different
+                   dims; or not both replicated in j). At integer x
                    every marginal is one-hot, so z is the one cell of the true (move, features);
     memory         training: sum_{u, s} M[u, s] x[u, s] <= budget (parameter state of the ops
                    that first read each parameter + kept activations, see cost/linear.py);
@@ -66,7 +67,7 @@ from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
-from shardplan.search.round_split import BSPLIT
+from shardplan.search.round_split import ASPLIT, BSPLIT
 from shardplan.search.space import CostModel, PairTerm, build_model
 from shardplan.sharding import Strategy
 
@@ -220,6 +221,9 @@ def _split_block(
             sv, dv = split.src_values[j], split.dst_values[j]
             if kind == BSPLIT:  # F = sum of p_j over cells split on both sides
                 f_cols, coef, c0 = pair[j][np.ix_(sv >= 0, dv >= 0)].ravel(), 1.0, 0.0
+            elif kind == ASPLIT:  # F = sum of p_j over cells split on both sides, dims differ
+                moved = (sv[:, None] >= 0) & (dv[None, :] >= 0) & (sv[:, None] != dv[None, :])
+                f_cols, coef, c0 = pair[j][moved].ravel(), 1.0, 0.0
             else:  # F = 1 - p_j[replicated, replicated]
                 f_cols, coef, c0 = pair[j][np.ix_(sv < 0, dv < 0)].ravel(), -1.0, 1.0
             for cells, sign, rhs in ((y[:, on], -1.0, c0), (y[:, ~on], 1.0, 1.0 - c0)):

@@ -29,7 +29,7 @@ layouts, a credit on the previous consumer's (layout, rounds that reduce the gra
 current consumer's strategy; a layout table is priced with one `edge_terms` call per distinct
 per-round relation pattern of its two layouts (spot-checked against direct calls). Edge and home
 terms also carry their round-by-round form (`RoundSplit`: each piece priced by `edge_terms` on a
-pair that differs in one round, checked against direct calls on sampled pairs), which the ILP
+pair, checked against direct calls on sampled pairs), which the ILP
 uses for large tables; with `table_limit` those large class tables are not built at all.
 Identical rows / columns are merged, a table with one row (column)
 folds into the other op's unary vector, a constant table into `constant`, and terms between two
@@ -54,7 +54,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.search.round_split import RoundSplit, round_features
+from shardplan.search.round_split import ASPLIT, RoundSplit, round_features
 from shardplan.sharding import (
     REPLICATED,
     Layout,
@@ -182,6 +182,7 @@ def build_space(
 
 # -- the pairwise cost model ------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class PairTerm:
     """A cost between op `u`'s and op `v`'s strategies: table[u_class[s], v_class[t]].
@@ -271,6 +272,12 @@ def _op_key(graph: Graph, op: Op) -> tuple[Any, ...]:
     )
 
 
+def _can_move_split(src: np.ndarray, dst: np.ndarray) -> bool:
+    """Do these round values hold a split -> other split pair (an all-to-all)?"""
+    a, b = set(src[src >= 0].tolist()), set(dst[dst >= 0].tolist())
+    return bool(a and b) and not (len(a) == 1 and a == b)
+
+
 def _classes(keys: Sequence[Hashable]) -> tuple[np.ndarray, list[Hashable]]:
     """Class index of each key (classes numbered by first appearance) and the class keys."""
     index: dict[Hashable, int] = {}
@@ -339,6 +346,15 @@ class _Builder:
         value = self.edge_cache.get(key)
         if value is None:
             value = edge_terms(self.graph, tensor, src, dst, self.rounds, self.opts).total
+            self.edge_cache[key] = value
+        return value
+
+    def _edge_piece(self, tensor: str, src: Layout, dst: Layout, r: int) -> float:
+        """Round r's piece of `edge_terms` (the other rounds may differ too: all-to-alls)."""
+        key = (_tensor_key(self.graph, tensor), src, dst, r)
+        value = self.edge_cache.get(key)
+        if value is None:
+            value = edge_terms(self.graph, tensor, src, dst, self.rounds, self.opts, r).total
             self.edge_cache[key] = value
         return value
 
@@ -438,7 +454,10 @@ class _Builder:
             return None
         a = np.array(src, dtype=np.int64).reshape(len(src), len(rounds))
         b = np.array(dst, dtype=np.int64).reshape(len(dst), len(rounds))
-        features = round_features(rounds)
+        # round r can be an all-to-all if some src split differs from some dst split
+        features = round_features(
+            rounds, [_can_move_split(a[:, r], b[:, r]) for r in range(len(rounds))]
+        )
         src_values, dst_values, values = [], [], []
         for r, feats in enumerate(features):
             self._tick(f"splitting the redistributions of {tensor!r} by rounds")
@@ -450,11 +469,14 @@ class _Builder:
                         continue
                     for f in range(v.shape[2]):
                         la = [REPLICATED] * len(rounds)
-                        for bit, (j, _) in enumerate(feats):
-                            la[j] = 0 if (f >> bit) & 1 else REPLICATED
                         lb = list(la)
+                        for bit, (j, kind) in enumerate(feats):
+                            if (f >> bit) & 1 and kind == ASPLIT:
+                                la[j], lb[j] = 0, 1  # (BSPLIT off, ASPLIT on) cannot occur
+                            elif (f >> bit) & 1 and la[j] == REPLICATED:
+                                la[j] = lb[j] = 0
                         la[r], lb[r] = int(alpha), int(beta)
-                        v[i, k, f] = self._edge_cost(tensor, tuple(la), tuple(lb))
+                        v[i, k, f] = self._edge_piece(tensor, tuple(la), tuple(lb), r)
             src_values.append(sv)
             dst_values.append(dv)
             values.append(v)

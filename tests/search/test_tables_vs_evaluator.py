@@ -32,7 +32,7 @@ GRAPHS = {(m, b): as_dtype(sp.zoo.build(m, small=True), b) for m in MODELS for b
 @given(
     model=st.sampled_from(MODELS),
     nbytes=st.sampled_from([4, 2]),
-    mesh=st.sampled_from(["4", "2x3", "2x2"]),
+    mesh=st.sampled_from(["4", "2x3", "2x2", "8"]),
     preset=st.sampled_from(["shardplan", "mindspore"]),
     train=st.booleans(),
     data=st.data(),
