@@ -79,6 +79,10 @@ class CommTerms:
             + self.redistribution_bwd
         )
 
+    def values(self) -> tuple[float, ...]:
+        """Every field, in declaration order (what `+` adds field by field)."""
+        return _fields(self)
+
     def __add__(self, other: CommTerms) -> CommTerms:
         return CommTerms(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
 

@@ -14,7 +14,7 @@ Each is one pass in topological order per round: O(|V| + |E|) per round.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
@@ -34,35 +34,73 @@ def _propagate(
     rounds_to_use: set[int],
     seed: Callable[[str], int | None],
     choose: Chooser,
+    classes: Sequence[int] | None = None,
 ) -> dict[str, list[str | None]]:
     """Per round, walk ops in order: each cuts the first valid loop dim `choose` proposes, and
-    the split tensor dim of its outputs is recorded for its consumers."""
+    the split tensor dim of its outputs is recorded for its consumers. Ops of one signature and
+    input roles (repeated layers) with the same earlier cuts and arriving splits decide alike,
+    so each such case is decided once (`classes`: op class ids that refine that, e.g. a
+    `ScoreCache`'s)."""
     cuts: dict[str, list[str | None]] = {op.name: [] for op in graph.ops}
-    extents = {op.name: op.signature.extents for op in graph.ops}
-    for r, rnd in enumerate(mesh.rounds):
+    class_of = classes if classes is not None else op_classes(graph)
+    decided: dict[tuple[object, ...], tuple[str | None, tuple[tuple[int, int], ...]]] = {}
+    for r in range(len(mesh.rounds)):
         split: dict[str, int] = {}
-        for op in graph.ops:
-            chosen: str | None = None
+        for op, cid in zip(graph.ops, class_of, strict=True):
+            arriving: dict[int, int] = {}
             if r in rounds_to_use:
-                arriving: dict[int, int] = {}
                 for pos, name in enumerate(op.inputs):
                     dim = split.get(name)
                     if dim is None and name not in graph.producer:
                         dim = seed(name)
                     if dim is not None:
                         arriving[pos] = dim
-                for loop_dim in choose(op, arriving):
-                    if cut_problem(op, loop_dim, extents[op.name][loop_dim], rnd.q) is None:
-                        chosen = loop_dim
-                        break
+            use = r in rounds_to_use
+            key = (cid, tuple(cuts[op.name]), tuple(arriving.items()), use)
+            if key not in decided:
+                decided[key] = _decide(op, cuts[op.name], arriving, use, mesh, choose)
+            chosen, outputs = decided[key]
             cuts[op.name].append(chosen)
-            if chosen is not None:
-                extents[op.name][chosen] //= rnd.q
-                for pos, name in enumerate(op.outputs):
-                    position = major_positions(op.signature.outputs[pos]).get(chosen)
-                    if position is not None:
-                        split[name] = position
+            for pos, position in outputs:
+                split[op.outputs[pos]] = position
     return cuts
+
+
+def op_classes(graph: Graph) -> list[int]:
+    """Per op, a class id shared by the ops of equal signature and input roles (O(ops))."""
+    ids: dict[tuple[object, ...], int] = {}
+    return [
+        ids.setdefault((op.signature, tuple(graph.tensors[t].role for t in op.inputs)), len(ids))
+        for op in graph.ops
+    ]
+
+
+def _decide(
+    op: Op,
+    earlier: list[str | None],
+    arriving: dict[int, int],
+    use: bool,
+    mesh: Mesh,
+    choose: Chooser,
+) -> tuple[str | None, tuple[tuple[int, int], ...]]:
+    """One op's cut in the next round (the first valid one `choose` proposes) and the tensor dim
+    each output it splits is split along."""
+    if not use:
+        return None, ()
+    extents = op.signature.extents
+    for rnd, cut in zip(mesh.rounds, earlier, strict=False):
+        if cut is not None:
+            extents[cut] //= rnd.q
+    q = mesh.rounds[len(earlier)].q
+    for loop_dim in choose(op, arriving):
+        if cut_problem(op, loop_dim, extents[loop_dim], q) is None:
+            outputs = []
+            for pos, dims in enumerate(op.signature.outputs):
+                position = major_positions(dims).get(loop_dim)
+                if position is not None:
+                    outputs.append((pos, position))
+            return loop_dim, tuple(outputs)
+    return None, ()
 
 
 def _follow(op: Op, arriving: dict[int, int]) -> list[str]:
@@ -83,8 +121,11 @@ def _batch_seed(graph: Graph) -> Callable[[str], int | None]:
     return seed
 
 
-def data_parallel(graph: Graph, mesh: Mesh) -> dict[str, Strategy]:
-    cuts = _propagate(graph, mesh, set(range(len(mesh.rounds))), _batch_seed(graph), _follow)
+def data_parallel(
+    graph: Graph, mesh: Mesh, classes: Sequence[int] | None = None
+) -> dict[str, Strategy]:
+    every = set(range(len(mesh.rounds)))
+    cuts = _propagate(graph, mesh, every, _batch_seed(graph), _follow, classes)
     return {k: tuple(v) for k, v in cuts.items()}
 
 
@@ -117,7 +158,12 @@ def _tensor_parallel_choice(graph: Graph) -> Chooser:
     return choose
 
 
-def megatron(graph: Graph, mesh: Mesh, tensor_ways: int | None = None) -> dict[str, Strategy]:
+def megatron(
+    graph: Graph,
+    mesh: Mesh,
+    tensor_ways: int | None = None,
+    classes: Sequence[int] | None = None,
+) -> dict[str, Strategy]:
     """Tensor parallel on the innermost mesh axis, data parallel on the outer ones.
 
     `tensor_ways` (a product of the innermost rounds' q, default the whole innermost axis) keeps
@@ -137,21 +183,27 @@ def megatron(graph: Graph, mesh: Mesh, tensor_ways: int | None = None) -> dict[s
             f"{[r.q for r in rounds]} of mesh {mesh.text()}; pick a divisor of the innermost axis"
         )
     dp = {r.index for r in rounds} - tp
-    dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow)
-    tp_cuts = _propagate(graph, mesh, tp, lambda name: None, _tensor_parallel_choice(graph))
+    classes = classes if classes is not None else op_classes(graph)
+    dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow, classes)
+    tp_choice = _tensor_parallel_choice(graph)
+    tp_cuts = _propagate(graph, mesh, tp, lambda name: None, tp_choice, classes)
     # both walks shrink extents independently; re-check the merged strategy round by round
     merged: dict[str, Strategy] = {}
-    for op in graph.ops:
-        extents = op.signature.extents
-        strategy: list[str | None] = []
-        for r, rnd in enumerate(rounds):
-            cut = (dp_cuts if r in dp else tp_cuts)[op.name][r]
-            if cut is not None and cut_problem(op, cut, extents[cut], rnd.q) is None:
-                extents[cut] //= rnd.q
-            else:
-                cut = None
-            strategy.append(cut)
-        merged[op.name] = tuple(strategy)
+    checked: dict[tuple[object, ...], Strategy] = {}  # repeated layers are checked once
+    for op, cid in zip(graph.ops, classes, strict=True):
+        proposed = tuple((dp_cuts if r in dp else tp_cuts)[op.name][r] for r in range(len(rounds)))
+        key = (cid, proposed)
+        if key not in checked:
+            extents = op.signature.extents
+            strategy: list[str | None] = []
+            for rnd, cut in zip(rounds, proposed, strict=True):
+                if cut is not None and cut_problem(op, cut, extents[cut], rnd.q) is None:
+                    extents[cut] //= rnd.q
+                    strategy.append(cut)
+                else:
+                    strategy.append(None)
+            checked[key] = tuple(strategy)
+        merged[op.name] = checked[key]
     return merged
 
 
