@@ -8,9 +8,10 @@ budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts
 with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), then by
 sharding the storage of parameters it replicates (ZeRO-3; the training-step planner,
 `search/scale.py`, chooses ZeRO 1/2/3 per stage with micro-batches and recomputation). D-Rec's
-plan is then compared, by the one evaluator, with "all replicated" and every expert plan (baselines.py): the cheapest that
-fits is returned, with a note when a baseline won; if nothing fits it raises InfeasibleError
-saying by how much. Other methods raise InfeasibleError when over budget.
+plan is then compared, by the one evaluator, with "all replicated" and every expert plan
+(baselines.py): the cheapest that fits is returned, with a note when a baseline won; if nothing
+fits it raises InfeasibleError saying by how much. Other methods raise InfeasibleError when
+over budget.
 """
 
 from __future__ import annotations
