@@ -18,16 +18,12 @@ in O(|V| * operands); a marginal price costs O(r ** 2) once per (relation, conte
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.terms import edge_redistribution, faster, reduces
 from shardplan.ir.op import Role
 from shardplan.search.flex import FlexEdge
 from shardplan.sharding import REPLICATED, layout_of_cut
-
-if TYPE_CHECKING:
-    pass
 
 ELSEWHERE = 1 << 20
 """Layout value of a split on a tensor dim that does not survive a flex chain."""
@@ -95,7 +91,7 @@ class RoundLedger:
         """Do op i's input `pos` and its previous reader's part in this round (their layouts
         agreed in the rounds before)?"""
         p, p_pos = self._prev_reader[i][pos]  # type: ignore[misc]
-        return self._in(p, decided[p], p_pos) != self._in(i, decided[i], pos)
+        return self._in(p, decided.get(p), p_pos) != self._in(i, decided.get(i), pos)
 
     def _revoked(self, i: int, r: int, decided: dict[int, str | None]) -> float:
         """The all-reduces the previous reader paid for op i in earlier rounds, owed back now
@@ -105,7 +101,7 @@ class RoundLedger:
         total = 0.0
         for pos, entries in st.credits.items():
             if entries and self._parted(i, pos, decided):
-                grow = not self._shrinks(i, decided[i], pos, False)
+                grow = not self._shrinks(i, decided.get(i), pos, False)
                 for j, c in entries:
                     total += c * rnd.q if grow and faster(rnd, self.rounds[j]) else c
         return total
@@ -266,7 +262,7 @@ class RoundLedger:
         rounds so far, this one included) and reduces it in this round too. (The evaluator also
         needs the later rounds' layouts to agree, which no round can see.)"""
         st, train = self.states[i], self.opts.train
-        op, cut = st.op, decided[i]
+        op, cut = st.op, decided.get(i)
         out: set[tuple[str, int]] = set()
         for pos, prev in enumerate(self._prev_reader[i]):
             if prev is None:
@@ -274,7 +270,7 @@ class RoundLedger:
             p, p_pos = prev
             name = op.inputs[pos]
             grad = name in self._grad
-            p_op, p_cut = self.states[p].op, decided[p]
+            p_op, p_cut = self.states[p].op, decided.get(p)
             if (
                 reduces(op, cut, op.signature.inputs[pos], False, grad, train)
                 and reduces(p_op, p_cut, p_op.signature.inputs[p_pos], False, grad, train)
