@@ -67,9 +67,8 @@ def _terms(tp: TrainingPlan) -> dict[str, Any]:
         "p2p_s": step.p2p_s,
         "recompute_s": step.recompute_s,
         "sync_s": step.sync_s,
-        "comm_per_micro_batch_s": max((c.fwd_s + c.bwd_s) for c in step.stages)
-        - slot_compute
-        - max(c.recompute_s for c in step.stages),
+        # the collectives of the stage that sets the 1F1B slot (its forward + backward)
+        "comm_per_micro_batch_s": max(step.stages, key=lambda c: c.fwd_s + c.bwd_s).comm_s,
         "memory_per_device_GB": step.memory_per_device / 1e9,
         "fits_80GB": step.memory_per_device <= BUDGET,
         "tflops_per_device": step.tflops_per_device,
@@ -84,7 +83,8 @@ def _structure(t: dict[str, Any]) -> str:
     rec = sorted(set(s["recompute"]))
     zero = sorted(set(s["zero"]))
     return (
-        f"{'; '.join(s['axes'])}; m={s['micro_batches']} of {s['micro_batch']}; "
+        f"{'; '.join(s['axes'])}; {s['micro_batches']} micro-batches of "
+        f"{s['micro_batch']} samples; "
         f"recompute {'/'.join(rec)}; ZeRO {'/'.join(map(str, zero))}"
     )
 

@@ -20,6 +20,12 @@ from types import MappingProxyType
 
 from shardplan.errors import MeshError
 
+_INF = float("inf")
+# meta-pytorch/autoparallel's roofline constants (module docstring): achieved fraction of peak
+# FLOP/s and of HBM bandwidth, and the per-kernel launch floor.
+_AP_EFFICIENCY = 0.70
+_AP_LAUNCH_S = 7e-6
+
 
 @dataclass(frozen=True, slots=True)
 class Machine:
@@ -33,11 +39,23 @@ class Machine:
     compute_dtype: str
     devices_per_node: int
     description: str
+    hbm_bytes_per_s: float = _INF
+    """Device memory bandwidth (datasheet); infinite: no memory-bound term."""
+    flops_efficiency: float = 1.0
+    """Fraction of the peak FLOP rate a kernel achieves."""
+    hbm_efficiency: float = 1.0
+    """Fraction of the memory bandwidth a kernel achieves."""
+    launch_s: float = 0.0
+    """Least time any kernel takes (launch overhead), seconds."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops_by_dtype", MappingProxyType(dict(self.flops_by_dtype)))
         if self.compute_dtype not in self.flops_by_dtype:
             raise MeshError(f"machine {self.name!r}: no FLOP rate for {self.compute_dtype!r}")
+        if not (self.hbm_bytes_per_s > 0 and 0 < self.flops_efficiency <= 1):
+            raise MeshError(f"machine {self.name!r}: memory bandwidth and efficiency must be > 0")
+        if not (0 < self.hbm_efficiency <= 1 and self.launch_s >= 0):
+            raise MeshError(f"machine {self.name!r}: efficiency in (0, 1], launch floor >= 0")
 
     @property
     def flops_per_s(self) -> float:
@@ -69,6 +87,11 @@ MACHINES: Mapping[str, Machine] = MappingProxyType(
                 "bf16",
                 8,
                 "8x A100-80GB per node, NVLink3 300 GB/s per direction, 200 Gb/s IB per GPU",
+                # NVIDIA A100 datasheet (2021): A100 80GB SXM, GPU memory bandwidth 2,039 GB/s
+                hbm_bytes_per_s=2039e9,
+                flops_efficiency=_AP_EFFICIENCY,
+                hbm_efficiency=_AP_EFFICIENCY,
+                launch_s=_AP_LAUNCH_S,
             ),
             Machine(
                 "h100",
@@ -81,6 +104,11 @@ MACHINES: Mapping[str, Machine] = MappingProxyType(
                 "bf16",
                 8,
                 "8x H100-80GB per node, NVLink4 450 GB/s per direction, 400 Gb/s IB per GPU",
+                # NVIDIA H100 datasheet (2023): H100 SXM, GPU memory bandwidth 3.35 TB/s
+                hbm_bytes_per_s=3.35e12,
+                flops_efficiency=_AP_EFFICIENCY,
+                hbm_efficiency=_AP_EFFICIENCY,
+                launch_s=_AP_LAUNCH_S,
             ),
             Machine(
                 "ascend910",
@@ -93,6 +121,12 @@ MACHINES: Mapping[str, Machine] = MappingProxyType(
                 "fp16",
                 8,
                 "8x Ascend 910 per node, HCCS 56 GB/s, 100 Gb/s RoCE per NPU",
+                # Ascend 910 (Hot Chips 31, 2019; Liao et al., HPCA 2021): 4 HBM2 stacks, 1.2 TB/s.
+                # autoparallel's fractions were set for NVIDIA GPUs; used here for lack of others
+                hbm_bytes_per_s=1.2e12,
+                flops_efficiency=_AP_EFFICIENCY,
+                hbm_efficiency=_AP_EFFICIENCY,
+                launch_s=_AP_LAUNCH_S,
             ),
             Machine(
                 "uniform",
@@ -103,6 +137,7 @@ MACHINES: Mapping[str, Machine] = MappingProxyType(
                 "any",
                 1 << 30,
                 "every link alike (1 GB/s) — pure communication-volume comparisons",
+                # no memory term, no efficiency, no launch floor: compute stays FLOPs / rate
             ),
         )
     }

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from shardplan.cost import CostBreakdown, CostOptions, evaluate_strategies
+from shardplan.cost import CostBreakdown, CostOptions, ScoreCache, evaluate_strategies
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
@@ -22,7 +22,7 @@ from shardplan.sharding import (
     REPLICATED,
     Layout,
     Strategy,
-    check_strategy,
+    check_strategies,
     operand_layout,
     resolved,
 )
@@ -85,19 +85,44 @@ class Plan:
         return out
 
 
+def scored_plan(
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    method: str,
+    options: CostOptions,
+    cache: ScoreCache,
+    param_layouts: Mapping[str, Layout] | None = None,
+) -> Plan:
+    """`Plan(...)`, validated and scored alike, with the prices `cache` shares between the plans
+    one search scores (repeated layers priced once across them)."""
+    layouts = dict(param_layouts or {})
+    _validate(graph, mesh, strategies, layouts)
+    cost = evaluate_strategies(graph, mesh, strategies, options, layouts, cache)
+    return Plan(graph, mesh, strategies, method, options, 0.0, layouts, cost=cost)
+
+
 def validate(plan: Plan) -> None:
     """Raise PlanError (naming the op) unless every op has a valid strategy for the mesh."""
-    rounds = plan.mesh.rounds
-    missing = [op.name for op in plan.graph.ops if op.name not in plan.strategies]
+    _validate(plan.graph, plan.mesh, plan.strategies, plan.param_layouts)
+
+
+def _validate(
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    param_layouts: Mapping[str, Layout],
+) -> None:
+    rounds = mesh.rounds
+    missing = [op.name for op in graph.ops if op.name not in strategies]
     if missing:
         raise PlanError(f"plan has no strategy for ops {missing[:5]} ({len(missing)} in all)")
-    extra = sorted(set(plan.strategies) - set(plan.graph.op_index))
+    extra = sorted(set(strategies) - set(graph.op_index))
     if extra:
         raise PlanError(f"plan has strategies for unknown ops {extra[:5]}")
-    for op in plan.graph.ops:
-        check_strategy(op, tuple(plan.strategies[op.name]), rounds)
-    for name, layout in plan.param_layouts.items():
-        t = plan.graph.tensors.get(name)
+    check_strategies(graph.ops, strategies, rounds)
+    for name, layout in param_layouts.items():
+        t = graph.tensors.get(name)
         if t is None or t.role is not Role.PARAMETER:
             raise PlanError(f"param_layouts names {name!r}, which is not a parameter")
         if len(layout) != len(rounds):

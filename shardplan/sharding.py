@@ -14,7 +14,7 @@ which print themselves DTensor-style: `S(d)` split on tensor dim d, `R` replicat
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardplan.errors import PlanError
@@ -105,6 +105,24 @@ def check_strategy(op: Op, strategy: Strategy, rounds: Sequence[Round]) -> None:
         if problem:
             raise PlanError(f"op {op.name!r} ({op.kind}) round {r.index} (q={r.q}): {problem}")
         extents[loop_dim] //= r.q
+
+
+def check_strategies(
+    ops: Sequence[Op], strategies: Mapping[str, Strategy], rounds: Sequence[Round]
+) -> None:
+    """`check_strategy` for every op; ops of equal signature and strategy (repeated layers) are
+    checked once, since validity reads nothing else. O(ops) hashing plus one check per class."""
+    seen: set[tuple[object, ...]] = set()
+    for op in ops:
+        strategy = tuple(strategies[op.name])
+        key = (op.signature, strategy)
+        try:
+            known = key in seen
+        except TypeError:  # an unhashable entry: let the check name it
+            known = False
+        if not known:
+            check_strategy(op, strategy, rounds)
+            seen.add(key)
 
 
 def split_counts(layout: Layout, rank: int, rounds: Sequence[Round]) -> tuple[int, ...]:

@@ -33,7 +33,7 @@ from shardplan.mesh import Mesh, Round
 from shardplan.sharding import (
     Layout,
     Strategy,
-    check_strategy,
+    check_strategies,
     cut_problem,
     local_extents,
     operand_layout,
@@ -197,8 +197,20 @@ def unary_terms(
     for r, cut in zip(mesh.rounds, strategy, strict=True):
         if cut is not None:
             parts *= r.q
-    compute = compute_cost(op.flops / parts, opts, mesh.flops_per_s)
+    nbytes = op_bytes(graph, op, strategy, mesh.rounds, opts)
+    compute = compute_cost(op.flops / parts, nbytes, opts, mesh)
     return op_intra(graph, op, strategy, mesh.rounds, opts), compute
+
+
+def op_bytes(
+    graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round], opts: CostOptions
+) -> float:
+    """Bytes an op reads and writes on one device under `strategy`: its local operands + results."""
+    return sum(
+        local_bytes(graph, name, operand_layout(op, strategy, i, is_output), rounds, opts)
+        for is_output, names in ((False, op.inputs), (True, op.outputs))
+        for i, name in enumerate(names)
+    )
 
 
 def edge_terms(
@@ -333,6 +345,7 @@ def op_terms(
     unary: Callable[[Graph, Op, Strategy, Mesh, CostOptions], tuple[CommTerms, float]] = (
         unary_terms
     ),
+    cache: ScoreCache | None = None,
 ) -> Iterator[OpTerms]:
     """Per operator in graph order, the terms `evaluate_strategies` sums (see `OpTerms`).
     `unary` prices an op's own terms (`unary_terms`, or a memo of it).
@@ -341,36 +354,107 @@ def op_terms(
     parameter home (`param_homes`); graph inputs and constants have none: they arrive in
     whatever layout the op reads. The one walk shared by the evaluator and the verifier's
     per-operator prediction (`shardplan.fidelity.predict`).
+    `cache` (a `ScoreCache` of this graph, mesh and options) prices each class of repeated
+    layers once; every price in it is a pure function of its key.
     """
-    rounds = mesh.rounds
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    cache.check(graph, mesh, opts)
+    classes = cache.classes
     for index, op in enumerate(graph.ops):
         strategy = strategies[op.name]
-        intra, compute = unary(graph, op, strategy, mesh, opts)
+        cid = classes[index]
+        if unary is unary_terms:
+            intra, compute = cache.unary(op, cid, strategy)
+        else:
+            intra, compute = unary(graph, op, strategy, mesh, opts)
+        dsts = cache.layouts(op, cid, strategy)[0]
         edges: list[EdgeTerm] = []
         for i, name in enumerate(op.inputs):
-            prev = previous_consumer(graph, name, index, i)
+            prev = cache.previous[index][i]
             if prev is not None:
                 p_op = graph.ops[prev[0]]
-                intra = intra + share_credit(
-                    graph,
-                    name,
-                    (p_op, prev[1], strategies[p_op.name]),
-                    (op, i, strategy),
-                    mesh,
-                    opts,
+                intra = intra + cache.credit(
+                    name, (p_op, prev[1], strategies[p_op.name]), (op, i, strategy), cid
                 )
             src = out_layout.get(name) or homes.get(name)
             if src is None:
                 continue
-            dst = operand_layout(op, strategy, i)
+            dst = dsts[i]
             if src != dst:
-                terms = edge_terms(graph, name, src, dst, rounds, opts)
-                edges.append(EdgeTerm(name, i, src, dst, terms))
+                edges.append(EdgeTerm(name, i, src, dst, cache.move(name, src, dst)))
         yield OpTerms(index, op, strategy, intra, compute, tuple(edges))
 
 
-def _op_key(graph: Graph, op: Op) -> tuple[object, ...]:
-    """Everything `unary_terms` reads about an op: equal keys give equal terms."""
+class ScoreCache:
+    """Prices `evaluate_strategies` reuses while scoring plans of one graph on one mesh under one
+    set of options: ops of equal `op_key` (repeated layers) form a class, and a class's own
+    terms, operand layouts and share credits, like each redistribution, are priced once per
+    strategy. Local to its caller (one search), never module state; O(ops) to build."""
+
+    def __init__(self, graph: Graph, mesh: Mesh, opts: CostOptions) -> None:
+        self.graph, self.mesh, self.opts = graph, mesh, opts
+        ids: dict[tuple[object, ...], int] = {}
+        self.classes = [ids.setdefault(op_key(graph, op), len(ids)) for op in graph.ops]
+        self.previous = [
+            [previous_consumer(graph, name, index, i) for i, name in enumerate(op.inputs)]
+            for index, op in enumerate(graph.ops)
+        ]
+        self._unary: dict[tuple[int, Strategy], tuple[CommTerms, float]] = {}
+        self._layouts: dict[tuple[int, Strategy], tuple[tuple[Layout, ...], ...]] = {}
+        self._credits: dict[tuple[object, ...], CommTerms] = {}
+        self._moves: dict[tuple[object, ...], CommTerms] = {}
+        self._bytes: dict[tuple[object, ...], float] = {}
+
+    def check(self, graph: Graph, mesh: Mesh, opts: CostOptions) -> None:
+        if graph is not self.graph or mesh != self.mesh or opts != self.opts:
+            raise ValueError("a ScoreCache prices one graph, mesh and set of options only")
+
+    def unary(self, op: Op, cid: int, strategy: Strategy) -> tuple[CommTerms, float]:
+        key = (cid, strategy)
+        if key not in self._unary:
+            self._unary[key] = unary_terms(self.graph, op, strategy, self.mesh, self.opts)
+        return self._unary[key]
+
+    def layouts(self, op: Op, cid: int, strategy: Strategy) -> tuple[tuple[Layout, ...], ...]:
+        """(input layouts, resolved output layouts) of the op under `strategy`."""
+        key = (cid, strategy)
+        if key not in self._layouts:
+            self._layouts[key] = (
+                tuple(operand_layout(op, strategy, i) for i in range(len(op.inputs))),
+                tuple(
+                    resolved(operand_layout(op, strategy, i, True)) for i in range(len(op.outputs))
+                ),
+            )
+        return self._layouts[key]
+
+    def credit(
+        self, tensor: str, prior: tuple[Op, int, Strategy], cur: tuple[Op, int, Strategy], cid: int
+    ) -> CommTerms:
+        p_op, p_pos, p_strategy = prior
+        p_cid = self.classes[self.graph.op_index[p_op.name]]
+        key = (p_cid, p_pos, p_strategy, cid, cur[1], cur[2])
+        if key not in self._credits:
+            self._credits[key] = share_credit(self.graph, tensor, prior, cur, self.mesh, self.opts)
+        return self._credits[key]
+
+    def move(self, tensor: str, src: Layout, dst: Layout) -> CommTerms:
+        t = self.graph.tensors[tensor]
+        key = (t.numel, self.opts.element_bytes(t), tensor in self.graph.requires_grad, src, dst)
+        if key not in self._moves:
+            self._moves[key] = edge_terms(self.graph, tensor, src, dst, self.mesh.rounds, self.opts)
+        return self._moves[key]
+
+    def local_bytes(self, tensor: str, layout: Layout) -> float:
+        t = self.graph.tensors[tensor]
+        key = (t.numel, self.opts.element_bytes(t), layout)
+        if key not in self._bytes:
+            self._bytes[key] = local_bytes(self.graph, tensor, layout, self.mesh.rounds, self.opts)
+        return self._bytes[key]
+
+
+def op_key(graph: Graph, op: Op) -> tuple[object, ...]:
+    """Everything `unary_terms` and `share_credit` read about an op: equal keys give equal
+    terms."""
 
     def tensor(name: str) -> tuple[object, ...]:
         t = graph.tensors[name]
@@ -392,40 +476,42 @@ def evaluate_strategies(
     strategies: Mapping[str, Strategy],
     opts: CostOptions,
     param_layouts: Mapping[str, Layout] | None = None,
+    cache: ScoreCache | None = None,
 ) -> CostBreakdown:
-    """Score one complete assignment of strategies (raises PlanError if one is invalid).
+    """Score one complete assignment of strategies (raises PlanError if one is invalid);
+    `cache` shares prices between the plans one search scores (`ScoreCache`).
 
     total = sum over ops of unary_terms + sum over edges of edge_terms + sum over consecutive
     consumers of a tensor of share_credit: unary and pairwise terms only (what the ILP models).
     """
     rounds = mesh.rounds
-    for op in graph.ops:
-        check_strategy(op, strategies[op.name], rounds)
+    strategies = {name: tuple(s) for name, s in strategies.items()}
+    check_strategies(graph.ops, strategies, rounds)
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     homes = param_homes(graph, strategies, param_layouts)
-    out_layout = output_layouts(graph, strategies)
-    comm = ZERO
+    out_layout: dict[str, Layout] = {}
+    for op, cid in zip(graph.ops, cache.classes, strict=True):
+        outs = cache.layouts(op, cid, strategies[op.name])[1]
+        out_layout.update(zip(op.outputs, outs, strict=True))
+    comm = [0.0] * len(ZERO.values())  # summed field by field, in CommTerms.__add__'s order
     compute = 0.0
     rows: list[OpCost] = []
-    memo: dict[tuple[object, ...], tuple[CommTerms, float]] = {}
-
-    def unary(g: Graph, op: Op, strategy: Strategy, m: Mesh, o: CostOptions):  # noqa: ANN202
-        key = (_op_key(g, op), strategy)  # repeated layers are priced once
-        if key not in memo:
-            memo[key] = unary_terms(g, op, strategy, m, o)
-        return memo[key]
-
-    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout, unary):
+    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout, cache=cache):
         redis = t.redistribution
-        act = sum(local_bytes(graph, name, out_layout[name], rounds, opts) for name in t.op.outputs)
+        act = sum(cache.local_bytes(name, out_layout[name]) for name in t.op.outputs)
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
-        comm = comm + t.intra + redis
+        for k, (a, b) in enumerate(zip(t.intra.values(), redis.values(), strict=True)):
+            comm[k] = comm[k] + a + b
         compute += t.compute
-    param_mem, act_mem = memory_per_device(graph, rounds, homes, out_layout, strategies, opts)
-    total = comm.total + compute
+    param_mem, act_mem = memory_per_device(
+        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes
+    )
+    comm_terms = CommTerms(*comm)
+    total = comm_terms.total + compute
     return CostBreakdown(
         total,
         compute,
-        comm,
+        comm_terms,
         param_mem + act_mem,
         param_mem,
         act_mem,
@@ -454,8 +540,10 @@ def memory_per_device(
     out_layout: Mapping[str, Layout],
     strategies: Mapping[str, Strategy],
     opts: CostOptions,
+    size: Callable[[str, Layout], float] | None = None,
 ) -> tuple[float, float]:
-    """(parameter state bytes, activation bytes) per device.
+    """(parameter state bytes, activation bytes) per device (`size(tensor, layout)`: its local
+    bytes, `local_bytes` unless a `ScoreCache` memoises them).
 
     Training: weights + gradients (dtype each) + optimizer state (fp32) per parameter element held
     by the device, plus every activation kept for the backward pass and the local inputs.
@@ -467,22 +555,25 @@ def memory_per_device(
         param_mem += param_bytes(
             round_numels(t.numel, layout, rounds)[-1], opts.element_bytes(t), opts
         )
+    if size is None:
+
+        def size(name: str, layout: Layout) -> float:
+            return local_bytes(graph, name, layout, rounds, opts)
+
     if opts.train:
-        act = sum(local_bytes(graph, n, lay, rounds, opts) for n, lay in out_layout.items())
+        act = sum(size(n, lay) for n, lay in out_layout.items())
         for op in graph.ops:
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
-                    act += local_bytes(
-                        graph, name, operand_layout(op, strategies[op.name], i), rounds, opts
-                    )
+                    act += size(name, operand_layout(op, strategies[op.name], i))
         return param_mem, act
     peak = 0.0
     for op in graph.ops:
         strategy = strategies[op.name]
-        work = sum(local_bytes(graph, n, out_layout[n], rounds, opts) for n in op.outputs)
+        work = sum(size(n, out_layout[n]) for n in op.outputs)
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
-                work += local_bytes(graph, name, operand_layout(op, strategy, i), rounds, opts)
+                work += size(name, operand_layout(op, strategy, i))
         peak = max(peak, work)
     return param_mem, peak

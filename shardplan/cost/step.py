@@ -190,9 +190,10 @@ def profile_stage(
     return StageProfile(
         fwd_compute_s=fwd,
         bwd_compute_s=cost.compute - fwd,
-        fwd_comm_s=c.intra_fwd + c.redistribution_fwd,
-        bwd_comm_s=c.intra_bwd + c.redistribution_bwd + c.halo,
-        grad_sync_s=c.grad_sync,
+        # sums with shared-gradient credits can cancel to -1e-18: collectives take >= 0 s
+        fwd_comm_s=max(0.0, c.intra_fwd + c.redistribution_fwd),
+        bwd_comm_s=max(0.0, c.intra_bwd + c.redistribution_bwd + c.halo),
+        grad_sync_s=max(0.0, c.grad_sync),
         activation_bytes=cost.activation_memory,
         input_bytes=cost.activation_memory - outputs,
         selective_bytes=sel_bytes,
@@ -215,6 +216,8 @@ class StageCost:
     bwd_s: float
     recompute_s: float
     zero_per_micro_batch_s: float
+    comm_s: float
+    """Collectives per micro-batch (forward, backward, ZeRO gathers), not counting recompute."""
     sync_s: float
     param_bytes: float
     activation_bytes: float
@@ -252,6 +255,7 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: i
         bwd_s=bwd,
         recompute_s=recompute,
         zero_per_micro_batch_s=per_mb,
+        comm_s=p.fwd_comm_s + p.bwd_comm_s + per_mb,
         sync_s=sync,
         param_bytes=param_bytes,
         activation_bytes=in_flight * kept + rebuilt,
@@ -304,6 +308,7 @@ class StepCost:
                     "fwd_s": s.fwd_s,
                     "bwd_s": s.bwd_s,
                     "recompute_s": s.recompute_s,
+                    "comm_s": s.comm_s,
                     "sync_s": s.sync_s,
                     "param_bytes": s.param_bytes,
                     "activation_bytes": s.activation_bytes,

@@ -41,10 +41,11 @@ from dataclasses import dataclass
 
 from shardplan.cost import collectives as coll
 from shardplan.cost.presets import CostOptions, CostPreset
+from shardplan.hardware import get_machine
 from shardplan.ir.dims import DimKind
 from shardplan.ir.op import Op, Role
-from shardplan.mesh import Round
-from shardplan.sharding import REPLICATED
+from shardplan.mesh import Mesh, Round
+from shardplan.sharding import REPLICATED, layout_of_cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,10 @@ class CommTerms:
             + self.redistribution_fwd
             + self.redistribution_bwd
         )
+
+    def values(self) -> tuple[float, ...]:
+        """Every field, in declaration order (what `+` adds field by field)."""
+        return _fields(self)
 
     def __add__(self, other: CommTerms) -> CommTerms:
         return CommTerms(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
@@ -315,9 +320,45 @@ def param_bytes(numel: float, dtype_bytes: int, opts: CostOptions) -> float:
     return numel * opts.state_bytes_for(dtype_bytes)
 
 
-def compute_cost(flops_local: float, opts: CostOptions, flops_per_s: float) -> float:
-    """Seconds of compute for `flops_local` FLOPs per device (0 in the symbolic preset)."""
-    if opts.preset.symbolic:
+def compute_cost(flops_local: float, bytes_local: float, opts: CostOptions, mesh: Mesh) -> float:
+    """Seconds of compute of one op on one device: a roofline with a launch floor.
+
+    time = max(flops / (peak x flops_efficiency), bytes / (HBM x hbm_efficiency), launch_s),
+    `bytes_local` being the op's local input + output bytes; training multiplies it by the
+    preset's forward+backward factor (the backward kernels read and write as much again, twice).
+    An op of 0 FLOPs is a view (reshape, transpose, concat in the catalogue): free. Peak is the
+    mesh's rate (the dtype's, see `hardware.peak_flops`); the other constants are its machine's
+    (`hardware.Machine`). 0 in the symbolic preset. O(1).
+    """
+    if opts.preset.symbolic or flops_local <= 0:
         return 0.0
+    m = get_machine(mesh.machine)
+    t = max(
+        flops_local / (mesh.flops_per_s * m.flops_efficiency),
+        bytes_local / (m.hbm_bytes_per_s * m.hbm_efficiency),
+        m.launch_s,
+    )
     factor = opts.preset.training_flops_factor if opts.train else 1.0
-    return flops_local * factor / flops_per_s
+    return t * factor
+
+
+def piece_compute(
+    op: Op,
+    loop_dim: str | None,
+    q: int,
+    flops: float,
+    inputs: Sequence[OperandInfo],
+    outputs: Sequence[OperandInfo],
+    opts: CostOptions,
+    mesh: Mesh,
+) -> float:
+    """`compute_cost` of one device's piece of `op` after cutting `loop_dim` q ways (None: uncut),
+    from its FLOPs and operand sizes before the round: an operand the cut does not split (a
+    weight under a batch cut) is read whole."""
+    sig = op.signature
+    nbytes = 0.0
+    for is_output, infos, groups in ((False, inputs, sig.inputs), (True, outputs, sig.outputs)):
+        for info, dims in zip(infos, groups, strict=True):
+            split = loop_dim is not None and layout_of_cut(dims, loop_dim, is_output, op) >= 0
+            nbytes += info.numel * info.dtype_bytes / (q if split else 1)
+    return compute_cost(flops / q if loop_dim is not None else flops, nbytes, opts, mesh)

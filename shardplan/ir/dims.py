@@ -20,11 +20,15 @@ class DimKind(enum.Enum):
     WINDOW = "window"
     FROZEN = "frozen"
 
+    __hash__ = object.__hash__  # members are singletons: a C-level hash keeps cost keys cheap
+
 
 class Reducer(enum.Enum):
     SUM = "sum"
     MAX = "max"
     MIN = "min"
+
+    __hash__ = object.__hash__  # members are singletons: a C-level hash keeps cost keys cheap
 
 
 @dataclass(frozen=True, slots=True)

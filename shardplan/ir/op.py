@@ -18,6 +18,8 @@ class Role(enum.Enum):
     ACTIVATION = "activation"
     CONSTANT = "constant"
 
+    __hash__ = object.__hash__  # members are singletons: a C-level hash keeps cost keys cheap
+
 
 @dataclass(frozen=True, slots=True)
 class Tensor:

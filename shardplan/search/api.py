@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from shardplan.cost import CostOptions
+from shardplan.cost import CostOptions, ScoreCache
 from shardplan.errors import InfeasibleError, PlanError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plans import Plan, with_status
+from shardplan.plans import Plan, scored_plan, with_status
 from shardplan.problem import Problem
 from shardplan.search import experts
 from shardplan.search.baselines import baseline_plans, cheapest
@@ -173,12 +173,15 @@ def drec_within(
         pinned = check_fixed(graph, mesh, fixed)
         forced = _drec_search(graph, mesh, opts, budget, start, pinned)
         return _no_worse_than_swap(forced, graph, mesh, opts, budget, start, pinned)
+    cache = ScoreCache(graph, mesh, opts)  # repeated layers priced once across every plan scored
     try:
-        found: Plan | None = _drec_search(graph, mesh, opts, budget, start)
+        found: Plan | None = _drec_search(graph, mesh, opts, budget, start, cache=cache)
         failure: InfeasibleError | None = None
     except InfeasibleError as e:
         found, failure = None, e
-    best = cheapest(found, baseline_plans(graph, mesh, opts), budget, time.perf_counter() - start)
+    beat = found.cost.total if found is not None and found.cost is not None else None
+    baselines = baseline_plans(graph, mesh, opts, cache, below=beat)
+    best = cheapest(found, baselines, budget, time.perf_counter() - start)
     if best is None:
         assert failure is not None
         raise failure
@@ -226,10 +229,15 @@ def _drec_search(
     budget: float | None,
     start: float,
     fixed: Mapping[str, Strategy] | None = None,
+    cache: ScoreCache | None = None,
 ) -> Plan:
     """D-Rec, then (over budget) the memory penalty and ZeRO-style storage (module docstring)."""
     strategies = drec(graph, mesh, opts, fixed=fixed)
-    best = Plan(graph, mesh, strategies, "drec", opts, time.perf_counter() - start)
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    best = replace(
+        scored_plan(graph, mesh, strategies, "drec", opts, cache),
+        search_seconds=time.perf_counter() - start,
+    )
     assert best.cost is not None
     if budget is None or best.cost.memory_per_device <= budget:
         return best

@@ -12,29 +12,54 @@ plan)" holds by construction, not by hope. Two root causes made D-Rec lose befor
     but cutting the batch would have shrunk an unavoidable cost of a later round (a linear with a
     6-wide output on mesh 6 = 2 x 3: 11,984 vs 2,997 for data parallel); with the symbolic
     MindSpore preset only one variant of the search runs, so no whole-plan alternative caught it.
-Cost: one expert pass O(|V| + |E|) per round and one evaluation per baseline.
+Cost: one expert pass O(|V| + |E|) per round and one evaluation per baseline that could win.
 """
 
 from __future__ import annotations
 
-from shardplan.cost import CostOptions
+from shardplan.cost import CostOptions, ScoreCache
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plans import Plan
+from shardplan.plans import Plan, scored_plan
 from shardplan.search import experts
+from shardplan.sharding import Strategy
 
 
-def baseline_plans(graph: Graph, mesh: Mesh, opts: CostOptions) -> list[Plan]:
-    """All-replicated, data-parallel, megatron and fsdp plans of `graph`, each scored."""
+def baseline_plans(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    cache: ScoreCache | None = None,
+    below: float | None = None,
+) -> list[Plan]:
+    """All-replicated, data-parallel, megatron and fsdp plans of `graph`, each scored (sharing
+    `cache` with the search's own scoring when given). With `below` (the cost a baseline must
+    beat), one whose compute alone reaches it is left out unscored: every other term of a plan
+    is >= 0 (a share credit only returns part of its own op's terms), so it cannot win."""
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     rounds = len(mesh.rounds)
     replicated = {op.name: (None,) * rounds for op in graph.ops}
     dp = experts.data_parallel(graph, mesh)
-    return [
-        Plan(graph, mesh, replicated, "all-replicated", opts),
-        Plan(graph, mesh, dp, "data-parallel", opts),
-        Plan(graph, mesh, experts.megatron(graph, mesh), "megatron", opts),
-        Plan(graph, mesh, dp, "fsdp", opts, 0.0, experts.fsdp_param_layouts(graph, mesh)),
+    candidates = [
+        ("all-replicated", replicated, None),
+        ("data-parallel", dp, None),
+        ("megatron", experts.megatron(graph, mesh), None),
+        ("fsdp", dp, experts.fsdp_param_layouts(graph, mesh)),
     ]
+    plans = []
+    for method, strategies, layouts in candidates:
+        if below is not None and _compute(graph, strategies, cache) >= below:
+            continue
+        plans.append(scored_plan(graph, mesh, strategies, method, opts, cache, layouts))
+    return plans
+
+
+def _compute(graph: Graph, strategies: dict[str, Strategy], cache: ScoreCache) -> float:
+    """The compute term of a plan (a lower bound of its cost), from the cache's unary prices."""
+    return sum(
+        cache.unary(op, cid, strategies[op.name])[1]
+        for op, cid in zip(graph.ops, cache.classes, strict=True)
+    )
 
 
 def cheapest(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from dataclasses import replace as dataclass_replace
 
 from shardplan.cost.evaluate import previous_consumer
 from shardplan.cost.presets import CostOptions
@@ -35,6 +36,7 @@ from shardplan.cost.terms import (
     faster,
     intra_terms,
     param_bytes,
+    piece_compute,
     reduces,
     replicate_symbolic,
 )
@@ -298,23 +300,33 @@ class RoundCosts(RoundLedger):
                 ]
             extent = st.extents[cut] if cut is not None else 1
             costs[cut] = intra_terms(op, cut, rnd, infos, outs, extent, opts).total
-        if None in costs:
-            if opts.preset.symbolic:
-                cuts = [c for k, c in costs.items() if k is not None]
+        if opts.preset.symbolic:
+            cuts = [c for k, c in costs.items() if k is not None]
+            if None in costs:
                 costs[None] = replicate_symbolic(min(cuts), opts.preset) if cuts else 0.0
-            else:
-                flops = op.flops
-                for j, c in enumerate(st.cuts):
-                    if c is not None:
-                        flops /= self.rounds[j].q
-                flops /= self.compute_divisor[r]
-                costs[None] = compute_cost(flops * (rnd.q - 1) / rnd.q, opts, self.mesh.flops_per_s)
-        if not opts.preset.symbolic:
+        else:
+            self._add_compute(i, r, costs)
             self._add_backlog(i, r, costs)
         if self.memory_lambda:
             for cut in costs:
                 costs[cut] += self.memory_lambda * self._kept_bytes(i, cut, rnd)
         return costs
+
+    def _add_compute(self, i: int, r: int, costs: dict[str | None, float]) -> None:
+        """Each candidate pays the roofline compute of its piece above that of an ideal 1/q piece
+        (all FLOPs and bytes split): over one round it sums to the evaluator's compute."""
+        st, rnd = self.states[i], self.rounds[r]
+        div = self.compute_divisor[r]  # later rounds' cuts, when pricing the final compute
+        before = math.prod(self.rounds[j].q for j, c in enumerate(st.cuts) if c is not None)
+        flops = st.op.flops / before / div
+        ins, outs = self._infos(i, r)
+        ins = [dataclass_replace(x, numel=x.numel / div) for x in ins]
+        outs = [dataclass_replace(x, numel=x.numel / div) for x in outs]
+        mesh, opts, q = self.mesh, self.opts, rnd.q
+        nbytes = sum(x.numel * x.dtype_bytes for x in (*ins, *outs))
+        base = compute_cost(flops / q, nbytes / q, opts, mesh)
+        for cut in costs:
+            costs[cut] += piece_compute(st.op, cut, q, flops, ins, outs, opts, mesh) - base
 
     def _add_backlog(self, i: int, r: int, costs: dict[str | None, float]) -> None:
         """Earlier, slower rounds priced their all-reduces assuming this faster round would shrink

@@ -36,33 +36,66 @@ def _propagate(
     choose: Chooser,
 ) -> dict[str, list[str | None]]:
     """Per round, walk ops in order: each cuts the first valid loop dim `choose` proposes, and
-    the split tensor dim of its outputs is recorded for its consumers."""
+    the split tensor dim of its outputs is recorded for its consumers. Ops of one signature and
+    input roles (repeated layers) with the same earlier cuts and arriving splits decide alike,
+    so each such case is decided once."""
     cuts: dict[str, list[str | None]] = {op.name: [] for op in graph.ops}
-    extents = {op.name: op.signature.extents for op in graph.ops}
-    for r, rnd in enumerate(mesh.rounds):
+    classes: dict[tuple[object, ...], int] = {}
+    class_of = [
+        classes.setdefault(
+            (op.signature, tuple(graph.tensors[t].role for t in op.inputs)), len(classes)
+        )
+        for op in graph.ops
+    ]
+    decided: dict[tuple[object, ...], tuple[str | None, tuple[tuple[int, int], ...]]] = {}
+    for r in range(len(mesh.rounds)):
         split: dict[str, int] = {}
-        for op in graph.ops:
-            chosen: str | None = None
+        for op, cid in zip(graph.ops, class_of, strict=True):
+            arriving: dict[int, int] = {}
             if r in rounds_to_use:
-                arriving: dict[int, int] = {}
                 for pos, name in enumerate(op.inputs):
                     dim = split.get(name)
                     if dim is None and name not in graph.producer:
                         dim = seed(name)
                     if dim is not None:
                         arriving[pos] = dim
-                for loop_dim in choose(op, arriving):
-                    if cut_problem(op, loop_dim, extents[op.name][loop_dim], rnd.q) is None:
-                        chosen = loop_dim
-                        break
+            use = r in rounds_to_use
+            key = (cid, tuple(cuts[op.name]), tuple(arriving.items()), use)
+            if key not in decided:
+                decided[key] = _decide(op, cuts[op.name], arriving, use, mesh, choose)
+            chosen, outputs = decided[key]
             cuts[op.name].append(chosen)
-            if chosen is not None:
-                extents[op.name][chosen] //= rnd.q
-                for pos, name in enumerate(op.outputs):
-                    position = major_positions(op.signature.outputs[pos]).get(chosen)
-                    if position is not None:
-                        split[name] = position
+            for pos, position in outputs:
+                split[op.outputs[pos]] = position
     return cuts
+
+
+def _decide(
+    op: Op,
+    earlier: list[str | None],
+    arriving: dict[int, int],
+    use: bool,
+    mesh: Mesh,
+    choose: Chooser,
+) -> tuple[str | None, tuple[tuple[int, int], ...]]:
+    """One op's cut in the next round (the first valid one `choose` proposes) and the tensor dim
+    each output it splits is split along."""
+    if not use:
+        return None, ()
+    extents = op.signature.extents
+    for rnd, cut in zip(mesh.rounds, earlier, strict=False):
+        if cut is not None:
+            extents[cut] //= rnd.q
+    q = mesh.rounds[len(earlier)].q
+    for loop_dim in choose(op, arriving):
+        if cut_problem(op, loop_dim, extents[loop_dim], q) is None:
+            outputs = []
+            for pos, dims in enumerate(op.signature.outputs):
+                position = major_positions(dims).get(loop_dim)
+                if position is not None:
+                    outputs.append((pos, position))
+            return loop_dim, tuple(outputs)
+    return None, ()
 
 
 def _follow(op: Op, arriving: dict[int, int]) -> list[str]:
@@ -141,17 +174,21 @@ def megatron(graph: Graph, mesh: Mesh, tensor_ways: int | None = None) -> dict[s
     tp_cuts = _propagate(graph, mesh, tp, lambda name: None, _tensor_parallel_choice(graph))
     # both walks shrink extents independently; re-check the merged strategy round by round
     merged: dict[str, Strategy] = {}
+    checked: dict[tuple[object, ...], Strategy] = {}  # repeated layers are checked once
     for op in graph.ops:
-        extents = op.signature.extents
-        strategy: list[str | None] = []
-        for r, rnd in enumerate(rounds):
-            cut = (dp_cuts if r in dp else tp_cuts)[op.name][r]
-            if cut is not None and cut_problem(op, cut, extents[cut], rnd.q) is None:
-                extents[cut] //= rnd.q
-            else:
-                cut = None
-            strategy.append(cut)
-        merged[op.name] = tuple(strategy)
+        proposed = tuple((dp_cuts if r in dp else tp_cuts)[op.name][r] for r in range(len(rounds)))
+        key = (op.signature, proposed)
+        if key not in checked:
+            extents = op.signature.extents
+            strategy: list[str | None] = []
+            for rnd, cut in zip(rounds, proposed, strict=True):
+                if cut is not None and cut_problem(op, cut, extents[cut], rnd.q) is None:
+                    extents[cut] //= rnd.q
+                    strategy.append(cut)
+                else:
+                    strategy.append(None)
+            checked[key] = tuple(strategy)
+        merged[op.name] = checked[key]
     return merged
 
 

@@ -36,7 +36,7 @@ from shardplan.cost.step import (
     step_cost,
 )
 from shardplan.errors import InfeasibleError, SolverError
-from shardplan.hardware import peak_flops
+from shardplan.hardware import get_machine, peak_flops
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
@@ -217,6 +217,7 @@ def plan_training(
     outer = mesh.shape[0]
     s_options = stages or [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
     factor = opts.preset.training_flops_factor
+    rate = mesh.flops_per_s * get_machine(mesh.machine).flops_efficiency  # roofline's FLOP side
     candidates = []  # (lower bound of the step, S, m, stage starts)
     for n_stages in s_options:
         smesh = stage_mesh(mesh, n_stages)
@@ -224,8 +225,8 @@ def plan_training(
         ends = [*starts[1:], len(segs)]
         heaviest = max(sum(flops[a:b]) for a, b in zip(starts, ends, strict=True))
         for m in micro_batch_options(batch, smesh):
-            # m + S - 1 slots of at least the heaviest stage's compute at peak rate
-            slot = factor * heaviest / m / (mesh.flops_per_s * smesh.size)
+            # m + S - 1 slots of at least the heaviest stage's compute at the achieved rate
+            slot = factor * heaviest / m / (rate * smesh.size)
             candidates.append(((m + n_stages - 1) * slot, n_stages, m, starts))
     best: TrainingPlan | None = None
     leanest: tuple[float, str] | None = None

@@ -24,7 +24,7 @@ from shardplan.mesh import Mesh
 from shardplan.search.experts import data_parallel
 
 PARAMS = 32 * 16 + 16 * 32
-RATE = 1e6  # FLOP/s
+RATE = 1e6  # FLOP/s; on the "uniform" machine: compute is FLOPs / RATE (no roofline terms)
 
 
 def _two_linears():
@@ -37,7 +37,7 @@ def _two_linears():
 
 def _dp4():
     g = _two_linears()
-    mesh = Mesh((4,), bandwidth_bytes_per_s=(1.0,), flops_per_s=RATE)
+    mesh = Mesh((4,), bandwidth_bytes_per_s=(1.0,), flops_per_s=RATE, machine="uniform")
     return g, mesh, data_parallel(g, mesh)
 
 
@@ -62,7 +62,7 @@ def test_mixed_precision_state_is_16_bytes_per_parameter():
 
 def test_full_recomputation_adds_exactly_one_forward():
     g = _two_linears()
-    mesh = Mesh((1,), flops_per_s=RATE)
+    mesh = Mesh((1,), flops_per_s=RATE, machine="uniform")
     strategies = {op.name: () for op in g.ops}
     prof = profile_stage(g, mesh, strategies, CostOptions.make(dtype="bf16"))
     none = stage_cost(prof, Levers(Recompute.NONE), 1, 1)
@@ -81,7 +81,10 @@ def test_full_recomputation_adds_exactly_one_forward():
 def test_1f1b_bubble_for_4_stages_and_8_micro_batches():
     g = _two_linears()
     base = profile_stage(
-        g, Mesh((1,), flops_per_s=RATE), {o.name: () for o in g.ops}, CostOptions()
+        g,
+        Mesh((1,), flops_per_s=RATE, machine="uniform"),
+        {o.name: () for o in g.ops},
+        CostOptions(),
     )
     prof = replace(
         base,
@@ -169,7 +172,7 @@ def test_selective_recomputation_drops_the_attention_scores():
     from shardplan import zoo
 
     g = zoo.build("gpt2-small", small=True, seq=32, max_positions=32)
-    mesh = Mesh((1,), flops_per_s=RATE)
+    mesh = Mesh((1,), flops_per_s=RATE, machine="uniform")
     prof = profile_stage(g, mesh, {op.name: () for op in g.ops}, CostOptions.make(dtype="bf16"))
     assert prof.selective_bytes == 2 * 4 * (4 * 4 * 32 * 32) * 2
     scores_flops = 2 * 4 * 4 * 32 * 32 * 16  # q k^T: 2 b h s t d

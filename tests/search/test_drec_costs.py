@@ -1,9 +1,9 @@
 """D-Rec's round pricer against the evaluator, on random plans of every zoo model.
 
 Every zoo model at test size, with fp32 and bf16 tensors. On a one-round mesh a D-Rec round is
-the whole plan: its price of a complete assignment (own terms with "no cut" priced as the compute
-it adds, plus every edge once) plus the compute every op would do if cut equals the evaluator's
-total.
+the whole plan: its price of a complete assignment (own terms with each candidate's roofline
+compute above that of an ideal 1/q piece, plus every edge once) plus the compute of every op's
+ideal piece (all its FLOPs and bytes split q ways) equals the evaluator's total.
 """
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ def test_round_price_equals_the_evaluator(model, nbytes, devices, preset, train,
         decided[i] = data.draw(st.sampled_from(valid), label=op.name)
     plan = {op.name: (decided[i],) for i, op in enumerate(graph.ops)}
     want = evaluate_strategies(graph, mesh, plan, opts).total
-    cut_compute = sum(compute_cost(op.flops / q, opts, mesh.flops_per_s) for op in graph.ops)
+    cut_compute = sum(
+        compute_cost(op.flops / q, _bytes(graph, op, opts) / q, opts, mesh) for op in graph.ops
+    )
     got = pricer.round_cost(0, decided) + cut_compute
     assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+def _bytes(graph, op, opts):
+    """Every operand and result of `op`, whole (what an ideal 1/q piece moves q times over)."""
+    return sum(
+        graph.tensors[n].numel * opts.element_bytes(graph.tensors[n])
+        for n in (*op.inputs, *op.outputs)
+    )

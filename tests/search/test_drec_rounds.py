@@ -29,6 +29,7 @@ from shardplan.cost.terms import compute_cost
 from shardplan.ir.op import Role
 from shardplan.search.drec_costs import RoundCosts
 from shardplan.sharding import cut_problem
+from tests.search.test_drec_costs import _bytes
 from tests.search.test_tables_vs_evaluator import GRAPHS, MODELS
 
 
@@ -83,7 +84,8 @@ def test_rounds_sum_to_the_evaluator(model, nbytes, devices, preset, train, data
     plan = {state.op.name: tuple(state.cuts) for state in pricer.states}
     devices_total = math.prod(rnd.q for rnd in mesh.rounds)
     cut_compute = sum(
-        compute_cost(op.flops / devices_total, opts, mesh.flops_per_s) for op in graph.ops
+        compute_cost(op.flops / devices_total, _bytes(graph, op, opts) / devices_total, opts, mesh)
+        for op in graph.ops
     )
     want = evaluate_strategies(graph, mesh, plan, opts)
     redistribution = want.comm.redistribution_fwd + want.comm.redistribution_bwd
