@@ -91,7 +91,8 @@ CAUSES: Mapping[str, str] = {
     "xla-replicated-compute": (
         "XLA all-gathers an activation the plan keeps split and computes the operator on the "
         "whole tensor (its per-device result in the compiled HLO has the global shape), so the "
-        "partial sums, gradient all-reduces and redistributions the plan implies vanish"
+        "partial sums, gradient all-reduces and redistributions the plan implies vanish, and "
+        "the all-gather of its input appears (a top-k XLA does not split along the batch)"
     ),
     "moved-to-neighbour": (
         "the same collective is attributed by the HLO metadata to a neighbouring operator "

@@ -420,8 +420,9 @@ class _Explainer:
     # -- deficit rules ----
 
     def replicated_compute(self, d: _Delta) -> None:
-        """A deficit at an operator XLA computed whole (its per-device result is global)."""
-        if not d.op:
+        """A deficit at an operator XLA computed whole (its per-device result is global), or the
+        all-gather of its input that computing it whole takes (a top-k XLA does not split)."""
+        if not d.op or (d.sign > 0 and d.kind != "all-gather"):
             return
         from shardplan.sharding import local_shape, operand_layout
 
@@ -463,6 +464,7 @@ class _Explainer:
                     self.gather_shortfall,
                     self.contract_split_input,
                     self.split_normalised_axis,
+                    self.replicated_compute,
                 )
                 if d.sign > 0
                 else (
