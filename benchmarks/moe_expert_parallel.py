@@ -138,6 +138,34 @@ def main() -> None:
     combine_bwd = [a for a in zoo["all_to_alls"] if a["op"].endswith("combine") and a["backward"]]
     extra = sum(a["sent"] for a in combine_bwd[1:])
     plan_ratio = (a2a["measured"] - extra) / a2a["predicted"] if a2a["predicted"] else float("nan")
+    by_op = {r["op"]: r["strategy"] for r in zoo["moe_ops"]}
+    # the analysis below describes the expert-parallel plan (experts cut e, combine g)
+    expert_parallel = (
+        by_op.get("moe.expert_fc") == ["e"] * 3 and by_op.get("moe.combine") == ["g"] * 3
+    )
+    not_ep = (
+        "D-Rec's plan of the zoo `moe` here does not cut the expert dim in every round with the "
+        "combine on the tokens (strategies above), so there is no expert-parallel all-to-all to "
+        "compare; the analysis of that plan is in this report at commit 4291e81.\n"
+    )
+    causes = (
+        "The cost model prices a redistribution whose split moves in several rounds as one "
+        "all-to-all over the product of those rounds' devices, (Q-1)/Q of the local piece "
+        "(docs/cost-model.md): the expert input (dispatch `e g g` -> `e e e`, Q = 4) and the "
+        "expert results (`e e e` -> combine `g g g`, Q = 8), forward and backward, are the "
+        "instructions above of group 4 and 8 whose bytes equal the prediction.\n\n"
+        f"XLA adds {len(combine_bwd[1:])} all-to-all(s) of {extra:,.0f} B in the backward of "
+        "`moe.combine` that the plan does not contain. As the HLO shapes show, for the gradient "
+        "of the routing weights (`gtks,gtk,gsn->gtn` transposed to `gtk`) it does not use the "
+        "expert results already moved to the token layout: it all-gathers the whole output "
+        "gradient f32[16,128,256] (the combine all-gather row above, 7/8 of 2 MiB) and "
+        "contracts it with the expert results in the expert layout, then sends that "
+        "[e, g, t, c] product (the f32[1,2,128,32] pieces) to the token layout. "
+        "The plan's all-to-alls alone (measured minus that "
+        f"instruction): measured/predicted {plan_ratio:.3f}. The slot table's 2,048 B "
+        "all-to-all (dispatch cutting `e` in round 0) is moved by XLA with the dispatch's "
+        "all-gather and collective-permute instead.\n"
+    )
     md = (
         "# Expert parallelism: plan and measured all-to-all\n\n"
         f"`python benchmarks/moe_expert_parallel.py` (source {info['source']}): {E} experts, "
@@ -157,22 +185,7 @@ def main() -> None:
         + "\n### Every all-to-all XLA ran\n\n"
         + table(["instruction", "op", "pass", "elements x shape", "group", "sent B"], arows)
         + "\n### Causes\n\n"
-        "The cost model prices a redistribution whose split moves in several rounds as one "
-        "all-to-all over the product of those rounds' devices, (Q-1)/Q of the local piece "
-        "(docs/cost-model.md): the expert input (dispatch `e g g` -> `e e e`, Q = 4) and the "
-        "expert results (`e e e` -> combine `g g g`, Q = 8), forward and backward, are the "
-        "instructions above of group 4 and 8 whose bytes equal the prediction.\n\n"
-        f"XLA adds {len(combine_bwd[1:])} all-to-all(s) of {extra:,.0f} B in the backward of "
-        "`moe.combine` that the plan does not contain. As the HLO shapes show, for the gradient "
-        "of the routing weights (`gtks,gtk,gsn->gtn` transposed to `gtk`) it does not use the "
-        "expert results already moved to the token layout: it all-gathers the whole output "
-        "gradient f32[16,128,256] (the combine all-gather row above, 7/8 of 2 MiB) and "
-        "contracts it with the expert results in the expert layout, then sends that "
-        "[e, g, t, c] product (the f32[1,2,128,32] pieces) to the token layout. "
-        "The plan's all-to-alls alone (measured minus that "
-        f"instruction): measured/predicted {plan_ratio:.3f}. The slot table's 2,048 B "
-        "all-to-all (dispatch cutting `e` in round 0) is moved by XLA with the dispatch's "
-        "all-gather and collective-permute instead.\n"
+        + (causes if expert_parallel else not_ep)
     )
     summary = {"all_to_all_ratio": ratio, "plan_all_to_all_ratio": plan_ratio, "xla_extra": extra}
     write("moe_expert_parallel", {"run": info, "imported": imported, "zoo": zoo, **summary}, md)
