@@ -97,7 +97,7 @@ def scored_plan(
     """`Plan(...)`, validated and scored alike, with the prices `cache` shares between the plans
     one search scores (repeated layers priced once across them)."""
     layouts = dict(param_layouts or {})
-    _validate(graph, mesh, strategies, layouts)
+    _validate(graph, mesh, strategies, layouts, check_cuts=False)  # the evaluator checks them
     cost = evaluate_strategies(graph, mesh, strategies, options, layouts, cache)
     return Plan(graph, mesh, strategies, method, options, 0.0, layouts, cost=cost)
 
@@ -112,6 +112,7 @@ def _validate(
     mesh: Mesh,
     strategies: Mapping[str, Strategy],
     param_layouts: Mapping[str, Layout],
+    check_cuts: bool = True,
 ) -> None:
     rounds = mesh.rounds
     missing = [op.name for op in graph.ops if op.name not in strategies]
@@ -120,7 +121,8 @@ def _validate(
     extra = sorted(set(strategies) - set(graph.op_index))
     if extra:
         raise PlanError(f"plan has strategies for unknown ops {extra[:5]}")
-    check_strategies(graph.ops, strategies, rounds)
+    if check_cuts:
+        check_strategies(graph.ops, strategies, rounds)
     for name, layout in param_layouts.items():
         t = graph.tensors.get(name)
         if t is None or t.role is not Role.PARAMETER:

@@ -108,14 +108,18 @@ def check_strategy(op: Op, strategy: Strategy, rounds: Sequence[Round]) -> None:
 
 
 def check_strategies(
-    ops: Sequence[Op], strategies: Mapping[str, Strategy], rounds: Sequence[Round]
+    ops: Sequence[Op],
+    strategies: Mapping[str, Strategy],
+    rounds: Sequence[Round],
+    classes: Sequence[int] | None = None,
 ) -> None:
     """`check_strategy` for every op; ops of equal signature and strategy (repeated layers) are
-    checked once, since validity reads nothing else. O(ops) hashing plus one check per class."""
+    checked once, since validity reads nothing else (`classes`: op class ids that refine equal
+    signatures, to skip hashing them). O(ops) hashing plus one check per class."""
     seen: set[tuple[object, ...]] = set()
-    for op in ops:
+    for index, op in enumerate(ops):
         strategy = tuple(strategies[op.name])
-        key = (op.signature, strategy)
+        key = (op.signature if classes is None else classes[index], strategy)
         try:
             known = key in seen
         except TypeError:  # an unhashable entry: let the check name it

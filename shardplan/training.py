@@ -11,12 +11,14 @@ each boundary activation, parameters shared by several stages — and returns th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shardplan.cost import collectives as coll
+from shardplan.cost.presets import CostOptions
 from shardplan.cost.step import (
     Levers,
     Pipeline,
+    StageProfile,
     StepCost,
     profile_stage,
     step_cost,
@@ -109,10 +111,47 @@ def pipeline_of(stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sampl
             t = p.graph.tensors[name]
             nbytes = t.numel * p.options.element_bytes(t) / (p.mesh.size)
             shared += coll.all_reduce_s(nbytes, len(where), bw)
-    first = stages[0]
-    precision = first.options.precision
-    peak = peak_flops(mesh.machine, precision.name) if precision is not None else mesh.flops_per_s
+    peak = at_precision(mesh, stages[0].options).flops_per_s
     return Pipeline(tuple(p2p), bw, shared, devices, batch, tokens_per_sample, peak)
+
+
+def at_precision(mesh: Mesh, opts: CostOptions) -> Mesh:
+    """`mesh` at its machine's FLOP rate for the compute dtype of `opts`' precision (as it is
+    without one)."""
+    if opts.precision is None:
+        return mesh
+    return replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
+
+
+def assemble(
+    model: str,
+    mesh: Mesh,
+    batch: int,
+    stages: Sequence[tuple[Plan, StageProfile, Levers]],
+    micro_batches: int,
+    method: str,
+    tokens_per_sample: int,
+) -> TrainingPlan:
+    """A TrainingPlan of already profiled stage plans, its step priced from those profiles
+    (the search and the recipes build their plans through here)."""
+    plans = [p for p, _, _ in stages]
+    levers = [lv for _, _, lv in stages]
+    step = step_cost(
+        [prof for _, prof, _ in stages],
+        levers,
+        micro_batches,
+        pipeline_of(plans, mesh, batch, tokens_per_sample),
+    )
+    return TrainingPlan(
+        model,
+        mesh,
+        batch,
+        micro_batches,
+        tuple(Stage(p, lv) for p, lv in zip(plans, levers, strict=True)),
+        method,
+        tokens_per_sample,
+        step=step,
+    )
 
 
 def evaluate_training(tp: TrainingPlan) -> StepCost:

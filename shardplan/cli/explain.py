@@ -128,7 +128,7 @@ def run_explain(args: argparse.Namespace) -> int:
                 fmt_cost(c.redistribution, units),
                 fmt_cost(c.rest, units),
                 fmt_cost(c.total, units),
-                _delta(c.total - p.cost.total, units),
+                _delta(c.total - p.cost.total, units, p.cost.total),
                 fmt_bytes(c.memory_per_device),
             ]
             if args.replan:
@@ -169,10 +169,10 @@ def run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delta(value: float, units: str) -> str:
-    if abs(value) < 1e-15:
-        return "0"
-    return ("+" if value > 0 else "-") + fmt_cost(abs(value), units)
+def _delta(value: float, units: str, scale: float) -> str:
+    """A signed difference of two totals of about `scale`; float noise against it prints 0."""
+    text = fmt_cost(abs(value), units, scale)
+    return text if text == "0" else ("+" if value > 0 else "-") + text
 
 
 def _candidate_dict(c: Any, replanned: dict[tuple[Any, ...], float]) -> dict[str, Any]:
@@ -227,7 +227,7 @@ def _explain_layer(console: Any, p: Any, layer: int, progress: Any) -> int:
             escape(op.name),
             strategy_text(p.graph, op, p.strategies[op.name], p.mesh),
             "-" if best is None else strategy_text(p.graph, op, best.strategy, p.mesh),
-            "-" if best is None else _delta(best.total - p.cost.total, units),
+            "-" if best is None else _delta(best.total - p.cost.total, units, p.cost.total),
         )
     console.print(table)
     return 0
@@ -256,7 +256,7 @@ def run_diff(args: argparse.Namespace) -> int:
             escape(name),
             strategy_text(a.graph, op, sa, a.mesh),
             strategy_text(b.graph, op, sb, b.mesh),
-            _delta(delta, units),
+            _delta(delta, units, a.cost.total),
         )
     console.print(table)
     if limit < len(rows):
@@ -264,7 +264,8 @@ def run_diff(args: argparse.Namespace) -> int:
     total = b.cost.total - a.cost.total
     console.print(
         f"total: {fmt_cost(a.cost.total, units)} -> {fmt_cost(b.cost.total, units)} "
-        f"({_delta(total, units)}); memory / device: {fmt_bytes(a.cost.memory_per_device)} -> "
+        f"({_delta(total, units, a.cost.total)}); "
+        f"memory / device: {fmt_bytes(a.cost.memory_per_device)} -> "
         f"{fmt_bytes(b.cost.memory_per_device)}",
         highlight=False,
     )

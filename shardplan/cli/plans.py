@@ -42,20 +42,12 @@ def plan_for(
             )
         if not forced_items:
             return p, None
-        from shardplan.search import plan
+        from shardplan.search.explain import replan
 
         forced = parse_forces(p.graph, p.mesh, forced_items)
         method = p.method if p.method in ("drec", "ilp") else "drec"
         with progress.step(f"{method} re-planning around {', '.join(forced)}"):
-            again = plan(
-                p.graph,
-                p.mesh,
-                method,
-                train=p.options.train,
-                preset=p.options.preset.name,
-                optimizer=p.options.optimizer.value,
-                fixed=forced,
-            )
+            again = replan(p, forced, method)  # the saved plan's problem, forced ops pinned
         return again, p
     if args.mesh is None:
         raise PlanError(f"{model_label(args)} needs --mesh (e.g. --mesh 8); a plan.json has one")

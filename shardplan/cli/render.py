@@ -34,13 +34,25 @@ WIDTH = 100
 
 
 # -- units --------------------------------------------------------------------------------------
-def fmt_seconds(s: float) -> str:
-    """0.0123 -> '12.3 ms', 1.38e-05 -> '13.8 µs'."""
+NOISE = 1e-12
+"""A time at most NOISE x the scale it is read against (the plan's total) prints as 0: float
+rounding of sums of the same terms in another order, not a cost."""
+
+
+def fmt_seconds(s: float, scale: float = 0.0) -> str:
+    """0.0123 -> '12.3 ms', 1.38e-05 -> '13.8 µs', 1.5e-07 -> '0.15 µs', 2e-11 -> '<0.01 µs'.
+
+    Units are s, ms and µs; under a microsecond two decimals of µs, under 10 ns (a few bytes
+    over a fast link) '<0.01 µs', so columns stay narrow. `scale` (e.g. the plan's total):
+    |s| <= NOISE * scale, or under a femtosecond, is float noise and prints as '0'.
+    """
     a = abs(s)
-    if a == 0:
+    if a <= max(1e-15, NOISE * abs(scale)):
         return "0"
+    if a < 1e-8:
+        return f"{'-' if s < 0 else ''}<0.01 µs"
     if a < 1e-6:
-        return f"{s * 1e9:.3g} ns"
+        return f"{s * 1e6:.2f} µs"
     if a < 1e-3:
         return f"{s * 1e6:.3g} µs"
     if a < 1:
@@ -68,9 +80,10 @@ def fmt_params(n: float) -> str:
     return fmt_count(n, ("", "K", "M", "B", "T"))
 
 
-def fmt_cost(value: float, units: str) -> str:
-    """A cost in the plan's units: seconds as ms/µs, the mindspore preset's elements as counts."""
-    return fmt_seconds(value) if units == "s" else fmt_count(value) + " el"
+def fmt_cost(value: float, units: str, scale: float = 0.0) -> str:
+    """A cost in the plan's units: seconds as s/ms/µs (`fmt_seconds`; `scale`: the total it is
+    read against, for the float-noise cut), the mindspore preset's elements as counts."""
+    return fmt_seconds(value, scale) if units == "s" else fmt_count(value) + " el"
 
 
 def one_line(text: str, width: int = 60) -> str:
@@ -324,18 +337,22 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
     t.add_column("item", no_wrap=True)
     t.add_column("value", overflow="fold")
     total = f"{fmt_cost(c.total, u)} per step"
+
+    def part(value: float) -> str:  # a share of the total: float noise against it prints 0
+        return fmt_cost(value, u, c.total)
+
     if baseline is not None:
         delta = c.total - baseline.cost.total
-        total += f" ({'+' if delta >= 0 else '-'}{fmt_cost(abs(delta), u)} vs unforced)"
+        total += f" ({'+' if delta >= 0 else '-'}{part(abs(delta))} vs unforced)"
     t.add_row("total cost", total)
-    t.add_row("  compute", fmt_cost(c.compute, u))
+    t.add_row("  compute", part(c.compute))
     cm = c.comm
     t.add_row(
         "  communication",
-        f"{fmt_cost(cm.total, u)}: intra-op fwd {fmt_cost(cm.intra_fwd, u)}, "
-        f"bwd {fmt_cost(cm.intra_bwd, u)}, gradient sync {fmt_cost(cm.grad_sync, u)}, "
-        f"redistribution {fmt_cost(cm.redistribution_fwd + cm.redistribution_bwd, u)}, "
-        f"halo {fmt_cost(cm.halo, u)}",
+        f"{part(cm.total)}: intra-op fwd {part(cm.intra_fwd)}, "
+        f"bwd {part(cm.intra_bwd)}, gradient sync {part(cm.grad_sync)}, "
+        f"redistribution {part(cm.redistribution_fwd + cm.redistribution_bwd)}, "
+        f"halo {part(cm.halo)}",
     )
     t.add_row(
         "memory / device",

@@ -486,8 +486,8 @@ def evaluate_strategies(
     """
     rounds = mesh.rounds
     strategies = {name: tuple(s) for name, s in strategies.items()}
-    check_strategies(graph.ops, strategies, rounds)
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    check_strategies(graph.ops, strategies, rounds, cache.classes)
     homes = param_homes(graph, strategies, param_layouts)
     out_layout: dict[str, Layout] = {}
     for op, cid in zip(graph.ops, cache.classes, strict=True):

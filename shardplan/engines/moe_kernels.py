@@ -23,6 +23,27 @@ def _attrs(op: Op) -> tuple[int, int]:
     return int(op.attr("experts")), int(op.attr("capacity"))
 
 
+def _table(
+    topk_ids: Kernel,
+    topk_weights: Kernel,
+    route: Kernel,
+    slots: Kernel,
+    dispatch: Kernel,
+    expert_matmul: Kernel,
+    combine: Kernel,
+) -> dict[str, Kernel]:
+    """The kind -> kernel table of one framework's MoE kernels."""
+    return {
+        "moe_topk_ids": topk_ids,
+        "moe_topk_weights": topk_weights,
+        "moe_route": route,
+        "moe_slots": slots,
+        "moe_dispatch": dispatch,
+        "expert_matmul": expert_matmul,
+        "moe_combine": combine,
+    }
+
+
 def jax_kernels() -> dict[str, Kernel]:
     """MoE kernels on jax.numpy (jax imported by the caller)."""
     import jax
@@ -68,15 +89,7 @@ def jax_kernels() -> dict[str, Kernel]:
         hot = (routes[..., None] == jnp.arange(e * c)).astype(y.dtype)  # g t k s
         return jnp.einsum("gtks,gtk,gsn->gtn", hot, weights, flat)
 
-    return {
-        "moe_topk_ids": topk_ids,
-        "moe_topk_weights": topk_weights,
-        "moe_route": route,
-        "moe_slots": slots,
-        "moe_dispatch": dispatch,
-        "expert_matmul": expert_matmul,
-        "moe_combine": combine,
-    }
+    return _table(topk_ids, topk_weights, route, slots, dispatch, expert_matmul, combine)
 
 
 def torch_kernels() -> dict[str, Kernel]:
@@ -124,12 +137,4 @@ def torch_kernels() -> dict[str, Kernel]:
         hot = (routes.unsqueeze(-1) == torch.arange(e * c)).to(y.dtype)
         return torch.einsum("gtks,gtk,gsn->gtn", hot, weights.to(y.dtype), flat)
 
-    return {
-        "moe_topk_ids": topk_ids,
-        "moe_topk_weights": topk_weights,
-        "moe_route": route,
-        "moe_slots": slots,
-        "moe_dispatch": dispatch,
-        "expert_matmul": expert_matmul,
-        "moe_combine": combine,
-    }
+    return _table(topk_ids, topk_weights, route, slots, dispatch, expert_matmul, combine)

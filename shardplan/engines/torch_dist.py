@@ -41,12 +41,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from shardplan.engines.spawn import free_port, require_gloo, spawn_and_wait
 from shardplan.engines.torch_exec import _require_torch, check_kinds, kernels
 from shardplan.engines.torch_report import TOLERANCES, DistReport, _report_from_dict
 from shardplan.engines.torch_runner import _worker
@@ -59,23 +59,6 @@ DEFAULT_TIMEOUT = 300.0
 
 
 # -- the parent side -----------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _terminate(context: Any) -> None:
-    for p in context.processes:
-        if p.is_alive():
-            p.terminate()
-    for p in context.processes:
-        p.join(5)
-        if p.is_alive():
-            p.kill()
-            p.join(5)
 
 
 def _per_plan(value: Any, count: int, what: str) -> list[Any]:
@@ -130,10 +113,7 @@ def run_distributed_many(
     table = kernels()
     for p in plans:
         check_kinds(p.graph, table)
-    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-        raise BackendError("this torch build has no torch.distributed gloo backend")
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+    require_gloo(torch)
 
     entries = []
     for p, t, d in zip(plans, flags, dtypes, strict=True):
@@ -154,43 +134,16 @@ def run_distributed_many(
     out_path = os.path.join(workdir, "reports.json")
     names = ", ".join(sorted({f"{p.graph.name}/{p.method}" for p in plans}))
     start = time.perf_counter()
-    context = None
     try:
         with open(job_path, "w") as f:
             json.dump(job, f)
-        context = mp.start_processes(
-            _worker,
-            args=(devices, _free_port(), job_path, out_path),
-            nprocs=devices,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = start + timeout
-        while not context.join(timeout=max(0.05, min(deadline - time.perf_counter(), 1.0))):
-            if time.perf_counter() >= deadline:
-                raise BackendError(
-                    f"torch.distributed run of {names} on {devices} processes did not finish "
-                    f"within {timeout:.0f}s; its processes were terminated (raise timeout=...)"
-                )
+        what = f"torch.distributed run of {names}"
+        spawn_and_wait(_worker, (devices, free_port(), job_path, out_path), devices, timeout, what)
         with open(out_path) as f:
             raw = json.load(f)
-    except ProcessRaisedException as e:
-        lines = str(e).strip().splitlines()
-        frames = "\n".join(lines[-6:-1])
-        raise BackendError(
-            f"torch.distributed run of {names} failed on rank {e.error_index}: "
-            f"{lines[-1] if lines else e!r}\n{frames}"
-        ) from None
-    except ProcessExitedException as e:
-        raise BackendError(
-            f"torch.distributed run of {names}: rank {e.error_index} exited with code "
-            f"{e.exit_code} (signal {e.signal_name or '-'})"
-        ) from None
     except (OSError, ValueError) as e:
         raise BackendError(f"torch.distributed run of {names}: no report from rank 0 ({e})") from e
     finally:
-        if context is not None:
-            _terminate(context)
         shutil.rmtree(workdir, ignore_errors=True)
     wall = time.perf_counter() - start
     return [_report_from_dict(d, wall) for d in raw]

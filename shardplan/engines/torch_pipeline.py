@@ -21,7 +21,6 @@ them), in float64 by default (rtol 1e-9, atol 1e-12).
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
@@ -32,6 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from shardplan.engines.spawn import (
+    exit_fast,
+    free_port,
+    init_gloo,
+    require_gloo,
+    spawn_and_wait,
+)
 from shardplan.engines.torch_exec import (
     _require_torch,
     check_kinds,
@@ -142,12 +148,7 @@ def run_pipeline(
     shapes = {tuple(r.q for r in s.plan.mesh.rounds) for s in tp.stages}
     if len(shapes) != 1:
         raise BackendError(f"the stages of a pipeline need one stage mesh, got {sorted(shapes)}")
-    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-        raise BackendError("this torch build has no torch.distributed gloo backend")
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
-
-    from shardplan.engines.torch_dist import _free_port, _terminate
+    require_gloo(torch)
 
     (stage_shape,) = shapes
     world = len(tp.stages) * int(np.prod(stage_shape or (1,)))
@@ -162,24 +163,11 @@ def run_pipeline(
     }
     job_path = os.path.join(workdir, "job.json")
     start = time.perf_counter()
-    context = None
     try:
         with open(job_path, "w") as f:
             json.dump(job, f)
-        context = mp.start_processes(
-            _worker,
-            args=(world, _free_port(), job_path),
-            nprocs=world,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = start + timeout
-        while not context.join(timeout=max(0.05, min(deadline - time.perf_counter(), 1.0))):
-            if time.perf_counter() >= deadline:
-                raise BackendError(
-                    f"pipeline run of {tp.model} on {world} processes did not finish within "
-                    f"{timeout:.0f}s; its processes were terminated (raise timeout=...)"
-                )
+        args = (world, free_port(), job_path)
+        spawn_and_wait(_worker, args, world, timeout, f"pipeline run of {tp.model}")
         grads: dict[str, np.ndarray] = {}
         for s in range(len(tp.stages)):
             with np.load(os.path.join(workdir, f"stage{s}.npz")) as data:
@@ -189,21 +177,9 @@ def run_pipeline(
                     grads[name] = grads.get(name, 0) + data[name]
         with np.load(os.path.join(workdir, f"stage{len(tp.stages) - 1}.npz")) as data:
             loss = float(data["__loss__"])
-    except ProcessRaisedException as e:
-        lines = str(e).strip().splitlines()
-        raise BackendError(
-            f"pipeline run of {tp.model} failed on rank {e.error_index}: "
-            f"{lines[-1] if lines else e!r}\n" + "\n".join(lines[-8:-1])
-        ) from None
-    except ProcessExitedException as e:
-        raise BackendError(
-            f"pipeline run of {tp.model}: rank {e.error_index} exited with code {e.exit_code}"
-        ) from None
     finally:
-        if context is not None:
-            _terminate(context)
+        shutil.rmtree(workdir, ignore_errors=True)
     seconds = time.perf_counter() - start
-    shutil.rmtree(workdir, ignore_errors=True)
     ref_loss, ref_grads = _reference(tp, seed, dtype)
     rtol, atol = TOLERANCES[dtype]
     failed: list[str] = []
@@ -284,25 +260,12 @@ def _stage_module(torch: Any, runner: Any, tp: TrainingPlan, s: int, seed: int, 
 
 def _worker(rank: int, world: int, port: int, job_path: str) -> None:
     """One process: its stage of the pipeline, driven by Schedule1F1B."""
-    import logging
-    import warnings
-
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    for noisy in ("_redistribute", "_collective_utils"):
-        logging.getLogger(f"torch.distributed.tensor.{noisy}").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
     with open(job_path) as f:
         job = json.load(f)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=float(job["timeout"])),
-    )
+    init_gloo(rank, world, port, float(job["timeout"]))
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -372,11 +335,7 @@ def _worker(rank: int, world: int, port: int, job_path: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_fast()
 
 
 __all__ = ["PipelineReport", "run_pipeline", "whole_graph"]

@@ -39,9 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import json
-import logging
 import math
 import os
 import time
@@ -51,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from shardplan.engines.spawn import exit_fast, init_gloo
 from shardplan.engines.torch_exec import (
     Kernel,
     _pair,
@@ -431,27 +430,11 @@ def _run_one(plan: Plan, mesh: Any, seed: int, options: Mapping[str, Any]) -> di
 
 def _worker(rank: int, world: int, port: int, job_path: str, out_path: str) -> None:
     """Entry point of each spawned process (module level, so "spawn" can import it)."""
-    import warnings
-
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    for noisy in ("_redistribute", "_collective_utils"):  # "suboptimal", "no alltoall on CPU"
-        logging.getLogger(f"torch.distributed.tensor.{noisy}").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     with open(job_path) as f:
         job = json.load(f)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=float(job["timeout"])),
-    )
+    init_gloo(rank, world, port, float(job["timeout"]))
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -470,11 +453,4 @@ def _worker(rank: int, world: int, port: int, job_path: str, out_path: str) -> N
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # Success: leave without interpreter finalization, which takes seconds per process with torch
-    # loaded (the report is written, the process group destroyed). Failures raise above instead,
-    # so torch.multiprocessing records their traceback for the parent.
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_fast()  # the report is written, the process group destroyed

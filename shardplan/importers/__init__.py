@@ -16,20 +16,29 @@ from shardplan.importers._build import ImportResult, ReplicatedOp, ReplicatedOps
 if TYPE_CHECKING:
     from shardplan.ir.graph import Graph
 
-__all__ = ["ImportResult", "ReplicatedOp", "ReplicatedOpsWarning", "from_onnx", "from_torch",
-           "import_onnx", "import_torch"]
+__all__ = [
+    "ImportResult",
+    "ReplicatedOp",
+    "ReplicatedOpsWarning",
+    "from_onnx",
+    "from_torch",
+    "import_onnx",
+    "import_torch",
+]
 
 
-def from_torch(module: Any, example_args: Any = (), example_kwargs: Any = None, **options: Any
-               ) -> Graph:
+def from_torch(
+    module: Any, example_args: Any = (), example_kwargs: Any = None, **options: Any
+) -> Graph:
     """See `shardplan.importers.torch.from_torch`."""
     from shardplan.importers import torch as importer
 
     return importer.from_torch(module, example_args, example_kwargs, **options)
 
 
-def import_torch(module: Any, example_args: Any = (), example_kwargs: Any = None,
-                 **options: Any) -> ImportResult:
+def import_torch(
+    module: Any, example_args: Any = (), example_kwargs: Any = None, **options: Any
+) -> ImportResult:
     """See `shardplan.importers.torch.import_torch`."""
     from shardplan.importers import torch as importer
 

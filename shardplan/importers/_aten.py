@@ -14,6 +14,22 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import UnsupportedOpError
+from shardplan.importers._aten_select import (  # selection rows
+    _cat,
+    _constant_pad,
+    _embedding,
+    _gather,
+    _index,
+    _index_select,
+    _narrow,
+    _select,
+    _slice,
+    _split,
+    _split_with_sizes,
+    _stack,
+    _topk,
+    _unbind,
+)
 from shardplan.importers._aten_views import (  # the shared helpers and view rules
     Rule,
     _alias,
@@ -32,143 +48,13 @@ from shardplan.importers._aten_views import (  # the shared helpers and view rul
     _to_copy,
     _transpose,
 )
-from shardplan.importers._build import Lazy, TranslationTable
+from shardplan.importers._build import Lazy, TranslationTable, conv
 from shardplan.ir.op import Role
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
     from shardplan.importers.torch import _Context
-
-
-
-# -- rules: selections (gather-like einsum forms, see `_build`) -----------------------------------
-def _slice_positions(ctx: _Context, node: Node, x: Node, axis: int, start: Any, end: Any,
-                     step: Any, part: str = "", result: int | None = None) -> Any:
-    size = ctx.shape(x)[axis]
-    positions = range(size)[slice(start, end, step or 1)]
-    if len(positions) == size:
-        return ctx.value(x)
-    index = ctx.index_constant(node, (len(positions),), f"index{'' if result is None else result}")
-    return ctx.gather(node, x, [index], axis, part=part, result=result, start=positions.start,
-                      step=positions.step)
-
-
-def _slice(ctx: _Context, node: Node) -> Any:
-    x = node.args[0]
-    axis = _axis(_arg(node, 1, 0), len(ctx.shape(x)))
-    return _slice_positions(ctx, node, x, axis, _arg(node, 2), _arg(node, 3), _arg(node, 4, 1))
-
-
-def _narrow(ctx: _Context, node: Node) -> Any:
-    x, dim, start, length = node.args[:4]
-    axis = _axis(dim, len(ctx.shape(x)))
-    return _slice_positions(ctx, node, x, axis, start, start + length, 1)
-
-
-def _select(ctx: _Context, node: Node) -> Any:
-    x, dim, position = node.args[:3]
-    axis = _axis(dim, len(ctx.shape(x)))
-    return ctx.gather(node, x, [ctx.index_constant(node, ())], axis, position=position)
-
-
-def _split_sizes(ctx: _Context, node: Node, sizes: Sequence[int], dim: int) -> Any:
-    x = node.args[0]
-    axis = _axis(dim, len(ctx.shape(x)))
-    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-    used = ctx.used(node)
-    return [_slice_positions(ctx, node, x, axis, offsets[i], offsets[i] + sizes[i], 1, result=i)
-            if i in used and sizes[i] > 0 else None for i in range(len(sizes))]  # empty: dropped
-
-
-def _split_with_sizes(ctx: _Context, node: Node) -> Any:
-    return _split_sizes(ctx, node, list(node.args[1]), _arg(node, 2, 0))
-
-
-def _split(ctx: _Context, node: Node) -> Any:
-    sizes = [ctx.shape(node, i)[_axis(_arg(node, 2, 0), len(ctx.shape(node.args[0])))]
-             for i in range(len(node.meta["val"]))]
-    return _split_sizes(ctx, node, sizes, _arg(node, 2, 0))
-
-
-def _unbind(ctx: _Context, node: Node) -> Any:
-    x = node.args[0]
-    axis = _axis(_arg(node, 1, 0), len(ctx.shape(x)))
-    return ctx.per_result(node, lambda i: ctx.gather(
-        node, x, [ctx.index_constant(node, (), f"index{i}")], axis, result=i, position=i))
-
-
-def _index(ctx: _Context, node: Node) -> Any:
-    """x[..., idx, ...] with one or several adjacent index tensors; a 2-D table -> embedding."""
-    x, indices = node.args[0], list(node.args[1])
-    at = [i for i, t in enumerate(indices) if t is not None]
-    if not at:
-        return ctx.value(x)
-    if at != list(range(at[0], at[-1] + 1)):
-        raise UnsupportedOpError(f"advanced indices at non-adjacent positions {at}")
-    if any(str(indices[i].meta["val"].dtype) == "torch.bool" for i in at):
-        raise UnsupportedOpError("boolean-mask indexing has a data-dependent shape")
-    if len(ctx.shape(x)) == 2 and at == [0]:
-        return ctx.emit("embedding", [x, indices[0]], node)  # exact: same lookup
-    return ctx.gather(node, x, [indices[i] for i in at], at[0])
-
-
-def _index_select(ctx: _Context, node: Node) -> Any:
-    x, dim, index = node.args[:3]
-    axis = _axis(dim, len(ctx.shape(x)))
-    if axis == 0 and len(ctx.shape(x)) == 2 and len(ctx.shape(index)) == 1:
-        return ctx.emit("embedding", [x, index], node)
-    return ctx.gather(node, x, [index], axis)
-
-
-def _gather(ctx: _Context, node: Node) -> Any:
-    x, dim, index = node.args[:3]
-    return ctx.emitter.gather_elements(ctx.tensor(x), ctx.tensor(index),
-                                       _axis(dim, len(ctx.shape(x))), **ctx.target(node, "", None),
-                                       approx=str(node.target), source=str(node.target))
-
-
-def _topk(ctx: _Context, node: Node) -> Any:
-    """values and indices: a selection of k along a FROZEN axis (topk needs the whole axis)."""
-    x, k = node.args[:2]
-    axis = _axis(_arg(node, 2, -1), len(ctx.shape(x)))
-    index = ctx.index_constant(node, (k,))
-    return ctx.per_result(node, lambda i: ctx.gather(node, x, [index], axis, result=i,
-                                                     frozen=True, k=k))
-
-
-def _constant_pad(ctx: _Context, node: Node) -> Any:
-    """Padding grows one axis at a time: a gather-like read of positions (pad -> the fill)."""
-    x, pad = node.args[0], list(node.args[1])
-    shape, out = list(ctx.shape(x)), ctx.shape(node)
-    value: Any = x
-    changed = [j for j in range(len(shape)) if shape[j] != out[j]]
-    for n, j in enumerate(changed):
-        index = ctx.index_constant(node, (out[j],), f"index{j}")
-        last = n == len(changed) - 1
-        value = ctx.gather(node, value, [index], j, part="" if last else f"pad{j}",
-                           pad=tuple(pad), fill=_arg(node, 2, 0))
-    return value if changed else ctx.value(x)
-
-
-def _embedding(ctx: _Context, node: Node) -> Any:
-    return ctx.emit("embedding", node.args[:2], node)
-
-
-def _cat(ctx: _Context, node: Node) -> Any:
-    tensors = [t for t in node.args[0] if min(ctx.shape(t), default=1) > 0]
-    if len(tensors) == 1:
-        return ctx.value(tensors[0])
-    return ctx.emit("concat", tensors, node, axis=_axis(_arg(node, 1, 0), len(ctx.shape(node))))
-
-
-def _stack(ctx: _Context, node: Node) -> Any:
-    out = ctx.shape(node)
-    axis = _axis(_arg(node, 1, 0), len(out))
-    parts = [ctx.emit("reshape", [t], node, part=f"unsqueeze{i}",
-                      shape=out[:axis] + (1,) + out[axis + 1:])
-             for i, t in enumerate(node.args[0])]
-    return ctx.emit("concat", parts, node, axis=axis)
 
 
 # -- rules: elementwise ---------------------------------------------------------------------------
@@ -194,8 +80,9 @@ def _binary(kind: str, approx: bool = False) -> Rule:
                 return ctx.emit("scale", [tensor], node, value=scalar)
             if kind == "div" and _is_node(a) and scalar != 0:
                 return ctx.emit("scale", [tensor], node, value=1 / scalar)
-        return ctx.emit(kind, [tensor], node, approx=approx, scalar=scalar,
-                        reverse=not _is_node(a), **attrs)
+        return ctx.emit(
+            kind, [tensor], node, approx=approx, scalar=scalar, reverse=not _is_node(a), **attrs
+        )
 
     return rule
 
@@ -252,15 +139,20 @@ def _select_where(ctx: _Context, node: Node) -> Any:
 
 
 # -- rules: reductions and ops along one axis -----------------------------------------------------
-def _reduce(kind: str, dims_at: int | None = 1, keep_at: int | None = 2,
-            approx: bool = False) -> Rule:
+def _reduce(
+    kind: str, dims_at: int | None = 1, keep_at: int | None = 2, approx: bool = False
+) -> Rule:
     def rule(ctx: _Context, node: Node) -> Any:
         x = node.args[0]
         rank = len(ctx.shape(x))
         axes = _axes(_arg(node, dims_at) if dims_at is not None else None, rank)
         keep = _arg(node, keep_at, False) if keep_at is not None else node.kwargs.get("keepdim")
-        return ctx.per_result(node, lambda i: ctx.emit(
-            kind, [x], node, index=i, approx=approx or bool(i), axes=axes, keepdims=bool(keep)))
+        return ctx.per_result(
+            node,
+            lambda i: ctx.emit(
+                kind, [x], node, index=i, approx=approx or bool(i), axes=axes, keepdims=bool(keep)
+            ),
+        )
 
     return rule
 
@@ -271,8 +163,9 @@ def _along(kind: str, approx: bool = False, default_dim: int = -1) -> Rule:
     def rule(ctx: _Context, node: Node) -> Any:
         x = node.args[0]
         axis = _axis(_arg(node, 1, default_dim), len(ctx.shape(x)))
-        return ctx.per_result(node, lambda i: ctx.emit(kind, [x], node, index=i, approx=approx,
-                                                       axis=axis))
+        return ctx.per_result(
+            node, lambda i: ctx.emit(kind, [x], node, index=i, approx=approx, axis=axis)
+        )
 
     return rule
 
@@ -281,8 +174,10 @@ def _along(kind: str, approx: bool = False, default_dim: int = -1) -> Rule:
 def _layer_norm(ctx: _Context, node: Node) -> Any:
     x, normalized, weight, bias = node.args[0], node.args[1], _arg(node, 2), _arg(node, 3)
     if len(normalized) != 1:
-        raise UnsupportedOpError(f"layer norm over the last {len(normalized)} dims; the "
-                                 "catalogue's layer_norm normalizes the last dim only")
+        raise UnsupportedOpError(
+            f"layer norm over the last {len(normalized)} dims; the "
+            "catalogue's layer_norm normalizes the last dim only"
+        )
     inputs = [x] + [t for t in (weight, bias) if t is not None]
     return [ctx.emit("layer_norm", inputs, node, index=0, eps=_arg(node, 4)), None, None]
 
@@ -291,8 +186,13 @@ def _norm_params(ctx: _Context, node: Node, channels: int) -> list[Any]:
     params: list[Any] = []
     for position, fill in ((1, "ones"), (2, "zeros")):
         t = _arg(node, position)
-        params.append(t if t is not None else ctx.emitter.tensor(
-            f"{node.name}/{fill}", (channels,), ctx.dtype_bytes(node), Role.CONSTANT))
+        params.append(
+            t
+            if t is not None
+            else ctx.emitter.tensor(
+                f"{node.name}/{fill}", (channels,), ctx.dtype_bytes(node), Role.CONSTANT
+            )
+        )
     return params
 
 
@@ -308,8 +208,11 @@ def _group_norm(ctx: _Context, node: Node) -> Any:
     """Group norm keeps batch norm's form (n, c and spatial dims free; statistics dropped)."""
     x = node.args[0]
     params = _norm_params(ctx, node, ctx.shape(x)[1])
-    return [ctx.emit("batch_norm", [x, *params], node, index=0, approx=True,
-                     groups=_arg(node, 6)), None, None]
+    return [
+        ctx.emit("batch_norm", [x, *params], node, index=0, approx=True, groups=_arg(node, 6)),
+        None,
+        None,
+    ]
 
 
 # -- rules: contractions, convolution, pooling ----------------------------------------------------
@@ -325,8 +228,11 @@ def _mm(ctx: _Context, node: Node) -> Any:
 
 
 def _with_bias(ctx: _Context, node: Node, y: str, bias: Node, axis: int = -1) -> str:
-    attrs = {k: v for k, v in (("beta", _arg(node, 3, 1)), ("alpha", _arg(node, 4, 1)))
-             if v != 1} if str(node.target) != "aten.convolution.default" else {}
+    attrs = (
+        {k: v for k, v in (("beta", _arg(node, 3, 1)), ("alpha", _arg(node, 4, 1))) if v != 1}
+        if str(node.target) != "aten.convolution.default"
+        else {}
+    )
     out = ctx.shape(node)
     if ctx.shape(bias) == (out[axis],):
         return ctx.emit("bias_add", [y, bias], node, axis=axis, **attrs)
@@ -341,13 +247,18 @@ def _addmm(ctx: _Context, node: Node) -> Any:
 def _matmul_nd(ctx: _Context, node: Node) -> Any:
     """aten.matmul kept whole (see torch.py): a 2-D right operand -> matmul/linear; equal-rank
     batched operands -> one bmm over all batch dims, so heads stay a separate loop dim instead
-    of being merged with the batch by ATen's reshape-bmm-reshape decomposition."""
+    of being merged with the batch by ATen's reshape-bmm-reshape decomposition; a 2-D left
+    operand applied to every matrix of a batched right one (Mamba's `dt_proj.weight @ x`) ->
+    the exact einsum `m k, b.. k n -> b.. m n` (no broadcast copy of the left operand)."""
     a, b = node.args[:2]
     ra, rb = len(ctx.shape(a)), len(ctx.shape(b))
     if rb == 2 and ra >= 2:
         return _matmul(ctx, node, a, b)
     if ra == rb >= 3 and ctx.shape(a)[:-2] == ctx.shape(b)[:-2]:
         return ctx.emit("bmm", [a, b], node)
+    if ra == 2 and rb >= 3:
+        batch = " ".join(f"b{i}" for i in range(rb - 2))
+        return ctx.emit("einsum", [a, b], node, spec=f"m k, {batch} k n -> {batch} m n")
     raise UnsupportedOpError(f"matmul of shapes {ctx.shape(a)} x {ctx.shape(b)}")
 
 
@@ -367,7 +278,8 @@ def _linear(ctx: _Context, node: Node) -> Any:
 def simple_matmul(a_shape: Sequence[int], b_shape: Sequence[int]) -> bool:
     """Shapes `_matmul_nd` translates (torch.py keeps aten.matmul only when all are)."""
     ra, rb = len(a_shape), len(b_shape)
-    return (rb == 2 and ra >= 2) or (ra == rb >= 3 and tuple(a_shape[:-2]) == tuple(b_shape[:-2]))
+    same_batch = ra == rb >= 3 and tuple(a_shape[:-2]) == tuple(b_shape[:-2])
+    return (rb == 2 and ra >= 2) or same_batch or (ra == 2 and rb >= 3)
 
 
 def _bmm(ctx: _Context, node: Node) -> Any:
@@ -390,19 +302,7 @@ def _convolution(ctx: _Context, node: Node) -> Any:
         raise UnsupportedOpError(f"dilated convolution (dilation={list(dilation)})")
     if rank not in (3, 4):
         raise UnsupportedOpError(f"{rank - 2}-D convolution; the catalogue has conv2d only")
-    grouped = {"groups": int(groups)} if groups != 1 else {}  # depthwise: groups == channels
-    if rank == 4:
-        y = ctx.emit("conv2d", [x, w], node, part="conv" if bias is not None else "",
-                     stride=_pair(stride), padding=_pair(padding), **grouped)
-        return y if bias is None else _with_bias(ctx, node, y, bias, axis=1)
-    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
-    x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
-    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
-    y = ctx.emit("conv2d", [x2, w2], node, part="conv", stride=(1, int(stride[0])),
-                 padding=(0, int(padding[0])), **grouped)
-    if bias is not None:
-        y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
-    return ctx.emit("reshape", [y], node, shape=ctx.shape(node))
+    return conv(ctx, node, x, w, bias, _pair(stride), _pair(padding), int(groups))
 
 
 def _pool(ctx: _Context, node: Node) -> Any:
@@ -420,8 +320,16 @@ def _pool(ctx: _Context, node: Node) -> Any:
     out = ctx.shape(node, 0 if is_max else None)
     if floor != out[2:]:
         raise UnsupportedOpError(f"ceil-mode pooling (output {out[2:]}, floor mode gives {floor})")
-    y = ctx.emit("pool2d", [x], node, index=0 if is_max else None, kernel=kernel, stride=stride,
-                 padding=padding, mode="max" if is_max else "avg")
+    y = ctx.emit(
+        "pool2d",
+        [x],
+        node,
+        index=0 if is_max else None,
+        kernel=kernel,
+        stride=stride,
+        padding=padding,
+        mode="max" if is_max else "avg",
+    )
     return [y, None] if is_max else y
 
 
@@ -451,48 +359,54 @@ _ELEMENTWISE_UNARY: dict[str, tuple[str, bool]] = {
     "aten.neg.default": ("neg", False),
     "aten.sqrt.default": ("sqrt", False),
     "aten.rsqrt.default": ("rsqrt", False),
-    "aten.abs.default": ("relu", True),            # |x|: piecewise linear like relu
-    "aten.log.default": ("exp", True),             # the inverse of exp, same cost class
+    "aten.abs.default": ("relu", True),  # |x|: piecewise linear like relu
+    "aten.log.default": ("exp", True),  # the inverse of exp, same cost class
     "aten.log1p.default": ("exp", True),
     "aten.expm1.default": ("exp", True),
-    "aten.sin.default": ("tanh", True),            # bounded smooth functions
+    "aten.sin.default": ("tanh", True),  # bounded smooth functions
     "aten.cos.default": ("tanh", True),
-    "aten.erf.default": ("tanh", True),            # erf has tanh's shape
+    "aten.erf.default": ("tanh", True),  # erf has tanh's shape
     "aten.sign.default": ("tanh", True),
-    "aten.reciprocal.default": ("rsqrt", True),    # a reciprocal-like power
-    "aten.hardswish.default": ("silu", True),      # x * gate(x), like silu
+    "aten.reciprocal.default": ("rsqrt", True),  # a reciprocal-like power
+    "aten.hardswish.default": ("silu", True),  # x * gate(x), like silu
     "aten.mish.default": ("silu", True),
     "aten.softplus.default": ("silu", True),
     "aten.hardsigmoid.default": ("sigmoid", True),
     "aten.leaky_relu.default": ("relu", True),
     "aten.elu.default": ("relu", True),
-    "aten.floor.default": ("identity", True),      # rounding keeps the value's scale
+    "aten.floor.default": ("identity", True),  # rounding keeps the value's scale
     "aten.ceil.default": ("identity", True),
     "aten.round.default": ("identity", True),
     "aten.trunc.default": ("identity", True),
-    "aten.logical_not.default": ("neg", True),     # boolean negation
+    "aten.logical_not.default": ("neg", True),  # boolean negation
     "aten.bitwise_not.default": ("neg", True),
-    "aten.isnan.default": ("identity", True),      # predicates: a bool of the same shape
+    "aten.isnan.default": ("identity", True),  # predicates: a bool of the same shape
     "aten.isinf.default": ("identity", True),
 }
 _ELEMENTWISE_BINARY: dict[str, tuple[str, bool]] = {
-    **{f"aten.{op}.{o}": (op, False) for op in ("add", "sub", "mul", "div")
-       for o in ("Tensor", "Scalar")},
+    **{
+        f"aten.{op}.{o}": (op, False)
+        for op in ("add", "sub", "mul", "div")
+        for o in ("Tensor", "Scalar")
+    },
     "aten.maximum.default": ("maximum", False),
     "aten.minimum.default": ("minimum", False),
     # comparisons are the sign of a difference; bool results (1 byte)
-    **{f"aten.{op}.{o}": ("sub", True) for op in ("eq", "ne", "lt", "le", "gt", "ge")
-       for o in ("Tensor", "Scalar")},
-    "aten.logical_and.default": ("mul", True),     # boolean and = product of {0, 1}
+    **{
+        f"aten.{op}.{o}": ("sub", True)
+        for op in ("eq", "ne", "lt", "le", "gt", "ge")
+        for o in ("Tensor", "Scalar")
+    },
+    "aten.logical_and.default": ("mul", True),  # boolean and = product of {0, 1}
     "aten.bitwise_and.Tensor": ("mul", True),
     "aten.bitwise_and.Scalar": ("mul", True),
     "aten.logical_or.default": ("maximum", True),  # boolean or = maximum of {0, 1}
     "aten.bitwise_or.Tensor": ("maximum", True),
     "aten.logical_xor.default": ("sub", True),
     "aten.bitwise_xor.Tensor": ("sub", True),
-    "aten.div.Tensor_mode": ("div", True),         # floor/trunc division
+    "aten.div.Tensor_mode": ("div", True),  # floor/trunc division
     "aten.floor_divide.default": ("div", True),
-    "aten.remainder.Tensor": ("div", True),        # x - y * floor(x / y)
+    "aten.remainder.Tensor": ("div", True),  # x - y * floor(x / y)
     "aten.remainder.Scalar": ("div", True),
     "aten.fmod.Tensor": ("div", True),
     "aten.fmod.Scalar": ("div", True),
@@ -514,39 +428,63 @@ def aten_table() -> TranslationTable[str, Rule]:
     for key, (kind, approx) in _ELEMENTWISE_BINARY.items():
         reg(key)(_binary(kind, approx))
     # values that do not change: no op
-    reg("aten.clone.default", "aten.alias.default", "aten.detach.default",
-        "aten.lift_fresh_copy.default", "aten.contiguous.default")(_alias)
-    reg("aten._to_copy.default", "prims.convert_element_type.default")(_to_copy)  # cast if dtype
+    reg(
+        "aten.clone.default",
+        "aten.alias.default",
+        "aten.detach.default",
+        "aten.lift_fresh_copy.default",
+        "aten.contiguous.default",
+    )(_alias)
+    reg(
+        "aten._to_copy.default",
+        "prims.convert_element_type.default",
+        "aten.to.dtype",  # export's IR before decomposition: a cast if the dtype changes
+        "aten.to.device",
+        "aten.to.dtype_layout",
+    )(_to_copy)
     reg("aten.copy.default")(_copy)
     reg("aten.native_dropout.default", "aten.dropout.default")(_dropout)
     # layout: reshape / transpose (exact)
-    reg("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-        "aten.squeeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
-        "aten.unsqueeze.default", "aten.flatten.using_ints", "aten.unflatten.int")(_reshape)
+    reg(
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.squeeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.unsqueeze.default",
+        "aten.flatten.using_ints",
+        "aten.unflatten.int",
+    )(_reshape)
     reg("aten.permute.default")(_permute)
     reg("aten.transpose.int")(_transpose)
     reg("aten.t.default")(_t)
-    reg("aten.expand.default")(_expand)                    # exact einsum with a ones constant
+    reg("aten.expand.default")(_expand)  # exact einsum with a ones constant
     # selections: gather-like einsum, indexed axis REDUCE(sum) (approximate: see `_build`)
     reg("aten.slice.Tensor")(_slice)
     reg("aten.narrow.default")(_narrow)
     reg("aten.select.int")(_select)
     reg("aten.split_with_sizes.default")(_split_with_sizes)
-    reg("aten.split.Tensor")(_split)
+    reg("aten.split.Tensor", "aten.chunk.default")(_split)  # sizes read off the results
     reg("aten.unbind.int")(_unbind)
-    reg("aten.index.Tensor")(_index)                       # a 2-D table on axis 0 -> embedding
+    reg("aten.index.Tensor")(_index)  # a 2-D table on axis 0 -> embedding
     reg("aten.index_select.default")(_index_select)
     reg("aten.gather.default")(_gather)
-    reg("aten.topk.default")(_topk)                        # selected axis FROZEN
-    reg("aten.constant_pad_nd.default")(_constant_pad)     # one gather per padded axis
+    reg("aten.topk.default")(_topk)  # selected axis FROZEN
+    reg("aten.constant_pad_nd.default")(_constant_pad)  # one gather per padded axis
     reg("aten.embedding.default")(_embedding)
     reg("aten.cat.default")(_cat)
     reg("aten.stack.default")(_stack)
     # elementwise with structure
     reg("aten.rsub.Scalar", "aten.rsub.Tensor")(_rsub)
     reg("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar")(_pow)
-    reg("aten.clamp.default", "aten.clamp.Tensor", "aten.clamp_min.default",
-        "aten.clamp_max.default", "aten.hardtanh.default")(_clamp)
+    reg(
+        "aten.clamp.default",
+        "aten.clamp.Tensor",
+        "aten.clamp_min.default",
+        "aten.clamp_max.default",
+        "aten.hardtanh.default",
+    )(_clamp)
     reg("aten.where.self", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor")(_select_where)
     # reductions (mean is a sum then a local scale)
     reg("aten.sum.dim_IntList")(_reduce("reduce_sum"))
@@ -559,26 +497,30 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.argmax.default", "aten.argmin.default")(_reduce("reduce_max", approx=True))
     reg("aten.any.dim", "aten.any.dims", "aten.all.dim")(_reduce("reduce_max", approx=True))
     reg("aten.any.default", "aten.all.default")(_reduce("reduce_max", None, None, approx=True))
-    reg("aten.prod.dim_int")(_reduce("reduce_sum", approx=True))     # a product-reduction
-    reg("aten.var.correction", "aten.var_mean.correction")(           # mean of squares
-        _reduce("reduce_mean", 1, None, approx=True))
+    reg("aten.prod.dim_int")(_reduce("reduce_sum", approx=True))  # a product-reduction
+    reg("aten.var.correction", "aten.var_mean.correction")(  # mean of squares
+        _reduce("reduce_mean", 1, None, approx=True)
+    )
     reg("aten.logsumexp.default")(_reduce("reduce_max", approx=True))
     # along one FROZEN axis
     reg("aten._softmax.default", "aten._safe_softmax.default")(_along("softmax"))
     reg("aten.softmax.int")(_along("softmax"))  # export's IR before decomposition
     reg("aten._log_softmax.default")(_along("softmax", approx=True))  # log of a softmax
     reg("aten.cumsum.default", "aten.cumprod.default")(_along("softmax", approx=True))  # scans
-    reg("aten.sort.default")(_along("softmax", approx=True))          # values and indices
+    reg("aten.sort.default")(_along("softmax", approx=True))  # values and indices
     # normalization
     reg("aten.native_layer_norm.default")(_layer_norm)
     reg("aten.layer_norm.default")(lambda ctx, node: _layer_norm(ctx, node)[0])  # undecomposed
-    reg("aten._native_batch_norm_legit_no_training.default",
-        "aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit_functional.default",
-        "aten.native_batch_norm.default")(_batch_norm)
+    reg(
+        "aten._native_batch_norm_legit_no_training.default",
+        "aten._native_batch_norm_legit.default",
+        "aten._native_batch_norm_legit_functional.default",
+        "aten.native_batch_norm.default",
+    )(_batch_norm)
     reg("aten.native_group_norm.default")(_group_norm)
     # contractions, convolution, pooling
-    reg("aten.mm.default")(_mm)                            # mm(x, t(W)) -> linear(x, W)
-    reg("aten.addmm.default")(_addmm)                      # matmul/linear + bias_add
+    reg("aten.mm.default")(_mm)  # mm(x, t(W)) -> linear(x, W)
+    reg("aten.addmm.default")(_addmm)  # matmul/linear + bias_add
     reg("aten.bmm.default")(_bmm)
     reg("aten.matmul.default")(_matmul_nd)
     reg("aten.linear.default")(_linear)

@@ -1,4 +1,4 @@
-"""More ATen rows of the torch.export importer: strided views, scatters, histograms.
+"""More ATen rows of the torch.export importer: strided views, scatters, histograms, convs.
 
 - `as_strided` is translated only when it is a view the catalogue already has: the same
   elements (ignoring size-1 dims) in the same order (a reshape) or permuted (a transpose, then
@@ -11,6 +11,8 @@
   counted in the import report.
 - histc: `x.., b -> b`, every input dim REDUCE(sum): a histogram is a sum of one-hot rows
   (approximated: the binning itself is not modelled), read against a CONSTANT of bin edges.
+- conv1d / conv2d as export's IR keeps them (before the decomposition to `convolution`): the
+  same lowering (`_build.conv`), arguments by schema name with their defaults.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import UnsupportedOpError
+from shardplan.importers._aten_views import _arg, _pair
+from shardplan.importers._build import conv
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -161,6 +165,23 @@ def _histc(ctx: _Context, node: Node) -> Any:
     )
 
 
+def _conv_nd(ctx: _Context, node: Node) -> Any:
+    """conv1d / conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)."""
+    x, w = node.args[:2]
+    rank = len(ctx.shape(x))
+    padding = _arg(node, 4, 0)
+    if isinstance(padding, str):
+        raise UnsupportedOpError(f"convolution with padding={padding!r}")
+    dilation = _arg(node, 5, 1)
+    if any(d != 1 for d in (dilation if isinstance(dilation, (list, tuple)) else [dilation])):
+        raise UnsupportedOpError(f"dilated convolution (dilation={dilation})")
+    if rank not in (3, 4):
+        raise UnsupportedOpError(f"{rank - 2}-D convolution; the catalogue has conv2d only")
+    bias = _arg(node, 2)
+    stride, groups = _pair(_arg(node, 3, 1)), int(_arg(node, 6, 1))
+    return conv(ctx, node, x, w, bias, stride, _pair(padding), groups)
+
+
 def register_more(reg: Callable[..., Callable[[Any], Any]]) -> None:
     """Add this module's rows to the ATen table (`reg` is `TranslationTable.register`)."""
     reg("aten.as_strided.default")(_as_strided)
@@ -173,3 +194,4 @@ def register_more(reg: Callable[..., Callable[[Any], Any]]) -> None:
     reg("aten.index_put.default")(_index_put)
     reg("aten.slice_scatter.default", "aten.select_scatter.default")(_slice_scatter)
     reg("aten.histc.default")(_histc)
+    reg("aten.conv1d.default", "aten.conv2d.default")(_conv_nd)

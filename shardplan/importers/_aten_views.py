@@ -110,9 +110,10 @@ def _t(ctx: _Context, node: Node) -> Any:
     return _transpose_to(ctx, node, x, (1, 0)) if len(ctx.shape(x)) == 2 else ctx.value(x)
 
 
-def _expand(ctx: _Context, node: Node) -> Any:
-    """Exact: a broadcast is an einsum with a CONSTANT ones tensor (see `_build`)."""
-    x, out = node.args[0], ctx.shape(node)
+def _broadcast_to(ctx: _Context, node: Node, x: Node) -> Any:
+    """Exact: `x` broadcast to `node`'s shape is an einsum with a CONSTANT ones tensor (see
+    `_build`); the value of `x` itself when the shapes already agree."""
+    out = ctx.shape(node)
     if ctx.shape(x) == out:
         return ctx.value(x)
     return ctx.emitter.broadcast(
@@ -120,14 +121,13 @@ def _expand(ctx: _Context, node: Node) -> Any:
     )
 
 
+def _expand(ctx: _Context, node: Node) -> Any:
+    return _broadcast_to(ctx, node, node.args[0])
+
+
 def _copy(ctx: _Context, node: Node) -> Any:
     """copy(dst, src): the value of src, broadcast to dst's shape."""
-    src, out = node.args[1], ctx.shape(node)
-    if ctx.shape(src) == out:
-        return ctx.value(src)
-    return ctx.emitter.broadcast(
-        ctx.tensor(src), out, **ctx.target(node, "", None), source=str(node.target)
-    )
+    return _broadcast_to(ctx, node, node.args[1])
 
 
 def _to_copy(ctx: _Context, node: Node) -> Any:

@@ -91,10 +91,12 @@ class ReplicatedOp:
     op: str
     source: str
     module: str = ""
+    results: tuple[str, ...] = ()  # its result tensors, each replicated on every device
 
     def __str__(self) -> str:
         where = f" in {self.module!r}" if self.module else ""
-        return f"{self.op} ({self.source}{where})"
+        several = f": {len(self.results)} results {', '.join(self.results)}"
+        return f"{self.op} ({self.source}{where}){several if len(self.results) > 1 else ''}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,24 +132,34 @@ class ImportResult:
         return "\n".join(lines)
 
 
-def warn_replicated(result: ImportResult, importer: str) -> None:
-    if result.replicated:
+def warn_replicated(
+    result: ImportResult | Sequence[Any],
+    importer: str,
+    what: str = "op(s)",
+    hint: str = "; call the import_* function for the full report",
+    stacklevel: int = 3,
+) -> None:
+    """ReplicatedOpsWarning naming the first ten opaque ops of `result` (or of a list), if any."""
+    replicated = result.replicated if isinstance(result, ImportResult) else result
+    if replicated:
         import warnings
 
-        names = ", ".join(str(r) for r in result.replicated[:10])
-        more = "" if len(result.replicated) <= 10 else f" and {len(result.replicated) - 10} more"
+        names = ", ".join(str(r) for r in replicated[:10])
+        more = "" if len(replicated) <= 10 else f" and {len(replicated) - 10} more"
         warnings.warn(
-            f"{importer}: {len(result.replicated)} op(s) imported as opaque replicated operators "
-            f"(never cut): {names}{more}; call the import_* function for the full report",
+            f"{importer}: {len(replicated)} {what} imported as opaque replicated operators "
+            f"(never cut): {names}{more}{hint}",
             ReplicatedOpsWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,  # 3: the caller of from_torch / from_onnx
         )
 
 
 def check_policy(unknown: str) -> UnknownPolicy:
     if unknown not in ("error", "replicate"):
-        raise ShardplanError(f"unknown={unknown!r} is not an unknown-op policy; use 'error' "
-                             "(raise UnsupportedOpError) or 'replicate' (opaque, never-cut op)")
+        raise ShardplanError(
+            f"unknown={unknown!r} is not an unknown-op policy; use 'error' "
+            "(raise UnsupportedOpError) or 'replicate' (opaque, never-cut op)"
+        )
     return unknown  # type: ignore[return-value]
 
 
@@ -165,8 +177,10 @@ def opaque_signature(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) ->
     for prefix, shapes in (("o", out_shapes), ("i", in_shapes)):
         for t, shape in enumerate(shapes):
             names = [f"{prefix}{t}_{j}" for j in range(len(shape))]
-            dims += [LoopDim(n, max(int(e), 1), DimKind.FROZEN) for n, e in zip(names, shape,
-                                                                                strict=True)]
+            dims += [
+                LoopDim(n, max(int(e), 1), DimKind.FROZEN)
+                for n, e in zip(names, shape, strict=True)
+            ]
             groups.append(tuple((n,) for n in names))
     n_out = len(out_shapes)
     return Signature(tuple(dims), tuple(groups[n_out:]), tuple(groups[:n_out]))
@@ -205,9 +219,19 @@ class Emitter:
         return self.builder.add_tensor(tensor)
 
     # -- ops ----------------------------------------------------------------------------------
-    def op(self, kind: str, inputs: Sequence[str], *, name: str, layer: str = "",
-           dtype_bytes: int = 4, expect: Sequence[int] | None = None, flops: float | None = None,
-           approx: str | None = None, **attrs: Any) -> str:
+    def op(
+        self,
+        kind: str,
+        inputs: Sequence[str],
+        *,
+        name: str,
+        layer: str = "",
+        dtype_bytes: int = 4,
+        expect: Sequence[int] | None = None,
+        flops: float | None = None,
+        approx: str | None = None,
+        **attrs: Any,
+    ) -> str:
         """Add one catalogue op; its result tensor is named `name`.
 
         Args:
@@ -227,36 +251,75 @@ class Emitter:
             raise type(e)(f"op {name!r} ({kind} of {shapes}): {e}") from e
         (out_shape,) = form.output_shapes
         if expect is not None and tuple(out_shape) != tuple(int(s) for s in expect):
-            raise ShapeError(f"op {name!r} ({kind}): the catalogue gives shape {out_shape} but the "
-                             f"framework says {tuple(expect)}; the translation rule is wrong")
+            raise ShapeError(
+                f"op {name!r} ({kind}): the catalogue gives shape {out_shape} but the "
+                f"framework says {tuple(expect)}; the translation rule is wrong"
+            )
         self._add(Tensor(name, out_shape, dtype_bytes, Role.ACTIVATION))
-        self.builder.add_op(Op(name, kind, form.signature, tuple(inputs), (name,),
-                               form.flops if flops is None else float(flops),
-                               tuple(attrs.items()), layer))
+        self.builder.add_op(
+            Op(
+                name,
+                kind,
+                form.signature,
+                tuple(inputs),
+                (name,),
+                form.flops if flops is None else float(flops),
+                tuple(attrs.items()),
+                layer,
+            )
+        )
         if approx:
             self.approximated[approx] += 1
         self._cse[key] = name
         return name
 
-    def opaque(self, inputs: Sequence[str], out_shapes: Sequence[Sequence[int]],
-               out_dtype_bytes: Sequence[int], *, name: str, source: str, layer: str = "",
-               module: str = "") -> list[str]:
+    def opaque(
+        self,
+        inputs: Sequence[str],
+        out_shapes: Sequence[Sequence[int]],
+        out_dtype_bytes: Sequence[int],
+        *,
+        name: str,
+        source: str,
+        layer: str = "",
+        module: str = "",
+    ) -> list[str]:
         """Add an opaque op (all loop dims FROZEN) and record it as replicated."""
         outs = [name] if len(out_shapes) == 1 else [f"{name}:{i}" for i in range(len(out_shapes))]
         shapes = [_shape(s, name) for s in out_shapes]
         for out, shape, nbytes in zip(outs, shapes, out_dtype_bytes, strict=True):
             self._add(Tensor(out, shape, nbytes, Role.ACTIVATION))
         signature = opaque_signature([self.shape(t) for t in inputs], shapes)
-        self.builder.add_op(Op(name, OPAQUE_KIND, signature, tuple(inputs), tuple(outs),
-                               float(sum(_numel(s) for s in shapes)), (("source", source),),
-                               layer))
-        self.replicated.append(ReplicatedOp(name, source, module or layer))
+        self.builder.add_op(
+            Op(
+                name,
+                OPAQUE_KIND,
+                signature,
+                tuple(inputs),
+                tuple(outs),
+                float(sum(_numel(s) for s in shapes)),
+                (("source", source),),
+                layer,
+            )
+        )
+        self.replicated.append(ReplicatedOp(name, source, module or layer, tuple(outs)))
         return outs
 
     # -- einsum forms ---------------------------------------------------------------------------
-    def gather(self, x: str, index: Sequence[str], axis: int, *, name: str, layer: str = "",
-               dtype_bytes: int = 4, expect: Sequence[int] | None = None,
-               frozen: bool = False, approx: str | None = None, **attrs: Any) -> str:
+    def gather(
+        self,
+        x: str,
+        index: Sequence[str],
+        axis: int,
+        *,
+        name: str,
+        layer: str = "",
+        dtype_bytes: int = 4,
+        expect: Sequence[int] | None = None,
+        frozen: bool = False,
+        approx: str | None = None,
+        **attrs: Any,
+    ) -> str:
         """`x[..., index, ...]` along `axis` with one or more (broadcast) index tensors.
 
         The index tensors' dims (right-aligned) replace `x`'s dim `axis`; several index tensors
@@ -282,17 +345,37 @@ class Emitter:
                 k = rank - len(s) + j
                 names.append(idx_names[k] if size == out_idx[k] else f"u{t}_{k}")
             operands.append(" ".join(names))
-        out_names = x_names[:axis] + idx_names + x_names[axis + len(index):]
+        out_names = x_names[:axis] + idx_names + x_names[axis + len(index) :]
         spec = f"{', '.join(operands)} -> {' '.join(out_names)}"
         frozen_dims = tuple(x_names[j] for j in indexed) if frozen else ()
-        out_numel = _numel(shape[:axis]) * _numel(out_idx) * _numel(shape[axis + len(index):])
-        return self.op("einsum", [x, *index], name=name, layer=layer, dtype_bytes=dtype_bytes,
-                       expect=expect, flops=out_numel, approx=approx, spec=spec,
-                       frozen=frozen_dims, **attrs)
+        out_numel = _numel(shape[:axis]) * _numel(out_idx) * _numel(shape[axis + len(index) :])
+        return self.op(
+            "einsum",
+            [x, *index],
+            name=name,
+            layer=layer,
+            dtype_bytes=dtype_bytes,
+            expect=expect,
+            flops=out_numel,
+            approx=approx,
+            spec=spec,
+            frozen=frozen_dims,
+            **attrs,
+        )
 
-    def gather_elements(self, x: str, index: str, axis: int, *, name: str, layer: str = "",
-                        dtype_bytes: int = 4, expect: Sequence[int] | None = None,
-                        approx: str | None = None, **attrs: Any) -> str:
+    def gather_elements(
+        self,
+        x: str,
+        index: str,
+        axis: int,
+        *,
+        name: str,
+        layer: str = "",
+        dtype_bytes: int = 4,
+        expect: Sequence[int] | None = None,
+        approx: str | None = None,
+        **attrs: Any,
+    ) -> str:
         """`out[.., j, ..] = x[.., index[.., j, ..], ..]` along `axis` (torch.gather)."""
         xs, ids = self.shape(x), self.shape(index)
         if len(xs) != len(ids):
@@ -306,12 +389,30 @@ class Emitter:
                 x_names.append(f"c{j}")
                 i_names.append(f"i{j}")
         spec = f"{' '.join(x_names)}, {' '.join(i_names)} -> {' '.join(i_names)}"
-        return self.op("einsum", [x, index], name=name, layer=layer, dtype_bytes=dtype_bytes,
-                       expect=ids if expect is None else expect, flops=_numel(ids),
-                       approx=approx, spec=spec, **attrs)
+        return self.op(
+            "einsum",
+            [x, index],
+            name=name,
+            layer=layer,
+            dtype_bytes=dtype_bytes,
+            expect=ids if expect is None else expect,
+            flops=_numel(ids),
+            approx=approx,
+            spec=spec,
+            **attrs,
+        )
 
-    def broadcast(self, x: str, shape: Sequence[int], *, name: str, layer: str = "",
-                  dtype_bytes: int = 4, expect: Sequence[int] | None = None, **attrs: Any) -> str:
+    def broadcast(
+        self,
+        x: str,
+        shape: Sequence[int],
+        *,
+        name: str,
+        layer: str = "",
+        dtype_bytes: int = 4,
+        expect: Sequence[int] | None = None,
+        **attrs: Any,
+    ) -> str:
         """Exact broadcast of `x` to `shape` as an einsum with a CONSTANT ones tensor."""
         src = self.shape(x)
         shape = tuple(shape)
@@ -338,14 +439,61 @@ class Emitter:
                 raise ShapeError(f"op {name!r}: cannot broadcast {src} to {tuple(shape)}")
         ones = self.tensor(f"{name}/ones", ones_shape, dtype_bytes, Role.CONSTANT)
         spec = f"{' '.join(x_names)}, {' '.join(ones_names)} -> {' '.join(out_names)}"
-        return self.op("einsum", [x, ones], name=name, layer=layer, dtype_bytes=dtype_bytes,
-                       expect=shape if expect is None else expect, flops=_numel(shape), spec=spec,
-                       **attrs)
+        return self.op(
+            "einsum",
+            [x, ones],
+            name=name,
+            layer=layer,
+            dtype_bytes=dtype_bytes,
+            expect=shape if expect is None else expect,
+            flops=_numel(shape),
+            spec=spec,
+            **attrs,
+        )
 
     def build(self) -> ImportResult:
         graph = self.builder.build()
-        return ImportResult(graph, tuple(self.replicated), dict(self.approximated),
-                            tuple(self.notes))
+        return ImportResult(
+            graph, tuple(self.replicated), dict(self.approximated), tuple(self.notes)
+        )
+
+
+def conv(
+    ctx: Any,
+    node: Any,
+    x: Any,
+    w: Any,
+    bias: Any,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    groups: int,
+) -> str:
+    """A 2-D convolution of both importers: conv2d (+ bias_add on axis 1); a 1-D one (3-D `x`)
+    as a conv2d over a height-1 image (exact: reshape in, conv2d, bias, reshape out; its stride
+    and padding are the last of the pairs). `ctx` is the importer's context (`emit`, `shape`,
+    `emitter`);
+    groups > 1 is a grouped (depthwise when groups == channels) convolution."""
+    grouped = {"groups": groups} if groups != 1 else {}
+    if len(ctx.shape(x)) == 4:
+        part = "conv" if bias is not None else ""
+        y = ctx.emit("conv2d", [x, w], node, part=part, stride=stride, padding=padding, **grouped)
+        return y if bias is None else ctx.emit("bias_add", [y, bias], node, axis=1)
+    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
+    x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
+    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
+    y = ctx.emit(
+        "conv2d",
+        [x2, w2],
+        node,
+        part="conv",
+        stride=(1, stride[1]),
+        padding=(0, padding[1]),
+        **grouped,
+    )
+    if bias is not None:
+        y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
+    n, o, _, length = ctx.emitter.shape(y)
+    return ctx.emit("reshape", [y], node, shape=(n, o, length))
 
 
 def _shape(shape: Sequence[Any], name: str) -> Shape:
@@ -355,10 +503,13 @@ def _shape(shape: Sequence[Any], name: str) -> Shape:
             try:
                 s = int(s)
             except (TypeError, ValueError, RuntimeError) as e:  # symbolic: needs static shapes
-                raise ShapeError(f"tensor {name!r} has a symbolic size {s!r}; import with "
-                                 "static example inputs (no dynamic shapes)") from e
+                raise ShapeError(
+                    f"tensor {name!r} has a symbolic size {s!r}; import with "
+                    "static example inputs (no dynamic shapes)"
+                ) from e
         out.append(s)
     if any(s < 1 for s in out):
-        raise ShapeError(f"tensor {name!r} has shape {tuple(out)}; zero-size tensors cannot be "
-                         "planned")
+        raise ShapeError(
+            f"tensor {name!r} has shape {tuple(out)}; zero-size tensors cannot be planned"
+        )
     return tuple(out)

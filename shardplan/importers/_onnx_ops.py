@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import UnsupportedOpError
-from shardplan.importers._build import Lazy, TranslationTable
+from shardplan.importers._build import Lazy, TranslationTable, conv
 from shardplan.ir.op import Role
 
 if TYPE_CHECKING:
@@ -72,8 +72,9 @@ def _expand(ctx: _Context, node: Any) -> list[Any]:
     x, out = node.input[0], ctx.shape(node.output[0])
     if ctx.shape(x) == out:
         return [ctx.env[x]]
-    return [ctx.emitter.broadcast(ctx.tensor(x), out, **ctx.target(node, 0, ""),
-                                  source=node.op_type)]
+    return [
+        ctx.emitter.broadcast(ctx.tensor(x), out, **ctx.target(node, 0, ""), source=node.op_type)
+    ]
 
 
 def _cast(ctx: _Context, node: Any) -> list[Any]:
@@ -103,9 +104,16 @@ def _gather(ctx: _Context, node: Any) -> list[Any]:
 
 def _gather_elements(ctx: _Context, node: Any) -> list[Any]:
     data, indices = node.input[:2]
-    return [ctx.emitter.gather_elements(
-        ctx.tensor(data), ctx.tensor(indices), _axis(ctx.attr(node, "axis", 0), ctx.rank(data)),
-        **ctx.target(node, 0, ""), approx=node.op_type, source=node.op_type)]
+    return [
+        ctx.emitter.gather_elements(
+            ctx.tensor(data),
+            ctx.tensor(indices),
+            _axis(ctx.attr(node, "axis", 0), ctx.rank(data)),
+            **ctx.target(node, 0, ""),
+            approx=node.op_type,
+            source=node.op_type,
+        )
+    ]
 
 
 def _resize_axes(ctx: _Context, node: Any, src: str, out: int = 0, **attrs: Any) -> str:
@@ -116,8 +124,9 @@ def _resize_axes(ctx: _Context, node: Any, src: str, out: int = 0, **attrs: Any)
     for n, j in enumerate(changed):
         index = ctx.index_constant(node, (target[j],), f"index{out}_{j}")
         last = n == len(changed) - 1
-        value = ctx.gather(node, value, [index], j, out=out, part="" if last else f"axis{j}",
-                           **attrs)
+        value = ctx.gather(
+            node, value, [index], j, out=out, part="" if last else f"axis{j}", **attrs
+        )
     return value if changed else ctx.env[src]
 
 
@@ -133,8 +142,10 @@ def _pad(ctx: _Context, node: Any) -> list[Any]:
 
 
 def _split(ctx: _Context, node: Any) -> list[Any]:
-    return [_resize_axes(ctx, node, node.input[0], out=i) if out else None
-            for i, out in enumerate(node.output)]
+    return [
+        _resize_axes(ctx, node, node.input[0], out=i) if out else None
+        for i, out in enumerate(node.output)
+    ]
 
 
 def _topk(ctx: _Context, node: Any) -> list[Any]:
@@ -143,8 +154,10 @@ def _topk(ctx: _Context, node: Any) -> list[Any]:
     axis = _axis(ctx.attr(node, "axis", -1), ctx.rank(x))
     k = ctx.shape(node.output[0])[axis]
     index = ctx.index_constant(node, (k,), "index")
-    return [ctx.gather(node, x, [index], axis, out=i, frozen=True) if out else None
-            for i, out in enumerate(node.output)]
+    return [
+        ctx.gather(node, x, [index], axis, out=i, frozen=True) if out else None
+        for i, out in enumerate(node.output)
+    ]
 
 
 def _concat(ctx: _Context, node: Any) -> list[Any]:
@@ -158,8 +171,11 @@ def _concat(ctx: _Context, node: Any) -> list[Any]:
 # -- elementwise ----------------------------------------------------------------------------------
 def _unary(kind: str, approx: bool = False) -> Rule:
     def rule(ctx: _Context, node: Any) -> list[Any]:
-        attrs = {a.name: ctx.attr(node, a.name) for a in node.attribute
-                 if isinstance(ctx.attr(node, a.name), (int, float, str))}
+        attrs = {
+            a.name: ctx.attr(node, a.name)
+            for a in node.attribute
+            if isinstance(ctx.attr(node, a.name), (int, float, str))
+        }
         return [ctx.emit(kind, [node.input[0]], node, approx=approx, **attrs)]
 
     return rule
@@ -176,15 +192,21 @@ def _binary(kind: str, approx: bool = False) -> Rule:
             a, b = inputs
             if kind == "add":
                 for x, bias in ((a, b), (b, a)):
-                    if (ctx.role(bias) is Role.PARAMETER and ctx.shape(x) == out
-                            and ctx.shape(bias) == (out[-1],)):
+                    if (
+                        ctx.role(bias) is Role.PARAMETER
+                        and ctx.shape(x) == out
+                        and ctx.shape(bias) == (out[-1],)
+                    ):
                         return [ctx.emit("bias_add", [x, bias], node, axis=-1)]
             if kind in ("mul", "div"):
                 for x, c in ((a, b), (b, a)) if kind == "mul" else ((a, b),):
                     value = ctx.scalar(c)
                     if value is not None and value != 0 and ctx.shape(x) == out:
-                        return [ctx.emit("scale", [x], node,
-                                         value=value if kind == "mul" else 1 / value)]
+                        return [
+                            ctx.emit(
+                                "scale", [x], node, value=value if kind == "mul" else 1 / value
+                            )
+                        ]
         return [ctx.emit(kind, inputs, node, approx=approx)]
 
     return rule
@@ -211,8 +233,10 @@ def _clip(ctx: _Context, node: Any) -> list[Any]:
     lo = ctx.scalar(lo_name) if lo_name else ctx.attr(node, "min")
     hi = ctx.scalar(hi_name) if hi_name else ctx.attr(node, "max")
     value = x
-    for kind, bound, name, last in (("maximum", lo, lo_name, hi is None and not hi_name),
-                                    ("minimum", hi, hi_name, True)):
+    for kind, bound, name, last in (
+        ("maximum", lo, lo_name, hi is None and not hi_name),
+        ("minimum", hi, hi_name, True),
+    ):
         part = "" if last else "lower"
         if bound is not None:
             value = ctx.emit(kind, [value], node, part=part, scalar=bound)
@@ -252,8 +276,16 @@ def _reduce(kind: str, approx: bool = False) -> Rule:
 def _arg_reduce(ctx: _Context, node: Any) -> list[Any]:
     x = node.input[0]
     axis = _axis(ctx.attr(node, "axis", 0), ctx.rank(x))
-    return [ctx.emit("reduce_max", [x], node, approx=True, axes=(axis,),
-                     keepdims=bool(ctx.attr(node, "keepdims", 1)))]
+    return [
+        ctx.emit(
+            "reduce_max",
+            [x],
+            node,
+            approx=True,
+            axes=(axis,),
+            keepdims=bool(ctx.attr(node, "keepdims", 1)),
+        )
+    ]
 
 
 def _softmax(approx: bool = False) -> Rule:
@@ -300,10 +332,12 @@ def _batch_norm(approx: bool = False) -> Rule:
         x, scale, bias = node.input[:3]
         channels = ctx.shape(x)[1]
         if ctx.shape(scale) != (channels,) or ctx.shape(bias) != (channels,):
-            raise UnsupportedOpError(f"normalization parameters {ctx.shape(scale)} are not per "
-                                     f"channel ({channels},)")
-        out = ctx.emit("batch_norm", [x, scale, bias], node, approx=approx,
-                       eps=ctx.attr(node, "epsilon", 1e-5))
+            raise UnsupportedOpError(
+                f"normalization parameters {ctx.shape(scale)} are not per channel ({channels},)"
+            )
+        out = ctx.emit(
+            "batch_norm", [x, scale, bias], node, approx=approx, eps=ctx.attr(node, "epsilon", 1e-5)
+        )
         return [out] + [None] * (len(node.output) - 1)
 
     return rule
@@ -317,8 +351,14 @@ def _matmul(ctx: _Context, node: Any) -> list[Any]:
     pending = ctx.env.get(b)
     if rb == 2 and ra >= 1:
         if isinstance(pending, Lazy) and pending.transpose_of is not None:
-            return [ctx.emitter.op("linear", [ctx.tensor(a), pending.transpose_of],
-                                   **ctx.target(node, 0, ""), source=node.op_type)]
+            return [
+                ctx.emitter.op(
+                    "linear",
+                    [ctx.tensor(a), pending.transpose_of],
+                    **ctx.target(node, 0, ""),
+                    source=node.op_type,
+                )
+            ]
         return [ctx.emit("matmul", [a, b], node)]
     if ra < 2 or rb < 2:
         raise UnsupportedOpError(f"MatMul of ranks {ra} and {rb} (a vector operand)")
@@ -328,9 +368,16 @@ def _matmul(ctx: _Context, node: Any) -> list[Any]:
     for name, tag in ((a, "a"), (b, "b")):
         shape = ctx.shape(name)
         want = batch + shape[-2:]
-        operands.append(ctx.tensor(name) if shape == want else ctx.emitter.broadcast(
-            ctx.tensor(name), want, **ctx.target(node, 0, f"broadcast_{tag}"),
-            source=node.op_type))
+        operands.append(
+            ctx.tensor(name)
+            if shape == want
+            else ctx.emitter.broadcast(
+                ctx.tensor(name),
+                want,
+                **ctx.target(node, 0, f"broadcast_{tag}"),
+                source=node.op_type,
+            )
+        )
     return [ctx.emitter.op("bmm", operands, **ctx.target(node, 0, ""), source=node.op_type)]
 
 
@@ -360,25 +407,13 @@ def _conv(ctx: _Context, node: Any) -> list[Any]:
         raise UnsupportedOpError(f"{rank - 2}-D convolution; the catalogue has conv2d only")
     spatial = rank - 2
     group = int(ctx.attr(node, "group", 1))
-    grouped = {"groups": group} if group != 1 else {}  # depthwise: group == channels
     if any(d != 1 for d in ctx.attr(node, "dilations", [1] * spatial)):
         raise UnsupportedOpError("dilated convolution")
     if ctx.attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise UnsupportedOpError(f"auto_pad={ctx.attr(node, 'auto_pad')!r}")
     pads = _symmetric_pads(ctx.attr(node, "pads"), spatial)
     strides = list(ctx.attr(node, "strides", [1] * spatial))
-    if rank == 4:
-        y = ctx.emit("conv2d", [x, w], node, part="conv" if bias else "",
-                     stride=_pair(strides, 1), padding=_pair(pads, 0), **grouped)
-        return [y if bias is None else ctx.emit("bias_add", [y, bias], node, axis=1)]
-    (n, c, length), (o, cg, k) = ctx.shape(x), ctx.shape(w)
-    x2 = ctx.emit("reshape", [x], node, part="x2d", shape=(n, c, 1, length))
-    w2 = ctx.emit("reshape", [w], node, part="w2d", shape=(o, cg, 1, k))
-    y = ctx.emit("conv2d", [x2, w2], node, part="conv", stride=(1, int(strides[0])),
-                 padding=(0, int(pads[0])), **grouped)
-    if bias is not None:
-        y = ctx.emit("bias_add", [y, bias], node, part="bias", axis=1)
-    return [ctx.emit("reshape", [y], node, shape=ctx.shape(node.output[0]))]
+    return [conv(ctx, node, x, w, bias, _pair(strides, 1), _pair(pads, 0), group)]
 
 
 def _pool(ctx: _Context, node: Any) -> list[Any]:
@@ -399,8 +434,10 @@ def _pool(ctx: _Context, node: Any) -> list[Any]:
     if floor != out[2:]:
         raise UnsupportedOpError(f"ceil-mode pooling (output {out[2:]}, floor mode gives {floor})")
     mode = "max" if node.op_type == "MaxPool" else "avg"
-    return [ctx.emit("pool2d", [x], node, kernel=kernel, stride=stride, padding=padding,
-                     mode=mode), None]
+    return [
+        ctx.emit("pool2d", [x], node, kernel=kernel, stride=stride, padding=padding, mode=mode),
+        None,
+    ]
 
 
 def _global_pool(kind: str) -> Rule:
@@ -428,33 +465,52 @@ def _einsum(ctx: _Context, node: Any) -> list[Any]:
 # -- the table ------------------------------------------------------------------------------------
 # ONNX op -> (catalogue kind, approximated?); approximations keep shapes and the broadcast.
 _UNARY: dict[str, tuple[str, bool]] = {
-    "Relu": ("relu", False), "Gelu": ("gelu", False), "Tanh": ("tanh", False),
-    "Sigmoid": ("sigmoid", False), "Exp": ("exp", False), "Neg": ("neg", False),
+    "Relu": ("relu", False),
+    "Gelu": ("gelu", False),
+    "Tanh": ("tanh", False),
+    "Sigmoid": ("sigmoid", False),
+    "Exp": ("exp", False),
+    "Neg": ("neg", False),
     "Sqrt": ("sqrt", False),
-    "Erf": ("tanh", True),            # erf has tanh's shape (GELU before opset 20)
-    "Reciprocal": ("rsqrt", True),    # a reciprocal-like power
-    "Log": ("exp", True),             # the inverse of exp, same cost class
-    "Abs": ("relu", True),            # piecewise linear like relu
-    "Softplus": ("silu", True), "Mish": ("silu", True), "HardSwish": ("silu", True),
-    "LeakyRelu": ("relu", True), "Elu": ("relu", True), "Selu": ("relu", True),
+    "Erf": ("tanh", True),  # erf has tanh's shape (GELU before opset 20)
+    "Reciprocal": ("rsqrt", True),  # a reciprocal-like power
+    "Log": ("exp", True),  # the inverse of exp, same cost class
+    "Abs": ("relu", True),  # piecewise linear like relu
+    "Softplus": ("silu", True),
+    "Mish": ("silu", True),
+    "HardSwish": ("silu", True),
+    "LeakyRelu": ("relu", True),
+    "Elu": ("relu", True),
+    "Selu": ("relu", True),
     "HardSigmoid": ("sigmoid", True),
-    "Sin": ("tanh", True), "Cos": ("tanh", True),          # bounded smooth functions
-    "Floor": ("identity", True), "Ceil": ("identity", True), "Round": ("identity", True),
+    "Sin": ("tanh", True),
+    "Cos": ("tanh", True),  # bounded smooth functions
+    "Floor": ("identity", True),
+    "Ceil": ("identity", True),
+    "Round": ("identity", True),
     "Sign": ("tanh", True),
-    "Not": ("neg", True),             # boolean negation
-    "IsNaN": ("identity", True), "IsInf": ("identity", True),  # predicates, same shape
+    "Not": ("neg", True),  # boolean negation
+    "IsNaN": ("identity", True),
+    "IsInf": ("identity", True),  # predicates, same shape
 }
 _BINARY: dict[str, tuple[str, bool]] = {
-    "Add": ("add", False), "Sub": ("sub", False), "Mul": ("mul", False), "Div": ("div", False),
-    "Max": ("maximum", False), "Min": ("minimum", False),
-    "Sum": ("add", False),            # variadic sum
-    "Mean": ("add", True),            # variadic mean = sum then scale
-    "Equal": ("sub", True), "Less": ("sub", True), "LessOrEqual": ("sub", True),  # sign of a
-    "Greater": ("sub", True), "GreaterOrEqual": ("sub", True),                    # difference
-    "And": ("mul", True),             # boolean and = product of {0, 1}
-    "Or": ("maximum", True),          # boolean or = maximum of {0, 1}
+    "Add": ("add", False),
+    "Sub": ("sub", False),
+    "Mul": ("mul", False),
+    "Div": ("div", False),
+    "Max": ("maximum", False),
+    "Min": ("minimum", False),
+    "Sum": ("add", False),  # variadic sum
+    "Mean": ("add", True),  # variadic mean = sum then scale
+    "Equal": ("sub", True),
+    "Less": ("sub", True),
+    "LessOrEqual": ("sub", True),  # sign of a
+    "Greater": ("sub", True),
+    "GreaterOrEqual": ("sub", True),  # difference
+    "And": ("mul", True),  # boolean and = product of {0, 1}
+    "Or": ("maximum", True),  # boolean or = maximum of {0, 1}
     "Xor": ("sub", True),
-    "Mod": ("div", True),             # x - y * floor(x / y)
+    "Mod": ("div", True),  # x - y * floor(x / y)
 }
 
 
@@ -472,15 +528,15 @@ def onnx_table() -> TranslationTable[Key, Rule]:
     reg("Identity")(_identity)
     reg("Cast", "CastLike")(_cast)
     reg("Dropout")(_dropout)
-    reg("Reshape", "Flatten", "Squeeze", "Unsqueeze")(_reshape)   # exact
+    reg("Reshape", "Flatten", "Squeeze", "Unsqueeze")(_reshape)  # exact
     reg("Transpose")(_transpose)
-    reg("Expand")(_expand)                                         # exact, ones constant
-    reg("Gather")(_gather)                       # 2-D table on axis 0 -> embedding (exact)
-    reg("GatherElements")(_gather_elements)      # gather-like einsum (approximate)
-    reg("Slice")(_slice)                         # one gather-like einsum per sliced axis
+    reg("Expand")(_expand)  # exact, ones constant
+    reg("Gather")(_gather)  # 2-D table on axis 0 -> embedding (exact)
+    reg("GatherElements")(_gather_elements)  # gather-like einsum (approximate)
+    reg("Slice")(_slice)  # one gather-like einsum per sliced axis
     reg("Split")(_split)
     reg("Pad")(_pad)
-    reg("TopK")(_topk)                           # selected axis FROZEN
+    reg("TopK")(_topk)  # selected axis FROZEN
     reg("Concat")(_concat)
     reg("Pow")(_pow)
     reg("Clip")(_clip)
@@ -488,11 +544,10 @@ def onnx_table() -> TranslationTable[Key, Rule]:
     reg("ReduceMean")(_reduce("reduce_mean"))
     reg("ReduceSum")(_reduce("reduce_sum"))
     reg("ReduceMax")(_reduce("reduce_max"))
-    reg("ReduceMin")(_reduce("reduce_max", approx=True))                 # min as max
-    reg("ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare")(_reduce("reduce_sum",
-                                                                           approx=True))
+    reg("ReduceMin")(_reduce("reduce_max", approx=True))  # min as max
+    reg("ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare")(_reduce("reduce_sum", approx=True))
     reg("ReduceLogSumExp")(_reduce("reduce_max", approx=True))
-    reg("ArgMax", "ArgMin")(_arg_reduce)                                 # approximate
+    reg("ArgMax", "ArgMin")(_arg_reduce)  # approximate
     reg("Softmax")(_softmax())
     reg("LogSoftmax")(_softmax(approx=True))
     reg("CumSum")(_cumsum)

@@ -55,7 +55,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -370,17 +369,9 @@ def import_jaxpr(
         jax.tree_util.tree_structure(out_shape),
         closed,
     )
-    if t.replicated:
-        from shardplan.importers._build import ReplicatedOpsWarning
+    from shardplan.importers._build import warn_replicated
 
-        shown = ", ".join(t.replicated[:10])
-        more = "" if len(t.replicated) <= 10 else f" and {len(t.replicated) - 10} more"
-        warnings.warn(
-            f"from_jaxpr: {len(t.replicated)} equation(s) imported as opaque replicated "
-            f"operators (never cut): {shown}{more}",
-            ReplicatedOpsWarning,
-            stacklevel=3,
-        )
+    warn_replicated(t.replicated, "from_jaxpr", "equation(s)", "", stacklevel=4)
     return result
 
 
@@ -399,5 +390,3 @@ def from_jaxpr(
 ) -> Graph:
     """The Graph of `fn(params, *inputs)` traced on `example_args` (see `import_jaxpr`)."""
     return import_jaxpr(fn, *example_args, name=name, unknown=unknown).graph
-
-

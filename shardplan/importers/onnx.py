@@ -47,8 +47,20 @@ from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 
 # Ops whose results depend only on shapes or attributes: always static.
-_CREATION = frozenset({"Constant", "Shape", "Size", "ConstantOfShape", "Range", "EyeLike",
-                       "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"})
+_CREATION = frozenset(
+    {
+        "Constant",
+        "Shape",
+        "Size",
+        "ConstantOfShape",
+        "Range",
+        "EyeLike",
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+    }
+)
 
 
 def _onnx() -> Any:
@@ -56,12 +68,14 @@ def _onnx() -> Any:
         import onnx
     except ImportError as e:
         raise MissingDependencyError(
-            "onnx is needed to import ONNX models; install `shardplan[onnx]`") from e
+            "onnx is needed to import ONNX models; install `shardplan[onnx]`"
+        ) from e
     return onnx
 
 
-def import_onnx(path_or_model: Any, *, unknown: UnknownPolicy = "error",
-                name: str | None = None) -> ImportResult:
+def import_onnx(
+    path_or_model: Any, *, unknown: UnknownPolicy = "error", name: str | None = None
+) -> ImportResult:
     """Translate an ONNX model into a verified `Graph`.
 
     Args:
@@ -104,8 +118,9 @@ def import_onnx(path_or_model: Any, *, unknown: UnknownPolicy = "error",
     return ctx.emitter.build()
 
 
-def from_onnx(path_or_model: Any, *, unknown: UnknownPolicy = "error",
-              name: str | None = None) -> Graph:
+def from_onnx(
+    path_or_model: Any, *, unknown: UnknownPolicy = "error", name: str | None = None
+) -> Graph:
     """`import_onnx(...).graph`, warning (ReplicatedOpsWarning) if ops were replicated."""
     result = import_onnx(path_or_model, unknown=unknown, name=name)
     warn_replicated(result, "from_onnx")
@@ -132,14 +147,16 @@ class _Context:
             tensor_type = info.type.tensor_type
             dims = None
             if tensor_type.HasField("shape"):
-                dims = tuple(d.dim_value if d.HasField("dim_value") else -1
-                             for d in tensor_type.shape.dim)
+                dims = tuple(
+                    d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim
+                )
             self.types[info.name] = (dims, tensor_type.elem_type)
         initialized = self._initializers()
         for info in graph.input:
             if info.name not in initialized:
                 self.env[info.name] = self.emitter.tensor(
-                    info.name, self.shape(info.name), self.dtype_bytes(info.name), Role.INPUT)
+                    info.name, self.shape(info.name), self.dtype_bytes(info.name), Role.INPUT
+                )
         for node in graph.node:
             self._node(node)
 
@@ -154,9 +171,9 @@ class _Context:
             numel = int(np.prod(shape)) if shape else 1
             floating = np.issubdtype(self._np_dtype(init.data_type), np.floating)
             if floating and numel > 1:
-                self.env[init.name] = self.emitter.tensor(init.name, shape,
-                                                          self.dtype_bytes(init.name),
-                                                          Role.PARAMETER)
+                self.env[init.name] = self.emitter.tensor(
+                    init.name, shape, self.dtype_bytes(init.name), Role.PARAMETER
+                )
                 continue
             self.static.add(init.name)
             self.values[init.name] = numpy_helper.to_array(init)
@@ -170,8 +187,11 @@ class _Context:
             return np.dtype(np.float32)
 
     def _constant(self, name: str) -> Lazy:
-        return Lazy(lambda: self.emitter.tensor(name, self.shape(name), self.dtype_bytes(name),
-                                                 Role.CONSTANT))
+        return Lazy(
+            lambda: self.emitter.tensor(
+                name, self.shape(name), self.dtype_bytes(name), Role.CONSTANT
+            )
+        )
 
     def _node(self, node: Any) -> None:
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
@@ -189,16 +209,20 @@ class _Context:
                     self.values[out] = folded[i]
                     dims = self.types.get(out, (None, 0))[0]
                     if dims is None or any(d < 1 for d in dims):  # trust the computed value
-                        self.types[out] = (tuple(folded[i].shape), self.types.get(
-                            out, (None, self.onnx.TensorProto.FLOAT))[1])
+                        self.types[out] = (
+                            tuple(folded[i].shape),
+                            self.types.get(out, (None, self.onnx.TensorProto.FLOAT))[1],
+                        )
                 self.env[out] = self._constant(out)
             return
         rule = self.table.get(key)
         try:
             if rule is None:
                 close = difflib.get_close_matches(node.op_type, [k[1] for k in self.table.keys()])
-                raise UnsupportedOpError(f"{self.table.name}: no rule for {key!r}"
-                                         + (f"; similar: {close}" if close else ""))
+                raise UnsupportedOpError(
+                    f"{self.table.name}: no rule for {key!r}"
+                    + (f"; similar: {close}" if close else "")
+                )
             results = rule(self, node)
         except UnsupportedOpError as e:
             if self.emitter.policy == "error":
@@ -206,7 +230,8 @@ class _Context:
                     f"ONNX op {node.op_type!r} (domain {domain or 'ai.onnx'!r}, node "
                     f"{node.name or node.output[0]!r}) cannot be imported: {e}. Add a row to "
                     "onnx_table() in shardplan/importers/onnx.py, or pass unknown='replicate' "
-                    "to import it as an opaque op that is never cut") from e
+                    "to import it as an opaque op that is never cut"
+                ) from e
             results = self._opaque(node)
         for out, value in zip(node.output, results, strict=False):
             if out:
@@ -233,14 +258,20 @@ class _Context:
         try:
             schema = self.onnx.defs.get_schema(node.op_type, self.opset.get(domain, 1), domain)
             inferred = self.onnx.shape_inference.infer_node_outputs(
-                schema, node, types, data, opset_imports=list(self.model.opset_import))
-        except (self.onnx.defs.SchemaError, self.onnx.shape_inference.InferenceError,
-                RuntimeError, ValueError):  # no schema or no inference: shapes stay unknown
+                schema, node, types, data, opset_imports=list(self.model.opset_import)
+            )
+        except (
+            self.onnx.defs.SchemaError,
+            self.onnx.shape_inference.InferenceError,
+            RuntimeError,
+            ValueError,
+        ):  # no schema or no inference: shapes stay unknown
             return
         for name, type_proto in inferred.items():
             tensor_type = type_proto.tensor_type
-            dims = tuple(d.dim_value if d.HasField("dim_value") else -1
-                         for d in tensor_type.shape.dim)
+            dims = tuple(
+                d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim
+            )
             if all(d >= 1 for d in dims):
                 self.types[name] = (dims, tensor_type.elem_type)
 
@@ -250,10 +281,14 @@ class _Context:
             if name and name in self.env and self.tensor(name) not in inputs:
                 inputs.append(self.tensor(name))
         outs = [o for o in node.output if o]
-        names = self.emitter.opaque(inputs, [self.shape(o) for o in outs],
-                                    [self.dtype_bytes(o) for o in outs],
-                                    name=node.name or outs[0], source=node.op_type,
-                                    layer=self.layer(node))
+        names = self.emitter.opaque(
+            inputs,
+            [self.shape(o) for o in outs],
+            [self.dtype_bytes(o) for o in outs],
+            name=node.name or outs[0],
+            source=node.op_type,
+            layer=self.layer(node),
+        )
         mapping = dict(zip(outs, names, strict=True))
         return [mapping.get(o) for o in node.output]
 
@@ -269,9 +304,11 @@ class _Context:
     def shape(self, name: str) -> tuple[int, ...]:
         dims, _ = self.types.get(name, (None, 0))
         if dims is None or any(d < 1 for d in dims):
-            raise ShapeError(f"ONNX value {name!r} has no static shape after shape inference "
-                             f"(dims {dims}); export with fixed input shapes or fix them with "
-                             "onnx.tools.update_model_dims")
+            raise ShapeError(
+                f"ONNX value {name!r} has no static shape after shape inference "
+                f"(dims {dims}); export with fixed input shapes or fix them with "
+                "onnx.tools.update_model_dims"
+            )
         return dims
 
     def rank(self, name: str) -> int:
@@ -315,23 +352,56 @@ class _Context:
 
     def target(self, node: Any, out: int, part: str) -> dict[str, Any]:
         result = node.output[out]
-        return {"name": f"{result}/{part}" if part else result, "layer": self.layer(node),
-                "expect": None if part else self.known_shape(result),
-                "dtype_bytes": self.dtype_bytes(result)}
+        return {
+            "name": f"{result}/{part}" if part else result,
+            "layer": self.layer(node),
+            "expect": None if part else self.known_shape(result),
+            "dtype_bytes": self.dtype_bytes(result),
+        }
 
-    def emit(self, kind: str, inputs: Sequence[str], node: Any, *, out: int = 0, part: str = "",
-             approx: bool = False, **attrs: Any) -> str:
+    def emit(
+        self,
+        kind: str,
+        inputs: Sequence[str],
+        node: Any,
+        *,
+        out: int = 0,
+        part: str = "",
+        approx: bool = False,
+        **attrs: Any,
+    ) -> str:
         """Emit one catalogue op for result `out` of `node` (or an intermediate `part`)."""
-        return self.emitter.op(kind, [self.tensor(t) for t in inputs],
-                               **self.target(node, out, part),
-                               approx=node.op_type if approx else None, source=node.op_type,
-                               **attrs)
+        return self.emitter.op(
+            kind,
+            [self.tensor(t) for t in inputs],
+            **self.target(node, out, part),
+            approx=node.op_type if approx else None,
+            source=node.op_type,
+            **attrs,
+        )
 
-    def gather(self, node: Any, x: str, index: Sequence[str], axis: int, *, out: int = 0,
-               part: str = "", frozen: bool = False, **attrs: Any) -> str:
-        return self.emitter.gather(self.tensor(x), [self.tensor(t) for t in index], axis,
-                                   **self.target(node, out, part), frozen=frozen,
-                                   approx=node.op_type, source=node.op_type, **attrs)
+    def gather(
+        self,
+        node: Any,
+        x: str,
+        index: Sequence[str],
+        axis: int,
+        *,
+        out: int = 0,
+        part: str = "",
+        frozen: bool = False,
+        **attrs: Any,
+    ) -> str:
+        return self.emitter.gather(
+            self.tensor(x),
+            [self.tensor(t) for t in index],
+            axis,
+            **self.target(node, out, part),
+            frozen=frozen,
+            approx=node.op_type,
+            source=node.op_type,
+            **attrs,
+        )
 
     def index_constant(self, node: Any, shape: tuple[int, ...], part: str) -> str:
         return self.emitter.tensor(f"{node.output[0]}/{part}", shape, 8, Role.CONSTANT)
@@ -361,7 +431,7 @@ def _fold(ctx: _Context, node: Any) -> list[np.ndarray | None] | None:
         shape = np.array(ctx.shape(node.input[0]), dtype=np.int64)
         if op == "Size":
             return [np.array(int(np.prod(shape)), dtype=np.int64)]
-        return [shape[ctx.attr(node, "start", 0):ctx.attr(node, "end", len(shape))]]
+        return [shape[ctx.attr(node, "start", 0) : ctx.attr(node, "end", len(shape))]]
     ins = [ctx.value(i) if i else None for i in node.input]
     present = [v for v, i in zip(ins, node.input, strict=True) if i]
     if any(v is None for v in present):
@@ -401,8 +471,16 @@ def _fold_numpy(ctx: _Context, node: Any, op: str, ins: list[Any]) -> list[Any] 
         return [np.take(ins[0], ins[1], axis=ctx.attr(node, "axis", 0))]
     if op == "GatherElements":
         return [np.take_along_axis(ins[0], ins[1], axis=ctx.attr(node, "axis", 0))]
-    unary = {"Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log,
-             "Not": np.logical_not, "Floor": np.floor, "Ceil": np.ceil}
+    unary = {
+        "Neg": np.negative,
+        "Abs": np.abs,
+        "Sqrt": np.sqrt,
+        "Exp": np.exp,
+        "Log": np.log,
+        "Not": np.logical_not,
+        "Floor": np.floor,
+        "Ceil": np.ceil,
+    }
     if op in unary:
         return [unary[op](ins[0])]
     if op == "Tile":
@@ -411,10 +489,21 @@ def _fold_numpy(ctx: _Context, node: Any, op: str, ins: list[Any]) -> list[Any] 
         return [np.concatenate([np.atleast_1d(v) for v in ins], axis=ctx.attr(node, "axis", 0))]
     if op == "Transpose":
         return [np.transpose(ins[0], ctx.attr(node, "perm"))]
-    binary = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal,
-              "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
-              "GreaterOrEqual": np.greater_equal, "Max": np.maximum, "Min": np.minimum,
-              "And": np.logical_and, "Or": np.logical_or, "Pow": np.power}
+    binary = {
+        "Add": np.add,
+        "Sub": np.subtract,
+        "Mul": np.multiply,
+        "Equal": np.equal,
+        "Less": np.less,
+        "Greater": np.greater,
+        "LessOrEqual": np.less_equal,
+        "GreaterOrEqual": np.greater_equal,
+        "Max": np.maximum,
+        "Min": np.minimum,
+        "And": np.logical_and,
+        "Or": np.logical_or,
+        "Pow": np.power,
+    }
     if op in binary:
         return [binary[op](ins[0], ins[1])]
     if op == "Div":
@@ -439,4 +528,3 @@ def _fold_numpy(ctx: _Context, node: Any, op: str, ins: list[Any]) -> list[Any] 
             index[int(a)] = slice(int(s), int(e), int(st))
         return [data[tuple(index)]]
     return None
-

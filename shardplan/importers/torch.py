@@ -29,7 +29,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardplan.errors import MissingDependencyError, ShapeError, UnsupportedOpError
+from shardplan.errors import (
+    MissingDependencyError,
+    ShapeError,
+    UnsupportedOpError,
+)
 from shardplan.importers._aten import Rule, aten_table
 from shardplan.importers._aten_views import _is_node
 from shardplan.importers._build import (
@@ -41,25 +45,19 @@ from shardplan.importers._build import (
     check_policy,
     warn_replicated,
 )
+from shardplan.importers._torch_export import (
+    _CREATION,
+    _SKIP,
+    _decompositions,
+    _export,
+    _live,
+    _needs_decomposition,
+)
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 
 if TYPE_CHECKING:
     from torch.fx import Node
-
-# Ops whose result depends only on shapes or constants, never on the values of their inputs.
-_CREATION = frozenset({
-    "aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default",
-    "aten.empty_like.default", "aten.rand_like.default", "aten.randn_like.default",
-    "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default",
-    "aten.new_empty.default", "aten.new_empty_strided.default",
-})
-# Ops with no tensor result: checks and annotations.
-_SKIP = frozenset({
-    "aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
-    "aten._assert_async.default", "aten._assert_async.msg", "aten.sym_constrain_range.default",
-    "aten.sym_constrain_range_for_size.default", "aten._functional_assert_async.msg",
-})
 
 
 def _torch() -> Any:
@@ -67,13 +65,19 @@ def _torch() -> Any:
         import torch
     except ImportError as e:
         raise MissingDependencyError(
-            "torch is needed to import PyTorch models; install `shardplan[torch]`") from e
+            "torch is needed to import PyTorch models; install `shardplan[torch]`"
+        ) from e
     return torch
 
 
-def import_torch(module: Any, example_args: Sequence[Any] = (),
-                 example_kwargs: dict[str, Any] | None = None, *,
-                 unknown: UnknownPolicy = "error", name: str | None = None) -> ImportResult:
+def import_torch(
+    module: Any,
+    example_args: Sequence[Any] = (),
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    unknown: UnknownPolicy = "error",
+    name: str | None = None,
+) -> ImportResult:
     """Export `module` with torch.export, decompose to core ATen and translate it.
 
     Args:
@@ -93,16 +97,13 @@ def import_torch(module: Any, example_args: Sequence[Any] = (),
     """
     torch = _torch()
     policy = check_policy(unknown)
-    if isinstance(module, torch.export.ExportedProgram):
-        program = module
-    else:
-        program = torch.export.export(module, tuple(example_args), example_kwargs or {})
-    default = "exported_program" if program is module else type(module).__name__
+    program, default = _export(torch, module, example_args, example_kwargs)
     return _translate(torch, program, name or default, policy)
 
 
-def _translate(torch: Any, program: Any, name: str, policy: UnknownPolicy,
-               decompose: bool | None = None) -> ImportResult:
+def _translate(
+    torch: Any, program: Any, name: str, policy: UnknownPolicy, decompose: bool | None = None
+) -> ImportResult:
     """Translate an exported program; decompose it to core ATen first only when some op needs
     it (`decompose=None`): the decomposition re-traces the whole program and takes most of an
     import's time, while export's own IR is usually covered by the table already. The direct
@@ -125,60 +126,14 @@ def _translate(torch: Any, program: Any, name: str, policy: UnknownPolicy,
     return ctx.emitter.build()
 
 
-def _live(program: Any) -> set[Any]:
-    """The nodes the program's outputs depend on. O(nodes)."""
-    outputs = [n for n in program.graph.nodes if n.op == "output"]
-    live: set[Any] = set()
-    stack = list(outputs)
-    while stack:
-        node = stack.pop()
-        if node not in live:
-            live.add(node)
-            stack.extend(node.all_input_nodes)
-    return live
-
-
-def _needs_decomposition(program: Any, table: Any) -> bool:
-    """Whether an op of `program` has no rule and is not folded as a constant (conservatively:
-    placeholders count as non-constant). O(nodes)."""
-    static: set[Any] = set()
-    for node in program.graph.nodes:
-        if node.op != "call_function":
-            continue
-        key = str(node.target)
-        parents = node.all_input_nodes
-        if node.target is operator.getitem:
-            if parents and parents[0] in static:
-                static.add(node)
-            continue
-        if key in _CREATION or all(p in static for p in parents):
-            static.add(node)
-        elif key not in table and key not in _SKIP:
-            return True
-    return False
-
-
-def _decompositions(torch: Any, program: Any) -> Any:
-    """Core ATen, but keep `aten.matmul` whole when every call of it is one the table translates
-    exactly (its decomposition merges heads into the batch, hiding head parallelism)."""
-    from shardplan.importers._aten import simple_matmul
-
-    table = torch.export.default_decompositions()
-    table.pop(torch.ops.aten.linear.default, None)
-    matmul = torch.ops.aten.matmul.default
-    for node in program.graph.nodes:
-        if node.op == "call_function" and node.target == matmul:
-            shapes = [getattr(arg, "meta", {}).get("val") for arg in node.args[:2]]
-            if any(s is None for s in shapes) or not simple_matmul(shapes[0].shape,
-                                                                   shapes[1].shape):
-                return table
-    table.pop(matmul, None)
-    return table
-
-
-def from_torch(module: Any, example_args: Sequence[Any] = (),
-               example_kwargs: dict[str, Any] | None = None, *,
-               unknown: UnknownPolicy = "error", name: str | None = None) -> Graph:
+def from_torch(
+    module: Any,
+    example_args: Sequence[Any] = (),
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    unknown: UnknownPolicy = "error",
+    name: str | None = None,
+) -> Graph:
     """`import_torch(...).graph`, warning (ReplicatedOpsWarning) if ops were replicated.
 
     Example:
@@ -209,8 +164,9 @@ class _Context:
     def _placeholders(self) -> None:
         from torch.export.graph_signature import InputKind
 
-        specs = {s.arg.name: s for s in self.ep.graph_signature.input_specs
-                 if hasattr(s.arg, "name")}
+        specs = {
+            s.arg.name: s for s in self.ep.graph_signature.input_specs if hasattr(s.arg, "name")
+        }
         state = {**self.ep.state_dict, **self.ep.constants}
         seen: dict[int, str] = {}
         for node in self.ep.graph.nodes:
@@ -223,15 +179,17 @@ class _Context:
                 tensor = state.get(spec.target)
                 key = id(tensor) if tensor is not None else id(node)
                 if key not in seen:  # tied parameters share one tensor object: count it once
-                    seen[key] = self.emitter.tensor(spec.target, tuple(val.shape),
-                                                    val.dtype.itemsize, Role.PARAMETER)
+                    seen[key] = self.emitter.tensor(
+                        spec.target, tuple(val.shape), val.dtype.itemsize, Role.PARAMETER
+                    )
                 self.env[node] = seen[key]
             elif kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 self.static.add(node)
                 self.env[node] = self._constant(node, str(spec.target))
             elif kind is InputKind.USER_INPUT and self._is_tensor(val):
-                self.env[node] = self.emitter.tensor(node.name, tuple(val.shape),
-                                                     val.dtype.itemsize, Role.INPUT)
+                self.env[node] = self.emitter.tensor(
+                    node.name, tuple(val.shape), val.dtype.itemsize, Role.INPUT
+                )
             else:  # tokens, custom objects, non-tensor user inputs: values, not tensors
                 self.static.add(node)
                 self.env[node] = val
@@ -241,8 +199,11 @@ class _Context:
 
     def _constant(self, node: Node, name: str | None = None) -> Lazy:
         val = node.meta["val"]
-        return Lazy(lambda: self.emitter.tensor(name or node.name, tuple(val.shape),
-                                                 val.dtype.itemsize, Role.CONSTANT))
+        return Lazy(
+            lambda: self.emitter.tensor(
+                name or node.name, tuple(val.shape), val.dtype.itemsize, Role.CONSTANT
+            )
+        )
 
     # -- nodes ------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -264,9 +225,12 @@ class _Context:
         if self.experts.get(node) is not None:  # a grouped-experts block (see _aten_moe)
             self.env[node] = self.experts[node].translate(self, node)
             return
-        if self._is_tensor(val) and val.numel() == 0:  # nothing to compute or to cut: readers
-            self.emitter.notes.append(f"zero-size value {node.name} {tuple(val.shape)} "
-                                      f"({key}) dropped")  # fold it (a sum of it is 0) or skip it
+        source = getattr(node.args[0], "target", None) if node.args else None
+        token = node.target is operator.getitem and str(source) == "with_effects"
+        if self._is_tensor(val) and val.numel() == 0 and not token:  # nothing to compute or cut
+            self.emitter.notes.append(
+                f"zero-size value {node.name} {tuple(val.shape)} ({key}) dropped"
+            )  # fold it (a sum of it is 0) or skip it
             self.static.add(node)
             self.env[node] = None
             return
@@ -280,6 +244,12 @@ class _Context:
             return
         if key in _SKIP or (val is None and not node.users):
             return
+        if key == "with_effects" and str(node.args[1]) in _SKIP:
+            # with_effects(token, op, *args) threads a side effect through a token; around a
+            # check (linalg's error check after lu_factor, inv_ex...) it computes nothing
+            self.static.add(node)
+            self.env[node] = val
+            return
         if key in _CREATION or all(p in self.static for p in parents):
             self.static.add(node)
             self.env[node] = self._constant(node) if self._is_tensor(val) else val
@@ -288,8 +258,10 @@ class _Context:
         try:
             if rule is None:
                 similar = _similar(self.table.keys(), key)
-                raise UnsupportedOpError(f"{self.table.name}: no rule for {key!r}"
-                                         + (f"; similar: {similar}" if similar else ""))
+                raise UnsupportedOpError(
+                    f"{self.table.name}: no rule for {key!r}"
+                    + (f"; similar: {similar}" if similar else "")
+                )
             self.env[node] = rule(self, node)
         except UnsupportedOpError as e:
             if self.emitter.policy == "error":
@@ -298,23 +270,46 @@ class _Context:
                     f"ATen op {key!r} (node {node.name!r}) in module {path or '<root>'!r} "
                     f"({module_type}) cannot be imported: {e}. Add a row to aten_table() in "
                     "shardplan/importers/torch.py, or pass unknown='replicate' to import it as "
-                    "an opaque op that is never cut") from e
+                    "an opaque op that is never cut"
+                ) from e
             self.env[node] = self._opaque(node)
 
     def _opaque(self, node: Node) -> Any:
+        """An op the table cannot translate (unknown="replicate"): one opaque op reading every
+        tensor operand the import knows (not effect tokens, not dropped zero-size values) and
+        writing every non-empty tensor result (each replicated; a zero-size or non-tensor result
+        maps to None)."""
         inputs: list[str] = []
         for parent in node.all_input_nodes:
-            if self._is_tensor(parent.meta.get("val")):
+            if isinstance(self.env.get(parent), (str, Lazy)):
                 tensor = self.tensor(parent)
                 if tensor not in inputs:
                     inputs.append(tensor)
         val = node.meta.get("val")
         flat = list(val) if isinstance(val, (tuple, list)) else [val]
+        for i, v in enumerate(flat):
+            if self._is_tensor(v) and v.numel() == 0:
+                self.emitter.notes.append(
+                    f"zero-size result {i} {tuple(v.shape)} of {node.name} ({node.target}) dropped"
+                )
+                flat[i] = None
         tensors = [v for v in flat if self._is_tensor(v)]
+        if not tensors:
+            raise UnsupportedOpError(
+                f"ATen op {str(node.target)!r} (node {node.name!r}) has no tensor result to "
+                "import as an opaque op; it cannot be replicated. Add a row to aten_table() "
+                "(shardplan/importers/_aten.py) or leave the op out of the exported forward"
+            )
         path, _ = self.module(node)
-        outs = self.emitter.opaque(inputs, [tuple(v.shape) for v in tensors],
-                                   [v.dtype.itemsize for v in tensors], name=self.op_name(node),
-                                   source=str(node.target), layer=self.layer(node), module=path)
+        outs = self.emitter.opaque(
+            inputs,
+            [tuple(v.shape) for v in tensors],
+            [v.dtype.itemsize for v in tensors],
+            name=self.op_name(node),
+            source=str(node.target),
+            layer=self.layer(node),
+            module=path,
+        )
         it = iter(outs)
         mapped = [next(it) if self._is_tensor(v) else None for v in flat]
         return mapped if isinstance(val, (tuple, list)) else mapped[0]
@@ -388,24 +383,58 @@ class _Context:
             name, expect = f"{base}:{index}", self.shape(node, index)
         else:
             name, expect = base, self.shape(node)
-        return {"name": name, "layer": self.layer(node), "expect": expect,
-                "dtype_bytes": self.dtype_bytes(node, index or 0)}
+        return {
+            "name": name,
+            "layer": self.layer(node),
+            "expect": expect,
+            "dtype_bytes": self.dtype_bytes(node, index or 0),
+        }
 
-    def emit(self, kind: str, inputs: Sequence[Any], node: Node, *, part: str = "",
-             index: int | None = None, approx: bool = False, **attrs: Any) -> str:
+    def emit(
+        self,
+        kind: str,
+        inputs: Sequence[Any],
+        node: Node,
+        *,
+        part: str = "",
+        index: int | None = None,
+        approx: bool = False,
+        **attrs: Any,
+    ) -> str:
         """Emit one catalogue op for `node` (see `target` for its result)."""
         target = self.target(node, part, index)
         return self.emitter.op(
-            kind, [t if isinstance(t, str) else self.tensor(t) for t in inputs], **target,
-            approx=str(node.target) if approx else None, source=str(node.target), **attrs)
+            kind,
+            [t if isinstance(t, str) else self.tensor(t) for t in inputs],
+            **target,
+            approx=str(node.target) if approx else None,
+            source=str(node.target),
+            **attrs,
+        )
 
-    def gather(self, node: Node, x: Any, index: Sequence[Any], axis: int, *, part: str = "",
-               result: int | None = None, frozen: bool = False, **attrs: Any) -> str:
+    def gather(
+        self,
+        node: Node,
+        x: Any,
+        index: Sequence[Any],
+        axis: int,
+        *,
+        part: str = "",
+        result: int | None = None,
+        frozen: bool = False,
+        **attrs: Any,
+    ) -> str:
         """Emit the gather-like einsum form (see `_build`) of `x[.., index, ..]` at `axis`."""
         return self.emitter.gather(
-            self.tensor(x), [t if isinstance(t, str) else self.tensor(t) for t in index], axis,
-            **self.target(node, part, result), frozen=frozen, approx=str(node.target),
-            source=str(node.target), **attrs)
+            self.tensor(x),
+            [t if isinstance(t, str) else self.tensor(t) for t in index],
+            axis,
+            **self.target(node, part, result),
+            frozen=frozen,
+            approx=str(node.target),
+            source=str(node.target),
+            **attrs,
+        )
 
     def index_constant(self, node: Node, shape: tuple[int, ...], part: str = "index") -> str:
         """An int64 CONSTANT holding the positions a slice, select or topk reads."""
@@ -422,6 +451,7 @@ class _Context:
 
 def _similar(keys: Sequence[str], key: str) -> list[str]:
     """Rows whose op name (`aten.<name>.<overload>`) is close to `key`'s."""
+
     def base(k: str) -> str:
         parts = k.split(".")
         return parts[1] if len(parts) == 3 else k
@@ -452,18 +482,19 @@ class TorchTrace:
         self.program, self.result, self.values = program, result, values
 
 
-def trace_torch(module: Any, example_args: Sequence[Any] = (),
-                example_kwargs: dict[str, Any] | None = None, *,
-                unknown: UnknownPolicy = "error", name: str | None = None) -> TorchTrace:
+def trace_torch(
+    module: Any,
+    example_args: Sequence[Any] = (),
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    unknown: UnknownPolicy = "error",
+    name: str | None = None,
+) -> TorchTrace:
     """`import_torch`, also returning the decomposed ExportedProgram and the node -> tensor map."""
     torch = _torch()
     policy = check_policy(unknown)
-    if isinstance(module, torch.export.ExportedProgram):
-        program = module
-    else:
-        program = torch.export.export(module, tuple(example_args), example_kwargs or {})
+    program, default = _export(torch, module, example_args, example_kwargs)
     ep = program.run_decompositions(_decompositions(torch, program))
-    default = "exported_program" if program is module else type(module).__name__
     ctx = _Context(ep, Emitter(name or default, policy), aten_table())
     ctx.run()
     result = ctx.emitter.build()

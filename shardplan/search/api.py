@@ -6,10 +6,12 @@ dispatches it through the solver registry (`search.solvers`: typed options per m
 Whatever the method, the returned Plan is scored by the one evaluator. With a memory
 budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
 with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), then by
-sharding the storage of parameters it replicates (ZeRO-style). D-Rec's plan is then compared, by
-the one evaluator, with "all replicated" and every expert plan (baselines.py): the cheapest that
-fits is returned, with a note when a baseline won; if nothing fits it raises InfeasibleError
-saying by how much. Other methods raise InfeasibleError when over budget.
+sharding the storage of parameters it replicates (ZeRO-3; the training-step planner,
+`search/scale.py`, chooses ZeRO 1/2/3 per stage with micro-batches and recomputation). D-Rec's
+plan is then compared, by the one evaluator, with "all replicated" and every expert plan
+(baselines.py): the cheapest that fits is returned, with a note when a baseline won; if nothing
+fits it raises InfeasibleError saying by how much. Other methods raise InfeasibleError when
+over budget.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def _drec_search(
     fixed: Mapping[str, Strategy] | None = None,
     cache: ScoreCache | None = None,
 ) -> Plan:
-    """D-Rec, then (over budget) the memory penalty and ZeRO-style storage (module docstring)."""
+    """D-Rec, then (over budget) the memory penalty and ZeRO-3 storage (module docstring)."""
     strategies = drec(graph, mesh, opts, fixed=fixed)
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     best = replace(
@@ -267,7 +269,10 @@ def _drec_search(
     sharded = _shard_replicated_params(leanest)
     assert sharded.cost is not None
     if sharded.cost.memory_per_device <= budget:
-        notes.append("parameters kept replicated by the plan are stored sharded (ZeRO-style)")
+        notes.append(
+            "parameters kept replicated by the plan are stored sharded over the rounds that "
+            "replicate them (ZeRO-3: all-gathered before use, priced by the evaluator)"
+        )
         return Plan(
             graph,
             mesh,

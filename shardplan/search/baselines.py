@@ -39,11 +39,11 @@ def baseline_plans(
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     rounds = len(mesh.rounds)
     replicated = {op.name: (None,) * rounds for op in graph.ops}
-    dp = experts.data_parallel(graph, mesh)
+    dp = experts.data_parallel(graph, mesh, cache.classes)
     candidates = [
         ("all-replicated", replicated, None),
         ("data-parallel", dp, None),
-        ("megatron", experts.megatron(graph, mesh), None),
+        ("megatron", experts.megatron(graph, mesh, classes=cache.classes), None),
         ("fsdp", dp, experts.fsdp_param_layouts(graph, mesh)),
     ]
     plans = []

@@ -14,7 +14,7 @@ Each is one pass in topological order per round: O(|V| + |E|) per round.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
@@ -34,19 +34,15 @@ def _propagate(
     rounds_to_use: set[int],
     seed: Callable[[str], int | None],
     choose: Chooser,
+    classes: Sequence[int] | None = None,
 ) -> dict[str, list[str | None]]:
     """Per round, walk ops in order: each cuts the first valid loop dim `choose` proposes, and
     the split tensor dim of its outputs is recorded for its consumers. Ops of one signature and
     input roles (repeated layers) with the same earlier cuts and arriving splits decide alike,
-    so each such case is decided once."""
+    so each such case is decided once (`classes`: op class ids that refine that, e.g. a
+    `ScoreCache`'s)."""
     cuts: dict[str, list[str | None]] = {op.name: [] for op in graph.ops}
-    classes: dict[tuple[object, ...], int] = {}
-    class_of = [
-        classes.setdefault(
-            (op.signature, tuple(graph.tensors[t].role for t in op.inputs)), len(classes)
-        )
-        for op in graph.ops
-    ]
+    class_of = classes if classes is not None else op_classes(graph)
     decided: dict[tuple[object, ...], tuple[str | None, tuple[tuple[int, int], ...]]] = {}
     for r in range(len(mesh.rounds)):
         split: dict[str, int] = {}
@@ -68,6 +64,15 @@ def _propagate(
             for pos, position in outputs:
                 split[op.outputs[pos]] = position
     return cuts
+
+
+def op_classes(graph: Graph) -> list[int]:
+    """Per op, a class id shared by the ops of equal signature and input roles (O(ops))."""
+    ids: dict[tuple[object, ...], int] = {}
+    return [
+        ids.setdefault((op.signature, tuple(graph.tensors[t].role for t in op.inputs)), len(ids))
+        for op in graph.ops
+    ]
 
 
 def _decide(
@@ -116,8 +121,11 @@ def _batch_seed(graph: Graph) -> Callable[[str], int | None]:
     return seed
 
 
-def data_parallel(graph: Graph, mesh: Mesh) -> dict[str, Strategy]:
-    cuts = _propagate(graph, mesh, set(range(len(mesh.rounds))), _batch_seed(graph), _follow)
+def data_parallel(
+    graph: Graph, mesh: Mesh, classes: Sequence[int] | None = None
+) -> dict[str, Strategy]:
+    every = set(range(len(mesh.rounds)))
+    cuts = _propagate(graph, mesh, every, _batch_seed(graph), _follow, classes)
     return {k: tuple(v) for k, v in cuts.items()}
 
 
@@ -150,7 +158,12 @@ def _tensor_parallel_choice(graph: Graph) -> Chooser:
     return choose
 
 
-def megatron(graph: Graph, mesh: Mesh, tensor_ways: int | None = None) -> dict[str, Strategy]:
+def megatron(
+    graph: Graph,
+    mesh: Mesh,
+    tensor_ways: int | None = None,
+    classes: Sequence[int] | None = None,
+) -> dict[str, Strategy]:
     """Tensor parallel on the innermost mesh axis, data parallel on the outer ones.
 
     `tensor_ways` (a product of the innermost rounds' q, default the whole innermost axis) keeps
@@ -170,14 +183,16 @@ def megatron(graph: Graph, mesh: Mesh, tensor_ways: int | None = None) -> dict[s
             f"{[r.q for r in rounds]} of mesh {mesh.text()}; pick a divisor of the innermost axis"
         )
     dp = {r.index for r in rounds} - tp
-    dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow)
-    tp_cuts = _propagate(graph, mesh, tp, lambda name: None, _tensor_parallel_choice(graph))
+    classes = classes if classes is not None else op_classes(graph)
+    dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow, classes)
+    tp_choice = _tensor_parallel_choice(graph)
+    tp_cuts = _propagate(graph, mesh, tp, lambda name: None, tp_choice, classes)
     # both walks shrink extents independently; re-check the merged strategy round by round
     merged: dict[str, Strategy] = {}
     checked: dict[tuple[object, ...], Strategy] = {}  # repeated layers are checked once
-    for op in graph.ops:
+    for op, cid in zip(graph.ops, classes, strict=True):
         proposed = tuple((dp_cuts if r in dp else tp_cuts)[op.name][r] for r in range(len(rounds)))
-        key = (op.signature, proposed)
+        key = (cid, proposed)
         if key not in checked:
             extents = op.signature.extents
             strategy: list[str | None] = []

@@ -14,9 +14,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from shardplan.cost import CostOptions
-from shardplan.cost.step import Levers, Recompute, profile_stage, step_cost
+from shardplan.cost.step import Levers, Recompute, profile_stage
 from shardplan.errors import PlanError
-from shardplan.hardware import peak_flops
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
@@ -28,7 +27,7 @@ from shardplan.search.scale import (
     balanced_stages,
     stage_mesh,
 )
-from shardplan.training import Stage, TrainingPlan, pipeline_of
+from shardplan.training import TrainingPlan, assemble, at_precision
 
 
 def megatron_recipe(
@@ -42,8 +41,7 @@ def megatron_recipe(
     recompute: Recompute = Recompute.FULL,
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh`."""
-    if opts.precision is not None:
-        mesh = replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
+    mesh = at_precision(mesh, opts)
     if mesh.shape[0] % pipeline:
         raise PlanError(
             f"pipeline degree {pipeline} does not divide the outermost mesh axis {mesh.shape[0]}"
@@ -78,18 +76,14 @@ def megatron_recipe(
         prof = profile_stage(sub, smesh, strategies, opts)
         plans.append(Plan(sub, smesh, strategies, "megatron", opts, cost=prof.breakdown))
         profiles.append(prof)
-    levers = [Levers(recompute, 0)] * pipeline
-    tokens = _tokens_per_sample(probe, batch)
-    step = step_cost(profiles, levers, m, pipeline_of(plans, mesh, batch, tokens))
-    tp = TrainingPlan(
+    tp = assemble(
         probe.name,
         mesh,
         batch,
+        [(p, prof, Levers(recompute, 0)) for p, prof in zip(plans, profiles, strict=True)],
         m,
-        tuple(Stage(p, lv) for p, lv in zip(plans, levers, strict=True)),
         "megatron-recipe",
-        tokens,
-        step=step,
+        _tokens_per_sample(probe, batch),
     )
     return replace(
         tp,
@@ -99,5 +93,5 @@ def megatron_recipe(
             f"micro-batch size {micro_batch_size} ({m} micro-batches), {recompute.value} "
             "recomputation, no ZeRO",
         ),
-        step=step,
+        step=tp.step,
     )

@@ -14,8 +14,11 @@ outer axis):
      share that fits the budget, preferring the least intrusive among equals — so a lever is on
      only where memory needs it;
   5. the step model (cost/step.py) scores the candidate; the fastest that fits wins.
-Candidates whose step time bound (no bubble, no communication) exceeds the best found are
-skipped. Progress goes to `progress` (the CLI prints it on stderr).
+Each candidate's step is bounded below by m + S - 1 slots of its heaviest stage's compute with
+every op split ideally (its FLOPs and bytes at the global batch divided by m x the stage's
+devices, priced by the roofline: a real piece moves and computes at least that much); candidates
+run in order of that bound and the search stops when it reaches the best step found.
+Progress goes to `progress` (the CLI prints it on stderr).
 """
 
 from __future__ import annotations
@@ -27,16 +30,16 @@ from dataclasses import replace
 import numpy as np
 
 from shardplan.cost import CostOptions
+from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.step import (
     Levers,
     Recompute,
     StageProfile,
     profile_stage,
     stage_cost,
-    step_cost,
 )
+from shardplan.cost.terms import compute_cost
 from shardplan.errors import InfeasibleError, SolverError
-from shardplan.hardware import get_machine, peak_flops
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
@@ -44,7 +47,7 @@ from shardplan.plans import Plan
 from shardplan.search import experts
 from shardplan.search.drec import drec
 from shardplan.sharding import Strategy
-from shardplan.training import Stage, TrainingPlan, pipeline_of
+from shardplan.training import TrainingPlan, assemble, at_precision
 
 Progress = Callable[[str], None]
 Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
@@ -204,8 +207,7 @@ def plan_training(
 ) -> TrainingPlan:
     """Search S, m, boundaries and levers (module docstring); `build(b)` returns the model at
     batch b. Raises InfeasibleError naming the leanest candidate when nothing fits."""
-    if opts.precision is not None:
-        mesh = replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
+    mesh = at_precision(mesh, opts)
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     stage_planner = _StagePlanner(opts, planner or (lambda g, m, o: drec(g, m, o)))
@@ -216,17 +218,22 @@ def plan_training(
     flops = [sum(op.flops for op in probe.ops[s.start : s.stop]) for s in segs]
     outer = mesh.shape[0]
     s_options = stages or [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
-    factor = opts.preset.training_flops_factor
-    rate = mesh.flops_per_s * get_machine(mesh.machine).flops_efficiency  # roofline's FLOP side
+    sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
     candidates = []  # (lower bound of the step, S, m, stage starts)
     for n_stages in s_options:
         smesh = stage_mesh(mesh, n_stages)
         starts = balanced_stages(flops, n_stages)
         ends = [*starts[1:], len(segs)]
-        heaviest = max(sum(flops[a:b]) for a, b in zip(starts, ends, strict=True))
         for m in micro_batch_options(batch, smesh):
-            # m + S - 1 slots of at least the heaviest stage's compute at the achieved rate
-            slot = factor * heaviest / m / (rate * smesh.size)
+            # m + S - 1 slots of at least the heaviest stage's compute, every op split ideally
+            k = m * smesh.size
+            slot = max(
+                sum(
+                    compute_cost(f / k, b / k, opts, smesh)
+                    for f, b in sizes[segs[a].start : segs[e - 1].stop]
+                )
+                for a, e in zip(starts, ends, strict=True)
+            )
             candidates.append(((m + n_stages - 1) * slot, n_stages, m, starts))
     best: TrainingPlan | None = None
     leanest: tuple[float, str] | None = None
@@ -271,17 +278,14 @@ def plan_training(
         if len(levers) < n_stages:
             say(f"  {label}: does not fit ({elapsed:.1f} s)")
             continue
-        tokens = _tokens_per_sample(probe, batch)
-        step = step_cost(profiles, levers, m, pipeline_of(plans, mesh, batch, tokens))
-        tp = TrainingPlan(
+        tp = assemble(
             probe.name,
             mesh,
             batch,
+            list(zip(plans, profiles, levers, strict=True)),
             m,
-            tuple(Stage(p, lv) for p, lv in zip(plans, levers, strict=True)),
             "drec",
-            tokens,
-            step=step,
+            _tokens_per_sample(probe, batch),
         )
         assert tp.step is not None
         say(

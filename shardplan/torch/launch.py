@@ -4,7 +4,8 @@ Each process gets MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, initialises the defau
 (gloo), calls `fn(*args)` and destroys the group; rank 0 pickles its result to a file the parent
 reads. `fn` must be importable by name (a module-level function): processes are started with
 the "spawn" method. Cost: one interpreter start-up and torch import per process (~5-10 s each on
-a small machine), then whatever `fn` does.
+a small machine), then whatever `fn` does. The launch loop is
+`shardplan.engines.spawn.spawn_and_wait`.
 """
 
 from __future__ import annotations
@@ -12,21 +13,13 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import socket
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardplan.errors import BackendError
+from shardplan.engines.spawn import free_port, spawn_and_wait
 
 DEFAULT_TIMEOUT = 600.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _entry(
@@ -60,45 +53,15 @@ def spawn(
         BackendError: a rank raised (the tail of its traceback is in the message), exited, or
             the run took longer than `timeout` seconds (its processes are then terminated).
     """
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
-
     name = getattr(fn, "__qualname__", repr(fn))
     workdir = tempfile.mkdtemp(prefix="shardplan-spawn-")
     out = os.path.join(workdir, "result.pkl")
-    context = None
-    start = time.perf_counter()
     try:
-        context = mp.start_processes(
-            _entry,
-            args=(fn, world_size, _free_port(), out, tuple(args)),
-            nprocs=world_size,
-            join=False,
-            start_method="spawn",
-        )
-        while not context.join(timeout=1.0):
-            if time.perf_counter() - start > timeout:
-                raise BackendError(
-                    f"{name} on {world_size} processes did not finish within {timeout:.0f}s; "
-                    "its processes were terminated (raise timeout=...)"
-                )
+        entry_args = (fn, world_size, free_port(), out, tuple(args))
+        spawn_and_wait(_entry, entry_args, world_size, timeout, name, frames=40)
         with open(out, "rb") as f:
             return pickle.load(f)
-    except ProcessRaisedException as e:
-        lines = str(e).strip().splitlines()
-        raise BackendError(
-            f"{name} failed on rank {e.error_index}: {lines[-1] if lines else e!r}\n"
-            + "\n".join(lines[-40:-1])
-        ) from None
-    except ProcessExitedException as e:
-        raise BackendError(f"{name}: rank {e.error_index} exited with code {e.exit_code}") from None
     finally:
-        if context is not None:
-            for p in context.processes:
-                if p.is_alive():
-                    p.terminate()
-            for p in context.processes:
-                p.join(5)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

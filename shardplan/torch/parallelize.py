@@ -41,6 +41,7 @@ from shardplan.ir.op import Role
 from shardplan.mesh import Mesh, parse_mesh
 from shardplan.plans import Plan
 from shardplan.sharding import operand_layout
+from shardplan.torch._rewrites import REWRITES
 
 _READ_TEXT = {-1: "R"}
 
@@ -424,7 +425,7 @@ class _Runner:
                 return self.dtensor(v) if plain else v
 
             args, kwargs = map_aggregate(args, lift), map_aggregate(kwargs, lift)
-        target = _REWRITES.get(str(node.target), node.target) if found else node.target
+        target = REWRITES.get(str(node.target), node.target) if found else node.target
         try:
             out = target(*args, **kwargs)
         except NotImplementedError as e:
@@ -491,22 +492,6 @@ class _Runner:
                     f"({target!r}); only user outputs and buffer updates are supported"
                 )
         return pytree.tree_unflatten(user, self.out_spec)
-
-
-def _mean_as_sum(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
-    """`mean` as `sum / count`: DTensor's mean over a split dim leaves `Partial("avg")`, whose
-    backward cannot take the `Partial("sum")` gradients DTensor's other ops produce."""
-    import math
-
-    import torch
-
-    dims = [d % x.dim() for d in dim] if dim else list(range(x.dim()))
-    total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=dtype)
-    return total / math.prod(x.shape[d] for d in dims)
-
-
-_REWRITES = {"aten.mean.dim": _mean_as_sum}
-"""ATen ops run in another, equivalent form on DTensors (a workaround each, named by the op)."""
 
 
 def _invalid(value: Any) -> bool:

@@ -21,6 +21,13 @@ def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> i
     return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
 
 
+def _expert_matmul(
+    b: GraphBuilder, x: str, weight: str, shape: tuple[int, int, int], name: str
+) -> str:
+    """Dispatched tokens `x` [e, .., in] through the stacked expert weight [e, out, in]."""
+    return b.apply("expert_matmul", x, b.param(weight, shape), transpose_b=True, name=name)
+
+
 def moe_block(
     b: GraphBuilder,
     x: str,
@@ -51,37 +58,13 @@ def moe_block(
         routes = b.apply("moe_route", ids, **route, name="routes")
         tokens = b.apply("moe_dispatch", x, slots, name="dispatch")
         if gated:
-            gate = b.apply(
-                "expert_matmul",
-                tokens,
-                b.param("w_gate", (experts, ffn, hidden)),
-                transpose_b=True,
-                name="expert_gate",
-            )
-            up = b.apply(
-                "expert_matmul",
-                tokens,
-                b.param("w_up", (experts, ffn, hidden)),
-                transpose_b=True,
-                name="expert_up",
-            )
+            gate = _expert_matmul(b, tokens, "w_gate", (experts, ffn, hidden), "expert_gate")
+            up = _expert_matmul(b, tokens, "w_up", (experts, ffn, hidden), "expert_up")
             h = b.apply("mul", b.apply("silu", gate, name="expert_act"), up, name="expert_glu")
         else:
-            h = b.apply(
-                "expert_matmul",
-                tokens,
-                b.param("w1", (experts, ffn, hidden)),
-                transpose_b=True,
-                name="expert_fc",
-            )
+            h = _expert_matmul(b, tokens, "w1", (experts, ffn, hidden), "expert_fc")
             h = b.apply("gelu", h, name="expert_act")
-        h = b.apply(
-            "expert_matmul",
-            h,
-            b.param("w2", (experts, hidden, ffn)),
-            transpose_b=True,
-            name="expert_proj",
-        )
+        h = _expert_matmul(b, h, "w2", (experts, hidden, ffn), "expert_proj")
         return b.apply("moe_combine", h, routes, weights, name="combine")
 
 

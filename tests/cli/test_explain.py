@@ -91,6 +91,18 @@ def test_force_readable_name_on_every_round(tmp_path, capsys):
     assert forced.strategies[FC] == ("k", "k")
 
 
+def test_force_on_a_saved_plan_replans_its_problem(tmp_path, capsys):
+    saved, direct, again = (tmp_path / f"{n}.json" for n in ("saved", "direct", "again"))
+    assert main(["plan", *MODEL, "--json", str(saved)]) == 0
+    force = ["--force", "h.0.mlp.fc=row"]
+    assert main(["plan", *MODEL, *force, "--json", str(direct)]) == 0
+    assert main(["plan", str(saved), "--mesh", "2x2", *force, "--json", str(again), "-q"]) == 0
+    assert "vs unforced" in capsys.readouterr().out
+    a, b = (from_json(f.read_text()) for f in (direct, again))
+    assert b.strategies[FC] == ("k", "k")
+    assert b.strategies == a.strategies and b.cost.total == pytest.approx(a.cost.total, rel=1e-12)
+
+
 def test_force_with_the_ilp(tmp_path, capsys):
     out_file = tmp_path / "forced.json"
     args = ["plan", "mlp", "--small", "--mesh", "4", "--method", "ilp", "-q"]

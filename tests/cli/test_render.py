@@ -16,7 +16,7 @@ def test_gpt2_xl_on_4x8_fits_60_lines_of_100_columns(capsys):
     assert max(len(line) for line in lines) <= 100
     text = "\n".join(lines)
     assert "h.0–47 ×48" in text  # the 48 identical layers print once
-    assert "node axis (4): replicated (unused)" in text
+    assert "node axis (4):" in text  # one summary line per mesh axis
     assert "gpu axis (8):" in text and "batch" in text
     assert " ms" in text and " GB" in text  # units, not 1.38e-05 or 1.44e+03 GB
 
@@ -46,6 +46,29 @@ def test_readable_cut_names_come_from_the_signature():
 def test_units():
     assert fmt_seconds(1.38e-05) == "13.8 µs"
     assert fmt_seconds(0.063) == "63 ms"
+    assert fmt_seconds(2.5) == "2.5 s"
+    assert fmt_seconds(-1.5e-5) == "-15 µs"
+
+
+def test_times_under_a_microsecond_print_in_us_and_float_noise_as_zero():
+    assert fmt_seconds(0) == "0"
+    assert fmt_seconds(1.51e-7) == "0.15 µs"
+    assert fmt_seconds(1.58e-8) == "0.02 µs"
+    assert fmt_seconds(7.56e-9) == "<0.01 µs"
+    assert fmt_seconds(2.33e-11) == "<0.01 µs"  # 4 bytes all-reduced: real, negligible
+    assert fmt_seconds(3e-19) == "0"  # under a femtosecond
+    # against a 5.72 ms total, 5.72e-15 s is rounding of sums (<= 1e-12 x the total)
+    assert fmt_seconds(5.72e-15, scale=5.72e-3) == "0"
+    assert fmt_seconds(5.72e-15) == "<0.01 µs"
+    assert fmt_seconds(1e-11, scale=5.72e-3) == "<0.01 µs"
+
+
+def test_plan_summary_prints_no_nanoseconds(capsys):
+    # gpt2-small on 8: the loss's all-reduce of 4 bytes costs ~2e-11 s (printed "0.0233 ns" once)
+    assert main(["plan", "gpt2-small", "--mesh", "8", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert " ns" not in out
+    assert "intra-op fwd <0.01 µs, bwd 0," in out
     assert fmt_bytes(1.44e12) == "1.44 TB"
     assert fmt_bytes(512) == "512 B"
     assert fmt_params(175e9) == "175 B"

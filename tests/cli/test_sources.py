@@ -134,3 +134,29 @@ def test_unsupported_op_names_the_cli_flag(tmp_path, monkeypatch, capsys):
         == 0
     )
     assert "replicated (opaque, never cut): 1" in capsys.readouterr().err
+
+
+def test_unknown_replicate_takes_an_op_with_several_results(tmp_path, monkeypatch, capsys):
+    # lu_factor: 3 results (LU, pivots, info) and an error check behind an effect token
+    (tmp_path / "lu_models.py").write_text(
+        textwrap.dedent("""
+        import torch
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 4)
+            def forward(self, x):
+                lu, pivots = torch.linalg.lu_factor(self.fc(x).reshape(-1, 2, 2))
+                return lu.sum() + pivots.sum()
+        def build():
+            return M()
+    """)
+    )
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "--torch", "lu_models:build", "--args", "4x4", "--mesh", "2"]
+    assert main(args) == 7
+    assert "linalg_lu_factor_ex" in capsys.readouterr().err
+    assert main([*args, "--unknown", "replicate"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "replicated (opaque, never cut): 1" in err
+    assert "(aten.linalg_lu_factor_ex.default): 3 results" in err

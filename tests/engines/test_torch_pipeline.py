@@ -16,7 +16,8 @@ from shardplan.mesh import parse_mesh  # noqa: E402
 from shardplan.search.recipes import megatron_recipe  # noqa: E402
 
 
-def test_pipeline_plan_runs_with_1f1b_and_matches_one_process(tmp_path, capsys):
+def _megatron_plan_file(tmp_path):
+    """Megatron's recipe for small GPT-2 on 2x2 (pipeline 2, tensor 2), saved as JSON."""
     tp = megatron_recipe(
         lambda b: zoo.build("gpt2-small", small=True, batch=b),
         4,
@@ -25,10 +26,15 @@ def test_pipeline_plan_runs_with_1f1b_and_matches_one_process(tmp_path, capsys):
         tensor=2,
         pipeline=2,
     )
-    assert tp.pipeline_stages == 2 and tp.micro_batches == 4
-    assert tp.axes == ("node axis: pipeline x2", "gpu axis: tensor x2")
     plan_file = tmp_path / "train.json"
     plan_file.write_text(training_json.to_json(tp))
+    return tp, plan_file
+
+
+def test_pipeline_plan_runs_with_1f1b_and_matches_one_process(tmp_path, capsys):
+    tp, plan_file = _megatron_plan_file(tmp_path)
+    assert tp.pipeline_stages == 2 and tp.micro_batches == 4
+    assert tp.axes == ("node axis: pipeline x2", "gpu axis: tensor x2")
     report_file = tmp_path / "report.json"
     args = ["verify", str(plan_file), "--engine", "torch", "--json", str(report_file)]
     assert main(args) == 0, capsys.readouterr().out
@@ -43,15 +49,6 @@ def test_pipeline_plan_runs_with_1f1b_and_matches_one_process(tmp_path, capsys):
 
 
 def test_a_training_plan_needs_the_torch_engine(tmp_path, capsys):
-    tp = megatron_recipe(
-        lambda b: zoo.build("gpt2-small", small=True, batch=b),
-        4,
-        parse_mesh("2x2"),
-        CostOptions.make(dtype="bf16"),
-        tensor=2,
-        pipeline=2,
-    )
-    plan_file = tmp_path / "train.json"
-    plan_file.write_text(training_json.to_json(tp))
+    _, plan_file = _megatron_plan_file(tmp_path)
     assert main(["verify", str(plan_file)]) == 9
     assert "verify it with --engine torch" in capsys.readouterr().err

@@ -114,3 +114,54 @@ def test_results_nobody_reads_are_not_imported():
     decomposed = importer._translate(torch, program, "d", "error", decompose=True).graph
     assert [op.kind for op in direct.ops] == [op.kind for op in decomposed.ops]
     assert "tanh" not in {op.kind for op in direct.ops}
+
+
+def _hf(name):
+    transformers = pytest.importorskip("transformers")
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 64}
+    if name == "llama":  # RMSNorm upcasts with aten.to.dtype; SwiGLU's silu
+        config = transformers.LlamaConfig(
+            **sizes,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            use_cache=False,
+            attn_implementation="eager",
+        )
+        return transformers.LlamaForCausalLM(config), torch.zeros(2, 8).long()
+    if name == "mamba":  # chunk, a depthwise conv1d, dt_proj.weight @ x (2-D @ 3-D matmul)
+        config = transformers.MambaConfig(
+            **sizes, state_size=4, expand=2, conv_kernel=4, use_cache=False
+        )
+        return transformers.MambaForCausalLM(config), torch.zeros(2, 8).long()
+    config = transformers.ConvNextConfig(
+        hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=32
+    )
+    return transformers.ConvNextModel(config), torch.randn(2, 3, 32, 32)  # strided, grouped conv2d
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+@pytest.mark.parametrize("name", ["llama", "mamba", "convnext"])
+def test_hugging_face_models_translate_directly(name):
+    # export's IR ops of these models (to.dtype, chunk, conv1d/conv2d, 2-D @ 3-D matmul) have
+    # rules: no decomposition; the graph is the decomposed one's or leaner (silu stays one op)
+    torch.manual_seed(0)
+    model, x = _hf(name)
+    program = _program(model.eval(), x)
+    assert not importer._needs_decomposition(program, importer.aten_table())
+    direct = importer._translate(torch, program, name, "error", decompose=False).graph
+    decomposed = importer._translate(torch, program, name, "error", decompose=True).graph
+    heavy = ("linear", "bmm", "embedding", "conv2d", "einsum")
+    assert sorted(op.kind for op in direct.ops if op.kind in heavy[:4]) == sorted(
+        op.kind for op in decomposed.ops if op.kind in heavy[:4]
+    )
+    assert direct.num_params == decomposed.num_params == sum(p.numel() for p in model.parameters())
+    assert len(direct.ops) <= len(decomposed.ops)
+    opts = CostOptions.make()
+    mesh = sp.parse_mesh("4")
+    costs = [
+        evaluate_strategies(g, mesh, sp.search.drec.drec(g, mesh, opts), opts).total
+        for g in (direct, decomposed)
+    ]
+    # the same heavy ops; fewer elementwise ops (silu, softplus as one op each) cost no more
+    assert costs[0] <= costs[1] * (1 + 1e-12)

@@ -39,7 +39,9 @@ def _mixtral():
     model = transformers.MixtralForCausalLM(config).eval()
     ids = torch.randint(0, 128, (B, S), generator=torch.Generator().manual_seed(0))
     result = import_torch(model, (ids,))
-    return model, result, sp.plan(result.graph, "8")
+    # the uniform machine: on the a100 this tiny model's kernels all sit at the 7 us launch
+    # floor, so no cut saves compute and the plan follows communication alone
+    return model, result, sp.plan(result.graph, "8", machine="uniform")
 
 
 def test_mixtral_plan_is_expert_parallel_and_its_all_to_all_matches_a_hand_count():

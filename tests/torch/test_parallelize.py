@@ -112,9 +112,17 @@ def test_collectives_are_counted_next_to_the_prediction(reports, name):
     print(f"\n{name} ({r['engine']}, {r['method']}):\n{table}")
 
 
-def test_drec_plan_that_torch_tp_cannot_express_is_a_named_error(reports):
-    message = reports["llama-drec-tp"].get("error", "")
-    assert message.startswith("PlanError: to_torch_tp:") and "op " in message
+def test_drec_plan_through_torch_tp_trains_or_is_a_named_error(reports):
+    # whether torch's TP styles can express D-Rec's plan depends on the cost model's choice:
+    # either it trains like the reference, or to_torch_tp names the op it cannot express
+    report = reports["llama-drec-tp"]
+    message = report.get("error", "")
+    if message:
+        assert message.startswith("PlanError: to_torch_tp:") and "op " in message
+    else:
+        assert report["parallel_losses"] == pytest.approx(
+            report["reference_losses"], rel=TOL["llama"]
+        )
 
 
 def test_parallelize_without_a_process_group_is_a_plan_error():
