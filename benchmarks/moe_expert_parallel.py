@@ -11,6 +11,7 @@ at the same sizes, planned by D-Rec on mesh 8, predicted all-to-all bytes agains
    inserts, per kind and per operator, against the cost model's prediction.
 
 Run: python benchmarks/moe_expert_parallel.py   (about 2 minutes on 2 cores)
+     MOE_MACHINE=uniform python benchmarks/moe_expert_parallel.py   (plan for the uniform machine)
 Writes benchmarks/results/moe_expert_parallel.{json,md}.
 """
 
@@ -28,6 +29,11 @@ from _report import run_info, table, write  # noqa: E402
 
 E, K, B, S, H, F = 8, 2, 16, 128, 256, 1024
 MOE_KINDS = ("moe_slots", "moe_route", "moe_dispatch", "expert_matmul", "moe_combine")
+
+
+MACHINE = os.environ.get("MOE_MACHINE", "a100")
+"""The machine preset D-Rec plans for (`MOE_MACHINE=uniform`: every link alike, compute = FLOPs /
+rate, no launch floor); results go to moe_expert_parallel[_<machine>].{json,md}."""
 
 
 def imported_plan() -> dict:
@@ -49,7 +55,7 @@ def imported_plan() -> dict:
     start = time.perf_counter()
     result = import_torch(model, (ids,))
     import_s = time.perf_counter() - start
-    plan = sp.plan(result.graph, "8")
+    plan = sp.plan(result.graph, "8", machine=MACHINE)
     ops = [
         {"op": op.name, "kind": op.kind, "strategy": list(plan.strategies[op.name])}
         for op in result.graph.ops
@@ -70,7 +76,7 @@ def zoo_verify() -> dict:
     from shardplan.fidelity.verify import verify_plan
 
     graph = sp.zoo.build("moe", batch=B, seq=S, hidden=H, heads=4, experts=E, ffn=F, top_k=K)
-    plan = sp.plan(graph, "8")
+    plan = sp.plan(graph, "8", machine=MACHINE)
     start = time.perf_counter()
     report = verify_plan(plan, train=True, dtype="float32")
     kinds = {
@@ -111,7 +117,9 @@ def zoo_verify() -> dict:
 
 
 def main() -> None:
-    info = run_info(__file__, experts=E, top_k=K, batch=B, seq=S, hidden=H, ffn=F, mesh="8")
+    info = run_info(
+        __file__, experts=E, top_k=K, batch=B, seq=S, hidden=H, ffn=F, mesh="8", machine=MACHINE
+    )
     imported = imported_plan()
     zoo = zoo_verify()
     a2a = zoo["kinds"].get("all-to-all", {"predicted": 0, "measured": 0})
@@ -168,9 +176,9 @@ def main() -> None:
     )
     md = (
         "# Expert parallelism: plan and measured all-to-all\n\n"
-        f"`python benchmarks/moe_expert_parallel.py` (source {info['source']}): {E} experts, "
+        f"`MOE_MACHINE={MACHINE} python benchmarks/moe_expert_parallel.py` (source {info['source']}): {E} experts, "
         f"top-{K}, batch {B} x {S} tokens, hidden {H}, expert width {F}, mesh 8 = rounds 2,2,2, "
-        "training step, a100 preset.\n\n"
+        f"training step, {MACHINE} machine preset.\n\n"
         f"## Mixtral from `transformers.MixtralConfig` (strict import: {imported['strict']}, "
         f"{imported['params']:,} params, {imported['import_s']:.1f} s)\n\n"
         + table(["op", "kind", "D-Rec strategy (rounds)"], rows)
@@ -188,7 +196,8 @@ def main() -> None:
         + (causes if expert_parallel else not_ep)
     )
     summary = {"all_to_all_ratio": ratio, "plan_all_to_all_ratio": plan_ratio, "xla_extra": extra}
-    write("moe_expert_parallel", {"run": info, "imported": imported, "zoo": zoo, **summary}, md)
+    name = "moe_expert_parallel" if MACHINE == "a100" else f"moe_expert_parallel_{MACHINE}"
+    write(name, {"run": info, "imported": imported, "zoo": zoo, **summary}, md)
 
 
 if __name__ == "__main__":
