@@ -176,7 +176,8 @@ def main() -> None:
     )
     md = (
         "# Expert parallelism: plan and measured all-to-all\n\n"
-        f"`MOE_MACHINE={MACHINE} python benchmarks/moe_expert_parallel.py` (source {info['source']}): {E} experts, "
+        f"`MOE_MACHINE={MACHINE} python benchmarks/moe_expert_parallel.py` "
+        f"(source {info['source']}): {E} experts, "
         f"top-{K}, batch {B} x {S} tokens, hidden {H}, expert width {F}, mesh 8 = rounds 2,2,2, "
         f"training step, {MACHINE} machine preset.\n\n"
         f"## Mixtral from `transformers.MixtralConfig` (strict import: {imported['strict']}, "
