@@ -68,11 +68,6 @@ CAUSES: Mapping[str, str] = {
         "all-gather and a dynamic-slice (or replicates the tensor: 'involuntary full "
         "rematerialization')"
     ),
-    "multi-round-all-to-all": (
-        "a split moves to another tensor dim in several rounds at once: XLA runs one all-to-all "
-        "over the product Q of those rounds, (Q-1)/Q |T|/N, where the per-round model charges "
-        "one per round, sum (q-1)/q |T|/N (3/4 of it for two rounds of 2, 7/12 for three)"
-    ),
     "merged-partial-sums": (
         "XLA adds partial sums of several operators before one all-reduce (two vocab-parallel "
         "embeddings feeding an add), or adds a split gradient into another reader's partial "
@@ -96,7 +91,8 @@ CAUSES: Mapping[str, str] = {
     "xla-replicated-compute": (
         "XLA all-gathers an activation the plan keeps split and computes the operator on the "
         "whole tensor (its per-device result in the compiled HLO has the global shape), so the "
-        "partial sums, gradient all-reduces and redistributions the plan implies vanish"
+        "partial sums, gradient all-reduces and redistributions the plan implies vanish, and "
+        "the all-gather of its input appears (a top-k XLA does not split along the batch)"
     ),
     "moved-to-neighbour": (
         "the same collective is attributed by the HLO metadata to a neighbouring operator "
@@ -116,7 +112,6 @@ CAUSES: Mapping[str, str] = {
 }
 """Known causes of measured != predicted, each a documented model limitation
 (docs/verification.md explains each with an HLO excerpt)."""
-
 
 
 @dataclass(frozen=True, slots=True)

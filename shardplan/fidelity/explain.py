@@ -5,7 +5,6 @@ to attribute each per-operator difference between measured and predicted bytes t
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -280,28 +279,6 @@ class _Explainer:
             if any(piece(m) for m in self.elems[(d.op, "all-gather")]):
                 d.take(d.remaining, "all-gather-for-all-to-all")
 
-    def multi_round_a2a(self, d: _Delta) -> None:
-        """An all-to-all edge whose split changes in several rounds: XLA sends one flat
-        all-to-all, (Q-1)/Q of the local piece, where the model charges sum (q-1)/q of it."""
-        if d.kind != "all-to-all" or d.sign > 0 or not d.op:
-            return
-        rounds = self.plan.mesh.rounds
-        for e in self.pred[d.op].edges:
-            moved = [
-                r.q
-                for r, a, b in zip(rounds, e.src, e.dst, strict=True)
-                if a >= 0 and b >= 0 and a != b
-            ]
-            if len(moved) < 2 or e.terms.all_to_all_bytes <= 0:
-                continue
-            per_round = sum((q - 1) / q for q in moved)
-            flat = 1 - 1 / math.prod(moved)
-            d.take(
-                e.terms.all_to_all_bytes * (1 - flat / per_round),
-                "multi-round-all-to-all",
-                f"{e.tensor!r} moves in {len(moved)} rounds at once",
-            )
-
     def gather_shortfall(self, d: _Delta) -> None:
         if d.kind != "all-gather" or not d.op:
             return
@@ -443,8 +420,9 @@ class _Explainer:
     # -- deficit rules ----
 
     def replicated_compute(self, d: _Delta) -> None:
-        """A deficit at an operator XLA computed whole (its per-device result is global)."""
-        if not d.op:
+        """A deficit at an operator XLA computed whole (its per-device result is global), or the
+        all-gather of its input that computing it whole takes (a top-k XLA does not split)."""
+        if not d.op or (d.sign > 0 and d.kind != "all-gather"):
             return
         from shardplan.sharding import local_shape, operand_layout
 
@@ -486,10 +464,10 @@ class _Explainer:
                     self.gather_shortfall,
                     self.contract_split_input,
                     self.split_normalised_axis,
+                    self.replicated_compute,
                 )
                 if d.sign > 0
                 else (
-                    self.multi_round_a2a,
                     self.split_normalised_axis,
                     self.merged_partial_sums,
                     self.partial_gradient_slice,

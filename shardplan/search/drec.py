@@ -254,7 +254,7 @@ class _Search(RoundCosts):
         (by the round's full cost) is then locally improved, one op at a time."""
         self.begin_round(r)
         if r < self.unused_rounds:
-            self.apply_round(r, {})
+            self.apply_round(r, dict.fromkeys(range(len(self.states))))
             return
         light = [i for i in range(len(self.states)) if i not in self.heavy]
         decided = self._greedy(r)

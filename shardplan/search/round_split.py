@@ -46,6 +46,12 @@ def round_features(
     return tuple(out)
 
 
+def can_move_split(src: np.ndarray, dst: np.ndarray) -> bool:
+    """Do these values of one round hold a split -> other split pair (an all-to-all)?"""
+    a, b = set(src[src >= 0].tolist()), set(dst[dst >= 0].tolist())
+    return bool(a and b) and not (len(a) == 1 and a == b)
+
+
 def feature_on(kind: int, a: int, b: int) -> bool:
     """Does a round with layouts a -> b show feature `kind`?"""
     if kind == BSPLIT:

@@ -54,7 +54,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.search.round_split import ASPLIT, RoundSplit, round_features
+from shardplan.search.round_split import ASPLIT, RoundSplit, can_move_split, round_features
 from shardplan.sharding import (
     REPLICATED,
     Layout,
@@ -272,12 +272,6 @@ def _op_key(graph: Graph, op: Op) -> tuple[Any, ...]:
     )
 
 
-def _can_move_split(src: np.ndarray, dst: np.ndarray) -> bool:
-    """Do these round values hold a split -> other split pair (an all-to-all)?"""
-    a, b = set(src[src >= 0].tolist()), set(dst[dst >= 0].tolist())
-    return bool(a and b) and not (len(a) == 1 and a == b)
-
-
 def _classes(keys: Sequence[Hashable]) -> tuple[np.ndarray, list[Hashable]]:
     """Class index of each key (classes numbered by first appearance) and the class keys."""
     index: dict[Hashable, int] = {}
@@ -339,22 +333,14 @@ class _Builder:
         return self.unary_cache[key]
 
     # -- tables ---------------------------------------------------------------------------------
-    def _edge_cost(self, tensor: str, src: Layout, dst: Layout) -> float:
+    def _edge_cost(self, tensor: str, src: Layout, dst: Layout, only: int | None = None) -> float:
+        """`edge_terms` (of round `only` alone, when given: other rounds may move too)."""
         if src == dst:
             return 0.0
-        key = (_tensor_key(self.graph, tensor), src, dst)
+        key = (_tensor_key(self.graph, tensor), src, dst, only)
         value = self.edge_cache.get(key)
         if value is None:
-            value = edge_terms(self.graph, tensor, src, dst, self.rounds, self.opts).total
-            self.edge_cache[key] = value
-        return value
-
-    def _edge_piece(self, tensor: str, src: Layout, dst: Layout, r: int) -> float:
-        """Round r's piece of `edge_terms` (the other rounds may differ too: all-to-alls)."""
-        key = (_tensor_key(self.graph, tensor), src, dst, r)
-        value = self.edge_cache.get(key)
-        if value is None:
-            value = edge_terms(self.graph, tensor, src, dst, self.rounds, self.opts, r).total
+            value = edge_terms(self.graph, tensor, src, dst, self.rounds, self.opts, only).total
             self.edge_cache[key] = value
         return value
 
@@ -456,7 +442,7 @@ class _Builder:
         b = np.array(dst, dtype=np.int64).reshape(len(dst), len(rounds))
         # round r can be an all-to-all if some src split differs from some dst split
         features = round_features(
-            rounds, [_can_move_split(a[:, r], b[:, r]) for r in range(len(rounds))]
+            rounds, [can_move_split(a[:, r], b[:, r]) for r in range(len(rounds))]
         )
         src_values, dst_values, values = [], [], []
         for r, feats in enumerate(features):
@@ -476,7 +462,7 @@ class _Builder:
                             elif (f >> bit) & 1 and la[j] == REPLICATED:
                                 la[j] = lb[j] = 0
                         la[r], lb[r] = int(alpha), int(beta)
-                        v[i, k, f] = self._edge_piece(tensor, tuple(la), tuple(lb), r)
+                        v[i, k, f] = self._edge_cost(tensor, tuple(la), tuple(lb), r)
             src_values.append(sv)
             dst_values.append(dv)
             values.append(v)

@@ -57,18 +57,28 @@ def test_mixtral_plan_is_expert_parallel_and_its_all_to_all_matches_a_hand_count
     assert set(dispatch) <= {"e", "g"} and combine == ("g", "g", "g")
     # Hand count. Capacity per expert and sequence: 128 tokens * 2 choices / 8 experts = 32.
     # The dispatched tokens and the expert results are [8, 16, 32, 256] float32 = 4 MiB each;
-    # the slot table is [16, 8, 32] int32 = 16 KiB. Mesh 8 = three rounds of 2: a tensor split
-    # in all three rounds that changes its split dim in one round sends (2-1)/2 of its local
-    # eighth there, |T|/16, forward and again backward (its gradient).
+    # the slot table is [16, 8, 32] int32 = 16 KiB. Mesh 8 = three rounds of 2; each tensor is
+    # split in all three rounds on both sides, so a device holds its eighth, |T|/8. The rounds
+    # where the split dim changes form ONE all-to-all over their Q = 2^c devices: a device
+    # keeps 1/Q of its eighth and sends (Q-1)/Q of it, forward and again backward (gradient).
+    #   dispatch (e g g) -> up (e e e): c = 2, Q = 4: 3/4 * 4 MiB/8 = 393,216 B per pass;
+    #   down (e e e) -> combine (g g g): c = 3, Q = 8: 7/8 * 4 MiB/8 = 458,752 B per pass;
+    #   the slot table follows a dispatch cut on e: c = 1, Q = 2: 1/2 * 16 KiB/8 = 1,024 B.
+    # Total 2 * (393,216 + 458,752 + 1,024) = 1,705,984 B (per-round pricing gave 2,623,488).
     tokens = E * B * (S * K // E) * H * 4
     slots = B * E * (S * K // E) * 4
-    changed_in = dispatch.count("g")  # dispatch split on g, experts on e: tokens move
+
+    def flat(c: int) -> float:  # (Q-1)/Q of one eighth, Q = 2^c
+        return (1 - 1 / 2**c) / 8
+
     expected = 2 * (
-        changed_in * tokens / 16  # dispatch -> up-projection
-        + 3 * tokens / 16  # down-projection (e) -> combine (g), in all three rounds
-        + dispatch.count("e") * slots / 16  # the slot table follows a dispatch cut on e
+        flat(dispatch.count("g")) * tokens  # dispatch (g) -> up-projection (e)
+        + flat(3) * tokens  # down-projection (e) -> combine (g), all three rounds
+        + flat(dispatch.count("e")) * slots  # the slot table follows a dispatch cut on e
     )
     assert tokens == 4_194_304 and slots == 16_384
+    if dispatch == ("e", "g", "g"):
+        assert expected == 1_705_984
     assert plan.cost.comm.all_to_all_bytes == pytest.approx(expected, rel=1e-9)
 
 

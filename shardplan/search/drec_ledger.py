@@ -1,0 +1,281 @@
+"""What D-Rec carries from one round to the next, so that its rounds add up to the evaluator.
+
+`RoundLedger` is the part of `drec_costs.RoundCosts` that remembers the rounds done:
+  * every operand's layout in the rounds done, and per edge its "context": per earlier round how
+    its two layouts relate (`relation`: same split, both replicated, all-to-all, gather, slice).
+    An edge's price in round r is its MARGINAL cost, `cost.terms.edge_redistribution` over rounds
+    0..r minus over 0..r-1 on a representative pair of the same context (the price depends on
+    the layouts only through their relations), so summed over the rounds it telescopes to the
+    evaluator's price of the whole edge (multi-round all-to-alls included);
+  * the all-reduces each op paid (priced as if faster later rounds shrink the operand): a later
+    faster round that neither splits nor reduces it charges the backlog and grows the pieces;
+  * the gradient all-reduces another reader paid for an op (the evaluator's share credit: the
+    previous reader, same layout, both reduce): owed back in the round where their layouts part.
+`begin_round` computes the round's contexts in O(|E| * r); `apply_round` records a decided round
+in O(|V| * operands); a marginal price costs O(r ** 2) once per (relation, context, tensor kind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shardplan.cost.collectives import all_reduce_s
+from shardplan.cost.terms import edge_redistribution, faster, reduces
+from shardplan.ir.op import Role
+from shardplan.search.flex import FlexEdge
+from shardplan.sharding import REPLICATED, layout_of_cut
+
+ELSEWHERE = 1 << 20
+"""Layout value of a split on a tensor dim that does not survive a flex chain."""
+
+
+_EXAMPLE = ((0, 0), (REPLICATED, REPLICATED), (0, 1), (0, REPLICATED), (REPLICATED, 0))
+"""A (src, dst) pair of each `relation` (an edge's price depends on its layouts only so)."""
+
+
+def relation(src: int, dst: int) -> int:
+    """How an edge's two layouts relate in one round: 0 the same split, 1 both replicated,
+    2 split -> other split (all-to-all), 3 split -> replicated, 4 replicated -> split."""
+    if src == dst:
+        return 0 if src >= 0 else 1
+    if src >= 0:
+        return 2 if dst >= 0 else 3
+    return 4
+
+
+def through_chain(edge: FlexEdge, src: int, dst: int, into_consumer: bool) -> tuple[int, int]:
+    """The (src, dst) layouts an edge's redistribution is priced on once the chain of transparent
+    ops between producer and consumer is taken into account: `into_consumer` when src is the
+    producer's output layout, seen by the consumer; otherwise dst (the consumer's input layout)
+    is seen by the producer. A split the chain cannot carry gathers on the way."""
+    if into_consumer:
+        if src >= 0:
+            src = edge.forward.get(src, ELSEWHERE)
+            if src == ELSEWHERE:
+                dst = REPLICATED
+        return src, dst
+    if dst >= 0:
+        dst = edge.backward.get(dst, REPLICATED)
+    if src >= 0 and src not in edge.forward:
+        dst = REPLICATED
+    return src, dst
+
+
+class RoundLedger:
+    """The rounds-done state and marginal prices of `RoundCosts` (a mixin: it reads the
+    attributes `RoundCosts.__init__` sets)."""
+
+    def _grow_backlog(self, i: int, r: int, cut: str | None) -> None:
+        """Round r's cut neither splits nor reduces an operand: the earlier, slower rounds' pieces
+        of its all-reduce stay q times larger (the backlog just charged), so a later faster round
+        that also breaks the hierarchy pays on the grown pieces (the backlogs then telescope to
+        the evaluator's hierarchical all-reduce exactly)."""
+        st, rnd = self.states[i], self.rounds[r]
+        credits = (((False, pos), h) for pos, h in st.credits.items())
+        for (is_output, pos), history in (*st.ar_history.items(), *credits):
+            if self._shrinks(i, cut, pos, is_output):
+                continue
+            history[:] = [(j, c * rnd.q if faster(rnd, self.rounds[j]) else c) for j, c in history]
+
+    def _shrinks(self, i: int, cut: str | None, pos: int, is_output: bool) -> bool:
+        """Does `cut` split or all-reduce this operand of op i?"""
+        op = self.states[i].op
+        groups = (op.signature.outputs if is_output else op.signature.inputs)[pos]
+        name = (op.outputs if is_output else op.inputs)[pos]
+        grad = name in self._grad
+        return layout_of_cut(groups, cut, is_output, op) >= 0 or reduces(
+            op, cut, groups, is_output, grad, self.opts.train
+        )
+
+    def _parted(self, i: int, pos: int, decided: dict[int, str | None]) -> bool:
+        """Do op i's input `pos` and its previous reader's part in this round (their layouts
+        agreed in the rounds before)?"""
+        p, p_pos = self._prev_reader[i][pos]  # type: ignore[misc]
+        return self._in(p, decided.get(p), p_pos) != self._in(i, decided.get(i), pos)
+
+    def _revoked(self, i: int, r: int, decided: dict[int, str | None]) -> float:
+        """The all-reduces the previous reader paid for op i in earlier rounds, owed back now
+        that their layouts part (the evaluator's credit needs them equal in every round), each
+        with this round's backlog if the cut breaks the hierarchy (`_add_backlog`)."""
+        st, rnd = self.states[i], self.rounds[r]
+        total = 0.0
+        for pos, entries in st.credits.items():
+            if entries and self._parted(i, pos, decided):
+                grow = not self._shrinks(i, decided.get(i), pos, False)
+                for j, c in entries:
+                    total += c * rnd.q if grow and faster(rnd, self.rounds[j]) else c
+        return total
+
+    def _record_all_reduces(
+        self, i: int, r: int, decided: dict[int, str | None]
+    ) -> tuple[int, ...]:
+        """Remember the all-reduces round r's cut pays (not those another reader pays); returns
+        the input positions skipped so."""
+        st, rnd, cut = self.states[i], self.rounds[r], decided.get(i)
+        skipped: list[int] = []
+        for pos, entries in st.credits.items():
+            if entries and self._parted(i, pos, decided):  # owed back: a normal piece again
+                st.ar_history.setdefault((False, pos), []).extend(entries)
+                entries.clear()
+                skipped.append(-1 - pos)
+        if cut is None or self.opts.preset.symbolic:
+            return tuple(skipped)
+        op = st.op
+        ins, outs = self._infos(i, r)
+        credited = self._credited(i, r, decided) if self.opts.train else set()
+        for is_output, infos, groups, names in (
+            (False, ins, op.signature.inputs, op.inputs),
+            (True, outs, op.signature.outputs, op.outputs),
+        ):
+            for pos, info in enumerate(infos):
+                if reduces(op, cut, groups[pos], is_output, info.requires_grad, self.opts.train):
+                    nbytes = info.numel * info.dtype_bytes / info.ar_divisor
+                    piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s))
+                    if not is_output and (names[pos], r) in credited:
+                        st.credits.setdefault(pos, []).append(piece)
+                        skipped.append(pos)
+                        continue
+                    st.ar_history.setdefault((is_output, pos), []).append(piece)
+        return tuple(skipped)
+
+    def _edge(self, src: int, dst: int, ctx: int, name: str) -> float:
+        """Marginal price of one edge in the current round: round r's layouts `src` -> `dst`
+        after the earlier rounds' context `ctx` (caches are cleared every round)."""
+        if src == dst and (src < 0 or not self._ctx_moves[ctx]):
+            return 0.0  # nothing moves now, and no earlier collective shrinks
+        key = (src, dst, ctx, name)
+        cost = self._edge_cache.get(key)
+        if cost is None:
+            # tensors of one size, dtype and gradient status price alike: layer copies share it
+            t = self.graph.tensors[name]
+            width = self.opts.element_bytes(t)
+            kind = (relation(src, dst), ctx, float(t.numel), width, name in self._grad)
+            cost = self._edge_kinds.get(kind)
+            if cost is None:
+                cost = self._edge_kinds[kind] = self._marginal(*kind)
+            self._edge_cache[key] = cost
+        return cost
+
+    def _marginal(self, rel: int, ctx: int, numel: float, width: int, grad: bool) -> float:
+        """The edge's price over rounds 0..r minus over rounds 0..r-1 (see the module doc)."""
+        r, rounds, opts = self._r, self.rounds, self.opts
+        codes = self._ctxs[ctx]
+        src = tuple(_EXAMPLE[c][0] for c in codes)
+        dst = tuple(_EXAMPLE[c][1] for c in codes)
+        key = (ctx, numel, width, grad)
+        before = self._prev_price.get(key)
+        if before is None:
+            before = self._prev_price[key] = edge_redistribution(
+                src, dst, numel, width, rounds[:r], grad, opts
+            ).total
+        a, b = _EXAMPLE[rel]
+        now = edge_redistribution(
+            (*src, a), (*dst, b), numel, width, rounds[: r + 1], grad, opts
+        ).total
+        return now - before
+
+    def _ctx(self, src: Sequence[int], dst: Sequence[int]) -> int:
+        """The id of the context of an edge whose layouts in the rounds done are src, dst."""
+        codes = tuple(map(relation, src, dst))
+        ctx = self._ctx_ids.get(codes)
+        if ctx is None:
+            ctx = self._ctx_ids[codes] = len(self._ctxs)
+            self._ctxs.append(codes)
+            self._ctx_moves.append(any(c >= 2 for c in codes))
+        return ctx
+
+    def begin_round(self, r: int) -> None:
+        """Clear the round's caches and compute every edge's context (O(|E| * r))."""
+        self._r = r
+        for cache in (self._cache, self._edge_cache, self._edge_kinds, self._info_cache):
+            cache.clear()
+        self._prev_price.clear()
+        self._param_ctx.clear()
+        graph, states = self.graph, self.states
+        self._in_ctx = []
+        for st in states:
+            row = []
+            for pos, name in enumerate(st.op.inputs):
+                p = graph.producer.get(name)
+                if p is not None:
+                    src = states[p].out_layouts[self.out_pos[name]]
+                elif graph.tensors[name].role is Role.PARAMETER:
+                    first, first_pos = graph.consumers[name][0]
+                    src = states[first].in_layouts[first_pos]
+                else:
+                    src = st.in_layouts[pos]
+                row.append(self._ctx(src, st.in_layouts[pos]))
+            self._in_ctx.append(row)
+        self._flex_ctx.clear()
+        for st in states:
+            for e in st.preds:
+                pairs = zip(
+                    states[e.producer].out_layouts[e.out_pos],
+                    st.in_layouts[e.in_pos],
+                    strict=True,
+                )
+                chained = [through_chain(e, a, b, True) for a, b in pairs]
+                self._flex_ctx[id(e)] = self._ctx([a for a, _ in chained], [b for _, b in chained])
+        self._sib_ctx.clear()
+        for i, st in enumerate(states):
+            for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
+                mine = [to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos]]
+                self._sib_ctx[i, k] = self._ctx(mine, states[other].out_layouts[other_pos])
+
+    def _shared_ctx(self, other: int, other_pos: int, i: int, pos: int) -> int:
+        key = (other, other_pos, i, pos)
+        ctx = self._param_ctx.get(key)
+        if ctx is None:
+            ctx = self._param_ctx[key] = self._ctx(
+                self.states[other].in_layouts[other_pos], self.states[i].in_layouts[pos]
+            )
+        return ctx
+
+    def apply_round(self, r: int, decided: dict[int, str | None]) -> None:
+        """Round r is decided: record its all-reduces, cuts, layouts and the local sizes."""
+        rnd = self.rounds[r]
+        skipped = []
+        for i in range(len(self.states)):  # before any layout grows: credits compare prefixes
+            self._grow_backlog(i, r, decided.get(i))
+            skipped.append(self._record_all_reduces(i, r, decided))
+        for i, st in enumerate(self.states):
+            cut = decided.get(i)
+            st.cuts.append(cut)
+            # ops of one kind must keep equal all-reduce histories (they share prices)
+            st.kind = (*st.kind, (cut, skipped[i]) if skipped[i] else cut)
+            ins, outs = self.layouts[i][cut]
+            st.in_layouts = [(*old, new) for old, new in zip(st.in_layouts, ins, strict=True)]
+            st.out_layouts = [(*old, new) for old, new in zip(st.out_layouts, outs, strict=True)]
+            if cut is None:
+                continue
+            st.extents[cut] //= rnd.q
+            for pos in range(len(st.op.inputs)):
+                if ins[pos] >= 0:
+                    st.in_numel[pos] /= rnd.q
+            for pos in range(len(st.op.outputs)):
+                if outs[pos] >= 0:
+                    st.out_numel[pos] /= rnd.q
+
+    def _credited(self, i: int, r: int, decided: dict[int, str | None]) -> set[tuple[str, int]]:
+        """The inputs whose gradient all-reduce op i need not pay in round r: as the evaluator's
+        `share_credit`, the previous reader of the tensor reads it in the same layout (in the
+        rounds so far, this one included) and reduces it in this round too. (The evaluator also
+        needs the later rounds' layouts to agree, which no round can see.)"""
+        st, train = self.states[i], self.opts.train
+        op, cut = st.op, decided.get(i)
+        out: set[tuple[str, int]] = set()
+        for pos, prev in enumerate(self._prev_reader[i]):
+            if prev is None:
+                continue
+            p, p_pos = prev
+            name = op.inputs[pos]
+            grad = name in self._grad
+            p_op, p_cut = self.states[p].op, decided.get(p)
+            if (
+                reduces(op, cut, op.signature.inputs[pos], False, grad, train)
+                and reduces(p_op, p_cut, p_op.signature.inputs[p_pos], False, grad, train)
+                and self._in(p, p_cut, p_pos) == self._in(i, cut, pos)
+                and self.states[p].in_layouts[p_pos] == st.in_layouts[pos]
+            ):
+                out.add((name, r))
+        return out
