@@ -2,7 +2,9 @@
 at the same sizes, planned by D-Rec on mesh 8, predicted all-to-all bytes against XLA's.
 
 1. `transformers.MixtralConfig` (8 experts, top-2, hidden 256, expert width 1024, one layer),
-   random weights, batch 16 x 128 tokens, imported strictly with `import_torch`; D-Rec on mesh 8
+   random weights, batch 64 x 128 tokens (large enough that the experts dominate: at 16 x 128
+   every kernel sits near the launch floor and D-Rec leaves ways unused), imported strictly with
+   `import_torch`; D-Rec on mesh 8
    (a100 preset, training). Reported: the strategy of every MoE op and the predicted all-to-all
    bytes per device (`plan.cost.comm.all_to_all_bytes`).
 2. The zoo `moe` (attention + the same routed experts, gelu instead of SwiGLU) at the same sizes,
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import run_info, table, write  # noqa: E402
 
-E, K, B, S, H, F = 8, 2, 16, 128, 256, 1024
+E, K, B, S, H, F = 8, 2, 64, 128, 256, 1024
 MOE_KINDS = ("moe_slots", "moe_route", "moe_dispatch", "expert_matmul", "moe_combine")
 
 
@@ -141,11 +143,9 @@ def main() -> None:
          f"{a['elements']} x {a['shape']}", str(a["group"]), f"{a['sent']:,.0f}"]
         for a in zoo["all_to_alls"]
     ]  # fmt: skip
-    # the backward of combine: the first all-to-all is the plan's (the gradient of the expert
-    # results going back to the expert layout); any further one is XLA's own (see below)
-    combine_bwd = [a for a in zoo["all_to_alls"] if a["op"].endswith("combine") and a["backward"]]
-    extra = sum(a["sent"] for a in combine_bwd[1:])
-    plan_ratio = (a2a["measured"] - extra) / a2a["predicted"] if a2a["predicted"] else float("nan")
+    # bytes XLA moved by all-to-all beyond the plan's (0 when it ran exactly the plan's)
+    extra = max(0.0, a2a["measured"] - a2a["predicted"])
+    plan_ratio = ratio
     by_op = {r["op"]: r["strategy"] for r in zoo["moe_ops"]}
     # the analysis below describes the expert-parallel plan (experts cut e, combine g)
     expert_parallel = (
@@ -154,25 +154,28 @@ def main() -> None:
     not_ep = (
         "D-Rec's plan of the zoo `moe` here does not cut the expert dim in every round with the "
         "combine on the tokens (strategies above), so there is no expert-parallel all-to-all to "
-        "compare; the analysis of that plan is in this report at commit 4291e81.\n"
+        "compare.\n"
     )
+    dispatch = " ".join(str(c) for c in by_op.get("moe.dispatch", []))
+    moved = sum(1 for c in by_op.get("moe.dispatch", []) if c != "e")
     causes = (
         "The cost model prices a redistribution whose split moves in several rounds as one "
         "all-to-all over the product of those rounds' devices, (Q-1)/Q of the local piece "
-        "(docs/cost-model.md): the expert input (dispatch `e g g` -> `e e e`, Q = 4) and the "
-        "expert results (`e e e` -> combine `g g g`, Q = 8), forward and backward, are the "
-        "instructions above of group 4 and 8 whose bytes equal the prediction.\n\n"
-        f"XLA adds {len(combine_bwd[1:])} all-to-all(s) of {extra:,.0f} B in the backward of "
-        "`moe.combine` that the plan does not contain. As the HLO shapes show, for the gradient "
-        "of the routing weights (`gtks,gtk,gsn->gtn` transposed to `gtk`) it does not use the "
-        "expert results already moved to the token layout: it all-gathers the whole output "
-        "gradient f32[16,128,256] (the combine all-gather row above, 7/8 of 2 MiB) and "
-        "contracts it with the expert results in the expert layout, then sends that "
-        "[e, g, t, c] product (the f32[1,2,128,32] pieces) to the token layout. "
-        "The plan's all-to-alls alone (measured minus that "
-        f"instruction): measured/predicted {plan_ratio:.3f}. The slot table's 2,048 B "
-        "all-to-all (dispatch cutting `e` in round 0) is moved by XLA with the dispatch's "
-        "all-gather and collective-permute instead.\n"
+        f"(docs/cost-model.md): the expert input (dispatch `{dispatch}` -> `e e e`, "
+        f"Q = {2**moved}) and the expert results (`e e e` -> combine `g g g`, Q = 8), forward "
+        "and backward, are the instructions above; XLA moved "
+        f"{a2a['measured']:,.0f} B by all-to-all against {a2a['predicted']:,.0f} B predicted "
+        f"({extra:,.0f} B more).\n\n"
+        "The JAX engine constrains every operand an op reads in another layout than it arrives "
+        "in at that read (`engines.jax.forward_fn(reads=...)`, from `fidelity.run.plan_reads`), "
+        "so XLA runs each redistribution on the edge, before the op, as the cost model prices "
+        "it. In a run of this script before that constraint (source 6d3036b, batch 64) XLA computed the gradient "
+        "of the routing weights in the expert layout instead: it all-gathered the whole output "
+        "gradient and sent the [e, g, t, c] product back to the token layout, one all-to-all "
+        "(917,504 B, measured/predicted 1.125) and one all-gather (7,340,032 B) the plan does "
+        "not contain. The remaining all-gather is the top-k, which XLA computes on the whole "
+        "tensor (`xla-replicated-compute`). Per-op rows say `moved-to-neighbour` where XLA "
+        "places an edge's backward all-to-all in the neighbouring op's scope; the totals agree.\n"
     )
     md = (
         "# Expert parallelism: plan and measured all-to-all\n\n"

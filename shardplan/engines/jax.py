@@ -220,13 +220,19 @@ def _check_kinds(graph: Graph, table: Mapping[str, Kernel]) -> None:
 
 
 def forward_fn(graph: Graph, layouts: Layouts | None = None,
-               mesh: Mesh | str | int | None = None) -> Callable[[Params, Params], dict[str, Any]]:
+               mesh: Mesh | str | int | None = None,
+               reads: Mapping[tuple[str, int], Layout] | None = None,
+               ) -> Callable[[Params, Params], dict[str, Any]]:
     """A pure `f(params, inputs) -> {graph output name: array}` evaluating ops in graph order.
 
     `inputs` holds the graph's inputs and constants (see `make_inputs`). With `layouts` (tensor
     name -> Layout) and `mesh`, every op output that has a layout is constrained with
     `jax.lax.with_sharding_constraint` (layouts of params/inputs are for `in_shardings`; see
-    `sharded_call`). Unknown op kinds raise UnsupportedOpError here, before any tracing.
+    `sharded_call`). `reads` ((op name, input position) -> Layout) constrains an operand where
+    the op reads it in another layout than it arrives in: the redistribution then happens on the
+    edge, before the op, as the cost model prices it (else XLA may move the op's own work, e.g.
+    a gradient contraction, instead). Unknown op kinds raise UnsupportedOpError here, before any
+    tracing.
     """
     jax = _require_jax()
     table = kernels()
@@ -238,6 +244,14 @@ def forward_fn(graph: Graph, layouts: Layouts | None = None,
         produced = {t for op in graph.ops for t in op.outputs}
         constraints = shardings_for(graph, mesh, {t: lay for t, lay in layouts.items()
                                                   if t in produced or t not in graph.tensors})
+    read_constraints: dict[tuple[str, int], Any] = {}
+    if reads:
+        if mesh is None:
+            raise BackendError("forward_fn: reads need a mesh (e.g. mesh='8')")
+        jmesh, m = jax_mesh(_as_mesh(mesh)), _as_mesh(mesh)
+        for (op_name, pos), layout in reads.items():
+            tensor = graph.tensors[graph.ops[graph.op_index[op_name]].inputs[pos]]
+            read_constraints[op_name, pos] = named_sharding(jmesh, m, layout, tensor)
     outputs = graph.outputs
     ops = graph.ops
 
@@ -250,6 +264,10 @@ def forward_fn(graph: Graph, layouts: Layouts | None = None,
                 raise BackendError(f"op {op.name!r} ({op.kind}) needs tensor {e.args[0]!r}, which "
                                    "is neither in params, inputs nor produced earlier") from None
             with jax.named_scope(op.name):
+                for pos in range(len(args)):
+                    read = read_constraints.get((op.name, pos))
+                    if read is not None:  # the edge's redistribution, charged to this op
+                        args[pos] = jax.lax.with_sharding_constraint(args[pos], read)
                 result = table[op.kind](op, *args)
                 results = result if isinstance(result, tuple) else (result,)
                 if len(results) != len(op.outputs):
@@ -299,7 +317,9 @@ def _select(graph: Graph, values: Params | None, roles: tuple[Role, ...], what: 
 
 def _jitted(graph: Graph, mesh: Mesh | str | int, param_layouts: Layouts | None,
             input_layouts: Layouts | None, layouts: Layouts | None, params: Params | None,
-            inputs: Params | None, train: bool) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+            inputs: Params | None, train: bool,
+            reads: Mapping[tuple[str, int], Layout] | None = None,
+            ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     jax = _require_jax()
     mesh = _as_mesh(mesh)
     jmesh = jax_mesh(mesh)
@@ -316,7 +336,7 @@ def _jitted(graph: Graph, mesh: Mesh | str | int, param_layouts: Layouts | None,
     tensors = graph.tensors
     p_sh = {n: named_sharding(jmesh, mesh, (param_layouts or {}).get(n), tensors[n]) for n in p}
     x_sh = {n: named_sharding(jmesh, mesh, (input_layouts or {}).get(n), tensors[n]) for n in x}
-    forward = forward_fn(graph, layouts, mesh)
+    forward = forward_fn(graph, layouts, mesh, reads)
 
     if not train:
         return jax.jit(forward, in_shardings=(p_sh, x_sh)), p, x

@@ -71,6 +71,21 @@ def plan_layouts(plan: Plan) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
     )
 
 
+def plan_reads(plan: Plan) -> dict[tuple[str, int], Any]:
+    """(op, input position) -> the layout the op reads an operand in, where that differs from
+    the layout it arrives in (its producer's, a parameter's home, an input's first reader's)."""
+    from shardplan.sharding import operand_layout
+
+    arriving = {**plan.tensor_layouts(), **plan.input_layouts()}
+    reads: dict[tuple[str, int], Any] = {}
+    for op in plan.graph.ops:
+        for pos, name in enumerate(op.inputs):
+            want = operand_layout(op, plan.strategies[op.name], pos)
+            if name in arriving and arriving[name] != want:
+                reads[op.name, pos] = want
+    return reads
+
+
 def compile_sharded(
     plan: Plan,
     train: bool,
@@ -89,7 +104,9 @@ def compile_sharded(
         params = cast_floats(shapes_p, dtype) if params is None else params
         inputs = cast_floats(shapes_i, dtype) if inputs is None else inputs
     p_lay, i_lay, a_lay = plan_layouts(plan)
-    fn, p, x = jb._jitted(plan.graph, plan.mesh, p_lay, i_lay, a_lay, params, inputs, train)
+    fn, p, x = jb._jitted(
+        plan.graph, plan.mesh, p_lay, i_lay, a_lay, params, inputs, train, plan_reads(plan)
+    )
     try:
         compiled = fn.lower(p, x).compile()
     except (ValueError, TypeError, RuntimeError) as e:
@@ -229,6 +246,7 @@ __all__ = [
     "cast_floats",
     "check_dtype",
     "compile_sharded",
+    "plan_reads",
     "flatten_results",
     "plan_layouts",
     "reference",
