@@ -150,14 +150,15 @@ def test_data_parallel_mlp_matches_the_model_exactly(devices8):
     assert all(k.within for k in report.kinds)
 
 
-def test_fsdp_gradient_reduction_in_steps_is_explained(devices8):
+def test_fsdp_collectives_match_the_prediction(devices8):
+    # the engine constrains each parameter where it is read (all-gathered from its sharded
+    # home), so XLA reduces every gradient once, as predicted; unconstrained, it used to reduce
+    # them in two sub-group steps (1.2x the bytes, cause "gradient-in-steps")
     p = plan(_graph("mlp"), "8", "fsdp")
     report = v.verify_plan(p)
     assert report.numerics_ok
-    ar = report.kind("all-reduce")
-    assert not ar.within and ar.ratio > 1.2  # two sub-group all-reduces of every gradient
-    assert "gradient-in-steps" in ar.causes
-    assert report.kind("all-gather").within
+    assert report.kind("all-reduce").within and report.kind("all-reduce").measured > 0
+    assert report.kind("all-gather").within and report.kind("all-gather").measured > 0
     _assert_explained(report)
 
 
