@@ -15,13 +15,15 @@ from shardplan.importers._aten_more import strided_view  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 
-# A Mixtral layer from its transformers config: 8 experts, top-2, and a batch large enough that
-# the experts dominate (16 sequences of 128 tokens, hidden 256, expert width 1024).
+# A Mixtral layer from its transformers config: 8 experts, top-2, 16 sequences of 128 tokens,
+# hidden 256, expert width 1024; on the a100 preset a batch of 64 sequences, large enough that
+# the experts dominate (at 16 every kernel sits near the 7 us launch floor).
 E, K, B, S, H, F = 8, 2, 16, 128, 256, 1024
+B_A100 = 64
 
 
 @functools.cache
-def _mixtral():
+def _mixtral(batch: int = B, machine: str = "uniform"):
     torch.manual_seed(0)
     config = transformers.MixtralConfig(
         vocab_size=128,
@@ -37,11 +39,28 @@ def _mixtral():
         attn_implementation="eager",
     )
     model = transformers.MixtralForCausalLM(config).eval()
-    ids = torch.randint(0, 128, (B, S), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 128, (batch, S), generator=torch.Generator().manual_seed(0))
     result = import_torch(model, (ids,))
-    # the uniform machine: on the a100 this tiny model's kernels all sit at the 7 us launch
-    # floor, so no cut saves compute and the plan follows communication alone
-    return model, result, sp.plan(result.graph, "8", machine="uniform")
+    # the uniform machine: at batch 16 on the a100 this tiny model's kernels all sit at the
+    # 7 us launch floor, so no cut saves compute; uniform plans by communication alone
+    return model, result, sp.plan(result.graph, "8", machine=machine)
+
+
+def test_mixtral_on_the_a100_at_a_large_batch_is_expert_parallel_by_hand_count():
+    _, result, plan = _mixtral(B_A100, "a100")
+    strategies = plan.strategies
+    kinds = {op.kind: op.name for op in result.graph.ops}
+    for op in result.graph.ops:
+        if op.kind == "expert_matmul":
+            assert strategies[op.name] == ("e", "e", "e"), op.name
+    assert strategies[kinds["moe_dispatch"]] == ("g", "g", "g")
+    assert strategies[kinds["moe_combine"]] == ("g", "g", "g")
+    # Hand count: capacity 128 * 2 / 8 = 32 slots per expert and sequence; the dispatched
+    # tokens and the expert results are [8, 64, 32, 256] float32 = 16 MiB each. Both moves
+    # (g g g -> e e e into the experts, e e e -> g g g out) change the split in all three
+    # rounds: ONE all-to-all over Q = 8 devices each, sending 7/8 of a device's eighth
+    # (16 MiB / 8 = 2 MiB), forward and backward: 4 * 7/8 * 2,097,152 = 7,340,032 B.
+    assert plan.cost.comm.all_to_all_bytes == pytest.approx(7_340_032, rel=1e-9)
 
 
 def test_mixtral_plan_is_expert_parallel_and_its_all_to_all_matches_a_hand_count():
