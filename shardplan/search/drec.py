@@ -79,6 +79,9 @@ class _Search(RoundCosts):
             group = self.group_of.get(i, [i])
             totals: dict[str | None, float] = {}
             flex = {j: self._flex_costs(j, list(own[j]), rnd, decided) for j in group}
+            for j in group:  # credits the cut makes a tensor's other readers repay
+                owed = self._credit_costs(j, r, list(own[j]), decided)
+                flex[j] = {c: v + owed[c] for c, v in flex[j].items()}
             for cut in own[i]:
                 trial = Overlay(charged)
                 total = 0.0
@@ -179,7 +182,8 @@ class _Search(RoundCosts):
                 decided.pop(i, None)
                 costs = self._own_costs(i, r, charged)
                 extra = self._near_costs(i, list(costs), rnd, decided)
-                decided[i] = self._pick(costs, extra)
+                owed = self._credit_costs(i, r, list(costs), decided)
+                decided[i] = self._pick(costs, {c: v + owed[c] for c, v in extra.items()})
 
     def _neighbours(self, i: int) -> list[int]:
         graph, op = self.graph, self.states[i].op
@@ -208,6 +212,8 @@ class _Search(RoundCosts):
             old = decided.pop(i)
             costs = self._own_costs(i, r, charged)
             extra = self._near_costs(i, list(costs), rnd, decided)
+            owed = self._credit_costs(i, r, list(costs), decided)
+            extra = {c: v + owed[c] for c, v in extra.items()}
             if old in costs and costs[old] + extra[old] <= min(costs[c] + extra[c] for c in costs):
                 decided[i] = old  # keep the current cut on ties: the pass only ever improves
                 continue
@@ -273,7 +279,10 @@ class _Search(RoundCosts):
             cost = self.round_cost(r, alternative)
             if cost < best:
                 decided, best = alternative, cost
-        self._improve(r, decided)
+        improved = dict(decided)
+        self._improve(r, improved)
+        if self.round_cost(r, improved) <= best:  # its per-op view can miss shared credits
+            decided = improved
         self.apply_round(r, decided)
 
     def run(self) -> dict[str, Strategy]:
@@ -304,8 +313,11 @@ def drec(
         decide after the others, following them;
       * the leading mesh axes left unused (every op replicated across them): a slow inter-node
         axis often costs more than it saves for small batches, which no single round sees,
-        down to the fully replicated plan.
-    That is at most 2 + (mesh axes) linear searches; the unused-axis ones are shorter. With the
+        down to the fully replicated plan;
+      * all-reduces priced assuming the faster later rounds shrink them only where those rounds
+        can cut the op, and (rerun only when that changed a price: a round of 3 on models sized
+        in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere.
+    That is at most 2 * (2 + mesh axes) linear searches; the unused-axis ones are shorter. With the
     symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
     A run of >= 6 identical blocks (layers) is folded (`search.fold`): the variants search blocks
@@ -350,7 +362,9 @@ def _variants(
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
-    for unused, final_compute, defer in variants:
+    runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
+    while runs:
+        unused, final_compute, defer, hopeful = runs.popleft()
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
@@ -364,10 +378,13 @@ def _variants(
                 flex,
                 weights,
                 labels,
+                hopeful=hopeful,
                 defer_ties=defer,
                 fixed=pinned,
             )
             strategies = search.run()
+            if search.binding:  # a round could not cut some op: also price it hopefully
+                runs.appendleft((unused, final_compute, defer, True))
         if any(strategies == plan for plan, _ in scored):
             continue  # another variant found the same plan: it is scored already
         if fold is not None:

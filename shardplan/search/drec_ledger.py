@@ -7,8 +7,9 @@
     0..r minus over 0..r-1 on a representative pair of the same context (the price depends on
     the layouts only through their relations), so summed over the rounds it telescopes to the
     evaluator's price of the whole edge (multi-round all-to-alls included);
-  * the all-reduces each op paid (priced as if faster later rounds shrink the operand): a later
-    faster round that neither splits nor reduces it charges the backlog and grows the pieces;
+  * the all-reduces each op paid (priced as if the faster later rounds that can cut the op shrink
+    the operand): such a round that neither splits nor reduces it charges the backlog and grows
+    the pieces;
   * the gradient all-reduces another reader paid for an op (the evaluator's share credit: the
     previous reader, same layout, both reduce): owed back in the round where their layouts part.
 `begin_round` computes the round's contexts in O(|E| * r); `apply_round` records a decided round
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardplan.cost.collectives import all_reduce_s
-from shardplan.cost.terms import edge_redistribution, faster, reduces
+from shardplan.cost.terms import edge_redistribution, reduces
 from shardplan.ir.op import Role
 from shardplan.search.flex import FlexEdge
 from shardplan.sharding import REPLICATED, layout_of_cut
@@ -75,7 +76,7 @@ class RoundLedger:
         for (is_output, pos), history in (*st.ar_history.items(), *credits):
             if self._shrinks(i, cut, pos, is_output):
                 continue
-            history[:] = [(j, c * rnd.q if faster(rnd, self.rounds[j]) else c) for j, c in history]
+            history[:] = [(j, c * rnd.q if m >> r & 1 else c, m) for j, c, m in history]
 
     def _shrinks(self, i: int, cut: str | None, pos: int, is_output: bool) -> bool:
         """Does `cut` split or all-reduce this operand of op i?"""
@@ -102,9 +103,36 @@ class RoundLedger:
         for pos, entries in st.credits.items():
             if entries and self._parted(i, pos, decided):
                 grow = not self._shrinks(i, decided.get(i), pos, False)
-                for j, c in entries:
-                    total += c * rnd.q if grow and faster(rnd, self.rounds[j]) else c
+                for _, c, assumed in entries:
+                    total += c * rnd.q if grow and assumed >> r & 1 else c
         return total
+
+    def _credit_costs(
+        self, i: int, r: int, cuts: list[str | None], decided: dict[int, str | None]
+    ) -> dict[str | None, float]:
+        """What each cut of op i costs in credits owed back (`_revoked`): its own, if its reading
+        parts from the previous reader's (decided), and those of decided later readers whose
+        reading it parts from. A tied embedding that splits its table while the output layer
+        keeps it whole makes the output layer repay its gradient credits: the cut pays for it."""
+        later = [j for j in self._next_readers[i] if j in decided and self.states[j].credits]
+        st = self.states[i]
+        mine = any(  # its own credits only against a decided previous reader
+            entries and self._prev_reader[i][pos][0] in decided  # type: ignore[index]
+            for pos, entries in st.credits.items()
+        )
+        costs = dict.fromkeys(cuts, 0.0)
+        if not later and not mine:
+            return costs
+        had, old = i in decided, decided.get(i)
+        for cut in cuts:
+            decided[i] = cut  # a trial: `_parted` reads op i's cut from `decided`
+            own = self._revoked(i, r, decided) if mine else 0.0
+            costs[cut] = own + sum(self._revoked(j, r, decided) for j in later)
+        if had:
+            decided[i] = old
+        else:
+            del decided[i]
+        return costs
 
     def _record_all_reduces(
         self, i: int, r: int, decided: dict[int, str | None]
@@ -123,6 +151,7 @@ class RoundLedger:
         op = st.op
         ins, outs = self._infos(i, r)
         credited = self._credited(i, r, decided) if self.opts.train else set()
+        assumed = self._assumed(i, r)
         for is_output, infos, groups, names in (
             (False, ins, op.signature.inputs, op.inputs),
             (True, outs, op.signature.outputs, op.outputs),
@@ -130,7 +159,7 @@ class RoundLedger:
             for pos, info in enumerate(infos):
                 if reduces(op, cut, groups[pos], is_output, info.requires_grad, self.opts.train):
                     nbytes = info.numel * info.dtype_bytes / info.ar_divisor
-                    piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s))
+                    piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s), assumed)
                     if not is_output and (names[pos], r) in credited:
                         st.credits.setdefault(pos, []).append(piece)
                         skipped.append(pos)
