@@ -172,18 +172,10 @@ class _Search(RoundCosts):
 
     def _settle(self, r: int, decided: dict[int, str | None], ops: list[int]) -> None:
         """Each op of `ops` (forward, then backward) re-picks against its decided neighbours."""
-        rnd = self.rounds[r]
-        charged: set[tuple[str, int]] = set()
-        for i in range(len(self.states)):
-            if i in decided:
-                self._charge(i, decided[i], r, charged)
         for sweep in (ops, ops[::-1]):
             for i in sweep:
                 decided.pop(i, None)
-                costs = self._own_costs(i, r, charged)
-                extra = self._near_costs(i, list(costs), rnd, decided)
-                owed = self._credit_costs(i, r, list(costs), decided)
-                decided[i] = self._pick(costs, {c: v + owed[c] for c, v in extra.items()})
+                decided[i] = self._pick(*self._local_costs(i, r, decided))
 
     def _neighbours(self, i: int) -> list[int]:
         graph, op = self.graph, self.states[i].op
@@ -196,10 +188,6 @@ class _Search(RoundCosts):
         """Local improvement: starting from the heavy ops, an op re-picks against its decided
         neighbours; when it changes, its neighbours are revisited (lowest graph index first;
         each op at most `max_visits` times, so the pass stays linear)."""
-        rnd = self.rounds[r]
-        charged: set[tuple[str, int]] = set()
-        for i, cut in decided.items():
-            self._charge(i, cut, r, charged)
         heap = sorted(self.heavy)
         queued = set(heap)
         visits: dict[int, int] = {}
@@ -210,10 +198,7 @@ class _Search(RoundCosts):
                 continue
             visits[i] = visits.get(i, 0) + 1
             old = decided.pop(i)
-            costs = self._own_costs(i, r, charged)
-            extra = self._near_costs(i, list(costs), rnd, decided)
-            owed = self._credit_costs(i, r, list(costs), decided)
-            extra = {c: v + owed[c] for c, v in extra.items()}
+            costs, extra = self._local_costs(i, r, decided)
             if old in costs and costs[old] + extra[old] <= min(costs[c] + extra[c] for c in costs):
                 decided[i] = old  # keep the current cut on ties: the pass only ever improves
                 continue

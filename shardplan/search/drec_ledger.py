@@ -134,6 +134,32 @@ class RoundLedger:
             del decided[i]
         return costs
 
+    def _local_costs(
+        self, i: int, r: int, decided: dict[int, str | None]
+    ) -> tuple[dict[str | None, float], dict[str | None, float]]:
+        """Op i's own terms per valid cut with the gradient credits `round_cost` grants it, and
+        what the cut changes elsewhere in the round: edges to decided neighbours, credits owed
+        back (`_credit_costs`) and the credits decided later readers of its inputs earn or lose.
+        Their sum differs from op i's share of `round_cost` by a constant, so re-picking by it
+        never raises the round's cost (up to the shared-parameter edges, priced pairwise)."""
+        had, old = i in decided, decided.get(i)
+        cuts = list(self._own_costs(i, r, set()))
+        later = [j for j in self._next_readers[i] if j in decided and j != i]
+        own: dict[str | None, float] = {}
+        extra = self._near_costs(i, cuts, self.rounds[r], decided)
+        owed = self._credit_costs(i, r, cuts, decided)
+        for cut in cuts:
+            decided[i] = cut  # a trial: credits read op i's cut from `decided`
+            own[cut] = self._own_costs(i, r, self._credited(i, r, decided))[cut]
+            extra[cut] += owed[cut]
+            for j in later:
+                extra[cut] += self._own_costs(j, r, self._credited(j, r, decided))[decided[j]]
+        if had:
+            decided[i] = old
+        else:
+            del decided[i]
+        return own, extra
+
     def _record_all_reduces(
         self, i: int, r: int, decided: dict[int, str | None]
     ) -> tuple[int, ...]:
