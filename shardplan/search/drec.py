@@ -17,11 +17,12 @@ Inner pass over the graph, per round r (prices: `drec_costs.RoundCosts`):
   3. the result is compared, by the round's full cost, with whole-round alternatives: every heavy
      op continuing its previous cut, every one cutting its result's leading dim, and the round
      left unused (all replicated); the cheapest is locally improved op by op (bounded worklist).
-`drec()` runs this for a few variants (how "no cut" is priced, leading mesh axes left unused)
-and keeps the plan the evaluator scores lowest.
+`drec()` runs this for a few variants (how "no cut" is priced, which heavy ops go first, leading
+mesh axes left unused, how hopefully all-reduces are priced) and keeps the plan the evaluator
+scores lowest.
 Cost: per round O(|V| log |V| + |E| * budget) — a sort plus dictionary look-ups — so the search is
-O((|V| log |V| + |E|) * rounds * variants), variants <= 2 + mesh axes: linear in the graph,
-logarithmic in the devices.
+O((|V| log |V| + |E|) * rounds * variants), variants <= 2 * (3 + mesh axes): linear in the
+graph, logarithmic in the devices.
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ class _Search(RoundCosts):
         self,
         *args: Any,
         defer_ties: bool = False,
+        lightest_cut_order: bool = False,
         fixed: Mapping[int, Strategy] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
         self.defer_ties = defer_ties
+        self.lightest_cut_order = lightest_cut_order
+        """Order heavy ops by their cheapest cut (MindSpore 2020) instead of their dearest."""
         """Whether a heavy op with tied best cuts decides after the others."""
         self.fixed = dict(fixed or {})
         """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
@@ -69,7 +73,8 @@ class _Search(RoundCosts):
         decided: dict[int, str | None] = {}
         charged: set[tuple[str, int]] = set()
         own = {i: self._own_costs(i, r, charged) for i in self.heavy}
-        order = sorted(self.heavy, key=lambda i: (-max(own[i].values()), i))
+        weight = min if self.lightest_cut_order else max
+        order = sorted(self.heavy, key=lambda i: (-weight(own[i].values()), i))
         deferred: set[int] = set()
         queue = deque(order)
         while queue:
@@ -299,10 +304,14 @@ def drec(
       * the leading mesh axes left unused (every op replicated across them): a slow inter-node
         axis often costs more than it saves for small batches, which no single round sees,
         down to the fully replicated plan;
+      * heavy ops taken by their dearest cut first (MindSpore since 2022) and, in the first
+        variant's setting, by their cheapest cut first (MindSpore 2020): an op with one terrible
+        cut (attention scores cut along its contraction) otherwise decides before the ops it
+        should follow;
       * all-reduces priced assuming the faster later rounds shrink them only where those rounds
         can cut the op, and (rerun only when that changed a price: a round of 3 on models sized
         in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere.
-    That is at most 2 * (2 + mesh axes) linear searches; the unused-axis ones are shorter. With the
+    That is at most 2 * (3 + mesh axes) linear searches; the unused-axis ones are shorter. With the
     symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
     A run of >= 6 identical blocks (layers) is folded (`search.fold`): the variants search blocks
@@ -337,8 +346,9 @@ def _variants(
     best_score = float("inf")
     rounds = mesh.rounds
     axis_ends = [r for r in range(1, len(rounds)) if rounds[r].mesh_axis != rounds[r - 1].mesh_axis]
-    variants = [(0, False, False), (0, True, True)]
-    variants += [(k, False, False) for k in [*axis_ends, len(rounds)]]
+    variants = [(0, False, False, False), (0, True, True, False)]
+    variants += [(k, False, False, False) for k in [*axis_ends, len(rounds)]]
+    variants.insert(1, (0, False, False, True))
     if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
         variants = variants[:1]
     if pinned:  # a variant leaving rounds unused must not override a fixed cut in them
@@ -349,7 +359,7 @@ def _variants(
     scored: list[tuple[dict[str, Strategy], float]] = []
     runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
     while runs:
-        unused, final_compute, defer, hopeful = runs.popleft()
+        unused, final_compute, defer, by_min, hopeful = runs.popleft()
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
@@ -365,11 +375,12 @@ def _variants(
                 labels,
                 hopeful=hopeful,
                 defer_ties=defer,
+                lightest_cut_order=by_min,
                 fixed=pinned,
             )
             strategies = search.run()
             if search.binding:  # a round could not cut some op: also price it hopefully
-                runs.appendleft((unused, final_compute, defer, True))
+                runs.appendleft((unused, final_compute, defer, by_min, True))
         if any(strategies == plan for plan, _ in scored):
             continue  # another variant found the same plan: it is scored already
         if fold is not None:
