@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
-from shardplan.mesh import Mesh, Round
+from shardplan.mesh import Mesh
 from shardplan.search.drec_costs import Overlay, RoundCosts
 from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.fold import Fold, find_fold, op_labels
@@ -77,16 +77,25 @@ class _Search(RoundCosts):
         order = sorted(self.heavy, key=lambda i: (-weight(own[i].values()), i))
         deferred: set[int] = set()
         queue = deque(order)
+        memo: dict[int, dict[str | None, float]] = {}
+
+        def flex_of(j: int) -> dict[str | None, float]:
+            """`_flex_costs` of op j, kept until one of the ops it reads is decided."""
+            costs = memo.get(j)
+            if costs is None:
+                costs = memo[j] = self._flex_costs(j, list(own[j]), rnd, decided)
+            return costs
+
         while queue:
             i = queue.popleft()
             if i in decided:
                 continue
             group = self.group_of.get(i, [i])
             totals: dict[str | None, float] = {}
-            flex = {j: self._flex_costs(j, list(own[j]), rnd, decided) for j in group}
-            for j in group:  # credits the cut makes a tensor's other readers repay
+            flex = {}
+            for j in group:  # with the credits the cut makes a tensor's other readers repay
                 owed = self._credit_costs(j, r, list(own[j]), decided)
-                flex[j] = {c: v + owed[c] for c, v in flex[j].items()}
+                flex[j] = {c: v + owed[c] for c, v in flex_of(j).items()}
             for cut in own[i]:
                 trial = Overlay(charged)
                 total = 0.0
@@ -105,7 +114,7 @@ class _Search(RoundCosts):
                     totals[cut] += flex[i][cut]
             regrets = dict.fromkeys(totals, 0.0)
             for j in group:
-                for cut, regret in self._lookahead(j, list(totals), rnd, decided, own).items():
+                for cut, regret in self._lookahead(j, list(totals), decided, own, flex_of).items():
                     regrets[cut] = max(regrets[cut], regret)
             cut = self._pick(totals, regrets)
             if self.defer_ties and i not in deferred and self._indifferent(totals, regrets, cut):
@@ -115,6 +124,8 @@ class _Search(RoundCosts):
             for j in group:
                 decided[j] = cut
                 self._charge(j, cut, r, charged)
+                for k in self._flex_nbrs[j]:
+                    memo.pop(k, None)
         return decided
 
     @staticmethod
@@ -129,9 +140,9 @@ class _Search(RoundCosts):
         self,
         i: int,
         cuts: list[str | None],
-        rnd: Round,
         decided: dict[int, str | None],
         own: dict[int, dict[str | None, float]],
+        flex_of: Callable[[int], dict[str | None, float]],
     ) -> dict[str | None, float]:
         """One step ahead: what each cut of op i forces on its undecided flex neighbours — their
         best answer (own terms, edges to their decided neighbours and to i) over their best
@@ -144,7 +155,7 @@ class _Search(RoundCosts):
         neighbours = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
         for j in sorted(neighbours - decided.keys() - {i}):
             sj = self.states[j]
-            flex = self._flex_costs(j, list(own[j]), rnd, decided)
+            flex = flex_of(j)
             base = {cj: c + flex[cj] for cj, c in own[j].items()}
             floor = min(base.values())
             preds = [e for e in sj.preds if e.producer == i]
@@ -162,7 +173,7 @@ class _Search(RoundCosts):
                 forced = forced_by.get(mine)
                 if forced is None:
                     forced = forced_by[mine] = min(
-                        c + self._pair_cost(j, preds, succs, mine, key, rnd)
+                        c + self._pair_cost(j, preds, succs, mine, key, self.rounds[self._r])
                         for key, (c, _) in answers.items()
                     )
                 regret[cut] = max(regret[cut], forced - floor)
@@ -379,7 +390,8 @@ def _variants(
                 fixed=pinned,
             )
             strategies = search.run()
-            if search.binding:  # a round could not cut some op: also price it hopefully
+            if search.binding and not (unused or final_compute):  # a round could not cut some op
+                # where the first variants assumed it would: price them hopefully too
                 runs.appendleft((unused, final_compute, defer, by_min, True))
         if any(strategies == plan for plan, _ in scored):
             continue  # another variant found the same plan: it is scored already

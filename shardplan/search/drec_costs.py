@@ -94,7 +94,7 @@ class Overlay:
         self.extra.add(key)
 
 
-Charges = set[tuple[str, int]] | Overlay
+Charges = set[tuple[str, int]] | frozenset[tuple[str, int]] | Overlay
 """Which inputs' gradients another reader already all-reduces in this round."""
 
 
@@ -240,6 +240,16 @@ class RoundCosts(RoundLedger):
             for i, op in enumerate(graph.ops)
         ]
         """Per op input: the reader of the same tensor just before it (graph order), if any."""
+        self._flex_nbrs: list[set[int]] = []
+        """Per op: the ops its `_flex_costs` read (flex, sibling and shared-parameter edges)."""
+        for i, st in enumerate(self.states):
+            nbrs = {e.producer for e in st.preds} | {e.consumer for e in st.succs}
+            nbrs |= {sib[0] for sib in st.siblings}
+            for pos in self.param_positions[i]:
+                nbrs |= {w for w, _ in graph.consumers[st.op.inputs[pos]]}
+            nbrs.discard(i)
+            self._flex_nbrs.append(nbrs)
+        self._no_prev_reader = [all(p is None for p in prevs) for prevs in self._prev_reader]
         self._next_readers: list[list[int]] = [[] for _ in graph.ops]
         """Per op: the ops whose previous reader of some input it is (their credits follow it)."""
         for j, prevs in enumerate(self._prev_reader):

@@ -26,6 +26,8 @@ from shardplan.ir.op import Role
 from shardplan.search.flex import FlexEdge
 from shardplan.sharding import REPLICATED, layout_of_cut
 
+_NONE_CHARGED: frozenset[tuple[str, int]] = frozenset()
+
 ELSEWHERE = 1 << 20
 """Layout value of a split on a tensor dim that does not survive a flex chain."""
 
@@ -143,10 +145,13 @@ class RoundLedger:
         Their sum differs from op i's share of `round_cost` by a constant, so re-picking by it
         never raises the round's cost (up to the shared-parameter edges, priced pairwise)."""
         had, old = i in decided, decided.get(i)
-        cuts = list(self._own_costs(i, r, set()))
+        alone = self._own_costs(i, r, _NONE_CHARGED)
+        cuts = list(alone)
         later = [j for j in self._next_readers[i] if j in decided and j != i]
-        own: dict[str | None, float] = {}
         extra = self._near_costs(i, cuts, self.rounds[r], decided)
+        if not later and not self.states[i].credits and self._no_prev_reader[i]:
+            return alone, extra  # no other reader of its inputs: no credit either way
+        own: dict[str | None, float] = {}
         owed = self._credit_costs(i, r, cuts, decided)
         for cut in cuts:
             decided[i] = cut  # a trial: credits read op i's cut from `decided`
