@@ -282,7 +282,8 @@ class _Search(RoundCosts):
                 decided, best = alternative, cost
         improved = dict(decided)
         self._improve(r, improved)
-        if self.round_cost(r, improved) <= best:  # its per-op view can miss shared credits
+        if improved == decided or self.round_cost(r, improved) <= best:  # its per-op view
+            # can miss shared-parameter edges: keep it only when the round's cost agrees
             decided = improved
         self.apply_round(r, decided)
 
