@@ -28,6 +28,7 @@ graph, logarithmic in the devices.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -112,10 +113,17 @@ class _Search(RoundCosts):
                 totals = dict(self._own_costs(i, r, charged))
                 for cut in totals:
                     totals[cut] += flex[i][cut]
-            regrets = dict.fromkeys(totals, 0.0)
-            for j in group:
-                for cut, regret in self._lookahead(j, list(totals), decided, own, flex_of).items():
-                    regrets[cut] = max(regrets[cut], regret)
+            ahead = [self._lookahead(j, decided, own, flex_of) for j in group]
+            # regrets are >= 0: a cut whose own total exceeds the cheapest cut's total plus
+            # regret cannot win (nor tie), so its regret is never priced
+            first = min(totals, key=totals.__getitem__)
+            regrets = dict.fromkeys(totals, math.inf)
+            regrets[first] = max(f(first) for f in ahead)
+            bound = totals[first] + regrets[first]
+            bound += abs(bound) * 1e-9 + 1e-30
+            for c in totals:
+                if c != first and totals[c] <= bound:
+                    regrets[c] = max(f(c) for f in ahead)
             cut = self._pick(totals, regrets)
             if self.defer_ties and i not in deferred and self._indifferent(totals, regrets, cut):
                 deferred.add(i)  # no cut is better yet: decide after the others, following them
@@ -139,25 +147,25 @@ class _Search(RoundCosts):
     def _lookahead(
         self,
         i: int,
-        cuts: list[str | None],
         decided: dict[int, str | None],
         own: dict[int, dict[str | None, float]],
         flex_of: Callable[[int], dict[str | None, float]],
-    ) -> dict[str | None, float]:
+    ) -> Callable[[str | None], float]:
         """One step ahead: what each cut of op i forces on its undecided flex neighbours — their
         best answer (own terms, edges to their decided neighbours and to i) over their best
         without i. A cut that is free for i but strands a neighbour between i and an already
         decided op (a first conv cutting its channels before a batch-cut conv) pays for it.
         The largest regret counts, not the sum: neighbours reached through one shared chain
-        (q, k and v after a norm) pay one redistribution, not one each."""
+        (q, k and v after a norm) pay one redistribution, not one each. Returns the regret as a
+        function of the cut, so the caller prices only the cuts that can still win."""
         st = self.states[i]
-        regret = dict.fromkeys(cuts, 0.0)
+        rnd = self.rounds[self._r]
         neighbours = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
+        pairs = []
         for j in sorted(neighbours - decided.keys() - {i}):
             sj = self.states[j]
             flex = flex_of(j)
             base = {cj: c + flex[cj] for cj, c in own[j].items()}
-            floor = min(base.values())
             preds = [e for e in sj.preds if e.producer == i]
             succs = [e for e in sj.succs if e.consumer == i]
             # the pair's edges see only the layouts on them: price each distinct pair once
@@ -166,17 +174,22 @@ class _Search(RoundCosts):
                 key = self._pair_key(j, cj, preds, succs)
                 if c < answers.get(key, (float("inf"), None))[0]:
                     answers[key] = (c, cj)
-            forced_by: dict[tuple[int, ...], float] = {}
-            for cut in cuts:
+            pairs.append((j, preds, succs, answers, min(base.values()), {}))
+
+        def regret(cut: str | None) -> float:
+            worst = 0.0
+            for j, preds, succs, answers, floor, forced_by in pairs:
                 mine = tuple(self._out(i, cut, e.out_pos) for e in preds)
                 mine += tuple(self._in(i, cut, e.in_pos) for e in succs)
                 forced = forced_by.get(mine)
                 if forced is None:
                     forced = forced_by[mine] = min(
-                        c + self._pair_cost(j, preds, succs, mine, key, self.rounds[self._r])
+                        c + self._pair_cost(j, preds, succs, mine, key, rnd)
                         for key, (c, _) in answers.items()
                     )
-                regret[cut] = max(regret[cut], forced - floor)
+                worst = max(worst, forced - floor)
+            return worst
+
         return regret
 
     def _pair_key(
