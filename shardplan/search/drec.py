@@ -97,7 +97,10 @@ class _Search(RoundCosts):
             for j in group:  # with the credits the cut makes a tensor's other readers repay
                 owed = self._credit_costs(j, r, list(own[j]), decided)
                 flex[j] = {c: v + owed[c] for c, v in flex_of(j).items()}
-            for cut in own[i]:
+            if len(group) == 1:  # alone: its own terms do not change with its trial charges
+                costs = self._own_costs(i, r, charged)
+                totals = {cut: costs[cut] + flex[i][cut] for cut in own[i] if cut in costs}
+            for cut in own[i] if len(group) > 1 else ():
                 trial = Overlay(charged)
                 total = 0.0
                 for j in group:  # readers of one tensor decide together: they share its grad
@@ -280,7 +283,12 @@ class _Search(RoundCosts):
         decided = self._greedy(r)
         self._settle(r, decided, light)
         best = self.round_cost(r, decided)
+        tried = [{i: decided[i] for i in self.heavy}]
         for alternative in self._alternatives(r):
+            heavy_cuts = {i: alternative[i] for i in self.heavy}
+            if heavy_cuts in tried[1:]:
+                continue  # another alternative already had these heavy cuts (settled alike)
+            tried.append(heavy_cuts)
             if all(cut is None for cut in alternative.values()) and not self.fixed:
                 # nothing to follow: replicate all; compare every op, the light ones included
                 alternative.update(dict.fromkeys(light))
