@@ -162,8 +162,9 @@ def main() -> None:
     topk = (
         "The top-k sends nothing: the JAX engine ranks a token's experts by comparisons "
         "(`engines/moe_kernels.py`) because XLA's SPMD partitioner replicates the TopK custom "
-        "call of `jax.lax.top_k` even when only the groups are split; with it (source e9e12db) "
-        "XLA all-gathered the router output first, 229,376 B (`xla-replicated-compute`)."
+        "call of `jax.lax.top_k` even when only the groups are split; with it (this file at "
+        "source 6d3036b+dirty) XLA all-gathered the router output first, 229,376 B "
+        "(`xla-replicated-compute`)."
         if not gathered
         else f"XLA all-gathered {gathered:,.0f} B the plan does not contain (per-op rows above)."
     )
