@@ -158,6 +158,16 @@ def main() -> None:
     )
     dispatch = " ".join(str(c) for c in by_op.get("moe.dispatch", []))
     moved = sum(1 for c in by_op.get("moe.dispatch", []) if c != "e")
+    gathered = zoo["kinds"].get("all-gather", {}).get("measured", 0)
+    topk = (
+        "The top-k sends nothing: the JAX engine ranks a token's experts by comparisons "
+        "(`engines/moe_kernels.py`) because XLA's SPMD partitioner replicates the TopK custom "
+        "call of `jax.lax.top_k` even when only the groups are split; with it (this file at "
+        "source 6d3036b+dirty) XLA all-gathered the router output first, 229,376 B "
+        "(`xla-replicated-compute`)."
+        if not gathered
+        else f"XLA all-gathered {gathered:,.0f} B the plan does not contain (per-op rows above)."
+    )
     causes = (
         "The cost model prices a redistribution whose split moves in several rounds as one "
         "all-to-all over the product of those rounds' devices, (Q-1)/Q of the local piece "
@@ -174,8 +184,7 @@ def main() -> None:
         "all-gathered the whole output gradient and sent the [e, g, t, c] product back to the "
         "token layout, one all-to-all "
         "(917,504 B, measured/predicted 1.125) and one all-gather (7,340,032 B) the plan does "
-        "not contain. The remaining all-gather is the top-k, which XLA computes on the whole "
-        "tensor (`xla-replicated-compute`). Per-op rows say `moved-to-neighbour` where XLA "
+        "not contain. " + topk + " Per-op rows say `moved-to-neighbour` where XLA "
         "places an edge's backward all-to-all in the neighbouring op's scope; the totals agree.\n"
     )
     md = (

@@ -3,8 +3,13 @@
 Routing is dense and static-shaped (GShard): a choice's position in its expert is a running count
 (cumsum of one-hot expert ids over the group's choices in (t, k) order); slots past the capacity
 are dropped. Dispatch and combine are einsums with one-hot matrices built from the int slot
-tables, so XLA partitions them like any einsum. Memory of the one-hots: O(g t k e c) for routing,
-O(g e c t) for dispatch, O(g t k e c) for combine; fine at the sizes engines verify.
+tables, so XLA partitions them like any einsum. The JAX top-k ranks each token's experts by
+pairwise comparison (rank of j = #larger + #equal with a lower id, O(g t e^2)) and selects rank
+r with a one-hot sum: elementwise ops and reductions over `e` only, so XLA keeps the split `g`
+and `t` dims local (its TopK custom call is replicated whole by the SPMD partitioner); same order
+as `jax.lax.top_k` (largest first, ties by lower id) for finite (non-NaN) probabilities.
+Memory of the one-hots: O(g t k e c) for routing, O(g e c t) for dispatch, O(g t k e c) for
+combine, O(g t e^2) for top-k; fine at the sizes engines verify.
 The kernels are global functions of their operands; under a plan they are only ever called on
 parts whose FROZEN dims are whole (see the catalogue), so they are also correct on local shards.
 """
@@ -49,11 +54,24 @@ def jax_kernels() -> dict[str, Kernel]:
     import jax
     import jax.numpy as jnp
 
+    def top_k(probs: Any, k: int) -> tuple[Any, Any]:
+        # not jax.lax.top_k: XLA's SPMD partitioner replicates its TopK custom call (an
+        # all-gather of the whole operand) even when only the batch dims are split
+        e = probs.shape[-1]
+        row, col = probs[..., :, None], probs[..., None, :]
+        lower = jnp.arange(e)[:, None] < jnp.arange(e)[None, :]
+        before = (row > col) | ((row == col) & lower)  # [.., i, j]: i ranks before j
+        rank = jnp.sum(before, axis=-2)  # a permutation of 0..e-1 per row (ties: lower id first)
+        hit = rank[..., :, None] == jnp.arange(k)  # [.., e, k]: expert e is choice r
+        ids = jnp.sum(jnp.where(hit, jnp.arange(e)[:, None], 0), axis=-2)
+        values = jnp.sum(jnp.where(hit, probs[..., :, None], 0), axis=-2)  # exact: one term
+        return values, ids.astype(jnp.int32)
+
     def topk_ids(op: Op, probs: Any) -> Any:
-        return jax.lax.top_k(probs, int(op.attr("k")))[1].astype(jnp.int32)
+        return top_k(probs, int(op.attr("k")))[1]
 
     def topk_weights(op: Op, probs: Any) -> Any:
-        values = jax.lax.top_k(probs, int(op.attr("k")))[0]
+        values = top_k(probs, int(op.attr("k")))[0]
         if op.attr("normalize"):
             values = values / jnp.sum(values, axis=-1, keepdims=True)
         return values

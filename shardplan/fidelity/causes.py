@@ -105,6 +105,11 @@ CAUSES: Mapping[str, str] = {
         "round (3L/8 for 2x2x2) instead of a ring all-gather of the whole gradient (7L/8); XLA "
         "gathers the whole gradient"
     ),
+    "shared-parameter-gather": (
+        "a parameter stored split (FSDP/ZeRO) and read whole by several operators in the same "
+        "layout (GPT-2's tied embedding: the lookup and the LM head) is gathered once and the "
+        "gathered copy reused; the model charges the gather at every reader"
+    ),
     "outside-graph": (
         "collectives whose metadata names no operator of the graph: the scalar objective the "
         "backend adds (sum of the outputs) or XLA-internal code"

@@ -510,11 +510,33 @@ class _Explainer:
                 != operand_layout(op, self.plan.strategies[op_name], i)
             ]
             if stored:
+                gap = sum(d.remaining for d in ds if d.kind == "all-gather" and d.sign < 0)
+                reuse = self._gathered_elsewhere(op_name, stored[0], gap)
+                cause, detail = (
+                    ("shared-parameter-gather", f"{stored[0]!r} gathered at {reuse!r}, reused")
+                    if reuse
+                    else ("sharded-parameter-compute", f"{stored[0]!r} stays split")
+                )
                 for d in ds:
                     if not d.done():
-                        d.take(
-                            d.remaining, "sharded-parameter-compute", f"{stored[0]!r} stays split"
-                        )
+                        d.take(d.remaining, cause, detail)
+
+    def _gathered_elsewhere(self, op_name: str, param: str, gap: float) -> str:
+        """Another reader of `param` in the same layout where XLA all-gathered at least `gap`
+        bytes (the missing gather), or ""."""
+        from shardplan.sharding import operand_layout
+
+        op = self.graph.op(op_name)
+        want = operand_layout(op, self.plan.strategies[op_name], op.inputs.index(param))
+        for other in self.graph.ops:
+            sent = sum(m.sent_bytes for m in self.elems.get((other.name, "all-gather"), ()))
+            if other.name == op_name or sent < gap:
+                continue
+            strategy = self.plan.strategies[other.name]
+            for i, t in enumerate(other.inputs):
+                if t == param and operand_layout(other, strategy, i) == want:
+                    return other.name
+        return ""
 
     def _neighbour_moves(self, deltas: Sequence[_Delta]) -> None:
         """Pair an excess with a deficit of the same kind at a neighbour (nearest first)."""
