@@ -36,7 +36,7 @@ from typing import Any
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec_costs import Overlay, RoundCosts
+from shardplan.search.drec_costs import CutTables, Overlay, RoundCosts
 from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.fold import Fold, find_fold, op_labels
 from shardplan.sharding import Strategy, cut_problem
@@ -373,7 +373,7 @@ def _variants(
     pinned: Mapping[int, Strategy] | None = None,
 ) -> dict[str, Strategy] | None:
     """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
-    from shardplan.cost.evaluate import evaluate_strategies
+    from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
 
     best: dict[str, Strategy] | None = None
     best_score = float("inf")
@@ -390,6 +390,8 @@ def _variants(
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
+    tables = CutTables.of(graph)  # shared by the variants: it depends on the graph alone
+    cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
     while runs:
         unused, final_compute, defer, by_min, hopeful = runs.popleft()
@@ -407,6 +409,7 @@ def _variants(
                 weights,
                 labels,
                 hopeful=hopeful,
+                tables=tables,
                 defer_ties=defer,
                 lightest_cut_order=by_min,
                 fixed=pinned,
@@ -420,9 +423,9 @@ def _variants(
         if fold is not None:
             if not fold.uniform(strategies):
                 return None
-            score = fold.score(mesh, strategies, opts, memory_lambda)
+            score = fold.score(mesh, strategies, opts, memory_lambda, cache)
         else:
-            cost = evaluate_strategies(graph, mesh, strategies, opts)
+            cost = evaluate_strategies(graph, mesh, strategies, opts, cache=cache)
             score = cost.total + memory_lambda * cost.memory_per_device
         scored.append((strategies, score))
         if score < best_score:

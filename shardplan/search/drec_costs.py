@@ -117,6 +117,30 @@ def _candidate_order(op: Op) -> list[str | None]:
     return names + [None]
 
 
+@dataclass(frozen=True, slots=True)
+class CutTables:
+    """Per op: its candidate cuts in tie order and each cut's operand layouts in one round —
+    a function of the graph alone, built once per `drec` call and shared by its variants."""
+
+    candidates: list[list[str | None]]
+    layouts: list[dict[str | None, tuple[tuple[int, ...], tuple[int, ...]]]]
+
+    @staticmethod
+    def of(graph: Graph) -> CutTables:
+        candidates = [_candidate_order(op) for op in graph.ops]
+        layouts = [
+            {
+                cut: (
+                    tuple(layout(op, cut, p, False) for p in range(len(op.inputs))),
+                    tuple(layout(op, cut, p, True) for p in range(len(op.outputs))),
+                )
+                for cut in cuts
+            }
+            for op, cuts in zip(graph.ops, candidates, strict=True)
+        ]
+        return CutTables(candidates, layouts)
+
+
 class RoundCosts(RoundLedger):
     """One D-Rec call's state and per-round prices (no module state)."""
 
@@ -132,6 +156,7 @@ class RoundCosts(RoundLedger):
         weights: Sequence[float] | None = None,
         labels: Sequence[int] | None = None,
         hopeful: bool = False,
+        tables: CutTables | None = None,
     ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
         self.hopeful = hopeful
@@ -194,7 +219,8 @@ class RoundCosts(RoundLedger):
         for edge in flex.edges:
             self.states[edge.consumer].preds.append(edge)
             self.states[edge.producer].succs.append(edge)
-        self.candidates = [_candidate_order(op) for op in graph.ops]
+        tables = tables or CutTables.of(graph)
+        self.candidates = tables.candidates
         readers: dict[str, list[int]] = {}
         for i in sorted(self.heavy):
             for name in dict.fromkeys(graph.ops[i].inputs):
@@ -205,16 +231,7 @@ class RoundCosts(RoundLedger):
             same = all(self.candidates[j] == self.candidates[group[0]] for j in group)
             for j in group if same else ():
                 self.group_of.setdefault(j, group)
-        self.layouts = [
-            {
-                cut: (
-                    tuple(layout(op, cut, p, False) for p in range(len(op.inputs))),
-                    tuple(layout(op, cut, p, True) for p in range(len(op.outputs))),
-                )
-                for cut in cuts
-            }
-            for op, cuts in zip(graph.ops, self.candidates, strict=True)
-        ]
+        self.layouts = tables.layouts
         self.out_pos = {t: op.outputs.index(t) for op in graph.ops for t in op.outputs}
         self._in_adj = [
             [

@@ -25,7 +25,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from shardplan.cost.evaluate import op_terms, output_layouts, param_homes, unary_terms
+from shardplan.cost.evaluate import (
+    ScoreCache,
+    op_terms,
+    output_layouts,
+    param_homes,
+    unary_terms,
+)
 from shardplan.cost.linear import memory_pieces
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import CommTerms
@@ -119,9 +125,11 @@ class Fold:
         plan: Mapping[str, Strategy],
         opts: CostOptions,
         memory_lambda: float = 0.0,
+        cache: ScoreCache | None = None,
     ) -> float:
         """cost + lambda * memory of `expand(plan)` on the full graph, evaluated exactly on the
-        reduced graph (block 2's terms and memory pieces count n-3 times)."""
+        reduced graph (block 2's terms and memory pieces count n-3 times); `cache`, a
+        `ScoreCache` of the reduced graph, keeps prices across the plans one search scores."""
         graph, rounds = self.reduced, mesh.rounds
         for op in graph.ops:
             check_strategy(op, plan[op.name], rounds)
@@ -138,7 +146,11 @@ class Fold:
 
         total = 0.0
         layouts = output_layouts(graph, plan)
-        for t in op_terms(graph, mesh, plan, opts, homes, layouts, unary):
+        if cache is not None:
+            terms = op_terms(graph, mesh, plan, opts, homes, layouts, cache=cache)
+        else:
+            terms = op_terms(graph, mesh, plan, opts, homes, layouts, unary)
+        for t in terms:
             total += weights[t.index] * (t.intra.total + t.compute + t.redistribution.total)
         if memory_lambda:
             param = act = peak = 0.0
