@@ -181,3 +181,23 @@ def with_zero(plan: Plan, zero: int, cache: ScoreCache | None = None) -> Plan:
         layouts = plan.param_layouts
     cost = evaluate_strategies(plan.graph, plan.mesh, plan.strategies, opts, layouts, cache)
     return replace(plan, options=opts, param_layouts=layouts, cost=cost)
+
+
+def spmd_plan(plan: Plan) -> Plan:
+    """What an SPMD engine (JAX, DTensor) runs of a ZeRO plan, priced as it runs: stage 0, with
+    stage 3's shards kept as stored parameter layouts (gathered where read, gradients
+    all-reduced: the "fsdp" pricing); stages 1-2 shard only the optimizer, which the engines
+    leave to the user's optimizer. Stage-0 plans are returned as they are."""
+    if not plan.zero:
+        return plan
+    return Plan(
+        plan.graph,
+        plan.mesh,
+        plan.strategies,
+        plan.method,
+        replace(plan.options, zero=0),
+        plan.search_seconds,
+        plan.param_layouts,
+        plan.status,
+        plan.notes,
+    )

@@ -140,3 +140,15 @@ def test_bad_stages_and_mismatched_layouts_are_plan_errors():
     symbolic = Plan(p.graph, p.mesh, p.strategies, "x", CostOptions.make("mindspore"))
     with pytest.raises(PlanError, match="'shardplan' cost preset only"):
         with_zero(symbolic, 2)
+
+
+def test_engines_run_a_zero_plan_as_stage_0_with_its_stored_layouts():
+    from shardplan.plans import spmd_plan
+
+    z3 = with_zero(_dp4(), 3)
+    run = spmd_plan(z3)
+    assert run.zero == 0 and dict(run.param_layouts) == dict(z3.param_layouts)
+    # priced as the engines run it: one gather forward (3072 B), the gradient all-reduced (6144)
+    assert run.cost.comm.all_gather_bytes == pytest.approx(GATHER)
+    assert run.cost.comm.all_reduce_bytes == pytest.approx(2 * GATHER)
+    assert dict(spmd_plan(with_zero(_dp4(), 2)).param_layouts) == {}
