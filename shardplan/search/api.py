@@ -304,9 +304,13 @@ def _zero_fit(
     graph, mesh, opts = best.graph, best.mesh, best.options
     bases = [("unpenalised", best)] + ([("leanest", leanest)] if leanest is not best else [])
     tried: list[tuple[int, str, Plan]] = []
-    for z in stages:
+    for z in sorted(stages, reverse=True):
         cache = ScoreCache(graph, mesh, replace(opts, zero=z))  # shared by both bases
-        tried += [(z, which, with_zero(base, z, cache)) for which, base in bases]
+        at = [(z, which, with_zero(base, z, cache)) for which, base in bases]
+        if not tried:  # the highest stage is the leanest: a base it does not fit is done
+            bases = [(w, b) for (w, b), t in zip(bases, at, strict=True) if _memory(t[2]) <= budget]
+        tried += at
+    tried.sort(key=lambda t: t[0])
     fitting = [t for t in tried if _memory(t[2]) <= budget]
     if fitting:
         z, which, chosen = min(fitting, key=lambda t: (_total(t[2]), t[0], t[1] == "leanest"))
