@@ -67,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=(0, 1, 2, 3),
         default=None,
         help="ZeRO stage of the plan: 1 splits optimizer state over each parameter's "
-        "data-parallel group, 2 also gradients, 3 also parameters (default: 0, or the lowest "
-        "stage that fits --memory; see docs/cost-model.md)",
+        "data-parallel group, 2 also gradients, 3 also parameters (default: 0, or with --memory "
+        "the stage of the cheapest plan that fits; see docs/cost-model.md)",
     )
     plot_flag(p)
     from shardplan.cli.training import add_dtype_argument

@@ -5,12 +5,13 @@ dispatches it through the solver registry (`search.solvers`: typed options per m
 "drec" (default), "ilp", "dp", and the expert plans "data-parallel", "megatron", "fsdp".
 Whatever the method, the returned Plan is scored by the one evaluator. With a memory
 budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
-with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), then by
-ZeRO stages (`cost/zero.py`): 1, 2 and 3 on the unpenalised plan and on the leanest penalised one,
-returning the cheapest that fits (ties: the lower stage), with a note naming the stage and what
-the lower stages needed (the training-step planner, `search/scale.py`, chooses ZeRO per pipeline
-stage with micro-batches and recomputation). `zero=N` forces stage N: the search still prices
-stage 0, the stage re-prices its result (and the baselines). D-Rec's
+with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), and
+prices ZeRO stages (`cost/zero.py`) 1, 2 and 3 on the unpenalised plan (and, when no penalised
+plan fits, on the leanest one): the cheapest plan that fits wins (ties: stage 0, then the lower
+stage), with a note naming the stage and what the lower stages needed (the training-step
+planner, `search/scale.py`, chooses ZeRO per pipeline stage with micro-batches and
+recomputation). `zero=N` forces stage N: the search still prices stage 0, the stage re-prices
+its result (and the baselines). D-Rec's
 plan is then compared, by the one evaluator, with "all replicated" and every expert plan
 (baselines.py): the cheapest that fits is returned, with a note when a baseline won; if nothing
 fits it raises InfeasibleError saying by how much. Other methods raise InfeasibleError when
@@ -279,15 +280,8 @@ def _drec_search(
             leanest = candidate
         if candidate.cost.memory_per_device <= budget:
             notes.append(f"memory penalty lambda=4^{k}*cost/budget made it fit")
-            return Plan(
-                graph,
-                mesh,
-                candidate.strategies,
-                "drec",
-                opts,
-                time.perf_counter() - start,
-                notes=tuple(notes),
-            )
+            fit = Plan(graph, mesh, candidate.strategies, "drec", opts, notes=tuple(notes))
+            return _zero_fit(best, best, budget, start, notes, stages, fit)
     return _zero_fit(best, leanest, budget, start, notes, stages)
 
 
@@ -298,30 +292,40 @@ def _zero_fit(
     start: float,
     notes: list[str],
     stages: tuple[int, ...],
+    penalised: Plan | None = None,
 ) -> Plan:
-    """The cheapest of `best` (unpenalised) and `leanest` at each ZeRO stage of `stages` that
-    fits `budget` (ties: the lower stage, then `best`); InfeasibleError if none does."""
+    """The cheapest plan that fits `budget` among `penalised` (a stage-0 plan that fits, if
+    any) and `best` (unpenalised) and `leanest` at each ZeRO stage of `stages`; ties: stage 0,
+    then the lower stage, then `best`. InfeasibleError if none fits. The highest stage is
+    priced first: a base it does not fit cannot fit a lower stage (it needs more memory)."""
     graph, mesh, opts = best.graph, best.mesh, best.options
     bases = [("unpenalised", best)] + ([("leanest", leanest)] if leanest is not best else [])
     tried: list[tuple[int, str, Plan]] = []
     for z in sorted(stages, reverse=True):
         cache = ScoreCache(graph, mesh, replace(opts, zero=z))  # shared by both bases
         at = [(z, which, with_zero(base, z, cache)) for which, base in bases]
-        if not tried:  # the highest stage is the leanest: a base it does not fit is done
+        if not tried:
             bases = [(w, b) for (w, b), t in zip(bases, at, strict=True) if _memory(t[2]) <= budget]
         tried += at
     tried.sort(key=lambda t: t[0])
     fitting = [t for t in tried if _memory(t[2]) <= budget]
+    if penalised is not None:
+        fitting.insert(0, (0, "penalised", penalised))
     if fitting:
         z, which, chosen = min(fitting, key=lambda t: (_total(t[2]), t[0], t[1] == "leanest"))
+        if chosen is penalised:
+            return replace(chosen, search_seconds=time.perf_counter() - start)
         why = "".join(
             f"; stage {lz} needs {_memory(lp) / 1e9:.3g} GB"
             for lz, lw, lp in tried
             if lz < z and lw == which
         )
+        if penalised is not None:
+            why += f"; the penalised stage-0 plan that fits costs {_total(penalised):.6g}"
         notes.append(
             f"ZeRO stage {z} on the {which} D-Rec plan makes it fit "
-            f"({_memory(chosen) / 1e9:.3g} GB per device): {WHAT[z]}{why}"
+            f"({_memory(chosen) / 1e9:.3g} GB per device, cost {_total(chosen):.6g}): "
+            f"{WHAT[z]}{why}"
         )
         return replace(chosen, search_seconds=time.perf_counter() - start, notes=tuple(notes))
     last = min((t[2] for t in tried), key=_memory, default=leanest)

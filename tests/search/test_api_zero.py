@@ -94,3 +94,17 @@ def test_bad_zero_arguments_are_plan_errors():
         plan(g, mesh, train=False, zero=2)
     with pytest.raises(PlanError, match="'shardplan' cost preset only"):
         plan(g, mesh, preset="mindspore", zero=1)
+
+
+def test_a_cheaper_zero_stage_beats_a_penalised_plan_that_fits():
+    from shardplan import zoo
+    from shardplan.plans import with_zero
+
+    g = zoo.build("gpt2-small", batch=8, seq=256)
+    free = plan(g, "8")
+    p = plan(g, "8", memory=free.cost.memory_per_device * 0.9)
+    assert p.zero == 1 and dict(p.strategies) == dict(free.strategies)
+    assert p.cost.total == with_zero(free, 1).cost.total
+    assert "memory penalty lambda=4^0*cost/budget made it fit" in p.notes
+    penalised = float(p.notes[-1].rsplit("the penalised stage-0 plan that fits costs ", 1)[1])
+    assert p.cost.total < penalised
