@@ -4,7 +4,9 @@ For every op and round: intra-operator terms of its cut (terms.intra_terms), com
 for every edge (producer -> consumer operand, or a parameter's home layout -> consumer) and round:
 redistribution terms. Memory per device: parameters + gradients + optimizer state divided by the
 cuts of each parameter's home layout, plus activations kept for backward (training) or the
-largest op working set (inference). O(rounds * sum of operand counts): linear in the graph.
+largest op working set (inference). A ZeRO stage (`CostOptions.zero`, `cost/zero.py`) divides
+parameter state further by each parameter's data-parallel group and adds its collectives.
+O(rounds * sum of operand counts): linear in the graph.
 """
 
 from __future__ import annotations
@@ -503,7 +505,9 @@ def evaluate_strategies(
     compute = 0.0
     rows: list[OpCost] = []
     for t in op_terms(graph, mesh, strategies, opts, homes, out_layout, cache=cache):
-        redis = t.redistribution + zero.by_reader.get(t.index, ZERO)
+        redis = t.redistribution
+        if t.index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
+            redis = redis + zero.by_reader[t.index]
         act = sum(cache.local_bytes(name, out_layout[name]) for name in t.op.outputs)
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
         for k, (a, b) in enumerate(zip(t.intra.values(), redis.values(), strict=True)):
