@@ -69,6 +69,9 @@ def zero_bytes(weight: float, grad: float, state: float, ways: float, zero: int)
     )
 
 
+_FORWARD = CostOptions(train=False)  # a gather's own price: no backward pass implied
+
+
 def gather_terms(
     numel: float, width: int, home: Layout, gathered: Sequence[int], rounds: Sequence[Round]
 ) -> CommTerms:
@@ -80,9 +83,6 @@ def gather_terms(
     src = tuple((max(s, 0) if r in gathered else s) for r, s in enumerate(home))
     dst = tuple((REPLICATED if r in gathered else s) for r, s in enumerate(home))
     return edge_redistribution(src, dst, numel, width, rounds, False, _FORWARD)
-
-
-_FORWARD = CostOptions(train=False)  # a gather's price: its backward is never implied here
 
 
 def zero_layout(shape: Sequence[int], home: Layout, rounds: Sequence[Round]) -> Layout:
