@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from shardplan.cost import CostOptions, ScoreCache
-from shardplan.cost.zero import WHAT
+from shardplan.cost.zero import WHAT, zero_layouts
 from shardplan.errors import InfeasibleError, PlanError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
@@ -183,7 +183,9 @@ def drec_within(
     With `fixed` ops the baselines (which would not keep them) are not compared; the plan is
     D-Rec around the fixed ops or, when cheaper, the free plan with them swapped in."""
     graph, mesh, opts, budget = problem.graph, problem.mesh, problem.options, problem.budget
-    stages = (1, 2, 3) if problem.zero is None else (problem.zero,) if problem.zero else ()
+    # stages 1-2 split training state: inference and the symbolic preset try stage 3's storage
+    free = (1, 2, 3) if opts.train and not opts.preset.symbolic else (3,)
+    stages = free if problem.zero is None else (problem.zero,) if problem.zero else ()
     if fixed:
         pinned = check_fixed(graph, mesh, fixed)
         forced = _drec_search(graph, mesh, opts, budget, start, pinned, stages=stages)
@@ -298,12 +300,11 @@ def _zero_fit(
     any) and `best` (unpenalised) and `leanest` at each ZeRO stage of `stages`; ties: stage 0,
     then the lower stage, then `best`. InfeasibleError if none fits. The highest stage is
     priced first: a base it does not fit cannot fit a lower stage (it needs more memory)."""
-    graph, mesh, opts = best.graph, best.mesh, best.options
+    graph, mesh = best.graph, best.mesh
     bases = [("unpenalised", best)] + ([("leanest", leanest)] if leanest is not best else [])
     tried: list[tuple[int, str, Plan]] = []
     for z in sorted(stages, reverse=True):
-        cache = ScoreCache(graph, mesh, replace(opts, zero=z))  # shared by both bases
-        at = [(z, which, with_zero(base, z, cache)) for which, base in bases]
+        at = [(z, which, _at_stage(base, z)) for which, base in bases]
         if not tried:
             bases = [(w, b) for (w, b), t in zip(bases, at, strict=True) if _memory(t[2]) <= budget]
         tried += at
@@ -322,11 +323,18 @@ def _zero_fit(
         )
         if penalised is not None:
             why += f"; the penalised stage-0 plan that fits costs {_total(penalised):.6g}"
-        notes.append(
-            f"ZeRO stage {z} on the {which} D-Rec plan makes it fit "
-            f"({_memory(chosen) / 1e9:.3g} GB per device, cost {_total(chosen):.6g}): "
-            f"{WHAT[z]}{why}"
-        )
+        if chosen.zero != z:  # the symbolic preset: stage 3's storage, priced as edges
+            notes.append(
+                f"parameters the {which} D-Rec plan replicates are stored split over the rounds "
+                "that replicate them and all-gathered where read (ZeRO stages are priced in the "
+                f"'shardplan' preset only){why}"
+            )
+        else:
+            notes.append(
+                f"ZeRO stage {z} on the {which} D-Rec plan makes it fit "
+                f"({_memory(chosen) / 1e9:.3g} GB per device, cost {_total(chosen):.6g}): "
+                f"{WHAT[z]}{why}"
+            )
         return replace(chosen, search_seconds=time.perf_counter() - start, notes=tuple(notes))
     last = min((t[2] for t in tried), key=_memory, default=leanest)
     stage = f" even at ZeRO stage {last.zero}" if last.zero else ""
@@ -347,3 +355,12 @@ def _memory(p: Plan) -> float:
 def _total(p: Plan) -> float:
     assert p.cost is not None
     return p.cost.total
+
+
+def _at_stage(p: Plan, zero: int) -> Plan:
+    """`p` at ZeRO stage `zero`; under the symbolic preset (no ZeRO prices) stage 3's storage
+    as stage-0 parameter layouts, the edges from them priced by the preset's formulas."""
+    if not p.options.preset.symbolic:
+        return with_zero(p, zero)
+    layouts = zero_layouts(p.graph, p.mesh.rounds, p.strategies)
+    return Plan(p.graph, p.mesh, p.strategies, p.method, p.options, param_layouts=layouts)

@@ -108,3 +108,19 @@ def test_a_cheaper_zero_stage_beats_a_penalised_plan_that_fits():
     assert "memory penalty lambda=4^0*cost/budget made it fit" in p.notes
     penalised = float(p.notes[-1].rsplit("the penalised stage-0 plan that fits costs ", 1)[1])
     assert p.cost.total < penalised
+
+
+def test_inference_and_the_symbolic_preset_fall_back_to_stored_shards():
+    g, mesh = _mlp()
+    # inference: weights 1152 * 4 B = 4608, plus the largest working set (fc2: h 576 + y 2304
+    # elements of 4 B) = 16,128; stage 3 stores 4608 / 4 = 1152 B of weights: 12,672
+    free = plan(g, mesh, train=False)
+    assert free.cost.memory_per_device == 16_128
+    p = plan(g, mesh, train=False, memory=13_000)
+    assert p.zero == 3 and p.cost.memory_per_device == 12_672
+    # the symbolic preset has no ZeRO prices: stage 3's storage as parameter layouts (the
+    # former fallback, unchanged: 27,648 B and cost 10,512 elements before this change too)
+    q = plan(g, mesh, preset="mindspore", memory=30_000)
+    assert q.zero == 0 and dict(q.param_layouts) == {"w1": (1, 1), "w2": (0, 0)}
+    assert q.cost.memory_per_device == 27_648
+    assert "ZeRO stages are priced in the 'shardplan' preset only" in q.notes[-1]
