@@ -17,23 +17,25 @@ Inner pass over the graph, per round r (prices: `drec_costs.RoundCosts`):
   3. the result is compared, by the round's full cost, with whole-round alternatives: every heavy
      op continuing its previous cut, every one cutting its result's leading dim, and the round
      left unused (all replicated); the cheapest is locally improved op by op (bounded worklist).
-`drec()` runs this for a few variants (how "no cut" is priced, leading mesh axes left unused)
-and keeps the plan the evaluator scores lowest.
+`drec()` runs this for a few variants (how "no cut" is priced, which heavy ops go first, leading
+mesh axes left unused, how hopefully all-reduces are priced) and keeps the plan the evaluator
+scores lowest.
 Cost: per round O(|V| log |V| + |E| * budget) — a sort plus dictionary look-ups — so the search is
-O((|V| log |V| + |E|) * rounds * variants), variants <= 2 + mesh axes: linear in the graph,
-logarithmic in the devices.
+O((|V| log |V| + |E|) * rounds * variants), variants <= 2 * (3 + mesh axes): linear in the
+graph, logarithmic in the devices.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
-from shardplan.mesh import Mesh, Round
+from shardplan.mesh import Mesh
 from shardplan.search.drec_costs import Overlay, RoundCosts
 from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.fold import Fold, find_fold, op_labels
@@ -47,11 +49,14 @@ class _Search(RoundCosts):
         self,
         *args: Any,
         defer_ties: bool = False,
+        lightest_cut_order: bool = False,
         fixed: Mapping[int, Strategy] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
         self.defer_ties = defer_ties
+        self.lightest_cut_order = lightest_cut_order
+        """Order heavy ops by their cheapest cut (MindSpore 2020) instead of their dearest."""
         """Whether a heavy op with tied best cuts decides after the others."""
         self.fixed = dict(fixed or {})
         """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
@@ -69,16 +74,29 @@ class _Search(RoundCosts):
         decided: dict[int, str | None] = {}
         charged: set[tuple[str, int]] = set()
         own = {i: self._own_costs(i, r, charged) for i in self.heavy}
-        order = sorted(self.heavy, key=lambda i: (-max(own[i].values()), i))
+        weight = min if self.lightest_cut_order else max
+        order = sorted(self.heavy, key=lambda i: (-weight(own[i].values()), i))
         deferred: set[int] = set()
         queue = deque(order)
+        memo: dict[int, dict[str | None, float]] = {}
+
+        def flex_of(j: int) -> dict[str | None, float]:
+            """`_flex_costs` of op j, kept until one of the ops it reads is decided."""
+            costs = memo.get(j)
+            if costs is None:
+                costs = memo[j] = self._flex_costs(j, list(own[j]), rnd, decided)
+            return costs
+
         while queue:
             i = queue.popleft()
             if i in decided:
                 continue
             group = self.group_of.get(i, [i])
             totals: dict[str | None, float] = {}
-            flex = {j: self._flex_costs(j, list(own[j]), rnd, decided) for j in group}
+            flex = {}
+            for j in group:  # with the credits the cut makes a tensor's other readers repay
+                owed = self._credit_costs(j, r, list(own[j]), decided)
+                flex[j] = {c: v + owed[c] for c, v in flex_of(j).items()}
             for cut in own[i]:
                 trial = Overlay(charged)
                 total = 0.0
@@ -95,10 +113,17 @@ class _Search(RoundCosts):
                 totals = dict(self._own_costs(i, r, charged))
                 for cut in totals:
                     totals[cut] += flex[i][cut]
-            regrets = dict.fromkeys(totals, 0.0)
-            for j in group:
-                for cut, regret in self._lookahead(j, list(totals), rnd, decided, own).items():
-                    regrets[cut] = max(regrets[cut], regret)
+            ahead = [self._lookahead(j, decided, own, flex_of) for j in group]
+            # regrets are >= 0: a cut whose own total exceeds the cheapest cut's total plus
+            # regret cannot win (nor tie), so its regret is never priced
+            first = min(totals, key=totals.__getitem__)
+            regrets = dict.fromkeys(totals, math.inf)
+            regrets[first] = max(f(first) for f in ahead)
+            bound = totals[first] + regrets[first]
+            bound += abs(bound) * 1e-9 + 1e-30
+            for c in totals:
+                if c != first and totals[c] <= bound:
+                    regrets[c] = max(f(c) for f in ahead)
             cut = self._pick(totals, regrets)
             if self.defer_ties and i not in deferred and self._indifferent(totals, regrets, cut):
                 deferred.add(i)  # no cut is better yet: decide after the others, following them
@@ -107,6 +132,8 @@ class _Search(RoundCosts):
             for j in group:
                 decided[j] = cut
                 self._charge(j, cut, r, charged)
+                for k in self._flex_nbrs[j]:
+                    memo.pop(k, None)
         return decided
 
     @staticmethod
@@ -120,25 +147,25 @@ class _Search(RoundCosts):
     def _lookahead(
         self,
         i: int,
-        cuts: list[str | None],
-        rnd: Round,
         decided: dict[int, str | None],
         own: dict[int, dict[str | None, float]],
-    ) -> dict[str | None, float]:
+        flex_of: Callable[[int], dict[str | None, float]],
+    ) -> Callable[[str | None], float]:
         """One step ahead: what each cut of op i forces on its undecided flex neighbours — their
         best answer (own terms, edges to their decided neighbours and to i) over their best
         without i. A cut that is free for i but strands a neighbour between i and an already
         decided op (a first conv cutting its channels before a batch-cut conv) pays for it.
         The largest regret counts, not the sum: neighbours reached through one shared chain
-        (q, k and v after a norm) pay one redistribution, not one each."""
+        (q, k and v after a norm) pay one redistribution, not one each. Returns the regret as a
+        function of the cut, so the caller prices only the cuts that can still win."""
         st = self.states[i]
-        regret = dict.fromkeys(cuts, 0.0)
+        rnd = self.rounds[self._r]
         neighbours = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
+        pairs = []
         for j in sorted(neighbours - decided.keys() - {i}):
             sj = self.states[j]
-            flex = self._flex_costs(j, list(own[j]), rnd, decided)
+            flex = flex_of(j)
             base = {cj: c + flex[cj] for cj, c in own[j].items()}
-            floor = min(base.values())
             preds = [e for e in sj.preds if e.producer == i]
             succs = [e for e in sj.succs if e.consumer == i]
             # the pair's edges see only the layouts on them: price each distinct pair once
@@ -147,8 +174,11 @@ class _Search(RoundCosts):
                 key = self._pair_key(j, cj, preds, succs)
                 if c < answers.get(key, (float("inf"), None))[0]:
                     answers[key] = (c, cj)
-            forced_by: dict[tuple[int, ...], float] = {}
-            for cut in cuts:
+            pairs.append((j, preds, succs, answers, min(base.values()), {}))
+
+        def regret(cut: str | None) -> float:
+            worst = 0.0
+            for j, preds, succs, answers, floor, forced_by in pairs:
                 mine = tuple(self._out(i, cut, e.out_pos) for e in preds)
                 mine += tuple(self._in(i, cut, e.in_pos) for e in succs)
                 forced = forced_by.get(mine)
@@ -157,7 +187,9 @@ class _Search(RoundCosts):
                         c + self._pair_cost(j, preds, succs, mine, key, rnd)
                         for key, (c, _) in answers.items()
                     )
-                regret[cut] = max(regret[cut], forced - floor)
+                worst = max(worst, forced - floor)
+            return worst
+
         return regret
 
     def _pair_key(
@@ -169,17 +201,10 @@ class _Search(RoundCosts):
 
     def _settle(self, r: int, decided: dict[int, str | None], ops: list[int]) -> None:
         """Each op of `ops` (forward, then backward) re-picks against its decided neighbours."""
-        rnd = self.rounds[r]
-        charged: set[tuple[str, int]] = set()
-        for i in range(len(self.states)):
-            if i in decided:
-                self._charge(i, decided[i], r, charged)
         for sweep in (ops, ops[::-1]):
             for i in sweep:
                 decided.pop(i, None)
-                costs = self._own_costs(i, r, charged)
-                extra = self._near_costs(i, list(costs), rnd, decided)
-                decided[i] = self._pick(costs, extra)
+                decided[i] = self._pick(*self._local_costs(i, r, decided))
 
     def _neighbours(self, i: int) -> list[int]:
         graph, op = self.graph, self.states[i].op
@@ -192,10 +217,6 @@ class _Search(RoundCosts):
         """Local improvement: starting from the heavy ops, an op re-picks against its decided
         neighbours; when it changes, its neighbours are revisited (lowest graph index first;
         each op at most `max_visits` times, so the pass stays linear)."""
-        rnd = self.rounds[r]
-        charged: set[tuple[str, int]] = set()
-        for i, cut in decided.items():
-            self._charge(i, cut, r, charged)
         heap = sorted(self.heavy)
         queued = set(heap)
         visits: dict[int, int] = {}
@@ -206,8 +227,7 @@ class _Search(RoundCosts):
                 continue
             visits[i] = visits.get(i, 0) + 1
             old = decided.pop(i)
-            costs = self._own_costs(i, r, charged)
-            extra = self._near_costs(i, list(costs), rnd, decided)
+            costs, extra = self._local_costs(i, r, decided)
             if old in costs and costs[old] + extra[old] <= min(costs[c] + extra[c] for c in costs):
                 decided[i] = old  # keep the current cut on ties: the pass only ever improves
                 continue
@@ -273,7 +293,11 @@ class _Search(RoundCosts):
             cost = self.round_cost(r, alternative)
             if cost < best:
                 decided, best = alternative, cost
-        self._improve(r, decided)
+        improved = dict(decided)
+        self._improve(r, improved)
+        if improved == decided or self.round_cost(r, improved) <= best:  # its per-op view
+            # can miss shared-parameter edges: keep it only when the round's cost agrees
+            decided = improved
         self.apply_round(r, decided)
 
     def run(self) -> dict[str, Strategy]:
@@ -304,8 +328,15 @@ def drec(
         decide after the others, following them;
       * the leading mesh axes left unused (every op replicated across them): a slow inter-node
         axis often costs more than it saves for small batches, which no single round sees,
-        down to the fully replicated plan.
-    That is at most 2 + (mesh axes) linear searches; the unused-axis ones are shorter. With the
+        down to the fully replicated plan;
+      * heavy ops taken by their dearest cut first (MindSpore since 2022) and, in the first
+        variant's setting, by their cheapest cut first (MindSpore 2020): an op with one terrible
+        cut (attention scores cut along its contraction) otherwise decides before the ops it
+        should follow;
+      * all-reduces priced assuming the faster later rounds shrink them only where those rounds
+        can cut the op, and (rerun only when that changed a price: a round of 3 on models sized
+        in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere.
+    That is at most 2 * (3 + mesh axes) linear searches; the unused-axis ones are shorter. With the
     symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
     A run of >= 6 identical blocks (layers) is folded (`search.fold`): the variants search blocks
@@ -340,8 +371,9 @@ def _variants(
     best_score = float("inf")
     rounds = mesh.rounds
     axis_ends = [r for r in range(1, len(rounds)) if rounds[r].mesh_axis != rounds[r - 1].mesh_axis]
-    variants = [(0, False, False), (0, True, True)]
-    variants += [(k, False, False) for k in [*axis_ends, len(rounds)]]
+    variants = [(0, False, False, False), (0, True, True, False)]
+    variants += [(k, False, False, False) for k in [*axis_ends, len(rounds)]]
+    variants.insert(1, (0, False, False, True))
     if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
         variants = variants[:1]
     if pinned:  # a variant leaving rounds unused must not override a fixed cut in them
@@ -350,7 +382,9 @@ def _variants(
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
-    for unused, final_compute, defer in variants:
+    runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
+    while runs:
+        unused, final_compute, defer, by_min, hopeful = runs.popleft()
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
@@ -364,10 +398,15 @@ def _variants(
                 flex,
                 weights,
                 labels,
+                hopeful=hopeful,
                 defer_ties=defer,
+                lightest_cut_order=by_min,
                 fixed=pinned,
             )
             strategies = search.run()
+            if search.binding and not (unused or final_compute):  # a round could not cut some op
+                # where the first variants assumed it would: price them hopefully too
+                runs.appendleft((unused, final_compute, defer, by_min, True))
         if any(strategies == plan for plan, _ in scored):
             continue  # another variant found the same plan: it is scored already
         if fold is not None:

@@ -62,10 +62,11 @@ class _OpState:
     succs: list[FlexEdge] = field(default_factory=list)
     siblings: list[tuple[int, int, int, dict[int, int]]] = field(default_factory=list)
     """(other heavy op, my output position, its output position, my dim -> its dim)."""
-    ar_history: dict[tuple[bool, int], list[tuple[int, float]]] = field(default_factory=dict)
-    """(is_output, position) -> [(round, all-reduce cost charged then)]."""
-    credits: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
-    """Input position -> [(round, all-reduce cost the previous reader paid for it then)]: owed
+    ar_history: dict[tuple[bool, int], list[tuple[int, float, int]]] = field(default_factory=dict)
+    """(is_output, position) -> [(round, all-reduce cost charged then, bit mask of the later
+    rounds that price assumed would shrink the operand first)]."""
+    credits: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
+    """Input position -> [(round, all-reduce cost the previous reader paid for it then, mask)]: owed
     back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
     kind: tuple[object, ...] = ()
     """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
@@ -93,7 +94,7 @@ class Overlay:
         self.extra.add(key)
 
 
-Charges = set[tuple[str, int]] | Overlay
+Charges = set[tuple[str, int]] | frozenset[tuple[str, int]] | Overlay
 """Which inputs' gradients another reader already all-reduces in this round."""
 
 
@@ -130,8 +131,14 @@ class RoundCosts(RoundLedger):
         flex: FlexGraph | None = None,
         weights: Sequence[float] | None = None,
         labels: Sequence[int] | None = None,
+        hopeful: bool = False,
     ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
+        self.hopeful = hopeful
+        """Assume every faster later round shrinks an all-reduce, even one that cannot cut the op
+        (MindSpore's hierarchical pricing; `_assumed`)."""
+        self.binding = False
+        """Whether some price assumed fewer later rounds than `hopeful` would (set as it runs)."""
         flex = flex or build_flex_graph(graph)
         # Price "no cut" by what it adds to the final compute if later rounds cut (telescopes
         # to the exact extra over all rounds) instead of by the local compute of this round.
@@ -161,6 +168,7 @@ class RoundCosts(RoundLedger):
         self._param_ctx: dict[tuple[int, int, int, int], int] = {}
         self._grad = graph.requires_grad
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
+        self._assumed_cache: dict[tuple[object, ...], int] = {}
         self.faster_than = [
             [(j, other.q) for j, other in enumerate(self.rounds) if j != r and faster(other, rnd)]
             for r, rnd in enumerate(self.rounds)
@@ -232,12 +240,53 @@ class RoundCosts(RoundLedger):
             for i, op in enumerate(graph.ops)
         ]
         """Per op input: the reader of the same tensor just before it (graph order), if any."""
+        self._flex_nbrs: list[set[int]] = []
+        """Per op: the ops its `_flex_costs` read (flex, sibling and shared-parameter edges)."""
+        for i, st in enumerate(self.states):
+            nbrs = {e.producer for e in st.preds} | {e.consumer for e in st.succs}
+            nbrs |= {sib[0] for sib in st.siblings}
+            for pos in self.param_positions[i]:
+                nbrs |= {w for w, _ in graph.consumers[st.op.inputs[pos]]}
+            nbrs.discard(i)
+            self._flex_nbrs.append(nbrs)
+        self._no_prev_reader = [all(p is None for p in prevs) for prevs in self._prev_reader]
+        self._next_readers: list[list[int]] = [[] for _ in graph.ops]
+        """Per op: the ops whose previous reader of some input it is (their credits follow it)."""
+        for j, prevs in enumerate(self._prev_reader):
+            for prev in prevs:
+                if prev is not None and j not in self._next_readers[prev[0]]:
+                    self._next_readers[prev[0]].append(j)
         self.begin_round(0)
 
     # -- per-round helpers --------------------------------------------------------------------
+    def _assumed(self, i: int, r: int) -> int:
+        """Bit mask of the later, faster rounds that round r's all-reduce prices of op i assume
+        will shrink the operand first (hierarchical reduction): those where op i still has a
+        valid cut. A round that cannot cut the op (no loop dim divisible by its q) never shrinks
+        anything, so counting it would price round r's all-reduces q times too cheap; `hopeful`
+        counts it anyway (the rounds still add up: the backlog repays it)."""
+        st = self.states[i]
+        key = (r, st.kind)
+        mask = self._assumed_cache.get(key)
+        if mask is None:
+            mask = 0
+            for j, q in self.faster_than[r]:
+                if j <= r:
+                    continue
+                if self.hopeful or any(
+                    c is not None and cut_problem(st.op, c, st.extents[c], q) is None
+                    for c in self.candidates[i]
+                ):
+                    mask |= 1 << j
+                else:
+                    self.binding = True
+            self._assumed_cache[key] = mask
+        return mask
+
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
         """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
-        already done count when they reduced the operand, faster later rounds are assumed to."""
+        already done count when they reduced the operand, faster later rounds that can cut the
+        op are assumed to (`_assumed`)."""
         key = (r, self.states[i].kind)
         cached = self._info_cache.get(key)
         if cached is not None:
@@ -245,6 +294,7 @@ class RoundCosts(RoundLedger):
         st = self.states[i]
         op, graph, train = st.op, self.graph, self.opts.train
         out: list[list[OperandInfo]] = [[], []]
+        assumed = self._assumed(i, r)
         for side, names, groups, sizes in (
             (0, op.inputs, op.signature.inputs, st.in_numel),
             (1, op.outputs, op.signature.outputs, st.out_numel),
@@ -255,7 +305,7 @@ class RoundCosts(RoundLedger):
                 divisor = 1.0
                 for j, q in self.faster_than[r]:
                     if j > r:
-                        divisor *= q
+                        divisor *= q if assumed >> j & 1 else 1
                     elif layout_of_cut(groups[pos], st.cuts[j], bool(side), op) < 0 and reduces(
                         op, st.cuts[j], groups[pos], bool(side), grad, train
                     ):
@@ -335,7 +385,7 @@ class RoundCosts(RoundLedger):
         st, rnd, graph = self.states[i], self.rounds[r], self.graph
         op = st.op
         for (is_output, pos), history in st.ar_history.items():
-            backlog = sum(c for j, c in history if faster(rnd, self.rounds[j])) * (rnd.q - 1)
+            backlog = sum(c for _, c, assumed in history if assumed >> r & 1) * (rnd.q - 1)
             if not backlog:
                 continue
             groups = (op.signature.outputs if is_output else op.signature.inputs)[pos]

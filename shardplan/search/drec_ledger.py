@@ -7,8 +7,9 @@
     0..r minus over 0..r-1 on a representative pair of the same context (the price depends on
     the layouts only through their relations), so summed over the rounds it telescopes to the
     evaluator's price of the whole edge (multi-round all-to-alls included);
-  * the all-reduces each op paid (priced as if faster later rounds shrink the operand): a later
-    faster round that neither splits nor reduces it charges the backlog and grows the pieces;
+  * the all-reduces each op paid (priced as if the faster later rounds that can cut the op shrink
+    the operand): such a round that neither splits nor reduces it charges the backlog and grows
+    the pieces;
   * the gradient all-reduces another reader paid for an op (the evaluator's share credit: the
     previous reader, same layout, both reduce): owed back in the round where their layouts part.
 `begin_round` computes the round's contexts in O(|E| * r); `apply_round` records a decided round
@@ -20,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardplan.cost.collectives import all_reduce_s
-from shardplan.cost.terms import edge_redistribution, faster, reduces
+from shardplan.cost.terms import edge_redistribution, reduces
 from shardplan.ir.op import Role
 from shardplan.search.flex import FlexEdge
 from shardplan.sharding import REPLICATED, layout_of_cut
+
+_NONE_CHARGED: frozenset[tuple[str, int]] = frozenset()
 
 ELSEWHERE = 1 << 20
 """Layout value of a split on a tensor dim that does not survive a flex chain."""
@@ -75,7 +78,7 @@ class RoundLedger:
         for (is_output, pos), history in (*st.ar_history.items(), *credits):
             if self._shrinks(i, cut, pos, is_output):
                 continue
-            history[:] = [(j, c * rnd.q if faster(rnd, self.rounds[j]) else c) for j, c in history]
+            history[:] = [(j, c * rnd.q if m >> r & 1 else c, m) for j, c, m in history]
 
     def _shrinks(self, i: int, cut: str | None, pos: int, is_output: bool) -> bool:
         """Does `cut` split or all-reduce this operand of op i?"""
@@ -102,9 +105,65 @@ class RoundLedger:
         for pos, entries in st.credits.items():
             if entries and self._parted(i, pos, decided):
                 grow = not self._shrinks(i, decided.get(i), pos, False)
-                for j, c in entries:
-                    total += c * rnd.q if grow and faster(rnd, self.rounds[j]) else c
+                for _, c, assumed in entries:
+                    total += c * rnd.q if grow and assumed >> r & 1 else c
         return total
+
+    def _credit_costs(
+        self, i: int, r: int, cuts: list[str | None], decided: dict[int, str | None]
+    ) -> dict[str | None, float]:
+        """What each cut of op i costs in credits owed back (`_revoked`): its own, if its reading
+        parts from the previous reader's (decided), and those of decided later readers whose
+        reading it parts from. A tied embedding that splits its table while the output layer
+        keeps it whole makes the output layer repay its gradient credits: the cut pays for it."""
+        later = [j for j in self._next_readers[i] if j in decided and self.states[j].credits]
+        st = self.states[i]
+        mine = any(  # its own credits only against a decided previous reader
+            entries and self._prev_reader[i][pos][0] in decided  # type: ignore[index]
+            for pos, entries in st.credits.items()
+        )
+        costs = dict.fromkeys(cuts, 0.0)
+        if not later and not mine:
+            return costs
+        had, old = i in decided, decided.get(i)
+        for cut in cuts:
+            decided[i] = cut  # a trial: `_parted` reads op i's cut from `decided`
+            own = self._revoked(i, r, decided) if mine else 0.0
+            costs[cut] = own + sum(self._revoked(j, r, decided) for j in later)
+        if had:
+            decided[i] = old
+        else:
+            del decided[i]
+        return costs
+
+    def _local_costs(
+        self, i: int, r: int, decided: dict[int, str | None]
+    ) -> tuple[dict[str | None, float], dict[str | None, float]]:
+        """Op i's own terms per valid cut with the gradient credits `round_cost` grants it, and
+        what the cut changes elsewhere in the round: edges to decided neighbours, credits owed
+        back (`_credit_costs`) and the credits decided later readers of its inputs earn or lose.
+        Their sum differs from op i's share of `round_cost` by a constant, so re-picking by it
+        never raises the round's cost (up to the shared-parameter edges, priced pairwise)."""
+        had, old = i in decided, decided.get(i)
+        alone = self._own_costs(i, r, _NONE_CHARGED)
+        cuts = list(alone)
+        later = [j for j in self._next_readers[i] if j in decided and j != i]
+        extra = self._near_costs(i, cuts, self.rounds[r], decided)
+        if not later and not self.states[i].credits and self._no_prev_reader[i]:
+            return alone, extra  # no other reader of its inputs: no credit either way
+        own: dict[str | None, float] = {}
+        owed = self._credit_costs(i, r, cuts, decided)
+        for cut in cuts:
+            decided[i] = cut  # a trial: credits read op i's cut from `decided`
+            own[cut] = self._own_costs(i, r, self._credited(i, r, decided))[cut]
+            extra[cut] += owed[cut]
+            for j in later:
+                extra[cut] += self._own_costs(j, r, self._credited(j, r, decided))[decided[j]]
+        if had:
+            decided[i] = old
+        else:
+            del decided[i]
+        return own, extra
 
     def _record_all_reduces(
         self, i: int, r: int, decided: dict[int, str | None]
@@ -123,6 +182,7 @@ class RoundLedger:
         op = st.op
         ins, outs = self._infos(i, r)
         credited = self._credited(i, r, decided) if self.opts.train else set()
+        assumed = self._assumed(i, r)
         for is_output, infos, groups, names in (
             (False, ins, op.signature.inputs, op.inputs),
             (True, outs, op.signature.outputs, op.outputs),
@@ -130,7 +190,7 @@ class RoundLedger:
             for pos, info in enumerate(infos):
                 if reduces(op, cut, groups[pos], is_output, info.requires_grad, self.opts.train):
                     nbytes = info.numel * info.dtype_bytes / info.ar_divisor
-                    piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s))
+                    piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s), assumed)
                     if not is_output and (names[pos], r) in credited:
                         st.credits.setdefault(pos, []).append(piece)
                         skipped.append(pos)

@@ -8,8 +8,9 @@ With "no cut" priced as its share of the final compute (`final_compute=True`), t
 rounds plus the compute every op would do if cut in every round equals `evaluate_strategies`:
   * edges: each round pays the edge's price over rounds 0..r minus over 0..r-1, which
     telescopes to the whole edge (multi-round all-to-alls included);
-  * all-reduces: a round's piece is priced as if faster later rounds shrink the operand, the
-    backlog of a later round that does not is charged on the grown pieces;
+  * all-reduces: a round's piece is priced as if the faster later rounds that can cut the op (or
+    all of them: `hopeful`, MindSpore's assumption) shrink the operand, the backlog of an assumed
+    round that does not is charged on the grown pieces;
   * a gradient another reader reduces is credited while both readers' layouts agree and owed
     back in the round where they part.
 The redistribution part alone is also checked against the evaluator's redistribution terms.
@@ -60,12 +61,13 @@ def _edges(pricer: RoundCosts, decided: dict[int, str | None]) -> float:
     devices=st.sampled_from(["2x2", "4", "2x3", "8"]),
     preset=st.sampled_from(["shardplan", "mindspore"]),
     train=st.booleans(),
+    hopeful=st.booleans(),
     data=st.data(),
 )
-def test_rounds_sum_to_the_evaluator(model, nbytes, devices, preset, train, data):
+def test_rounds_sum_to_the_evaluator(model, nbytes, devices, preset, train, hopeful, data):
     graph, mesh = GRAPHS[model, nbytes], sp.parse_mesh(devices)
     opts = CostOptions.make(preset, train)
-    pricer = RoundCosts(graph, mesh, opts, 0.0, final_compute=True)
+    pricer = RoundCosts(graph, mesh, opts, 0.0, final_compute=True, hopeful=hopeful)
     rng = data.draw(st.randoms(use_true_random=False))  # uniform cuts: "no cut" runs too
     total = edges = 0.0
     for r, rnd in enumerate(mesh.rounds):
