@@ -20,7 +20,9 @@ Memory of stage s: parameter state with ZeRO z dividing optimizer state + master
 gradients (z>=2) and weights (z=3) by the data-parallel ways of each parameter (rounds where its
 home layout replicates it), plus min(S - s, m) micro-batches of kept activations (1F1B in-flight
 count) and the one segment being rebuilt during backward under recomputation.
-Everything is a closed-form sum: O(stages + parameter groups).
+The ZeRO gather (`cost.zero.gather_terms`, the evaluator's multi-round gather) and memory split
+(`cost.zero.zero_bytes`) are the plain plan's ZeRO functions. Everything is a closed-form sum:
+O(stages + parameter groups).
 """
 
 from __future__ import annotations

@@ -152,3 +152,18 @@ def test_engines_run_a_zero_plan_as_stage_0_with_its_stored_layouts():
     assert run.cost.comm.all_gather_bytes == pytest.approx(GATHER)
     assert run.cost.comm.all_reduce_bytes == pytest.approx(2 * GATHER)
     assert dict(spmd_plan(with_zero(_dp4(), 2)).param_layouts) == {}
+
+
+def test_a_group_round_no_op_cuts_needs_no_reduce_scatter_but_a_gather_of_the_update():
+    # every op replicated: each device computes the whole gradient, nothing is all-reduced at
+    # stage 0; stage 1 still splits the Adam state 4 ways (10,240 B) and all-gathers the
+    # updated weights: 3/4 * 4096 = 3072 B (and s at 1 B/s)
+    dp = _dp4()
+    rounds = len(dp.mesh.rounds)
+    replicated = Plan(dp.graph, dp.mesh, {op: (None,) * rounds for op in dp.strategies}, "x")
+    assert replicated.cost.comm.total == 0.0
+    c = with_zero(replicated, 1).cost
+    assert c.param_memory == PARAMS * (4 + 4 + 8 / 4)
+    assert c.comm.reduce_scatter_bytes == 0.0
+    assert c.comm.all_gather_bytes == pytest.approx(GATHER)
+    assert c.total - replicated.cost.total == pytest.approx(GATHER)
