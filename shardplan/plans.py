@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from shardplan.cost import CostBreakdown, CostOptions, ScoreCache, evaluate_strategies
+from shardplan.cost.zero import check_stage, zero_layouts
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
@@ -36,6 +37,8 @@ class Plan:
         strategies: op name -> per-round loop dim (or None), for every op of the graph.
         param_layouts: parameters whose storage layout differs from their first consumer's
             (FSDP/ZeRO sharding); others live where their first consumer reads them.
+        options: what the cost model prices, including the ZeRO stage (`zero`, 0-3: see
+            `with_zero` and `cost/zero.py`).
         status: "ok", or a solver's honest status ("optimal", "time-limit gap=3.1%", ...).
     """
 
@@ -62,6 +65,11 @@ class Plan:
                     self.graph, self.mesh, self.strategies, self.options, self.param_layouts
                 ),
             )
+
+    @property
+    def zero(self) -> int:
+        """The ZeRO stage of the plan's parameter state (0-3, `cost/zero.py`)."""
+        return self.options.zero
 
     # -- derived views ------------------------------------------------------------------------
     def tensor_layouts(self) -> dict[str, Layout]:
@@ -155,3 +163,41 @@ def evaluate(plan: Plan, options: CostOptions | None = None) -> CostBreakdown:
 
 def with_status(plan: Plan, status: str, notes: tuple[str, ...] = ()) -> Plan:
     return replace(plan, status=status, notes=plan.notes + notes)
+
+
+def with_zero(plan: Plan, zero: int, cache: ScoreCache | None = None) -> Plan:
+    """`plan`'s strategies at ZeRO stage `zero`, scored again (`cache`: one of the new options).
+
+    Stage 3 stores every parameter as its ZeRO shard (`param_layouts`), stages 1-2 each where
+    it is read (other layouts, an FSDP plan's, are replaced); stage 0 keeps the plan's own
+    layouts unless they were stage 3's. Same method, status and notes."""
+    check_stage(zero)
+    opts = replace(plan.options, zero=zero)
+    rounds = plan.mesh.rounds
+    layouts: Mapping[str, Layout] = {}
+    if zero == 3:
+        layouts = zero_layouts(plan.graph, rounds, plan.strategies)
+    elif zero == 0 and plan.zero != 3:
+        layouts = plan.param_layouts
+    cost = evaluate_strategies(plan.graph, plan.mesh, plan.strategies, opts, layouts, cache)
+    return replace(plan, options=opts, param_layouts=layouts, cost=cost)
+
+
+def spmd_plan(plan: Plan) -> Plan:
+    """What an SPMD engine (JAX, DTensor) runs of a ZeRO plan, priced as it runs: stage 0, with
+    stage 3's shards kept as stored parameter layouts (gathered where read, gradients
+    all-reduced: the "fsdp" pricing); stages 1-2 shard only the optimizer, which the engines
+    leave to the user's optimizer. Stage-0 plans are returned as they are."""
+    if not plan.zero:
+        return plan
+    return Plan(
+        plan.graph,
+        plan.mesh,
+        plan.strategies,
+        plan.method,
+        replace(plan.options, zero=0),
+        plan.search_seconds,
+        plan.param_layouts,
+        plan.status,
+        plan.notes,
+    )

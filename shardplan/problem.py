@@ -14,11 +14,12 @@ solver: a wrong type or value is an ArgumentError naming the argument.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardplan import checks
 from shardplan.cost import CostOptions
 from shardplan.cost.presets import PRESETS, Optimizer
+from shardplan.cost.zero import check_stage, check_zero_options
 from shardplan.errors import ArgumentError, MeshError
 from shardplan.hardware import DEFAULT_MACHINE, Machine, get_machine
 from shardplan.ir.graph import Graph
@@ -34,6 +35,9 @@ class Problem:
     options: CostOptions
     budget: float | None = None
     """Bytes per device a plan must fit; None: unchecked (memory is still reported)."""
+    zero: int | None = None
+    """The ZeRO stage the plan must use (0-3, `cost/zero.py`); None: D-Rec picks one only when
+    the budget needs it, other methods plan at stage 0. The searches price stage 0."""
 
     @property
     def hardware(self) -> Machine:
@@ -50,6 +54,7 @@ class Problem:
         memory: float | str | None = None,
         preset: str = "shardplan",
         optimizer: str = "adam",
+        zero: int | None = None,
     ) -> Problem:
         """The canonical Problem of loose arguments (see the module docstring)."""
         if not isinstance(graph, Graph):
@@ -71,7 +76,10 @@ class Problem:
         budget = parse_bytes(memory) if memory is not None else mesh.memory_bytes
         if budget is not None and budget <= 0:
             raise MeshError(f"memory budget must be positive, got {memory!r}")
-        return cls(graph, mesh, CostOptions.make(preset, train, optimizer), budget)
+        options = CostOptions.make(preset, train, optimizer)
+        if zero is not None:
+            check_zero_options(replace(options, zero=check_stage(zero)))
+        return cls(graph, mesh, options, budget, zero)
 
 
 __all__ = ["Problem"]

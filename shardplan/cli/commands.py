@@ -61,6 +61,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="which ops to list: heavy (default; identical layers collapsed), all, none",
     )
     p.add_argument("--top", type=int, default=0, metavar="N", help="list the N costliest ops")
+    p.add_argument(
+        "--zero",
+        type=int,
+        choices=(0, 1, 2, 3),
+        default=None,
+        help="ZeRO stage of the plan: 1 splits optimizer state over each parameter's "
+        "data-parallel group, 2 also gradients, 3 also parameters (default: 0, or with --memory "
+        "the stage of the cheapest plan that fits; see docs/cost-model.md)",
+    )
     plot_flag(p)
     from shardplan.cli.training import add_dtype_argument
 

@@ -249,6 +249,7 @@ def plan_options(args: argparse.Namespace) -> dict[str, Any]:
         "memory": args.memory,
         "preset": args.preset,
         "optimizer": args.optimizer,
+        **({"zero": args.zero} if getattr(args, "zero", None) is not None else {}),
     }
 
 

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shardplan.cost.zero import WHAT
 from shardplan.hardware import MACHINES
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
@@ -359,6 +360,8 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
         f"{fmt_bytes(c.memory_per_device)} (params+grads+optimizer "
         f"{fmt_bytes(c.param_memory)}, activations {fmt_bytes(c.activation_memory)})",
     )
+    if p.options.zero:
+        t.add_row("ZeRO", f"stage {p.options.zero}: {WHAT[p.options.zero]}")
     hbm = MACHINES[p.mesh.machine].memory_bytes
     if p.mesh.memory_bytes is None and c.memory_per_device > hbm:
         t.add_row(

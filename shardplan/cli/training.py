@@ -43,6 +43,11 @@ def run_training_plan(args: argparse.Namespace) -> int:
             "--dtype plans a training step with method drec and the shardplan preset; drop "
             "--method/--infer/--preset, or drop --dtype for a single SPMD plan"
         )
+    if getattr(args, "zero", None) is not None:
+        raise SolverError(
+            "--zero sets the ZeRO stage of a single SPMD plan; --dtype plans choose it per "
+            "pipeline stage under --memory: drop one of them"
+        )
     if args.mesh is None:
         raise SolverError("--dtype plans need --mesh (e.g. --mesh 128x8)")
     progress = progress_of(args)

@@ -143,6 +143,11 @@ def run_verify(args: argparse.Namespace) -> int:
         refuse_too_big(graph, train, args.check_dtype, bool(getattr(args, "small", False)))
 
     p, _ = plan_for(args, progress, check)
+    if p.zero:
+        progress.note(
+            f"the plan's ZeRO stage {p.zero} is verified as the SPMD program the engines run: "
+            "stage 0, parameters stored as the plan stores them (docs/cost-model.md)"
+        )
     mesh: Mesh = p.mesh
     if args.user_module:
         from shardplan.cli.verify_user import verify_user_module

@@ -4,7 +4,9 @@ For every op and round: intra-operator terms of its cut (terms.intra_terms), com
 for every edge (producer -> consumer operand, or a parameter's home layout -> consumer) and round:
 redistribution terms. Memory per device: parameters + gradients + optimizer state divided by the
 cuts of each parameter's home layout, plus activations kept for backward (training) or the
-largest op working set (inference). O(rounds * sum of operand counts): linear in the graph.
+largest op working set (inference). A ZeRO stage (`CostOptions.zero`, `cost/zero.py`) divides
+parameter state further by each parameter's data-parallel group and adds its collectives.
+O(rounds * sum of operand counts): linear in the graph.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from shardplan.cost.terms import (
     reduces,
     replicate_symbolic,
 )
+from shardplan.cost.zero import ZeroParam, zero_bytes, zero_pricing
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
@@ -91,6 +94,8 @@ class CostBreakdown:
                 "all-gather": c.all_gather_bytes,
                 "all-to-all": c.all_to_all_bytes,
                 "halo": c.halo_bytes,
+                # ZeRO's (cost/zero.py); only when used, so stage-0 breakdowns keep their keys
+                **({"reduce-scatter": c.reduce_scatter_bytes} if c.reduce_scatter_bytes else {}),
             },
         }
         if per_op:
@@ -142,7 +147,9 @@ def operand_infos(
             for j, other in enumerate(rounds):
                 if j != r and faster(other, rnd) and shrinks[j] and not (j < r and layout[j] >= 0):
                     divisor *= other.q
-            infos.append(OperandInfo(sizes[r], opts.element_bytes(t), t.role, grad, divisor))
+            # ZeRO >= 1: a parameter's gradient is reduce-scattered once instead (cost/zero.py)
+            zero = opts.zero > 0 and t.role is Role.PARAMETER
+            infos.append(OperandInfo(sizes[r], opts.element_bytes(t), t.role, grad, divisor, zero))
         per_operand.append(infos)
     return [[p[r] for p in per_operand] for r in range(len(rounds))]
 
@@ -488,7 +495,8 @@ def evaluate_strategies(
     strategies = {name: tuple(s) for name, s in strategies.items()}
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     check_strategies(graph.ops, strategies, rounds, cache.classes)
-    homes = param_homes(graph, strategies, param_layouts)
+    zero = zero_pricing(graph, rounds, strategies, opts, param_layouts)
+    homes = param_homes(graph, strategies, None if zero.params else param_layouts)
     out_layout: dict[str, Layout] = {}
     for op, cid in zip(graph.ops, cache.classes, strict=True):
         outs = cache.layouts(op, cid, strategies[op.name])[1]
@@ -498,13 +506,15 @@ def evaluate_strategies(
     rows: list[OpCost] = []
     for t in op_terms(graph, mesh, strategies, opts, homes, out_layout, cache=cache):
         redis = t.redistribution
+        if t.index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
+            redis = redis + zero.by_reader[t.index]
         act = sum(cache.local_bytes(name, out_layout[name]) for name in t.op.outputs)
         rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
         for k, (a, b) in enumerate(zip(t.intra.values(), redis.values(), strict=True)):
             comm[k] = comm[k] + a + b
         compute += t.compute
     param_mem, act_mem = memory_per_device(
-        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes
+        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes, zero.params
     )
     comm_terms = CommTerms(*comm)
     total = comm_terms.total + compute
@@ -541,6 +551,7 @@ def memory_per_device(
     strategies: Mapping[str, Strategy],
     opts: CostOptions,
     size: Callable[[str, Layout], float] | None = None,
+    zero: Mapping[str, ZeroParam] | None = None,
 ) -> tuple[float, float]:
     """(parameter state bytes, activation bytes) per device (`size(tensor, layout)`: its local
     bytes, `local_bytes` unless a `ScoreCache` memoises them).
@@ -552,9 +563,15 @@ def memory_per_device(
     param_mem = 0.0
     for name, layout in homes.items():
         t = graph.tensors[name]
-        param_mem += param_bytes(
-            round_numels(t.numel, layout, rounds)[-1], opts.element_bytes(t), opts
-        )
+        elems, width = round_numels(t.numel, layout, rounds)[-1], opts.element_bytes(t)
+        if zero:  # `zero` holds every read parameter: ZeRO divides its state (cost/zero.py)
+            w = elems * width
+            grad = w if opts.train else 0.0
+            param_mem += zero_bytes(
+                w, grad, param_bytes(elems, width, opts) - w - grad, zero[name].ways, opts.zero
+            )
+        else:
+            param_mem += param_bytes(elems, width, opts)
     if size is None:
 
         def size(name: str, layout: Layout) -> float:

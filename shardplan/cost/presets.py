@@ -64,6 +64,8 @@ class CostOptions:
     optimizer: Optimizer = Optimizer.ADAM
     precision: Precision | None = None
     """None: every tensor at its declared dtype_bytes (the graph's own widths)."""
+    zero: int = 0
+    """ZeRO stage 0-3 of the plan's parameter state (`cost/zero.py`); the searches price 0."""
 
     def element_bytes(self, t: Tensor) -> int:
         """Bytes per element the cost model prices `t` at: the precision's width for parameters

@@ -20,7 +20,9 @@ Memory of stage s: parameter state with ZeRO z dividing optimizer state + master
 gradients (z>=2) and weights (z=3) by the data-parallel ways of each parameter (rounds where its
 home layout replicates it), plus min(S - s, m) micro-batches of kept activations (1F1B in-flight
 count) and the one segment being rebuilt during backward under recomputation.
-Everything is a closed-form sum: O(stages + parameter groups).
+The ZeRO gather (`cost.zero.gather_terms`, the evaluator's multi-round gather) and memory split
+(`cost.zero.zero_bytes`) are the plain plan's ZeRO functions. Everything is a closed-form sum:
+O(stages + parameter groups).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shardplan.cost import collectives as coll
 from shardplan.cost.evaluate import (
     CostBreakdown,
     evaluate_strategies,
@@ -39,7 +40,7 @@ from shardplan.cost.evaluate import (
     round_numels,
 )
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.terms import faster
+from shardplan.cost.zero import check_stage, gather_terms, zero_bytes
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
@@ -62,8 +63,7 @@ class Levers:
     zero: int = 0
 
     def __post_init__(self) -> None:
-        if self.zero not in (0, 1, 2, 3):
-            raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero}")
+        check_stage(self.zero)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +103,6 @@ class StageProfile:
     params: tuple[ParamGroup, ...]
     flops: float
     breakdown: CostBreakdown
-
-
-def _gather(nbytes: float, rounds: Sequence[int], mesh: Mesh) -> float:
-    rs = mesh.rounds
-    total = 0.0
-    for r in rounds:
-        inner = math.prod(rs[j].q for j in rounds if j != r and faster(rs[j], rs[r]))
-        total += coll.all_gather_s(nbytes / inner, rs[r].q, rs[r].bandwidth_bytes_per_s)
-    return total
 
 
 def profile_stage(
@@ -174,7 +165,7 @@ def profile_stage(
         g[0] += elems * width
         g[1] += elems * width
         g[2] += elems * (opts.state_bytes(t) - 2 * width)
-        g[3] += _gather(elems * width, rep, mesh)
+        g[3] += gather_terms(t.numel, width, layout, rep, rounds).redistribution_fwd
     params = tuple(
         ParamGroup(
             rep,
@@ -235,10 +226,7 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: i
     per_mb = {0: 0.0, 1: 0.0, 2: gather, 3: 3 * gather}[z]
     sync = {0: p.grad_sync_s, 1: 2 * gather, 2: gather, 3: 0.0}[z]
     param_bytes = sum(
-        g.weight_bytes / (g.ways if z >= 3 else 1)
-        + g.grad_bytes / (g.ways if z >= 2 else 1)
-        + g.state_bytes / (g.ways if z >= 1 else 1)
-        for g in p.params
+        zero_bytes(g.weight_bytes, g.grad_bytes, g.state_bytes, g.ways, z) for g in p.params
     )
     if levers.recompute is Recompute.FULL:
         recompute = p.fwd_compute_s + p.fwd_comm_s

@@ -67,6 +67,8 @@ class CommTerms:
     all_gather_bytes: float = 0.0
     all_to_all_bytes: float = 0.0
     halo_bytes: float = 0.0
+    reduce_scatter_bytes: float = 0.0
+    """ZeRO's gradient reduce-scatter (`cost/zero.py`): (q-1)/q |T| per device."""
 
     @property
     def total(self) -> float:
@@ -102,6 +104,7 @@ def _fields(t: CommTerms) -> tuple[float, ...]:
         t.all_gather_bytes,
         t.all_to_all_bytes,
         t.halo_bytes,
+        t.reduce_scatter_bytes,
     )
 
 

@@ -11,6 +11,7 @@ JSON and the CLI table share. O(|ops| * rounds * rank).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from shardplan.cost import CostOptions, Optimizer, get_preset
@@ -74,6 +75,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             "optimizer": plan.options.optimizer.value,
             # precision only when set: plans of the graph's own widths keep their schema
             **({"dtype": plan.options.precision.name} if plan.options.precision else {}),
+            **({"zero": plan.zero} if plan.zero else {}),  # likewise the ZeRO stage
         },
         "cost": plan.cost.to_dict() if plan.cost else None,
         "notes": list(plan.notes),
@@ -95,8 +97,11 @@ def from_json(text: str | dict[str, Any]) -> Plan:
         graph = graph_from_dict(data["graph"])
         mesh = Mesh.from_dict(data["mesh"])
         o = data["options"]
-        options = CostOptions.make(
-            get_preset(o["preset"]), bool(o["train"]), Optimizer(o["optimizer"]), o.get("dtype")
+        options = replace(
+            CostOptions.make(
+                get_preset(o["preset"]), bool(o["train"]), Optimizer(o["optimizer"]), o.get("dtype")
+            ),
+            zero=o.get("zero", 0),
         )
         strategies = {row["name"]: tuple(row["strategy"]) for row in data["ops"]}
         params = {k: tuple(v) for k, v in data.get("param_layouts", {}).items()}

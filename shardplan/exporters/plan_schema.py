@@ -157,6 +157,8 @@ def checked_plan_data(text: str | bytes | dict[str, Any]) -> dict[str, Any]:
     if not isinstance(o.get("train"), bool):
         raise _fail("options.train", "true or false", o.get("train"))
     _str(o.get("optimizer"), "options.optimizer")
+    if "zero" in o:
+        _int(o["zero"], "options.zero (the ZeRO stage)", 0, 3)
     _str(data.get("method"), "method")
     _num(data.get("search_seconds"), "search_seconds")
     _str(data.get("status", "ok"), "status")

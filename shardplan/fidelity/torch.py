@@ -9,7 +9,7 @@ from __future__ import annotations
 from shardplan.engines.torch_dist import DEFAULT_TIMEOUT, run_distributed
 from shardplan.engines.torch_report import DistReport
 from shardplan.errors import BackendError
-from shardplan.plans import Plan
+from shardplan.plans import Plan, spmd_plan
 
 
 def verify_torch(
@@ -27,8 +27,8 @@ def verify_torch(
     Print `report.text()` (or `json.dumps(report.to_dict())`) and exit non-zero unless
     `report.ok`. With `strict=True` a mismatch raises BackendError carrying the report's text.
     """
-    report = run_distributed(
-        plan, world_size, seed, train, timeout, check_activations, dtype, None, None
+    report = run_distributed(  # a ZeRO stage is checked as the SPMD program the engine runs
+        spmd_plan(plan), world_size, seed, train, timeout, check_activations, dtype, None, None
     )
     if strict and not report.ok:
         raise BackendError(report.text())

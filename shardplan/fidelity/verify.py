@@ -80,11 +80,10 @@ from shardplan.fidelity.run import (
     tensor_error,
     x64,
 )
-from shardplan.plans import Plan
+from shardplan.plans import Plan, spmd_plan
 
 DEFAULT_DTYPE = DTYPES[0]
 DEFAULT_RTOL, DEFAULT_ATOL = TOLERANCES[DEFAULT_DTYPE]
-
 
 
 # -- comparison ----------------------------------------------------------------------------------
@@ -386,6 +385,7 @@ def verify_plan(
 
     from shardplan.engines import jax as jb
 
+    plan = spmd_plan(plan)  # a ZeRO stage is checked as the SPMD program the engine runs
     jb.jax_mesh(plan.mesh)  # BackendError early when there are too few devices
     default_rtol, default_atol = TOLERANCES[check_dtype(dtype)]
     rtol = default_rtol if rtol is None else rtol

@@ -5,9 +5,13 @@ dispatches it through the solver registry (`search.solvers`: typed options per m
 "drec" (default), "ilp", "dp", and the expert plans "data-parallel", "megatron", "fsdp".
 Whatever the method, the returned Plan is scored by the one evaluator. With a memory
 budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
-with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), then by
-sharding the storage of parameters it replicates (ZeRO-3; the training-step planner,
-`search/scale.py`, chooses ZeRO 1/2/3 per stage with micro-batches and recomputation). D-Rec's
+with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), and
+prices ZeRO stages (`cost/zero.py`) 1, 2 and 3 on the unpenalised plan (and, when no penalised
+plan fits, on the leanest one): the cheapest plan that fits wins (ties: stage 0, then the lower
+stage), with a note naming the stage and what the lower stages needed (the training-step
+planner, `search/scale.py`, chooses ZeRO per pipeline stage with micro-batches and
+recomputation). `zero=N` forces stage N: the search still prices stage 0, the stage re-prices
+its result (and the baselines). D-Rec's
 plan is then compared, by the one evaluator, with "all replicated" and every expert plan
 (baselines.py): the cheapest that fits is returned, with a note when a baseline won; if nothing
 fits it raises InfeasibleError saying by how much. Other methods raise InfeasibleError when
@@ -24,10 +28,11 @@ from dataclasses import replace
 from typing import Any
 
 from shardplan.cost import CostOptions, ScoreCache
+from shardplan.cost.zero import WHAT, zero_layouts
 from shardplan.errors import InfeasibleError, PlanError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.plans import Plan, scored_plan, with_status
+from shardplan.plans import Plan, scored_plan, with_status, with_zero
 from shardplan.problem import Problem
 from shardplan.search import experts
 from shardplan.search.baselines import baseline_plans, cheapest
@@ -47,6 +52,7 @@ def plan(
     preset: str = "shardplan",
     optimizer: str = "adam",
     machine: str | None = None,
+    zero: int | None = None,
     **options: Any,
 ) -> Plan:
     """Plan `graph` on `mesh` with `method`; raise InfeasibleError rather than exceed `memory`.
@@ -61,6 +67,8 @@ def plan(
         optimizer: optimizer state counted in memory: "adam", "sgd-momentum", "none".
         machine: the hardware preset mesh text is bound to (`shardplan.hardware.MACHINES`);
             None: `hardware.DEFAULT_MACHINE` ("a100"). A Mesh keeps its own machine.
+        zero: the ZeRO stage (0-3) the plan must use (`cost/zero.py`); None: drec adds one only
+            when the memory budget needs it, other methods return stage 0.
         options: the method's typed options (`search.solvers`: ilp/dp `time_limit` seconds, ...);
             an unknown one is a SolverError. drec and ilp take `fixed`: op name -> strategy (one
             loop dim or None per round) the plan must keep, the other ops planned around them.
@@ -73,6 +81,7 @@ def plan(
         memory=memory,
         preset=preset,
         optimizer=optimizer,
+        zero=zero,
     )
     return solve(problem, method, **options)
 
@@ -83,14 +92,17 @@ def solve(problem: Problem, method: str = "drec", **options: Any) -> Plan:
     typed = solver_options(method, options)
     start = time.perf_counter()
     result = solver.run(problem, typed, start)
+    if problem.zero is not None and result.zero != problem.zero:  # searches price stage 0
+        result = with_zero(result, problem.zero)
     budget, graph, mesh = problem.budget, problem.graph, problem.mesh
     if budget is not None and result.cost is not None and result.cost.memory_per_device > budget:
         raise InfeasibleError(
             f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
             f"{result.cost.memory_per_device / 1e9:.3g} GB per device, over the "
             f"{budget / 1e9:.3g} GB budget by {(result.cost.memory_per_device - budget) / 1e9:.3g}"
-            " GB; use more devices, a smaller batch, method 'drec'/'fsdp', or plan the training "
-            "step with --dtype bf16 (micro-batches, recomputation, ZeRO, pipeline stages)"
+            " GB; use more devices, a smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), "
+            "or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
+            "pipeline stages)"
         )
     unused = unused_devices_note(result)
     return with_status(result, result.status, (unused,)) if unused else result
@@ -171,18 +183,27 @@ def drec_within(
     With `fixed` ops the baselines (which would not keep them) are not compared; the plan is
     D-Rec around the fixed ops or, when cheaper, the free plan with them swapped in."""
     graph, mesh, opts, budget = problem.graph, problem.mesh, problem.options, problem.budget
+    # stages 1-2 split training state: inference and the symbolic preset try stage 3's storage
+    free = (1, 2, 3) if opts.train and not opts.preset.symbolic else (3,)
+    stages = free if problem.zero is None else (problem.zero,) if problem.zero else ()
     if fixed:
         pinned = check_fixed(graph, mesh, fixed)
-        forced = _drec_search(graph, mesh, opts, budget, start, pinned)
-        return _no_worse_than_swap(forced, graph, mesh, opts, budget, start, pinned)
+        forced = _drec_search(graph, mesh, opts, budget, start, pinned, stages=stages)
+        return _no_worse_than_swap(forced, graph, mesh, opts, budget, start, pinned, stages)
     cache = ScoreCache(graph, mesh, opts)  # repeated layers priced once across every plan scored
     try:
-        found: Plan | None = _drec_search(graph, mesh, opts, budget, start, cache=cache)
+        found: Plan | None = _drec_search(
+            graph, mesh, opts, budget, start, cache=cache, stages=stages
+        )
         failure: InfeasibleError | None = None
     except InfeasibleError as e:
         found, failure = None, e
+    if found is not None and problem.zero is not None and found.zero != problem.zero:
+        found = with_zero(found, problem.zero)
     beat = found.cost.total if found is not None and found.cost is not None else None
     baselines = baseline_plans(graph, mesh, opts, cache, below=beat)
+    if problem.zero:  # compared at the stage asked for
+        baselines = [with_zero(b, problem.zero) for b in baselines]
     best = cheapest(found, baselines, budget, time.perf_counter() - start)
     if best is None:
         assert failure is not None
@@ -198,13 +219,16 @@ def _no_worse_than_swap(
     budget: float | None,
     start: float,
     fixed: Mapping[str, Strategy],
+    stages: tuple[int, ...] = (1, 2, 3),
 ) -> Plan:
     """D-Rec around fixed ops is greedy too: keep the free D-Rec plan with the fixed strategies
     swapped in when that is cheaper (and fits), saying so."""
-    free = _drec_search(graph, mesh, opts, budget, start)
-    swapped = Plan(
-        graph, mesh, {**free.strategies, **fixed}, "drec", opts, param_layouts=free.param_layouts
-    )
+    free = _drec_search(graph, mesh, opts, budget, start, stages=stages)
+    strategies = {**free.strategies, **fixed}
+    if free.zero:  # the free plan needed a ZeRO stage: compare at that stage
+        swapped = with_zero(Plan(graph, mesh, strategies, "drec", opts), free.zero)
+    else:
+        swapped = Plan(graph, mesh, strategies, "drec", opts, param_layouts=free.param_layouts)
     assert swapped.cost is not None and forced.cost is not None
     fits = budget is None or swapped.cost.memory_per_device <= budget
     if not fits or swapped.cost.total >= forced.cost.total:
@@ -214,7 +238,7 @@ def _no_worse_than_swap(
         mesh,
         swapped.strategies,
         "drec",
-        opts,
+        swapped.options,
         time.perf_counter() - start,
         swapped.param_layouts,
         notes=(
@@ -232,8 +256,9 @@ def _drec_search(
     start: float,
     fixed: Mapping[str, Strategy] | None = None,
     cache: ScoreCache | None = None,
+    stages: tuple[int, ...] = (1, 2, 3),
 ) -> Plan:
-    """D-Rec, then (over budget) the memory penalty and ZeRO-3 storage (module docstring)."""
+    """D-Rec, then (over budget) the memory penalty, then the ZeRO `stages` (module docstring)."""
     strategies = drec(graph, mesh, opts, fixed=fixed)
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     best = replace(
@@ -257,59 +282,85 @@ def _drec_search(
             leanest = candidate
         if candidate.cost.memory_per_device <= budget:
             notes.append(f"memory penalty lambda=4^{k}*cost/budget made it fit")
-            return Plan(
-                graph,
-                mesh,
-                candidate.strategies,
-                "drec",
-                opts,
-                time.perf_counter() - start,
-                notes=tuple(notes),
+            fit = Plan(graph, mesh, candidate.strategies, "drec", opts, notes=tuple(notes))
+            return _zero_fit(best, best, budget, start, notes, stages, fit)
+    return _zero_fit(best, leanest, budget, start, notes, stages)
+
+
+def _zero_fit(
+    best: Plan,
+    leanest: Plan,
+    budget: float,
+    start: float,
+    notes: list[str],
+    stages: tuple[int, ...],
+    penalised: Plan | None = None,
+) -> Plan:
+    """The cheapest plan that fits `budget` among `penalised` (a stage-0 plan that fits, if
+    any) and `best` (unpenalised) and `leanest` at each ZeRO stage of `stages`; ties: stage 0,
+    then the lower stage, then `best`. InfeasibleError if none fits. The highest stage is
+    priced first: a base it does not fit cannot fit a lower stage (it needs more memory)."""
+    graph, mesh = best.graph, best.mesh
+    bases = [("unpenalised", best)] + ([("leanest", leanest)] if leanest is not best else [])
+    tried: list[tuple[int, str, Plan]] = []
+    for z in sorted(stages, reverse=True):
+        at = [(z, which, _at_stage(base, z)) for which, base in bases]
+        if not tried:
+            bases = [(w, b) for (w, b), t in zip(bases, at, strict=True) if _memory(t[2]) <= budget]
+        tried += at
+    tried.sort(key=lambda t: t[0])
+    fitting = [t for t in tried if _memory(t[2]) <= budget]
+    if penalised is not None:
+        fitting.insert(0, (0, "penalised", penalised))
+    if fitting:
+        z, which, chosen = min(fitting, key=lambda t: (_total(t[2]), t[0], t[1] == "leanest"))
+        if chosen is penalised:
+            return replace(chosen, search_seconds=time.perf_counter() - start)
+        why = "".join(
+            f"; stage {lz} needs {_memory(lp) / 1e9:.3g} GB"
+            for lz, lw, lp in tried
+            if lz < z and lw == which
+        )
+        if penalised is not None:
+            why += f"; the penalised stage-0 plan that fits costs {_total(penalised):.6g}"
+        if chosen.zero != z:  # the symbolic preset: stage 3's storage, priced as edges
+            notes.append(
+                f"parameters the {which} D-Rec plan replicates are stored split over the rounds "
+                "that replicate them and all-gathered where read (ZeRO stages are priced in the "
+                f"'shardplan' preset only){why}"
             )
-    sharded = _shard_replicated_params(leanest)
-    assert sharded.cost is not None
-    if sharded.cost.memory_per_device <= budget:
-        notes.append(
-            "parameters kept replicated by the plan are stored sharded over the rounds that "
-            "replicate them (ZeRO-3: all-gathered before use, priced by the evaluator)"
-        )
-        return Plan(
-            graph,
-            mesh,
-            sharded.strategies,
-            "drec",
-            opts,
-            time.perf_counter() - start,
-            sharded.param_layouts,
-            notes=tuple(notes),
-        )
+        else:
+            notes.append(
+                f"ZeRO stage {z} on the {which} D-Rec plan makes it fit "
+                f"({_memory(chosen) / 1e9:.3g} GB per device, cost {_total(chosen):.6g}): "
+                f"{WHAT[z]}{why}"
+            )
+        return replace(chosen, search_seconds=time.perf_counter() - start, notes=tuple(notes))
+    last = min((t[2] for t in tried), key=_memory, default=leanest)
+    stage = f" even at ZeRO stage {last.zero}" if last.zero else ""
     raise InfeasibleError(
         f"no D-Rec plan of {graph.name!r} fits {budget / 1e9:.3g} GB per device on mesh "
-        f"{mesh.text()}: the leanest needs {sharded.cost.memory_per_device / 1e9:.3g} GB "
-        f"(over by {(sharded.cost.memory_per_device - budget) / 1e9:.3g} GB); use more devices, "
+        f"{mesh.text()}: the leanest needs {_memory(last) / 1e9:.3g} GB{stage} "
+        f"(over by {(_memory(last) - budget) / 1e9:.3g} GB); use more devices, "
         "a smaller batch, a larger --memory, or plan the training step with --dtype bf16 "
         "(micro-batches, recomputation, ZeRO, pipeline stages)"
     )
 
 
-def _shard_replicated_params(p: Plan) -> Plan:
-    """Store each parameter split, in the rounds where its home layout replicates it."""
-    homes = p.tensor_layouts()
-    layouts: dict[str, tuple[int, ...]] = {}
-    for t in p.graph.parameters:
-        if t.name not in homes:  # a parameter no op reads holds no device memory
-            continue
-        layout = list(homes[t.name])
-        local = list(t.shape)
-        for r, rnd in enumerate(p.mesh.rounds):
-            if layout[r] >= 0:
-                local[layout[r]] //= rnd.q
-        for r, rnd in enumerate(p.mesh.rounds):
-            if layout[r] < 0:
-                options = [d for d in range(len(local)) if local[d] % rnd.q == 0]
-                if options:
-                    d = max(options, key=lambda k: (local[k], -k))
-                    local[d] //= rnd.q
-                    layout[r] = d
-        layouts[t.name] = tuple(layout)
-    return Plan(p.graph, p.mesh, p.strategies, p.method, p.options, p.search_seconds, layouts)
+def _memory(p: Plan) -> float:
+    assert p.cost is not None
+    return p.cost.memory_per_device
+
+
+def _total(p: Plan) -> float:
+    assert p.cost is not None
+    return p.cost.total
+
+
+def _at_stage(p: Plan, zero: int) -> Plan:
+    """`p` at ZeRO stage `zero`; under the symbolic preset (no ZeRO prices) stage 3's storage
+    as stage-0 parameter layouts, the edges from them priced by the preset's formulas."""
+    if not p.options.preset.symbolic:
+        return with_zero(p, zero)
+    layouts = zero_layouts(p.graph, p.mesh.rounds, p.strategies)
+    return Plan(p.graph, p.mesh, p.strategies, p.method, p.options, param_layouts=layouts)

@@ -9,7 +9,8 @@ evaluator sums, and its terms are attributed:
   edges        each redistribution that X's strategy takes part in: into X from a producer or a
                parameter home, out of X into each consumer, and from the homes of parameters X
                reads first (their home is X's layout) into their other readers;
-  rest         every other term of the plan, which X's strategy does not touch.
+  rest         every other term of the plan, which X's strategy does not touch, and the
+               plan's ZeRO collectives (`cost/zero.py`), re-derived for the swapped plan.
 intra + compute + sum(edges) + rest is the evaluator's total for the swapped plan (tests check
 it against `evaluate_strategies`). Cost: one evaluator pass per candidate, i.e.
 O(rounds * dims * (|V| + |E|)) for one op. `replan` re-runs the search with X fixed to a
@@ -28,10 +29,11 @@ from shardplan.cost.evaluate import (
     output_layouts,
     param_homes,
 )
+from shardplan.cost.zero import zero_layouts, zero_pricing
 from shardplan.errors import PlanError
 from shardplan.ir.op import Role
 from shardplan.plans import Plan
-from shardplan.sharding import Strategy, check_strategy
+from shardplan.sharding import Layout, Strategy, check_strategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +77,10 @@ def swap_terms(plan: Plan, op_name: str, strategy: Strategy) -> Candidate:
     graph, mesh, opts = plan.graph, plan.mesh, plan.options
     strategies = dict(plan.strategies)
     strategies[op_name] = strategy
-    homes = param_homes(graph, strategies, plan.param_layouts)
+    # a ZeRO plan's stage follows the swap: its shards and collectives are re-derived
+    zero = zero_pricing(graph, mesh.rounds, strategies, opts, _zero_layouts(plan, strategies))
+    stored = {} if plan.zero else plan.param_layouts
+    homes = param_homes(graph, strategies, stored)
     out_layout = output_layouts(graph, strategies)
     x = graph.op_index[op_name]
     op = graph.ops[x]
@@ -83,7 +88,7 @@ def swap_terms(plan: Plan, op_name: str, strategy: Strategy) -> Candidate:
         name
         for name in op.inputs
         if graph.tensors[name].role is Role.PARAMETER
-        and name not in plan.param_layouts
+        and name not in stored
         and graph.consumers[name][0][0] == x
     }
     intra = compute = 0.0
@@ -105,7 +110,8 @@ def swap_terms(plan: Plan, op_name: str, strategy: Strategy) -> Candidate:
                 edges.append(EdgeCost(t.op.name, e.tensor, "home", e.terms.total))
             else:
                 rest.append(e.terms.total)
-    cost = evaluate_strategies(graph, mesh, strategies, opts, plan.param_layouts)
+    rest += [terms.total for terms in zero.by_reader.values()]
+    cost = evaluate_strategies(graph, mesh, strategies, opts, _zero_layouts(plan, strategies))
     return Candidate(
         -1,
         None,
@@ -155,6 +161,13 @@ def candidates(plan: Plan, op_name: str) -> list[Candidate]:
     return out
 
 
+def _zero_layouts(plan: Plan, strategies: Mapping[str, Strategy]) -> Mapping[str, Layout]:
+    """The stored parameter layouts of `plan`'s ZeRO stage under `strategies`."""
+    if plan.zero == 3:
+        return zero_layouts(plan.graph, plan.mesh.rounds, strategies)
+    return {} if plan.zero else plan.param_layouts
+
+
 def replan(plan: Plan, fixed: Mapping[str, Strategy], method: str = "drec") -> Plan:
     """`plan`'s problem searched again with `fixed` ops pinned (the `--force` what-if)."""
     from shardplan.search.api import plan as make_plan
@@ -166,6 +179,7 @@ def replan(plan: Plan, fixed: Mapping[str, Strategy], method: str = "drec") -> P
         train=plan.options.train,
         preset=plan.options.preset.name,
         optimizer=plan.options.optimizer.value,
+        zero=plan.zero or None,
         fixed=fixed,
     )
 

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from shardplan.cli.main import main
 
 
@@ -35,3 +37,28 @@ def test_errors_have_exit_codes(capsys):
     assert main(["plan", "mlp", "--mesh", "8x"]) == 4
     assert main(["plan", "mlp", "--mesh", "8", "--memory", "1KB"]) == 6
     assert main(["plan", "mlp", "--mesh", "8", "--memory", "lots"]) == 4
+
+
+def test_plan_with_a_zero_stage_says_so_and_saves_it(tmp_path, capsys):
+    from shardplan.exporters.plan_json import from_json
+
+    out_file = tmp_path / "plan.json"
+    args = ["plan", "gpt2-small", "--small", "--mesh", "2x2", "--method", "data-parallel"]
+    assert main([*args, "--zero", "2", "--json", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO" in out and "stage 2: optimizer state, master weights and gradients" in out
+    data = json.loads(out_file.read_text())
+    assert data["options"]["zero"] == 2
+    assert data["cost"]["collective_bytes"]["reduce-scatter"] > 0
+    assert from_json(data).zero == 2
+
+
+def test_zero_flag_errors(capsys):
+    args = ["plan", "gpt2-small", "--small", "--mesh", "2x2"]
+    with pytest.raises(SystemExit):  # argparse: not a stage
+        main([*args, "--zero", "5"])
+    assert "invalid choice: 5" in capsys.readouterr().err
+    assert main([*args, "--zero", "1", "--infer"]) != 0
+    assert "inference does not have" in capsys.readouterr().err
+    assert main([*args, "--zero", "1", "--dtype", "bf16"]) == 9
+    assert "--zero sets the ZeRO stage of a single SPMD plan" in capsys.readouterr().err

@@ -84,3 +84,16 @@ def test_strategy_diff(gpt):
     ]
     with pytest.raises(PlanError, match="different"):
         strategy_diff(a, plan(zoo.build("mlp", small=True), "2x2"))
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_candidate_terms_of_a_zero_plan_add_up_and_keep_the_stage(gpt, zero):
+    from shardplan.plans import Plan, with_zero
+
+    p = plan(gpt, "2x2", zero=zero)
+    valid = [c for c in candidates(p, FC) if c.problem is None]
+    assert len(valid) >= 6
+    for c in valid:
+        swapped = Plan(gpt, p.mesh, {**p.strategies, FC: c.strategy}, "x")
+        assert c.total == pytest.approx(with_zero(swapped, zero).cost.total, rel=1e-12)
+        assert c.parts_sum == pytest.approx(c.total, rel=1e-9)

@@ -1,0 +1,259 @@
+"""ZeRO stages of a plain plan: which parameter state is split over the data-parallel group, and
+the collectives that pays for (Rajbhandari et al., SC'20).
+
+A parameter P is read in its home layout H (its first consumer's layout). Its data-parallel group
+is the set D of rounds in which H replicates it and the ZeRO shard S (`zero_layout`) splits it
+further: per round, along the largest local tensor dim the round's q divides (ties: the first
+dim); W = prod_{r in D} q_r. A is the set of rounds in which a consumer of P all-reduces its
+gradient at stage 0 (it cuts the round along a loop dim that does not index P); A' = the rounds
+of A where H replicates P. With n the elements of P under H, w their width and s the optimizer +
+master bytes per element (G(R): all-gather of P over rounds R; RS(R): reduce-scatter, same cost):
+
+  stage  memory per device        collectives per step
+  0      n (w + w + s)            the evaluator's gradient all-reduce over A
+  1      n (w + w + s / W)        RS(A) of the gradient, G(D u A') of the updated weights
+  2      n (w + w / W + s / W)    as stage 1 (RS + G is one ring all-reduce's volume)
+  3      n (w + w + s) / W        G(D) before the forward and again before the backward, RS(A),
+                                  and G(A' - D) where S keeps P whole (an all-reduce's second half)
+
+Stages >= 1 drop every parameter operand's gradient all-reduce from the op terms
+(`OperandInfo.grad_shared`, set in `evaluate.operand_infos`): the consumers' gradients are summed
+locally and reduce-scattered once per parameter, priced here. G(R) is the
+hierarchical gather of `terms.edge_redistribution` (slow rounds first, while pieces are small;
+bytes telescope to (1 - 1/Q) n w over Q = prod_{r in R} q_r); a reduce-scatter has the same ring
+cost. Stage 3 stores S as the plan's `param_layouts` (what exporters and engines read); its
+gathers are priced here, not as edges. Inference keeps weights only: stage 3 gathers them
+before the forward. The training-step model (`cost/step.py`) uses the same gather and memory
+functions per pipeline stage. O(rounds^2) per parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import ZERO, CommTerms, edge_redistribution
+from shardplan.errors import PlanError
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Role
+from shardplan.mesh import Round
+from shardplan.sharding import REPLICATED, Layout, Strategy, operand_layout
+
+STAGES = (0, 1, 2, 3)
+WHAT = {
+    0: "nothing split by ZeRO",
+    1: "optimizer state and fp32 master weights split over each parameter's data-parallel group",
+    2: "optimizer state, master weights and gradients split over each parameter's "
+    "data-parallel group (reduce-scatter instead of all-reduce)",
+    3: "optimizer state, gradients and parameters split over each parameter's data-parallel "
+    "group (all-gathered before use, forward and backward)",
+}
+
+
+def check_stage(zero: object) -> int:
+    """`zero` as a ZeRO stage (0-3), or PlanError saying which values exist."""
+    if isinstance(zero, bool) or zero not in STAGES:
+        raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero!r}")
+    return int(zero)  # type: ignore[call-overload]
+
+
+def zero_bytes(weight: float, grad: float, state: float, ways: float, zero: int) -> float:
+    """Bytes per device of a parameter's weights, gradients and optimizer state (+ fp32 master)
+    under ZeRO `zero`, `ways` being its data-parallel group's size: stage 1 divides the state,
+    2 also the gradients, 3 also the weights."""
+    return (
+        weight / (ways if zero >= 3 else 1)
+        + grad / (ways if zero >= 2 else 1)
+        + state / (ways if zero >= 1 else 1)
+    )
+
+
+_FORWARD = CostOptions(train=False)  # a gather's own price: no backward pass implied
+
+
+def gather_terms(
+    numel: float, width: int, home: Layout, gathered: Sequence[int], rounds: Sequence[Round]
+) -> CommTerms:
+    """One all-gather (forward terms) of a tensor of `numel` elements, laid out as `home` apart
+    from being split in the `gathered` rounds, to replicated in those rounds: the hierarchical
+    gather of `terms.edge_redistribution` (a reduce-scatter costs the same)."""
+    if not gathered:
+        return ZERO
+    src = tuple((max(s, 0) if r in gathered else s) for r, s in enumerate(home))
+    dst = tuple((REPLICATED if r in gathered else s) for r, s in enumerate(home))
+    return edge_redistribution(src, dst, numel, width, rounds, False, _FORWARD)
+
+
+def zero_layout(shape: Sequence[int], home: Layout, rounds: Sequence[Round]) -> Layout:
+    """The ZeRO shard of a parameter read in `home`: each round that replicates it (q > 1) splits
+    the largest local dim it divides (ties: the first); a round no dim divides stays replicated."""
+    layout = list(home)
+    local = list(shape)
+    for r, rnd in enumerate(rounds):
+        if layout[r] >= 0:
+            local[layout[r]] //= rnd.q
+    for r, rnd in enumerate(rounds):
+        if layout[r] < 0 and rnd.q > 1:
+            options = [d for d in range(len(local)) if local[d] % rnd.q == 0]
+            if options:
+                d = max(options, key=lambda k: (local[k], -k))
+                local[d] //= rnd.q
+                layout[r] = d
+    return tuple(layout)
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroParam:
+    """One parameter's ZeRO facts (module docstring): home layout H, shard S, the gathered rounds
+    D, the gradient's reduced rounds A, the group size W and the index of its first reader."""
+
+    name: str
+    home: Layout
+    shard: Layout
+    gathered: tuple[int, ...]
+    reduced: tuple[int, ...]
+    ways: int
+    first_reader: int
+
+
+def zero_params(
+    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], train: bool
+) -> dict[str, ZeroParam]:
+    """The ZeRO facts of every parameter some op reads (see the module docstring)."""
+    homes: dict[str, tuple[Layout, int]] = {}
+    reduced: dict[str, set[int]] = {}
+    for index, op in enumerate(graph.ops):
+        strategy = strategies[op.name]
+        for pos, name in enumerate(op.inputs):
+            if graph.tensors[name].role is not Role.PARAMETER:
+                continue
+            layout = operand_layout(op, strategy, pos)
+            homes.setdefault(name, (layout, index))
+            if train and name in graph.requires_grad:  # where stage 0 all-reduces its gradient
+                cut = (r for r, s in enumerate(layout) if s < 0 and strategy[r] is not None)
+                reduced.setdefault(name, set()).update(r for r in cut if rounds[r].q > 1)
+    out: dict[str, ZeroParam] = {}
+    for name, (home, first) in homes.items():
+        shard = zero_layout(graph.tensors[name].shape, home, rounds)
+        gathered = tuple(r for r, (h, s) in enumerate(zip(home, shard, strict=True)) if s != h)
+        ways = 1
+        for r in gathered:
+            ways *= rounds[r].q
+        red = tuple(sorted(reduced.get(name, ())))
+        out[name] = ZeroParam(name, home, shard, gathered, red, ways, first)
+    return out
+
+
+def zero_terms(
+    graph: Graph, rounds: Sequence[Round], p: ZeroParam, zero: int, opts: CostOptions
+) -> CommTerms:
+    """The collectives stage `zero` runs for parameter `p` (the module docstring's table)."""
+    if zero == 0:
+        return ZERO
+    t = graph.tensors[p.name]
+    width = opts.element_bytes(t)
+
+    def gather(rs: Sequence[int]) -> CommTerms:
+        return gather_terms(t.numel, width, p.home, rs, rounds)
+
+    scatter = gather(p.reduced)
+    terms = CommTerms(
+        grad_sync=scatter.redistribution_fwd, reduce_scatter_bytes=scatter.all_gather_bytes
+    )
+    replicated = [r for r in p.reduced if p.home[r] < 0]
+    if zero == 3:
+        g = gather(p.gathered)
+        backward = opts.train  # freed after the forward, gathered again for the backward
+        rest = gather([r for r in replicated if r not in p.gathered])  # S keeps these whole
+        return terms + CommTerms(
+            redistribution_fwd=g.redistribution_fwd,
+            redistribution_bwd=g.redistribution_fwd if backward else 0.0,
+            grad_sync=rest.redistribution_fwd,
+            all_gather_bytes=g.all_gather_bytes * (2 if backward else 1) + rest.all_gather_bytes,
+        )
+    if p.name not in graph.requires_grad:  # a frozen parameter is never updated
+        return terms
+    updated = gather(sorted(set(p.gathered) | set(replicated)))
+    return terms + CommTerms(
+        grad_sync=updated.redistribution_fwd, all_gather_bytes=updated.all_gather_bytes
+    )
+
+
+def zero_layouts(
+    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy]
+) -> dict[str, Layout]:
+    """The stored layouts of stage 3 (`Plan.param_layouts`): each read parameter's ZeRO shard."""
+    return {name: p.shard for name, p in zero_params(graph, rounds, strategies, False).items()}
+
+
+def check_zero_options(opts: CostOptions) -> None:
+    """PlanError unless `opts.zero` is a stage the options can price."""
+    check_stage(opts.zero)
+    if opts.zero and opts.preset.symbolic:
+        raise PlanError(
+            f"ZeRO stage {opts.zero} is priced in the 'shardplan' cost preset only; "
+            "plan with preset 'shardplan' or without --zero"
+        )
+    if opts.zero in (1, 2) and not opts.train:
+        raise PlanError(
+            f"ZeRO stage {opts.zero} splits gradients and optimizer state, which inference does "
+            "not have; use stage 3 (weights split) or plan training"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroPricing:
+    """What the evaluator adds for a plan's ZeRO stage: every read parameter's facts (None at
+    stage 0) and the ZeRO collectives charged to the row of each parameter's first reader."""
+
+    params: Mapping[str, ZeroParam] | None
+    by_reader: Mapping[int, CommTerms]
+
+
+def zero_pricing(
+    graph: Graph,
+    rounds: Sequence[Round],
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    param_layouts: Mapping[str, Layout] | None,
+) -> ZeroPricing:
+    """The ZeRO facts and collectives of a plan at stage `opts.zero`; PlanError if its stored
+    parameter layouts are not the stage's (none for 1-2, the ZeRO shards for 3)."""
+    if opts.zero == 0:
+        return ZeroPricing(None, {})
+    check_zero_options(opts)
+    params = zero_params(graph, rounds, strategies, opts.train)
+    stored = {name: tuple(layout) for name, layout in (param_layouts or {}).items()}
+    expected = {name: p.shard for name, p in params.items()} if opts.zero == 3 else {}
+    if stored != expected:
+        wrong = sorted(
+            n for n in stored.keys() | expected.keys() if stored.get(n) != expected.get(n)
+        )
+        kept = "each parameter as its ZeRO shard" if opts.zero == 3 else "no parameter split"
+        raise PlanError(
+            f"ZeRO stage {opts.zero} stores {kept}, but the plan's param_layouts differ for "
+            f"{wrong[:3]}; build the plan with `shardplan.plans.with_zero(plan, {opts.zero})`"
+        )
+    by_reader: dict[int, CommTerms] = {}
+    for p in params.values():
+        terms = zero_terms(graph, rounds, p, opts.zero, opts)
+        by_reader[p.first_reader] = by_reader.get(p.first_reader, ZERO) + terms
+    return ZeroPricing(params, by_reader)
+
+
+__all__ = [
+    "STAGES",
+    "WHAT",
+    "ZeroParam",
+    "ZeroPricing",
+    "check_stage",
+    "check_zero_options",
+    "gather_terms",
+    "zero_bytes",
+    "zero_layout",
+    "zero_layouts",
+    "zero_params",
+    "zero_pricing",
+    "zero_terms",
+]
