@@ -55,9 +55,9 @@ class _Search(RoundCosts):
     ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
         self.defer_ties = defer_ties
+        """Whether a heavy op with tied best cuts decides after the others."""
         self.lightest_cut_order = lightest_cut_order
         """Order heavy ops by their cheapest cut (MindSpore 2020) instead of their dearest."""
-        """Whether a heavy op with tied best cuts decides after the others."""
         self.fixed = dict(fixed or {})
         """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
 
@@ -283,10 +283,10 @@ class _Search(RoundCosts):
         decided = self._greedy(r)
         self._settle(r, decided, light)
         best = self.round_cost(r, decided)
-        tried = [{i: decided[i] for i in self.heavy}]
+        tried: list[dict[int, str | None]] = []
         for alternative in self._alternatives(r):
             heavy_cuts = {i: alternative[i] for i in self.heavy}
-            if heavy_cuts in tried[1:]:
+            if heavy_cuts in tried:
                 continue  # another alternative already had these heavy cuts (settled alike)
             tried.append(heavy_cuts)
             if all(cut is None for cut in alternative.values()) and not self.fixed:

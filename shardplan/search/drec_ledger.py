@@ -18,7 +18,7 @@ in O(|V| * operands); a marginal price costs O(r ** 2) once per (relation, conte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.terms import edge_redistribution, reduces
@@ -62,6 +62,20 @@ def through_chain(edge: FlexEdge, src: int, dst: int, into_consumer: bool) -> tu
     if src >= 0 and src not in edge.forward:
         dst = REPLICATED
     return src, dst
+
+
+def _trials(decided: dict[int, str | None], i: int, cuts: list[str | None]) -> Iterator[str | None]:
+    """Each cut of op i, set in `decided` while the caller prices it; `decided` is restored."""
+    had, old = i in decided, decided.get(i)
+    try:
+        for cut in cuts:
+            decided[i] = cut
+            yield cut
+    finally:
+        if had:
+            decided[i] = old
+        else:
+            decided.pop(i, None)
 
 
 class RoundLedger:
@@ -125,15 +139,9 @@ class RoundLedger:
         costs = dict.fromkeys(cuts, 0.0)
         if not later and not mine:
             return costs
-        had, old = i in decided, decided.get(i)
-        for cut in cuts:
-            decided[i] = cut  # a trial: `_parted` reads op i's cut from `decided`
+        for cut in _trials(decided, i, cuts):  # `_parted` reads op i's cut from `decided`
             own = self._revoked(i, r, decided) if mine else 0.0
             costs[cut] = own + sum(self._revoked(j, r, decided) for j in later)
-        if had:
-            decided[i] = old
-        else:
-            del decided[i]
         return costs
 
     def _local_costs(
@@ -144,7 +152,6 @@ class RoundLedger:
         back (`_credit_costs`) and the credits decided later readers of its inputs earn or lose.
         Their sum differs from op i's share of `round_cost` by a constant, so re-picking by it
         never raises the round's cost (up to the shared-parameter edges, priced pairwise)."""
-        had, old = i in decided, decided.get(i)
         alone = self._own_costs(i, r, _NONE_CHARGED)
         cuts = list(alone)
         later = [j for j in self._next_readers[i] if j in decided and j != i]
@@ -153,16 +160,11 @@ class RoundLedger:
             return alone, extra  # no other reader of its inputs: no credit either way
         own: dict[str | None, float] = {}
         owed = self._credit_costs(i, r, cuts, decided)
-        for cut in cuts:
-            decided[i] = cut  # a trial: credits read op i's cut from `decided`
+        for cut in _trials(decided, i, cuts):  # credits read op i's cut from `decided`
             own[cut] = self._own_costs(i, r, self._credited(i, r, decided))[cut]
             extra[cut] += owed[cut]
             for j in later:
                 extra[cut] += self._own_costs(j, r, self._credited(j, r, decided))[decided[j]]
-        if had:
-            decided[i] = old
-        else:
-            del decided[i]
         return own, extra
 
     def _record_all_reduces(

@@ -30,18 +30,15 @@ from shardplan.cost.evaluate import (
     op_terms,
     output_layouts,
     param_homes,
-    unary_terms,
 )
 from shardplan.cost.linear import memory_pieces
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.terms import CommTerms
 from shardplan.ir.graph import Graph, make_graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh
 from shardplan.search.flex import FlexGraph
 from shardplan.sharding import Strategy, check_strategy
 
-Unary = tuple[CommTerms, float]
 KEPT = 4
 """Blocks the reduced graph keeps: 0, 1, 2 and the last."""
 MIN_BLOCKS = 6
@@ -135,21 +132,10 @@ class Fold:
             check_strategy(op, plan[op.name], rounds)
         weights = self.round_weights()
         homes = param_homes(graph, plan)
-        label = dict(zip((op.name for op in graph.ops), self.labels, strict=True))
-        memo: dict[tuple[int, Strategy], Unary] = {}
-
-        def unary(g: Graph, op: Op, s: Strategy, m: Mesh, o: CostOptions) -> Unary:
-            key = (label[op.name], s)  # interchangeable ops price alike
-            if key not in memo:
-                memo[key] = unary_terms(g, op, s, m, o)
-            return memo[key]
-
         total = 0.0
         layouts = output_layouts(graph, plan)
-        if cache is not None:
-            terms = op_terms(graph, mesh, plan, opts, homes, layouts, cache=cache)
-        else:
-            terms = op_terms(graph, mesh, plan, opts, homes, layouts, unary)
+        cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+        terms = op_terms(graph, mesh, plan, opts, homes, layouts, cache=cache)
         for t in terms:
             total += weights[t.index] * (t.intra.total + t.compute + t.redistribution.total)
         if memory_lambda:
