@@ -179,7 +179,7 @@ def resolve_op(graph: Graph, name: str) -> str:
     """An op name, or a module prefix (`h.0.mlp.fc`) naming exactly one heavy op under it."""
     import difflib
 
-    from shardplan.search.flex import is_transparent
+    from shardplan.search.drec.flex import is_transparent
 
     if name in graph.op_index:
         return name

@@ -139,7 +139,7 @@ def strategy_text(graph: Graph, op: Op, strategy: Strategy, mesh: Mesh) -> str:
 def axis_summary(p: Any) -> list[str]:
     """What the plan is, per mesh axis: 'gpu axis (8): batch ×4 · column ×2'. Each round is named
     by the cut kind that carries most of the heavy ops' FLOPs in it."""
-    from shardplan.search.flex import is_transparent
+    from shardplan.search.drec.flex import is_transparent
 
     graph, mesh = p.graph, p.mesh
     heavy = [op for op in graph.ops if not is_transparent(op)] or list(graph.ops)
@@ -244,7 +244,7 @@ def plan_title(p: Any) -> str:
 
 def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, str]:
     """The per-op table and a caption saying what it shows."""
-    from shardplan.search.flex import is_transparent
+    from shardplan.search.drec.flex import is_transparent
 
     graph, mesh = p.graph, p.mesh
     costs = {c.name: c for c in p.cost.ops}

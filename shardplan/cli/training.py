@@ -36,7 +36,7 @@ def graph_batch(graph: Graph) -> int:
 
 def run_training_plan(args: argparse.Namespace) -> int:
     from shardplan.cli.render import make_console, print_plan
-    from shardplan.search.scale import plan_training
+    from shardplan.search.step.search import plan_training
 
     if args.method != "drec" or args.train is False or args.preset != "shardplan":
         raise SolverError(

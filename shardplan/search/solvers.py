@@ -23,6 +23,7 @@ from shardplan.errors import SolverError
 from shardplan.plans import Plan
 from shardplan.problem import Problem
 from shardplan.search import experts
+from shardplan.sharding import check_fixed
 
 
 class _Unset:
@@ -87,14 +88,13 @@ class Solver:
 
 
 def _run_drec(problem: Problem, options: DrecOptions, start: float) -> Plan:
-    from shardplan.search.api import drec_within
+    from shardplan.search.drec.driver import drec_within
 
     return drec_within(problem, start, options.fixed)
 
 
 def _run_ilp(problem: Problem, options: IlpOptions, start: float) -> Plan:
-    from shardplan.search.api import check_fixed
-    from shardplan.search.ilp import solve_ilp
+    from shardplan.search.exact.ilp import solve_ilp
 
     p = problem
     kwargs = given(options)
@@ -104,7 +104,7 @@ def _run_ilp(problem: Problem, options: IlpOptions, start: float) -> Plan:
 
 
 def _run_dp(problem: Problem, options: DpOptions, start: float) -> Plan:
-    from shardplan.search.dp import solve_dp
+    from shardplan.search.exact.dp import solve_dp
 
     return solve_dp(problem.graph, problem.mesh, problem.options, **given(options))
 

@@ -54,7 +54,7 @@ def search_plan(overrides: dict[str, Any], mesh: str, batch: int, memory: str):
     except (TypeError, sp.errors.ShardplanError):  # before issue 22: the direct entry point
         from shardplan.cost import CostOptions
         from shardplan.mesh import parse_bytes, parse_mesh
-        from shardplan.search.scale import plan_training
+        from shardplan.search.step.search import plan_training
 
         opts = CostOptions.make("shardplan", True, "adam", "bf16")
         return plan_training(
@@ -79,7 +79,7 @@ def recipe_plan(overrides, mesh, batch, tensor, pipeline, micro_batch_size):
     except (TypeError, sp.errors.ShardplanError):
         from shardplan.cost import CostOptions
         from shardplan.mesh import parse_mesh
-        from shardplan.search.recipes import megatron_recipe
+        from shardplan.search.step.recipes import megatron_recipe
 
         opts = CostOptions.make("shardplan", True, "adam", "bf16")
         return megatron_recipe(
