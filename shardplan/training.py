@@ -120,7 +120,7 @@ def at_precision(mesh: Mesh, opts: CostOptions) -> Mesh:
     without one)."""
     if opts.precision is None:
         return mesh
-    return replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
+    return replace(mesh, flops_per_s=peak_flops(mesh.hardware, opts.precision.name))
 
 
 def assemble(

@@ -23,7 +23,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from shardplan.cost.zero import WHAT
-from shardplan.hardware import MACHINES
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -362,7 +361,7 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
     )
     if p.options.zero:
         t.add_row("ZeRO", f"stage {p.options.zero}: {WHAT[p.options.zero]}")
-    hbm = MACHINES[p.mesh.machine].memory_bytes
+    hbm = p.mesh.hardware.memory_bytes
     if p.mesh.memory_bytes is None and c.memory_per_device > hbm:
         t.add_row(
             "warning",
