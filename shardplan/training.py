@@ -28,6 +28,7 @@ from shardplan.hardware import peak_flops
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
+from shardplan.problem import Problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,8 @@ class TrainingPlan:
     search_seconds: float = 0.0
     notes: tuple[str, ...] = ()
     step: StepCost | None = field(default=None, compare=False)
+    problem: Problem | None = field(default=None, compare=False, repr=False)
+    """The Problem the plan was solved for (budget, machine, dtype, batch, ...)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))

@@ -1,4 +1,4 @@
-"""Training plans as JSON (schema "shardplan.training/1"): `to_json` / `from_json` round-trip.
+"""Training plans as JSON (schema "shardplan.training/2"): `to_json` / `from_json` round-trip.
 
 The stage plans are stored in the plan schema (`plan_json`), with each stage's levers, the mesh,
 the batch and the number of micro-batches; the step cost is stored for readers and recomputed
@@ -8,6 +8,7 @@ on load (`TrainingPlan.__post_init__`). O(stages * plan JSON).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from shardplan.cost.step import Levers, Recompute
@@ -16,7 +17,9 @@ from shardplan.exporters import plan_json
 from shardplan.mesh import Mesh
 from shardplan.training import Stage, TrainingPlan
 
-SCHEMA = "shardplan.training/1"
+SCHEMA = "shardplan.training/2"
+"""/2 (issue 22) adds `problem` (budget, batch); /1 files still read."""
+SCHEMAS = ("shardplan.training/1", SCHEMA)
 
 
 def to_dict(tp: TrainingPlan) -> dict[str, Any]:
@@ -33,6 +36,7 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
         "axes": list(tp.axes),
         "search_seconds": tp.search_seconds,
         "notes": list(tp.notes),
+        "problem": plan_json.problem_to_dict(tp.problem),
         "step": tp.step.to_dict() if tp.step else None,
         "stages": [
             {
@@ -53,7 +57,7 @@ def to_json(tp: TrainingPlan, indent: int | None = None) -> str:
 
 def is_training_json(data: Any) -> bool:
     """Does this parsed JSON hold a training plan (rather than a single SPMD plan)?"""
-    return isinstance(data, dict) and data.get("schema") == SCHEMA
+    return isinstance(data, dict) and data.get("schema") in SCHEMAS
 
 
 def from_json(text: str | dict[str, Any]) -> TrainingPlan:
@@ -64,17 +68,27 @@ def from_json(text: str | dict[str, Any]) -> TrainingPlan:
         raise PlanError(f"training plan JSON does not parse: {e}") from e
     if not is_training_json(data):
         raise PlanError(
-            f"not a shardplan training plan (schema must be {SCHEMA!r}); write one with "
-            "`shardplan plan MODEL --mesh M --dtype bf16 --json FILE`"
+            f"not a shardplan training plan (schema must be one of {list(SCHEMAS)}); write one "
+            "with `shardplan plan MODEL --mesh M --dtype bf16 --json FILE`"
         )
     try:
         stages = tuple(
             Stage(plan_json.from_json(s["plan"]), Levers(Recompute(s["recompute"]), int(s["zero"])))
             for s in data["stages"]
         )
+        mesh = Mesh.from_dict(data["mesh"])
+        first = stages[0].plan if stages else None
+        problem = (
+            replace(
+                plan_json.problem_from_dict(data.get("problem"), first.graph, mesh, first.options),
+                build=None,
+            )
+            if first is not None
+            else None
+        )
         return TrainingPlan(
             str(data["model"]),
-            Mesh.from_dict(data["mesh"]),
+            mesh,
             int(data["batch"]),
             int(data["micro_batches"]),
             stages,
@@ -83,6 +97,7 @@ def from_json(text: str | dict[str, Any]) -> TrainingPlan:
             tuple(data.get("axes", ())),
             float(data.get("search_seconds", 0.0)),
             tuple(data.get("notes", ())),
+            problem=problem,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise PlanError(f"training plan JSON is malformed: {e!r}") from e
