@@ -228,3 +228,21 @@ def moe_llm(
                                   name="shared_add")
             x = b.apply("add", x, out, name="residual_2")
     return _head(b, x, labels, table, vocab, tied=False)
+
+
+def activated_params(graph: Graph) -> int:
+    """Parameters a token uses: every parameter, except that an expert weight read by
+    `expert_matmul` counts k/E of its size (k, E from the layer's `moe_topk_ids`/`moe_route`)."""
+    routing: dict[str, list[int]] = {}
+    for op in graph.ops:
+        attrs = dict(op.attrs)
+        if op.kind == "moe_topk_ids":
+            routing.setdefault(op.layer, [0, 0])[0] = attrs["k"]
+        elif op.kind == "moe_route":
+            routing.setdefault(op.layer, [0, 0])[1] = attrs["experts"]
+    idle = 0.0
+    for op in graph.ops:
+        if op.kind == "expert_matmul":
+            k, experts = routing[op.layer]
+            idle += graph.tensors[op.inputs[1]].numel * (1 - k / experts)
+    return graph.num_params - round(idle)
