@@ -2,7 +2,8 @@
 
 With `--dtype` the plan is a TrainingPlan (search/scale.py): pipeline stages over the outermost
 mesh axis, micro-batches, per-stage recomputation and ZeRO, each stage planned by D-Rec. Zoo
-models are rebuilt at each micro-batch size; graphs from other sources run with one micro-batch.
+models and --hf models are rebuilt at each micro-batch size; graphs from other sources (--torch,
+--onnx) run with one micro-batch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardplan import zoo
-from shardplan.cli.models import load_graph, model_label
+from shardplan.cli.models import hf_rebuilder, load_graph, model_label
 from shardplan.cli.options import SIZE_FLAGS, progress_of
 from shardplan.cost import CostOptions
 from shardplan.errors import SolverError
@@ -61,6 +62,11 @@ def run_training_plan(args: argparse.Namespace) -> int:
 
         def build(b: int) -> Graph | None:
             return zoo.build(args.model, small=small, batch=b, **overrides)
+    elif args.hf:
+        rebuild = hf_rebuilder(args)
+
+        def build(b: int) -> Graph | None:
+            return graph if b == batch else rebuild(b)  # re-imported at each micro-batch
     else:
 
         def build(b: int) -> Graph | None:
