@@ -91,8 +91,11 @@ def load_config(
                 f"--hf {label!r}: transformers does not know model_type {model_type!r}"
             ) from e
         arch = (data.get("architectures") or [None])[0]
-    for value, key in ((layers, "num_hidden_layers"), (hidden, "hidden_size"),
-                       (heads, "num_attention_heads")):
+    for value, key in (
+        (layers, "num_hidden_layers"),
+        (hidden, "hidden_size"),
+        (heads, "num_attention_heads"),
+    ):
         if value is not None:
             setattr(cfg, key, value)
     if hidden is not None and hasattr(cfg, "intermediate_size"):

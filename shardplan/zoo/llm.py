@@ -34,7 +34,10 @@ def _rope(b: GraphBuilder, x: str, name: str) -> str:
     batch, heads, seq, dim = b.shape(x)
     if dim % 2:
         raise IRError(f"{name}: RoPE needs an even head dim, got {dim}")
-    cos, sin = _shared_constant(b, "rope_cos", (seq, dim)), _shared_constant(b, "rope_sin", (seq, dim))
+    cos, sin = (
+        _shared_constant(b, "rope_cos", (seq, dim)),
+        _shared_constant(b, "rope_sin", (seq, dim)),
+    )
     rot = _shared_constant(b, "rope_rotate_half", (2, 2))
     halves = b.apply("reshape", x, shape=(batch, heads, seq, 2, dim // 2), name=f"{name}_halves")
     turned = b.apply("einsum", halves, rot, spec="b h s t d, t u -> b h s u d", name=f"{name}_rot")
@@ -106,18 +109,21 @@ def mla_attention(
     batch, seq, hidden = b.shape(x)
     with b.scope(name):
         cq = layer_norm(b, dense(b, x, q_rank, "q_a", bias=False), "q_a_norm", rms=True)
-        q_nope = _heads(b, dense(b, cq, heads * nope_dim, "q_b_nope", bias=False), heads,
-                        nope_dim, "q_nope")
-        q_pe = _heads(b, dense(b, cq, heads * rope_dim, "q_b_rope", bias=False), heads,
-                      rope_dim, "q_pe")
+        q_nope = _heads(
+            b, dense(b, cq, heads * nope_dim, "q_b_nope", bias=False), heads, nope_dim, "q_nope"
+        )
+        q_pe = _heads(
+            b, dense(b, cq, heads * rope_dim, "q_b_rope", bias=False), heads, rope_dim, "q_pe"
+        )
         q = b.apply("concat", q_nope, _rope(b, q_pe, "q"), axis=3, name="q_cat")
         ckv = layer_norm(b, dense(b, x, kv_rank, "kv_a", bias=False), "kv_a_norm", rms=True)
         k_pe = _heads(b, dense(b, x, rope_dim, "k_rope", bias=False), 1, rope_dim, "k_pe")
         k_pe = _rope(b, k_pe, "k")
         zeros = _shared_constant(b, "zeros", (batch, heads, seq, rope_dim))
         k_pe = b.apply("add", zeros, k_pe, name="k_pe_every_head")  # one RoPE key for every head
-        k_nope = _heads(b, dense(b, ckv, heads * nope_dim, "kv_b_k", bias=False), heads,
-                        nope_dim, "k_nope")
+        k_nope = _heads(
+            b, dense(b, ckv, heads * nope_dim, "kv_b_k", bias=False), heads, nope_dim, "k_nope"
+        )
         k = b.apply("concat", k_nope, k_pe, axis=3, name="k_cat")
         v = _heads(b, dense(b, ckv, heads * v_dim, "kv_b_v", bias=False), heads, v_dim, "v")
         return _attend(b, q, k, v, hidden)
@@ -168,8 +174,12 @@ def llama(
     for i in range(layers):
         with b.scope(f"layers.{i}"):
             y = layer_norm(b, x, "attn_norm", rms=True)
-            x = b.apply("add", x, gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn"),
-                        name="residual_1")
+            x = b.apply(
+                "add",
+                x,
+                gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn"),
+                name="residual_1",
+            )
             y = _swiglu(b, layer_norm(b, x, "mlp_norm", rms=True), ffn, "mlp")
             x = b.apply("add", x, y, name="residual_2")
     return _head(b, x, labels, table, vocab, tied)
@@ -204,7 +214,9 @@ def moe_llm(
     width `ffn`, the rest `experts` routed SwiGLU experts of width `expert_ffn` (top_k, weights
     renormalised; `router` softmax or sigmoid) plus `shared` shared experts (module docstring)."""
     if router not in ("softmax", "sigmoid"):
-        raise ArgumentError(f"model {name!r}: router must be 'softmax' or 'sigmoid', got {router!r}")
+        raise ArgumentError(
+            f"model {name!r}: router must be 'softmax' or 'sigmoid', got {router!r}"
+        )
     _check(name, heads, kv_heads)
     head_dim = head_dim or hidden // heads
     b = GraphBuilder(name)
@@ -221,11 +233,22 @@ def moe_llm(
             if i < dense_layers:
                 out = _swiglu(b, y, ffn, "mlp")
             else:
-                out = moe_block(b, y, experts, top_k, expert_ffn, "experts", capacity_factor,
-                                gated=True, normalize=True, router=router)
+                out = moe_block(
+                    b,
+                    y,
+                    experts,
+                    top_k,
+                    expert_ffn,
+                    "experts",
+                    capacity_factor,
+                    gated=True,
+                    normalize=True,
+                    router=router,
+                )
                 if shared:
-                    out = b.apply("add", out, _swiglu(b, y, shared * expert_ffn, "shared"),
-                                  name="shared_add")
+                    out = b.apply(
+                        "add", out, _swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
+                    )
             x = b.apply("add", x, out, name="residual_2")
     return _head(b, x, labels, table, vocab, tied=False)
 
