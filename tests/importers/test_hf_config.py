@@ -64,5 +64,5 @@ def test_bad_configs_are_named(tmp_path):
         sp.from_hf(tmp_path)
     with pytest.raises(ArgumentError, match="must be a path, a dict or a transformers config"):
         sp.from_hf(42)
-    with pytest.raises(ArgumentError, match="batch must be a whole number"):
+    with pytest.raises(ArgumentError, match="batch must be between 1"):
         sp.from_hf(HF / "llama3-8b", batch=0, seq=8, layers=1)
