@@ -5,8 +5,8 @@ The plan is a TrainingPlan from the same front door as every plan (`shardplan.pl
 outermost mesh axis, micro-batches, per-stage recomputation and ZeRO, D-Rec stage plans) or
 "megatron-recipe" (the hand recipe with `--tensor`, `--pipeline`, ... as its typed options).
 Zoo models and --hf models are rebuilt at each micro-batch size; graphs from other sources
-(--torch, --onnx) run with one micro-batch. Flags that only mean something for one SPMD plan (`--force`, `--plot`, `--top`,
-`--zero`) are refused in one line rather than ignored.
+(--torch, --onnx) run with one micro-batch. Flags that only mean something for one SPMD plan
+(`--force`, `--plot`, `--top`, `--zero`) are refused in one line rather than ignored.
 """
 
 from __future__ import annotations
