@@ -15,6 +15,7 @@ ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
     "version": 0,
     "errors": 0,
+    "lazy": 0.25,
     "checks": 0.5,
     "ir": 1,
     "precision": 1,
@@ -37,7 +38,7 @@ LAYERS = {
     "__init__": 12,
     "__main__": 12,
 }
-"""errors -> checks -> ir/precision -> hardware/mesh -> sharding -> cost -> problem/plans ->
+"""errors -> lazy (optional frameworks on first use) -> checks -> ir/precision -> hardware/mesh -> sharding -> cost -> problem/plans ->
 training (a training step's stage plans) -> search ->
 importers/exporters -> engines -> fidelity -> torch/jax (the user-facing engines: they use
 fidelity's predictions in their checks) -> cli (docs/architecture.md). A module may import

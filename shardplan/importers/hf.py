@@ -12,8 +12,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardplan.errors import MissingDependencyError, UnknownModelError
+from shardplan.errors import UnknownModelError
 from shardplan.importers._build import ImportResult
+from shardplan.lazy import require
 
 
 @dataclass(frozen=True)
@@ -126,13 +127,8 @@ def import_hf(
             f"--hf {name!r} is not supported offline; similar: {close}; "
             f"supported: {sorted(ARCHITECTURES)}, or a local folder or config.json"
         )
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise MissingDependencyError(
-            "--hf needs torch and transformers; install `shardplan[torch]`"
-        ) from e
+    torch = require("torch", extra="torch", user="--hf")
+    transformers = require("transformers", extra="torch", user="--hf")
     from shardplan.importers.torch import import_torch
 
     arch = ARCHITECTURES[name]
@@ -217,13 +213,8 @@ def _import_local(
     layers/hidden/heads override the config's standard keys."""
     import json
 
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise MissingDependencyError(
-            "--hf needs torch and transformers; install `shardplan[torch]`"
-        ) from e
+    torch = require("torch", extra="torch", user="--hf")
+    transformers = require("transformers", extra="torch", user="--hf")
     from shardplan.importers.torch import import_torch
 
     try:
