@@ -38,8 +38,8 @@ LAYERS = {
     "__init__": 12,
     "__main__": 12,
 }
-"""errors -> lazy (optional frameworks on first use) -> checks -> ir/precision -> hardware/mesh -> sharding -> cost -> problem/plans ->
-training (a training step's stage plans) -> search ->
+"""errors -> lazy (optional frameworks on first use) -> checks -> ir/precision -> hardware/mesh ->
+sharding -> cost -> problem/plans -> training (a training step's stage plans) -> search ->
 importers/exporters -> engines -> fidelity -> torch/jax (the user-facing engines: they use
 fidelity's predictions in their checks) -> cli (docs/architecture.md). A module may import
 its own package and strictly lower layers."""
