@@ -12,8 +12,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardplan.errors import MissingDependencyError, UnknownModelError
+from shardplan.errors import UnknownModelError
 from shardplan.importers._build import ImportResult
+from shardplan.lazy import require
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,8 @@ def import_hf(
             f"--hf {name!r} is not supported offline; similar: {close}; "
             f"supported: {sorted(ARCHITECTURES)}, or a local folder or config.json"
         )
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise MissingDependencyError(
-            "--hf needs torch and transformers; install `shardplan[torch]`"
-        ) from e
+    torch = require("torch", extra="torch", user="--hf")
+    transformers = require("transformers", extra="torch", user="--hf")
     from shardplan.importers.torch import import_torch
 
     arch = ARCHITECTURES[name]
