@@ -511,14 +511,17 @@ def _reads(
         ops_of.setdefault(op.name.split("/")[0].split(":")[0], []).append(op)
     out: dict[str, dict[str, str]] = {}
     for node in nodes:
-        if node.op != "call_function" or node.name not in ops_of:
+        # ops are named after the node's tensor, which carries the module path ("emb.embedding")
+        made = values.get(node.name)
+        key = made.split("/")[0].split(":")[0] if isinstance(made, str) else node.name
+        if node.op != "call_function" or key not in ops_of:
             continue
         row: dict[str, str] = {}
         for parent in node.all_input_nodes:
             tensor = values.get(parent.name)
             if not isinstance(tensor, str) or graph.tensors[tensor].role is Role.CONSTANT:
                 continue
-            for op in ops_of[node.name]:
+            for op in ops_of[key]:
                 if tensor in op.inputs:
                     row[parent.name] = f"{op.name}@{op.inputs.index(tensor)}"
                     break
