@@ -132,6 +132,36 @@ def _convolution(
     return result
 
 
+def dropout(x: Any, p: float, train: bool | None, *, training: bool, seed: int) -> Any:
+    """`native_dropout` as the plan needs it: off when the module is in eval mode (the export
+    baked `train=True` in), else one mask for the whole (global) tensor drawn from `seed`, the
+    same on every rank, each rank keeping the piece its shard covers — so the copies of a
+    replicated activation get the same mask and the shards of a split one independent parts of
+    it (Megatron-LM keeps a model-parallel RNG state for the same reason). A partial sum takes
+    the whole mask on every piece (dropout is linear in its input)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not (training and train) or p <= 0:
+        return x, torch.ones_like(x, dtype=torch.bool)
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.rand(tuple(x.shape), generator=gen) >= p  # drawn whole on every rank
+    scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
+    if not isinstance(x, DTensor):
+        return x * keep.to(x.dtype) * scale, keep
+    mesh, placements = x.device_mesh, tuple(x.placements)
+    shape, offset = compute_local_shape_and_global_offset(x.shape, mesh, placements)
+    piece = keep[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+    local = x.to_local(grad_placements=placements) * piece.to(x.dtype) * scale
+    stride = _contiguous(x.shape)
+    out = DTensor.from_local(local, mesh, placements, run_check=False, shape=x.shape, stride=stride)
+    mask_placements = tuple(Replicate() if q.is_partial() else q for q in placements)
+    mask = DTensor.from_local(piece, mesh, mask_placements, run_check=False, shape=x.shape,
+                              stride=stride)  # fmt: skip
+    return out, mask
+
+
 def _contiguous(shape: Any) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(shape):
@@ -146,3 +176,6 @@ REWRITES = {
     "aten.convolution.default": _convolution,
 }
 """ATen ops run in another, equivalent form on DTensors (a workaround each, named by the op)."""
+
+RANDOM = {"aten.native_dropout.default": dropout}
+"""Random ops: run with the module's train/eval mode and a seed shared by every rank."""
