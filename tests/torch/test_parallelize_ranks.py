@@ -1,5 +1,5 @@
-"""`parallelize` on 2 spawned gloo ranks (issue 28 items 9, 10, 11): convolutions under channel
-splits, an FSDP module that starts with an Embedding, dropout that follows train()/eval() and
+"""`parallelize` on 2 spawned gloo ranks (issue 28 items 9-12): convolutions under channel
+splits, an FSDP module that starts with an Embedding, asymmetric padding before a convolution, dropout that follows train()/eval() and
 gives replicated copies one mask, and failures that reach every rank instead of leaving one
 waiting. One spawn runs the value cases; one more runs the failure cases (they close the group).
 """
@@ -62,6 +62,17 @@ class EmbLin(torch.nn.Module):
         return self.lin(self.emb(ids))
 
 
+class PadConv(torch.nn.Module):
+    """TF-ported "same" padding (one more after than before, two axes) before a convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, stride=2)
+
+    def forward(self, x):
+        return self.conv(torch.nn.functional.pad(x, (0, 1, 0, 1)))
+
+
 def _dropout_model():
     return torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 8), torch.nn.Dropout(0.5)
@@ -72,15 +83,17 @@ def _inputs(name):
     gen = torch.Generator().manual_seed(1)
     if name == "emb":
         return (torch.randint(0, 16, (4, 6), generator=gen),)
+    if name == "pad":
+        return (torch.randn(4, 3, 8, 8, generator=gen, dtype=torch.float64),)
     if name == "stem":
         return (torch.randn(4, 4, 8, generator=gen, dtype=torch.float64),)
     return (torch.randn(4, 8, 8, generator=gen, dtype=torch.float64),)
 
 
-MODELS = {"linconv": LinConv, "stem": Stem, "emb": EmbLin}
+MODELS = {"linconv": LinConv, "stem": Stem, "emb": EmbLin, "pad": PadConv}
 CASES = [("linconv", "megatron"), ("linconv", "fsdp"), ("linconv", "drec"),
          ("stem", "megatron"), ("stem", "fsdp"), ("stem", "drec"), ("emb", "fsdp"),
-         ("emb", "megatron")]  # fmt: skip
+         ("emb", "megatron"), ("pad", "drec"), ("pad", "fsdp")]  # fmt: skip
 
 
 def _against_one_process(name, method):
