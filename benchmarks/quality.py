@@ -39,8 +39,9 @@ from shardplan.cost import CostOptions  # noqa: E402
 from shardplan.cost.evaluate import evaluate_strategies  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
-from shardplan.search import ilp, plan  # noqa: E402
-from shardplan.search.space import build_model  # noqa: E402
+from shardplan.search import plan  # noqa: E402
+from shardplan.search.exact import ilp  # noqa: E402
+from shardplan.search.exact.space import build_model  # noqa: E402
 
 MESHES = ("8", "2x8", "4x8", "6", "12")
 QUICK_MODELS = ("mlp", "sapp-mlp", "alexnet", "wide-deep", "gpt2-small", "bert-base", "moe")

@@ -30,6 +30,7 @@ from shardplan.hardware import peak_flops
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
+from shardplan.problem import Problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,8 @@ class TrainingPlan:
     search_seconds: float = 0.0
     notes: tuple[str, ...] = ()
     step: StepCost | None = field(default=None, compare=False)
+    problem: Problem | None = field(default=None, compare=False, repr=False)
+    """The Problem the plan was solved for (budget, machine, dtype, batch, ...)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -189,7 +192,7 @@ def at_precision(mesh: Mesh, opts: CostOptions) -> Mesh:
     without one)."""
     if opts.precision is None:
         return mesh
-    return replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
+    return replace(mesh, flops_per_s=peak_flops(mesh.hardware, opts.precision.name))
 
 
 def assemble(

@@ -23,7 +23,7 @@ LAYERS = {
     "mesh": 3,
     "sharding": 4,
     "cost": 5,
-    "problem": 6,
+    "problem": 5.5,
     "plans": 6,
     "training": 6.5,
     "search": 7,
@@ -37,7 +37,8 @@ LAYERS = {
     "__init__": 12,
     "__main__": 12,
 }
-"""errors -> checks -> ir/precision -> hardware/mesh -> sharding -> cost -> problem/plans ->
+"""errors -> checks -> ir/precision -> hardware/mesh -> sharding -> cost -> problem (what to
+plan) -> plans (a plan carries its Problem) ->
 training (a training step's stage plans) -> search ->
 importers/exporters -> engines -> fidelity -> torch/jax (the user-facing engines: they use
 fidelity's predictions in their checks) -> cli (docs/architecture.md). A module may import
@@ -229,7 +230,7 @@ def test_kind_branch_check_catches_planted_branches():
     assert kind_branches('table = {"relu": f}\n', kinds) == []
 
 
-OVER_600 = {"search/space.py": 650}
+OVER_600 = {"search/exact/space.py": 650}
 """Known exceptions with their ceiling: space.py is being reworked by the issue-13 D-Rec work."""
 
 

@@ -50,7 +50,7 @@ def check_suffix(path: str) -> None:
 def plot_plan(p: Any, path: str) -> None:
     """Strategy map and cost breakdown of plan `p`, written to `path`."""
     from shardplan.cli.render import collapse, cut_kind
-    from shardplan.search.flex import is_transparent
+    from shardplan.search.drec.flex import is_transparent
 
     check_suffix(path)
     plt = _pyplot()

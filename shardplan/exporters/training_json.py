@@ -1,9 +1,11 @@
-"""Training plans as JSON (schema "shardplan.training/1"): `to_json` / `from_json` round-trip.
+"""Training plans as JSON (schema "shardplan.training/3"): `to_json` / `from_json` round-trip.
 
 The stage plans are stored in the plan schema (`plan_json`), with each stage's levers and its
 place in the model (`first_index`: the index of its first op; `model_ops`: the model's op
-count), the mesh, the batch, the micro-batch size and the number of micro-batches; the step cost
-is stored for readers and recomputed on load (`TrainingPlan.__post_init__`).
+count), the mesh, the batch, the micro-batch size, the number of micro-batches and the Problem
+(budget, batch); the step cost is stored for readers and recomputed on load
+(`TrainingPlan.__post_init__`). /1 and /2 files (without the stage positions and micro-batch
+size) are still read, without the checks that need those fields.
 
 Reading never trusts the file: every field is type- and range-checked (no coercion, finite
 numbers, bounded size and depth, `plan_schema`), and what can be derived is re-derived and
@@ -32,6 +34,7 @@ from shardplan.exporters.plan_schema import (
     _list,
     _mesh,
     _num,
+    _problem,
     _str,
 )
 from shardplan.ir.graph import make_graph
@@ -40,7 +43,10 @@ from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.training import Stage, TrainingPlan
 
-SCHEMA = "shardplan.training/1"
+SCHEMA = "shardplan.training/3"
+"""/2 (issue 22) adds `problem` (budget, batch); /3 (issue 28) `first_index`, `model_ops` and
+`micro_batch_size`, so a missing or moved stage is found; /1 and /2 files still read."""
+SCHEMAS = ("shardplan.training/1", "shardplan.training/2", SCHEMA)
 _FIX = "regenerate it with `shardplan plan MODEL --mesh M --dtype bf16 --json FILE`"
 
 
@@ -64,6 +70,7 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
         "axes": list(tp.axes),
         "search_seconds": tp.search_seconds,
         "notes": list(tp.notes),
+        "problem": plan_json.problem_to_dict(tp.problem),
         "step": tp.step.to_dict() if tp.step else None,
         "stages": [
             {
@@ -85,7 +92,7 @@ def to_json(tp: TrainingPlan, indent: int | None = None) -> str:
 
 def is_training_json(data: Any) -> bool:
     """Does this parsed JSON hold a training plan (rather than a single SPMD plan)?"""
-    return isinstance(data, dict) and data.get("schema") == SCHEMA
+    return isinstance(data, dict) and data.get("schema") in SCHEMAS
 
 
 def _parse(text: str | bytes | dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +108,9 @@ def _parse(text: str | bytes | dict[str, Any]) -> dict[str, Any]:
         except RecursionError as e:
             raise PlanError(f"training plan file is nested too deeply; {_FIX}") from e
     if not is_training_json(data):
-        raise PlanError(f"not a shardplan training plan (schema must be {SCHEMA!r}); {_FIX}")
+        raise PlanError(
+            f"not a shardplan training plan (schema must be one of {list(SCHEMAS)}); {_FIX}"
+        )
     _depth_ok(data)
     return data
 
@@ -111,9 +120,10 @@ def _check_top(data: dict[str, Any]) -> None:
     _str(data.get("model"), "model")
     _str(data.get("method"), "method")
     _mesh(data.get("mesh"))
+    new = data["schema"] == SCHEMA  # older files lack the positions and the micro-batch size
     batch = _int(data.get("batch"), "batch", 1)
     m = _int(data.get("micro_batches"), "micro_batches", 1)
-    size = _int(data.get("micro_batch_size"), "micro_batch_size", 1)
+    size = _int(data.get("micro_batch_size"), "micro_batch_size", 1) if new else batch // m
     if m * size != batch:
         raise PlanError(
             f"training plan fields micro_batches {m} x micro_batch_size {size} != batch "
@@ -127,11 +137,13 @@ def _check_top(data: dict[str, Any]) -> None:
     stages = _list(data.get("stages"), "stages")
     if len(stages) != _int(data.get("pipeline_stages"), "pipeline_stages", 1):
         raise _fail("stages", f"a list of pipeline_stages={data['pipeline_stages']}", stages)
-    total, n = _int(data.get("model_ops"), "model_ops", 1), 0
+    if data.get("problem") is not None:
+        _problem(data["problem"])
+    total, n = _int(data.get("model_ops"), "model_ops", 1) if new else None, 0
     for i, s in enumerate(stages):
         p = f"stages[{i}]"
         s = _dict(s, p)
-        if _int(s.get("first_index"), f"{p}.first_index", 0) != n:
+        if new and _int(s.get("first_index"), f"{p}.first_index", 0) != n:
             raise PlanError(
                 f"training plan field {p}.first_index is {s['first_index']}, but the stages "
                 f"before it hold ops 0..{n - 1}: a stage is missing or out of order; {_FIX}"
@@ -146,11 +158,18 @@ def _check_top(data: dict[str, Any]) -> None:
         n += len(ops)
         _str(s.get("recompute"), f"{p}.recompute")
         _int(s.get("zero"), f"{p}.zero (the ZeRO stage)", 0, 3)
-    if n != total:
+    if total is not None and n != total:
         raise PlanError(
             f"training plan stages hold {n} ops but the model has model_ops={total}: a stage is "
             f"missing; {_FIX}"
         )
+
+
+def _stage_plan(data: dict[str, Any]) -> Plan:
+    """A stage's plan; stage plans are solved without a Problem of their own (the training
+    plan holds it), so none is made up for them on load."""
+    plan = plan_json.from_json(data)
+    return replace(plan, problem=None) if data.get("problem") is None else plan
 
 
 def _with_incoming_grads(plans: list[Plan]) -> list[Plan]:
@@ -179,7 +198,7 @@ def from_json(text: str | bytes | dict[str, Any]) -> TrainingPlan:
     data = _parse(text)
     _check_top(data)
     try:
-        plans = _with_incoming_grads([plan_json.from_json(s["plan"]) for s in data["stages"]])
+        plans = _with_incoming_grads([_stage_plan(s["plan"]) for s in data["stages"]])
         stages = tuple(
             Stage(p, Levers(Recompute(s["recompute"]), s["zero"]))
             for p, s in zip(plans, data["stages"], strict=True)
@@ -187,6 +206,15 @@ def from_json(text: str | bytes | dict[str, Any]) -> TrainingPlan:
         mesh = Mesh.from_dict(data["mesh"])
     except ValueError as e:  # an unknown recompute value
         raise PlanError(f"training plan JSON is malformed: {e}; {_FIX}") from e
+    first = stages[0].plan
+    problem = (  # a plan solved without a Problem (plan_training called directly) keeps none
+        replace(
+            plan_json.problem_from_dict(data.get("problem"), first.graph, mesh, first.options),
+            build=None,
+        )
+        if data.get("problem") is not None or data["schema"] != SCHEMA
+        else None
+    )
     return TrainingPlan(
         data["model"],
         mesh,
@@ -198,6 +226,7 @@ def from_json(text: str | bytes | dict[str, Any]) -> TrainingPlan:
         tuple(data.get("axes", ())),
         float(data.get("search_seconds", 0.0)),
         tuple(data.get("notes", ())),
+        problem=problem,
     )
 
 

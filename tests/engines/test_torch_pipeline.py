@@ -13,7 +13,7 @@ from shardplan.cli.main import main  # noqa: E402
 from shardplan.cost import CostOptions  # noqa: E402
 from shardplan.exporters import training_json  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
-from shardplan.search.recipes import megatron_recipe  # noqa: E402
+from shardplan.search.step.recipes import megatron_recipe  # noqa: E402
 
 
 def _megatron_plan_file(tmp_path):
