@@ -41,7 +41,10 @@ def finite_number(value: Any, argument: str, minimum: float = 0.0, strict: bool 
     """`value` as a finite float > `minimum` (>= when not `strict`); bools and strings refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ArgumentError(f"{argument} must be a number, got {value!r} ({type(value).__name__})")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond the float range (10**400)
+        x = math.inf
     if not math.isfinite(x):
         raise ArgumentError(f"{argument} must be a finite number, got {value!r}")
     if x < minimum or (strict and x == minimum):
@@ -88,7 +91,10 @@ def memory_bytes(value: Any, argument: str = "memory size") -> float:
             f"({type(value).__name__})"
         )
     else:
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the float range (10**400): no finite size
+            number = math.inf
     if not math.isfinite(number) or number <= 0:
         raise MeshError(f"{argument} must be a positive, finite size, got {value!r}")
     return number

@@ -15,7 +15,7 @@ def test_plan_with_dtype_prints_stages_and_the_step_and_writes_json(tmp_path, ca
     assert "model TFLOP/s per device" in captured.out and "node axis:" in captured.out
     assert "S=1" in captured.err  # progress on stderr
     data = json.loads(out_file.read_text())
-    assert data["schema"] == "shardplan.training/2" and data["model"] == "gpt2-small"
+    assert data["schema"] == "shardplan.training/3" and data["model"] == "gpt2-small"
     assert training_json.from_json(data).micro_batches == data["micro_batches"]
 
 
