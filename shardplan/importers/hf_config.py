@@ -16,20 +16,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shardplan.errors import ArgumentError, MissingDependencyError, UnknownModelError
+from shardplan.errors import ArgumentError, UnknownModelError
 from shardplan.importers._build import ImportResult
 from shardplan.ir.graph import Graph
+from shardplan.lazy import require
 
 
 def _frameworks() -> tuple[Any, Any]:
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise MissingDependencyError(
-            "--hf and from_hf need torch and transformers; install `shardplan[torch]`"
-        ) from e
-    return torch, transformers
+    torch = require("torch", extra="torch", user="--hf and from_hf")
+    return torch, require("transformers", extra="torch", user="--hf and from_hf")
 
 
 def config_path(name: str) -> Path | None:
