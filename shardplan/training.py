@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from shardplan.cost import collectives as coll
+from shardplan.cost.pipeline import Pipeline, boundary_bytes, shared_sync_s
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.step import (
     Levers,
-    Pipeline,
     StageProfile,
     StepCost,
     profile_stage,
@@ -25,7 +24,6 @@ from shardplan.cost.step import (
 )
 from shardplan.errors import PlanError
 from shardplan.hardware import peak_flops
-from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 
@@ -80,39 +78,28 @@ class TrainingPlan:
         return len(self.stages)
 
 
-def pipeline_of(stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sample: int) -> Pipeline:
-    """The step model's non-stage inputs, read off the stage plans."""
-    n = len(stages)
+def pipeline_of(
+    stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sample: int, virtual_stages: int = 1
+) -> Pipeline:
+    """The step model's non-stage inputs, read off the stage (chunk) plans and priced by
+    `cost.pipeline`."""
     devices = mesh.size
-    per_stage = devices // n
-    produced: dict[str, int] = {}
-    for s, p in enumerate(stages):
-        for op in p.graph.ops:
-            for t in op.outputs:
-                produced[t] = s
-    p2p: list[float] = [0.0] * (n - 1)
-    for s, p in enumerate(stages):
-        opts = p.options
-        for name, t in p.graph.tensors.items():
-            src = produced.get(name)
-            if t.role is Role.INPUT and src is not None and src < s:
-                nbytes = t.numel * opts.element_bytes(t) / per_stage  # sent sharded
-                for b in range(src, s):
-                    p2p[b] += nbytes
-    holders: dict[str, list[int]] = {}
-    for s, p in enumerate(stages):
-        for t in p.graph.parameters:
-            holders.setdefault(t.name, []).append(s)
+    per_stage = devices // (len(stages) // virtual_stages)
+    graphs = [p.graph for p in stages]
+    opts = [p.options for p in stages]
     bw = mesh.bandwidth_bytes_per_s[0]
-    shared = 0.0
-    for name, where in holders.items():
-        if len(where) > 1:
-            p = stages[where[0]]
-            t = p.graph.tensors[name]
-            nbytes = t.numel * p.options.element_bytes(t) / (p.mesh.size)
-            shared += coll.all_reduce_s(nbytes, len(where), bw)
     peak = at_precision(mesh, stages[0].options).flops_per_s
-    return Pipeline(tuple(p2p), bw, shared, devices, batch, tokens_per_sample, peak)
+    return Pipeline(
+        boundary_bytes(graphs, opts, per_stage),
+        bw,
+        shared_sync_s(graphs, opts, per_stage, bw),
+        devices,
+        batch,
+        tokens_per_sample,
+        peak,
+        stages[0].options.preset.training_flops_factor,
+        virtual_stages,
+    )
 
 
 def at_precision(mesh: Mesh, opts: CostOptions) -> Mesh:

@@ -28,7 +28,6 @@ O(stages + parameter groups).
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -36,11 +35,15 @@ from shardplan.cost.evaluate import (
     CostBreakdown,
     evaluate_strategies,
     output_layouts,
-    param_homes,
     round_numels,
 )
+from shardplan.cost.pipeline import (
+    Pipeline,
+    interleaved_bubble_slots,
+    interleaved_in_flight,
+)
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.zero import check_stage, gather_terms, zero_bytes
+from shardplan.cost.zero import ZeroStep, check_stage, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
@@ -67,23 +70,6 @@ class Levers:
 
 
 @dataclass(frozen=True, slots=True)
-class ParamGroup:
-    """A stage's parameters replicated over the same data-parallel rounds.
-
-    `gather_s` / `gather_bytes`: one all-gather of all of them over the group (hierarchical,
-    slow links first while the pieces are small); a reduce-scatter costs the same.
-    """
-
-    rounds: tuple[int, ...]
-    ways: int
-    weight_bytes: float
-    grad_bytes: float
-    state_bytes: float
-    gather_s: float
-    gather_bytes: float
-
-
-@dataclass(frozen=True, slots=True)
 class StageProfile:
     """What one stage's SPMD plan costs per micro-batch (seconds, bytes per device)."""
 
@@ -100,7 +86,9 @@ class StageProfile:
     selective_flops: float
     checkpoint_bytes: float
     segment_peak_bytes: float
-    params: tuple[ParamGroup, ...]
+    param_bytes: float
+    zero: tuple[ZeroStep, ...]
+    """ZeRO stages 1, 2, 3 of this stage's parameters (`cost.zero.zero_steps`)."""
     flops: float
     breakdown: CostBreakdown
 
@@ -155,29 +143,6 @@ def profile_stage(
         producers = {op.name: op for op, _ in dropped}.values()
         sel_s += sum(op_compute[op.name] for op in producers)
         sel_flops += sum(op.flops for op in producers)
-    groups: dict[tuple[int, ...], list[float]] = {}
-    for name, layout in param_homes(graph, strategies, param_layouts).items():
-        t = graph.tensors[name]
-        elems = round_numels(t.numel, layout, rounds)[-1]
-        width = opts.element_bytes(t)
-        rep = tuple(r for r, s in enumerate(layout) if s < 0 and rounds[r].q > 1)
-        g = groups.setdefault(rep, [0.0, 0.0, 0.0, 0.0])
-        g[0] += elems * width
-        g[1] += elems * width
-        g[2] += elems * (opts.state_bytes(t) - 2 * width)
-        g[3] += gather_terms(t.numel, width, layout, rep, rounds).redistribution_fwd
-    params = tuple(
-        ParamGroup(
-            rep,
-            math.prod(rounds[r].q for r in rep),
-            w,
-            gr,
-            st,
-            ag,
-            w * (1 - 1 / math.prod(rounds[r].q for r in rep)),
-        )
-        for rep, (w, gr, st, ag) in sorted(groups.items())
-    )
     return StageProfile(
         fwd_compute_s=fwd,
         bwd_compute_s=cost.compute - fwd,
@@ -193,7 +158,8 @@ def profile_stage(
         selective_flops=sel_flops,
         checkpoint_bytes=ckpt,
         segment_peak_bytes=seg_peak,
-        params=params,
+        param_bytes=cost.param_memory,
+        zero=zero_steps(graph, rounds, strategies, opts),
         flops=graph.flops,
         breakdown=cost,
     )
@@ -212,22 +178,30 @@ class StageCost:
     sync_s: float
     param_bytes: float
     activation_bytes: float
-    in_flight: int
+    in_flight: float
+    """Micro-batches of this stage's kept activations held at its peak (fractional when
+    interleaved: chunks of 1/v of the stage)."""
+    kept_bytes: float = 0.0
+    """Activations kept per micro-batch for the backward (under the recomputation lever)."""
+    rebuilt_bytes: float = 0.0
+    """The recomputation working set during one backward."""
 
     @property
     def memory_bytes(self) -> float:
         return self.param_bytes + self.activation_bytes
 
 
-def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: int) -> StageCost:
+def stage_cost(
+    p: StageProfile, levers: Levers, micro_batches: int, in_flight: float
+) -> StageCost:
     """Price one stage (see the module docstring)."""
     z = levers.zero
-    gather = sum(g.gather_s for g in p.params)
-    per_mb = {0: 0.0, 1: 0.0, 2: gather, 3: 3 * gather}[z]
-    sync = {0: p.grad_sync_s, 1: 2 * gather, 2: gather, 3: 0.0}[z]
-    param_bytes = sum(
-        zero_bytes(g.weight_bytes, g.grad_bytes, g.state_bytes, g.ways, z) for g in p.params
-    )
+    if z == 0:
+        zfwd, zbwd, sync, param_bytes = 0.0, 0.0, p.grad_sync_s, p.param_bytes
+    else:  # ZeRO's collectives and state split: cost/zero.py alone prices them
+        zs = p.zero[z - 1]
+        zfwd, zbwd, sync, param_bytes = zs.fwd_s, zs.bwd_s, zs.step_s, zs.param_bytes
+    per_mb = zfwd + zbwd
     if levers.recompute is Recompute.FULL:
         recompute = p.fwd_compute_s + p.fwd_comm_s
         kept, rebuilt = p.checkpoint_bytes + p.input_bytes, p.segment_peak_bytes
@@ -236,8 +210,8 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: i
         kept, rebuilt = p.activation_bytes - p.selective_bytes, p.selective_peak_bytes
     else:
         recompute, kept, rebuilt = 0.0, p.activation_bytes, 0.0
-    fwd = p.fwd_compute_s + p.fwd_comm_s + (gather if z == 3 else 0.0)
-    bwd = p.bwd_compute_s + p.bwd_comm_s + recompute + (per_mb - gather if z == 3 else per_mb)
+    fwd = p.fwd_compute_s + p.fwd_comm_s + zfwd
+    bwd = p.bwd_compute_s + p.bwd_comm_s + recompute + zbwd
     return StageCost(
         fwd_s=fwd,
         bwd_s=bwd,
@@ -248,6 +222,28 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: i
         param_bytes=param_bytes,
         activation_bytes=in_flight * kept + rebuilt,
         in_flight=in_flight,
+        kept_bytes=kept,
+        rebuilt_bytes=rebuilt,
+    )
+
+
+def _device_cost(chunks: Sequence[StageCost], in_flight: float) -> StageCost:
+    """One device's v model chunks as one stage: times, syncs and state add up; it holds
+    `in_flight` stage-equivalents of the chunks' kept activations and one chunk's rebuild."""
+    kept = sum(c.kept_bytes for c in chunks)
+    rebuilt = max(c.rebuilt_bytes for c in chunks)
+    return StageCost(
+        fwd_s=sum(c.fwd_s for c in chunks),
+        bwd_s=sum(c.bwd_s for c in chunks),
+        recompute_s=sum(c.recompute_s for c in chunks),
+        zero_per_micro_batch_s=sum(c.zero_per_micro_batch_s for c in chunks),
+        comm_s=sum(c.comm_s for c in chunks),
+        sync_s=sum(c.sync_s for c in chunks),
+        param_bytes=sum(c.param_bytes for c in chunks),
+        activation_bytes=in_flight * kept + rebuilt,
+        in_flight=in_flight,
+        kept_bytes=kept,
+        rebuilt_bytes=rebuilt,
     )
 
 
@@ -307,20 +303,6 @@ class StepCost:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Pipeline:
-    """What the step needs beyond the stages: per-device bytes sent between consecutive stages
-    (per micro-batch, each direction), the pipeline link, shared-parameter sync, the totals."""
-
-    p2p_bytes: tuple[float, ...]
-    bandwidth_bytes_per_s: float
-    shared_sync_s: float
-    devices: int
-    batch: int
-    tokens_per_sample: int
-    peak_flops_per_s: float
-
-
 def step_cost(
     profiles: Sequence[StageProfile],
     levers: Sequence[Levers],
@@ -328,22 +310,40 @@ def step_cost(
     pipe: Pipeline,
 ) -> StepCost:
     """1F1B step time, throughput and memory of `profiles` under `levers` (module docstring)."""
-    n_stages, m = len(profiles), micro_batches
-    if m < 1 or len(levers) != n_stages or len(pipe.p2p_bytes) != n_stages - 1:
+    v, m = pipe.virtual_stages, micro_batches
+    chunks = len(profiles)
+    if v < 1 or chunks % v:
         raise PlanError(
-            f"step model: {n_stages} stages need {n_stages} levers and {n_stages - 1} "
+            f"step model: {chunks} model chunks are not {v} chunks per device on each stage; "
+            "give S x v chunk profiles (v >= 1)"
+        )
+    n_stages = chunks // v
+    if m < 1 or len(levers) != chunks or len(pipe.p2p_bytes) != chunks - 1:
+        raise PlanError(
+            f"step model: {chunks} stages need {chunks} levers and {chunks - 1} "
             f"boundaries and m >= 1 (got {len(levers)}, {len(pipe.p2p_bytes)}, m={m})"
         )
-    stages = tuple(
-        stage_cost(p, lv, m, min(n_stages - s, m))
-        for s, (p, lv) in enumerate(zip(profiles, levers, strict=True))
-    )
+    if v == 1:
+        stages = tuple(
+            stage_cost(p, lv, m, min(n_stages - s, m))
+            for s, (p, lv) in enumerate(zip(profiles, levers, strict=True))
+        )
+    else:  # device d runs chunks d, d + S, ...: their times add, their activations interleave
+        stages = tuple(
+            _device_cost(
+                [stage_cost(profiles[c], levers[c], m, 1) for c in range(d, chunks, n_stages)],
+                interleaved_in_flight(d, n_stages, m, v),
+            )
+            for d in range(n_stages)
+        )
     p2p = max((b / pipe.bandwidth_bytes_per_s for b in pipe.p2p_bytes), default=0.0)
-    slot = max(s.fwd_s + s.bwd_s for s in stages) + 2 * p2p
-    pipeline = (m + n_stages - 1) * slot
+    # each micro-batch crosses v boundaries per device and direction (Narayanan et al. §2.2.2)
+    slot = max(s.fwd_s + s.bwd_s for s in stages) + 2 * v * p2p
+    bubble_slots = interleaved_bubble_slots(n_stages, v)
+    pipeline = (m + bubble_slots) * slot
     sync = max(s.sync_s for s in stages) + pipe.shared_sync_s
     step = pipeline + sync
-    model_flops = 3.0 * m * sum(p.flops for p in profiles)
+    model_flops = pipe.training_flops_factor * m * sum(p.flops for p in profiles)
     recompute_flops = m * sum(
         p.flops
         if lv.recompute is Recompute.FULL
@@ -357,8 +357,8 @@ def step_cost(
     return StepCost(
         step_s=step,
         pipeline_s=pipeline,
-        bubble_s=(n_stages - 1) * slot,
-        p2p_s=(m + n_stages - 1) * 2 * p2p,
+        bubble_s=bubble_slots * slot,
+        p2p_s=(m + bubble_slots) * 2 * v * p2p,
         sync_s=sync,
         recompute_s=m * max(s.recompute_s for s in stages),
         micro_batches=m,

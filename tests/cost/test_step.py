@@ -93,9 +93,9 @@ def test_1f1b_bubble_for_4_stages_and_8_micro_batches():
         fwd_comm_s=0.0,
         bwd_comm_s=0.0,
         grad_sync_s=0.0,
-        params=(),
+        param_bytes=0.0,
     )
-    pipe = Pipeline((0.0, 0.0, 0.0), 1.0, 0.0, 4, 8, 1, 1.0)
+    pipe = Pipeline((0.0, 0.0, 0.0), 1.0, 0.0, 4, 8, 1, 1.0, 3.0)
     step = step_cost([prof] * 4, [Levers()] * 4, 8, pipe)
     # slot = fwd + bwd = 3 s; (m + S - 1) = 11 slots, of which S - 1 = 3 are bubble
     assert step.pipeline_s == pytest.approx(33.0)
@@ -109,11 +109,8 @@ def test_1f1b_bubble_for_4_stages_and_8_micro_batches():
 def test_zero3_all_gathers_each_parameter_once_forward_and_once_backward():
     g, mesh, dp = _dp4()
     prof = profile_stage(g, mesh, dp, CostOptions.make(dtype="bf16"))
-    (group,) = prof.params
-    assert group.ways == 4
     # all-gather of the bf16 parameters over 4 devices: each receives 3/4 of 2 * PARAMS bytes
-    assert group.gather_bytes == pytest.approx(0.75 * 2 * PARAMS)
-    assert group.gather_s == pytest.approx(0.75 * 2 * PARAMS)  # 1 byte/s
+    assert prof.zero[2].fwd_s == pytest.approx(0.75 * 2 * PARAMS)  # 1 byte/s
     z0 = stage_cost(prof, Levers(zero=0), 1, 1)
     z3 = stage_cost(prof, Levers(zero=3), 1, 1)
     gather = 0.75 * 2 * PARAMS
@@ -136,7 +133,7 @@ def test_zero_stages_shard_state_over_the_data_parallel_group(zero, bytes_per_pa
 def test_micro_batches_sync_gradients_once_per_step():
     g, mesh, dp = _dp4()
     prof = profile_stage(g, mesh, dp, CostOptions.make(dtype="bf16"))
-    pipe = Pipeline((), 1.0, 0.0, 4, 8, 1, RATE)
+    pipe = Pipeline((), 1.0, 0.0, 4, 8, 1, RATE, 3.0)
     one = step_cost([prof], [Levers()], 1, pipe)
     four = step_cost([prof], [Levers()], 4, pipe)
     slot = one.stages[0].fwd_s + one.stages[0].bwd_s
@@ -150,7 +147,7 @@ def test_bad_levers_and_shapes_are_typed_errors():
     g, mesh, dp = _dp4()
     prof = profile_stage(g, mesh, dp, CostOptions())
     with pytest.raises(PlanError, match="2 stages need 2 levers"):
-        step_cost([prof, prof], [Levers()], 1, Pipeline((0.0,), 1.0, 0.0, 4, 8, 1, RATE))
+        step_cost([prof, prof], [Levers()], 1, Pipeline((0.0,), 1.0, 0.0, 4, 8, 1, RATE, 3.0))
 
 
 def test_peak_rates_follow_the_datasheets():
