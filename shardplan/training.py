@@ -58,10 +58,19 @@ class TrainingPlan:
     search_seconds: float = 0.0
     notes: tuple[str, ...] = ()
     step: StepCost | None = field(default=None, compare=False)
+    virtual_stages: int = 1
+    """v, model chunks per device (interleaved 1F1B): `stages` are then the S x v chunks in
+    model order, device group d running chunks d, d + S, ..."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
-        n = len(self.stages)
+        v = self.virtual_stages
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or len(self.stages) % v:
+            raise PlanError(
+                f"virtual_stages {v!r} must be a positive integer dividing the "
+                f"{len(self.stages)} model chunks"
+            )
+        n = len(self.stages) // v
         if n < 1 or self.mesh.shape[0] % n:
             raise PlanError(
                 f"{n} pipeline stages must divide the outermost mesh axis {self.mesh.shape[0]}"
@@ -75,7 +84,18 @@ class TrainingPlan:
 
     @property
     def pipeline_stages(self) -> int:
-        return len(self.stages)
+        """S, the device groups of the pipeline (`stages` holds S x virtual_stages chunks)."""
+        return len(self.stages) // self.virtual_stages
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Does every stage run Megatron-LM sequence parallelism?"""
+        return all(s.levers.sequence_parallel for s in self.stages)
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        """Megatron-LM's distributed optimizer: ZeRO-1 over the data-parallel group everywhere."""
+        return all(s.levers.zero == 1 for s in self.stages)
 
 
 def pipeline_of(
@@ -118,6 +138,7 @@ def assemble(
     micro_batches: int,
     method: str,
     tokens_per_sample: int,
+    virtual_stages: int = 1,
 ) -> TrainingPlan:
     """A TrainingPlan of already profiled stage plans, its step priced from those profiles
     (the search and the recipes build their plans through here)."""
@@ -127,7 +148,7 @@ def assemble(
         [prof for _, prof, _ in stages],
         levers,
         micro_batches,
-        pipeline_of(plans, mesh, batch, tokens_per_sample),
+        pipeline_of(plans, mesh, batch, tokens_per_sample, virtual_stages),
     )
     return TrainingPlan(
         model,
@@ -138,6 +159,7 @@ def assemble(
         method,
         tokens_per_sample,
         step=step,
+        virtual_stages=virtual_stages,
     )
 
 
@@ -145,7 +167,12 @@ def evaluate_training(tp: TrainingPlan) -> StepCost:
     """The step cost of `tp` (cost/step.py), from its stage plans and levers."""
     profiles = [
         profile_stage(
-            s.plan.graph, s.plan.mesh, s.plan.strategies, s.plan.options, s.plan.param_layouts
+            s.plan.graph,
+            s.plan.mesh,
+            s.plan.strategies,
+            s.plan.options,
+            s.plan.param_layouts,
+            s.levers.sequence_parallel,
         )
         for s in tp.stages
     ]
@@ -154,5 +181,5 @@ def evaluate_training(tp: TrainingPlan) -> StepCost:
         profiles,
         [s.levers for s in tp.stages],
         tp.micro_batches,
-        pipeline_of(plans, tp.mesh, tp.batch, tp.tokens_per_sample),
+        pipeline_of(plans, tp.mesh, tp.batch, tp.tokens_per_sample, tp.virtual_stages),
     )

@@ -43,6 +43,7 @@ from shardplan.cost.pipeline import (
     interleaved_in_flight,
 )
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.sequence import sequence_parallel_strategies
 from shardplan.cost.zero import ZeroStep, check_stage, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
@@ -64,9 +65,14 @@ class Levers:
 
     recompute: Recompute = Recompute.NONE
     zero: int = 0
+    sequence_parallel: bool = False
+    """Megatron-LM sequence parallelism over the stage's tensor-parallel group (`cost.sequence`).
+    The distributed optimizer of Megatron-LM is `zero=1` over the data-parallel group."""
 
     def __post_init__(self) -> None:
         check_stage(self.zero)
+        if not isinstance(self.sequence_parallel, bool):
+            raise PlanError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,7 @@ class StageProfile:
     """ZeRO stages 1, 2, 3 of this stage's parameters (`cost.zero.zero_steps`)."""
     flops: float
     breakdown: CostBreakdown
+    sequence_parallel: bool = False
 
 
 def profile_stage(
@@ -99,15 +106,23 @@ def profile_stage(
     strategies: Mapping[str, Strategy],
     opts: CostOptions,
     param_layouts: Mapping[str, Layout] | None = None,
+    sequence_parallel: bool = False,
 ) -> StageProfile:
-    """Read one stage's per-micro-batch terms off the evaluator (see the module docstring)."""
+    """Read one stage's per-micro-batch terms off the evaluator (see the module docstring).
+
+    `sequence_parallel`: compute, activations, gradient sync and ZeRO of the plan's sequence-
+    parallel layout (`cost.sequence`), collectives of the tensor-parallel plan (the reduce-scatter
+    + all-gather pair moves what the all-reduce did)."""
     if not opts.train:
         raise PlanError("the training-step model needs training options (train=True)")
-    cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
+    cost = plain = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
+    if sequence_parallel:
+        strategies = sequence_parallel_strategies(graph, mesh, strategies)
+        cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
     rounds = mesh.rounds
     factor = opts.preset.training_flops_factor
     fwd = cost.compute / factor
-    c = cost.comm
+    c = plain.comm
     out_layout = output_layouts(graph, strategies)
 
     def local(name: str) -> float:
@@ -149,7 +164,7 @@ def profile_stage(
         # sums with shared-gradient credits can cancel to -1e-18: collectives take >= 0 s
         fwd_comm_s=max(0.0, c.intra_fwd + c.redistribution_fwd),
         bwd_comm_s=max(0.0, c.intra_bwd + c.redistribution_bwd + c.halo),
-        grad_sync_s=max(0.0, c.grad_sync),
+        grad_sync_s=max(0.0, cost.comm.grad_sync),
         activation_bytes=cost.activation_memory,
         input_bytes=cost.activation_memory - outputs,
         selective_bytes=sel_bytes,
@@ -161,7 +176,8 @@ def profile_stage(
         param_bytes=cost.param_memory,
         zero=zero_steps(graph, rounds, strategies, opts),
         flops=graph.flops,
-        breakdown=cost,
+        breakdown=plain,
+        sequence_parallel=sequence_parallel,
     )
 
 
@@ -195,6 +211,12 @@ def stage_cost(
     p: StageProfile, levers: Levers, micro_batches: int, in_flight: float
 ) -> StageCost:
     """Price one stage (see the module docstring)."""
+    if p.sequence_parallel != levers.sequence_parallel:
+        raise PlanError(
+            f"levers ask for sequence_parallel={levers.sequence_parallel} on a stage profiled "
+            f"with sequence_parallel={p.sequence_parallel}; profile_stage(..., "
+            "sequence_parallel=...) must match"
+        )
     z = levers.zero
     if z == 0:
         zfwd, zbwd, sync, param_bytes = 0.0, 0.0, p.grad_sync_s, p.param_bytes
