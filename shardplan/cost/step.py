@@ -48,9 +48,10 @@ from shardplan.cost.zero import ZeroStep, check_stage, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
-from shardplan.ir.segments import segments
-from shardplan.mesh import Mesh
-from shardplan.sharding import Layout, Strategy
+from shardplan.ir.traits import Saved, saved_for_backward
+from shardplan.ir.segments import Segment, segments
+from shardplan.mesh import Mesh, Round
+from shardplan.sharding import Layout, Strategy, operand_layout
 
 
 class Recompute(enum.Enum):
@@ -123,23 +124,126 @@ def profile_stage(
     factor = opts.preset.training_flops_factor
     fwd = cost.compute / factor
     c = plain.comm
+    op_compute = {o.name: o.compute / factor for o in cost.ops}
+    act = _activations(graph, strategies, rounds, opts, op_compute)
+    return StageProfile(
+        fwd_compute_s=fwd,
+        bwd_compute_s=cost.compute - fwd,
+        # sums with shared-gradient credits can cancel to -1e-18: collectives take >= 0 s
+        fwd_comm_s=max(0.0, c.intra_fwd + c.redistribution_fwd),
+        bwd_comm_s=max(0.0, c.intra_bwd + c.redistribution_bwd + c.halo),
+        grad_sync_s=max(0.0, cost.comm.grad_sync),
+        activation_bytes=act.saved,
+        input_bytes=act.inputs,
+        selective_bytes=act.selective,
+        selective_peak_bytes=act.selective_peak,
+        selective_s=act.selective_s,
+        selective_flops=act.selective_flops,
+        checkpoint_bytes=act.checkpoints,
+        segment_peak_bytes=act.segment_peak,
+        param_bytes=cost.param_memory,
+        zero=zero_steps(graph, rounds, strategies, opts),
+        flops=graph.flops,
+        breakdown=plain,
+        sequence_parallel=sequence_parallel,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Activations:
+    saved: float
+    inputs: float
+    selective: float
+    selective_peak: float
+    selective_s: float
+    selective_flops: float
+    checkpoints: float
+    segment_peak: float
+
+
+def saved_bytes(
+    graph: Graph, strategies: Mapping[str, Strategy], rounds: Sequence[Round], opts: CostOptions
+) -> dict[str, float]:
+    """Local bytes of each tensor autograd keeps for the backward (`ir.traits.SAVED_FOR_BACKWARD`:
+    an op's non-parameter inputs, its results, or a one-byte mask per result element), each once,
+    in the layout its producer leaves it (a graph input: its first reader's)."""
+    out_layout = output_layouts(graph, strategies)
+    saved: dict[str, float] = {}
+
+    def keep(key: str, name: str, layout: Layout, width: float) -> None:
+        if key not in saved:
+            saved[key] = round_numels(graph.tensors[name].numel, layout, rounds)[-1] * width
+
+    for op in graph.ops:
+        rule = saved_for_backward(op.kind)
+        if rule is Saved.INPUTS:
+            for i, name in enumerate(op.inputs):
+                t = graph.tensors[name]
+                if t.role is not Role.PARAMETER:
+                    lay = out_layout.get(name) or operand_layout(op, strategies[op.name], i)
+                    keep(name, name, lay, opts.element_bytes(t))
+        for name in op.outputs if rule is not Saved.INPUTS else ():
+            if rule is Saved.OUTPUTS:
+                keep(name, name, out_layout[name], opts.element_bytes(graph.tensors[name]))
+            elif rule is Saved.MASK:
+                keep(f"{name}:mask", name, out_layout[name], 1.0)
+    return saved
+
+
+def block_starts(graph: Graph, segs: Sequence[Segment]) -> list[int]:
+    """The segments full recomputation checkpoints: the first of each repeated block. Segments of
+    equal structure repeat; the most frequent structure (the first of them on a tie) opens each
+    block (a transformer layer's attention half), and a segment that repeats less often than it
+    (an embedding, a head) is a block of its own; without repetition every segment is one.
+    O(ops)."""
+    prints = [
+        tuple((op.kind, op.signature.text()) for op in graph.ops[s.start : s.stop]) for s in segs
+    ]
+    counts: dict[tuple[object, ...], int] = {}
+    for fp in prints:
+        counts[fp] = counts.get(fp, 0) + 1
+    top = max(counts.values())
+    opener = next(fp for fp in prints if counts[fp] == top)
+    return [k for k, fp in enumerate(prints) if k == 0 or fp == opener or counts[fp] < top]
+
+
+
+def _activations(
+    graph: Graph,
+    strategies: Mapping[str, Strategy],
+    rounds: Sequence[Round],
+    opts: CostOptions,
+    op_compute: Mapping[str, float],
+) -> _Activations:
+    """Kept activations per micro-batch under each recomputation choice (module docstring)."""
+    saved = saved_bytes(graph, strategies, rounds, opts)
     out_layout = output_layouts(graph, strategies)
 
     def local(name: str) -> float:
         t = graph.tensors[name]
         return round_numels(t.numel, out_layout[name], rounds)[-1] * opts.element_bytes(t)
 
-    outputs = sum(local(n) for n in out_layout)
-    op_compute = {o.name: o.compute / factor for o in cost.ops}
-    sel_bytes = sel_peak = sel_s = sel_flops = ckpt = seg_peak = 0.0
+    def kept(name: str) -> float:
+        return saved.get(name, 0.0) + saved.get(f"{name}:mask", 0.0)
+
+    inputs = 0.0  # a stage's inputs stay for its backward whatever is recomputed
+    for op in graph.ops:
+        for i, name in enumerate(op.inputs):
+            t = graph.tensors[name]
+            if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
+                lay = operand_layout(op, strategies[op.name], i)
+                inputs += round_numels(t.numel, lay, rounds)[-1] * opts.element_bytes(t)
+    sel_bytes = sel_peak = sel_s = sel_flops = 0.0
     segs = segments(graph)
-    for k, seg in enumerate(segs):
+    starts = block_starts(graph, segs)
+    ckpt = sum(local(e) for e in (segs[k].entry for k in starts) if e is not None)
+    seg_peak = 0.0
+    for a, b in zip(starts, [*starts[1:], len(segs)], strict=True):
+        exit_ = segs[b].entry if b < len(segs) else None  # kept as the next checkpoint
+        block = graph.ops[segs[a].start : segs[b - 1].stop]
+        seg_peak = max(seg_peak, sum(kept(n) for op in block for n in op.outputs if n != exit_))
+    for seg in segs:
         ops = graph.ops[seg.start : seg.stop]
-        if seg.entry is not None:
-            ckpt += local(seg.entry)
-        exit_ = segs[k + 1].entry if k + 1 < len(segs) else None  # kept as the next checkpoint
-        rebuilt = sum(local(n) for op in ops for n in op.outputs if n != exit_)
-        seg_peak = max(seg_peak, rebuilt)
         widest = max(
             (
                 graph.tensors[n].numel
@@ -152,32 +256,14 @@ def profile_stage(
         if widest is None:
             continue  # no parameter op: nothing to compare against
         dropped = [(op, n) for op in ops for n in op.outputs if graph.tensors[n].numel > widest]
-        seg_bytes = sum(local(n) for _, n in dropped)
+        seg_bytes = sum(kept(n) for _, n in dropped)
         sel_bytes += seg_bytes
         sel_peak = max(sel_peak, seg_bytes)
         producers = {op.name: op for op, _ in dropped}.values()
         sel_s += sum(op_compute[op.name] for op in producers)
         sel_flops += sum(op.flops for op in producers)
-    return StageProfile(
-        fwd_compute_s=fwd,
-        bwd_compute_s=cost.compute - fwd,
-        # sums with shared-gradient credits can cancel to -1e-18: collectives take >= 0 s
-        fwd_comm_s=max(0.0, c.intra_fwd + c.redistribution_fwd),
-        bwd_comm_s=max(0.0, c.intra_bwd + c.redistribution_bwd + c.halo),
-        grad_sync_s=max(0.0, cost.comm.grad_sync),
-        activation_bytes=cost.activation_memory,
-        input_bytes=cost.activation_memory - outputs,
-        selective_bytes=sel_bytes,
-        selective_peak_bytes=sel_peak,
-        selective_s=sel_s,
-        selective_flops=sel_flops,
-        checkpoint_bytes=ckpt,
-        segment_peak_bytes=seg_peak,
-        param_bytes=cost.param_memory,
-        zero=zero_steps(graph, rounds, strategies, opts),
-        flops=graph.flops,
-        breakdown=plain,
-        sequence_parallel=sequence_parallel,
+    return _Activations(
+        sum(saved.values()), inputs, sel_bytes, sel_peak, sel_s, sel_flops, ckpt, seg_peak
     )
 
 

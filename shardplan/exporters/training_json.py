@@ -1,6 +1,7 @@
 """Training plans as JSON (schema "shardplan.training/1"): `to_json` / `from_json` round-trip.
 
-The stage plans are stored in the plan schema (`plan_json`), with each stage's levers, the mesh,
+The stage plans (model chunks when interleaved: `virtual_stages` per device) are stored in the
+plan schema (`plan_json`), with each stage's levers (recompute, zero, sequence_parallel), the mesh,
 the batch and the number of micro-batches; the step cost is stored for readers and recomputed
 on load (`TrainingPlan.__post_init__`). O(stages * plan JSON).
 """
@@ -28,6 +29,7 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
         "batch": tp.batch,
         "micro_batches": tp.micro_batches,
         "pipeline_stages": tp.pipeline_stages,
+        "virtual_stages": tp.virtual_stages,
         "method": tp.method,
         "tokens_per_sample": tp.tokens_per_sample,
         "axes": list(tp.axes),
@@ -38,6 +40,7 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
             {
                 "recompute": s.levers.recompute.value,
                 "zero": s.levers.zero,
+                "sequence_parallel": s.levers.sequence_parallel,
                 "first_op": s.plan.graph.ops[0].name,
                 "last_op": s.plan.graph.ops[-1].name,
                 "plan": plan_json.to_dict(s.plan),
@@ -69,7 +72,14 @@ def from_json(text: str | dict[str, Any]) -> TrainingPlan:
         )
     try:
         stages = tuple(
-            Stage(plan_json.from_json(s["plan"]), Levers(Recompute(s["recompute"]), int(s["zero"])))
+            Stage(
+                plan_json.from_json(s["plan"]),
+                Levers(
+                    Recompute(s["recompute"]),
+                    int(s["zero"]),
+                    bool(s.get("sequence_parallel", False)),
+                ),
+            )
             for s in data["stages"]
         )
         return TrainingPlan(
@@ -83,6 +93,7 @@ def from_json(text: str | dict[str, Any]) -> TrainingPlan:
             tuple(data.get("axes", ())),
             float(data.get("search_seconds", 0.0)),
             tuple(data.get("notes", ())),
+            virtual_stages=int(data.get("virtual_stages", 1)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise PlanError(f"training plan JSON is malformed: {e!r}") from e

@@ -72,10 +72,13 @@ def test_full_recomputation_adds_exactly_one_forward():
     assert none.bwd_s == pytest.approx(2 * forward)
     assert full.recompute_s == pytest.approx(forward)
     assert full.bwd_s - none.bwd_s == pytest.approx(forward)
-    # kept: the input x (8*16, its declared 4 bytes: graph inputs keep their width) and the
-    # segment entry fc1 (8*32, bf16); during backward the segment being rebuilt adds fc2's output
-    assert none.activation_bytes == 4 * 8 * 16 + 2 * 8 * 32 + 2 * 8 * 16
-    assert full.activation_bytes == (4 * 8 * 16 + 2 * 8 * 32) + 2 * 8 * 16
+    # kept for the backward: what each linear's backward reads, its input (autograd's mm saves
+    # self): x (8*16, its declared 4 bytes: graph inputs keep their width) for fc1 and fc1's
+    # result (8*32, bf16) for fc2; fc2's result no backward reads
+    assert none.activation_bytes == 4 * 8 * 16 + 2 * 8 * 32
+    # full: the stage input x and the checkpoint fc1 (segment entry) are kept; rebuilding a
+    # segment during the backward keeps nothing more (fc1 is the checkpoint, fc2 unread)
+    assert full.activation_bytes == 4 * 8 * 16 + 2 * 8 * 32
 
 
 def test_1f1b_bubble_for_4_stages_and_8_micro_batches():
@@ -165,13 +168,14 @@ def test_peak_rates_follow_the_datasheets():
 def test_selective_recomputation_drops_the_attention_scores():
     # seq 32 > hidden 64 / heads 4 ... the scores [b h s t] = 4*4*32*32 = 16384 elements outgrow
     # every parameter op's result in the attention half-layer (4*32*64 = 8192): the scores, their
-    # scaling, the mask add and the softmax (4 tensors per layer, 2 layers) are dropped
+    # scaling, the mask add and the softmax are recomputed; of them only the softmax's result is
+    # kept for a backward (softmax's and the context bmm's), so one such tensor per layer, 2 layers
     from shardplan import zoo
 
     g = zoo.build("gpt2-small", small=True, seq=32, max_positions=32)
     mesh = Mesh((1,), flops_per_s=RATE, machine="uniform")
     prof = profile_stage(g, mesh, {op.name: () for op in g.ops}, CostOptions.make(dtype="bf16"))
-    assert prof.selective_bytes == 2 * 4 * (4 * 4 * 32 * 32) * 2
+    assert prof.selective_bytes == 2 * 1 * (4 * 4 * 32 * 32) * 2
     scores_flops = 2 * 4 * 4 * 32 * 32 * 16  # q k^T: 2 b h s t d
     assert prof.selective_flops >= 2 * scores_flops
     none = stage_cost(prof, Levers(Recompute.NONE), 1, 1)
