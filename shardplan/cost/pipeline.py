@@ -82,7 +82,9 @@ def interleaved_bubble_slots(stages: int, virtual_stages: int) -> float:
     return (stages - 1) / virtual_stages
 
 
-def interleaved_in_flight(stage: int, stages: int, micro_batches: int, virtual_stages: int) -> float:
+def interleaved_in_flight(
+    stage: int, stages: int, micro_batches: int, virtual_stages: int
+) -> float:
     """Micro-batches of whole-stage activations stage `stage` holds at its peak.
 
     Plain 1F1B (v = 1): min(S - s, m) (the warm-up forwards before its first backward).

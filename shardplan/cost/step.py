@@ -48,8 +48,8 @@ from shardplan.cost.zero import ZeroStep, check_stage, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
-from shardplan.ir.traits import Saved, saved_for_backward
 from shardplan.ir.segments import Segment, segments
+from shardplan.ir.traits import Saved, saved_for_backward
 from shardplan.mesh import Mesh, Round
 from shardplan.sharding import Layout, Strategy, operand_layout
 
@@ -73,7 +73,9 @@ class Levers:
     def __post_init__(self) -> None:
         check_stage(self.zero)
         if not isinstance(self.sequence_parallel, bool):
-            raise PlanError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+            raise PlanError(
+                f"sequence_parallel must be True or False, got {self.sequence_parallel!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +209,6 @@ def block_starts(graph: Graph, segs: Sequence[Segment]) -> list[int]:
     return [k for k, fp in enumerate(prints) if k == 0 or fp == opener or counts[fp] < top]
 
 
-
 def _activations(
     graph: Graph,
     strategies: Mapping[str, Strategy],
@@ -293,9 +294,7 @@ class StageCost:
         return self.param_bytes + self.activation_bytes
 
 
-def stage_cost(
-    p: StageProfile, levers: Levers, micro_batches: int, in_flight: float
-) -> StageCost:
+def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: float) -> StageCost:
     """Price one stage (see the module docstring)."""
     if p.sequence_parallel != levers.sequence_parallel:
         raise PlanError(

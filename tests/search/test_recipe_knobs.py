@@ -28,7 +28,9 @@ def _two(batch: int):
 
 def test_distributed_optimizer_is_zero1_over_the_data_parallel_group_by_hand():
     plain = megatron_recipe(_two, 4, MESH, CostOptions(), 2, 1, 1, "none")
-    dist = megatron_recipe(_two, 4, MESH, CostOptions(), 2, 1, 1, "none", distributed_optimizer=True)
+    dist = megatron_recipe(
+        _two, 4, MESH, CostOptions(), 2, 1, 1, "none", distributed_optimizer=True
+    )
     assert dist.distributed_optimizer and not plain.distributed_optimizer
     assert [s.levers.zero for s in dist.stages] == [1]
     # tensor 2 halves each weight: 256 + 256 = 512 elements per device

@@ -105,8 +105,7 @@ def _check_knobs(
     per_step = data * mbs
     if batch % per_step:
         raise PlanError(
-            f"batch {batch} is not a multiple of data-parallel ways {data} x micro-batch size "
-            f"{mbs}"
+            f"batch {batch} is not a multiple of data-parallel ways {data} x micro-batch size {mbs}"
         )
     m = batch // per_step
     if v > 1 and m % pipeline:
@@ -140,9 +139,7 @@ def megatron_recipe(
     sp_on = _flag("sequence_parallel", sequence_parallel)
     zero = 1 if _flag("distributed_optimizer", distributed_optimizer) else 0
     v = virtual_stages
-    data, m = _check_knobs(
-        mesh, batch, tensor, pipeline, micro_batch_size, v, context, expert
-    )
+    data, m = _check_knobs(mesh, batch, tensor, pipeline, micro_batch_size, v, context, expert)
     if sp_on and tensor == 1:
         raise PlanError(
             "megatron-recipe: sequence_parallel splits the tensor-parallel group's replicated "
