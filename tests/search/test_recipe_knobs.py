@@ -74,7 +74,8 @@ def test_sequence_parallel_and_interleaving_are_recorded_and_priced():
         ({"virtual_stages": 0}, "virtual_stages must be a positive integer"),
         ({"virtual_stages": 2, "pipeline": 1}, "needs pipeline > 1"),
         ({"context": 2}, "context parallelism is not in the step model"),
-        ({"expert": 2}, "expert parallelism is not in the training step model"),
+        ({"expert": 3}, "expert=3 must divide the 2 data-parallel ways"),
+        ({"expert": 2}, "has no op whose parameter and activation share a parallel dim"),
         ({"distributed_optimizer": 1}, "distributed_optimizer must be True or False"),
         ({"tensor": 1, "sequence_parallel": True}, "needs tensor > 1"),
         ({"micro_batch_size": 3}, "not a multiple of data-parallel ways"),
@@ -114,3 +115,26 @@ def test_knobs_round_trip_through_training_json():
     assert back.virtual_stages == 2 and back.sequence_parallel and back.distributed_optimizer
     assert back.step.step_s == tp.step.step_s
     assert back.step.memory_per_device == tp.step.memory_per_device
+
+
+def _moe(b: int):
+    return zoo.build("moe", batch=b, seq=16, hidden=32, heads=4, experts=4, ffn=64)
+
+
+def test_expert_parallelism_in_a_training_stage_by_hand():
+    # one MoE layer, 4 experts, fp32 + Adam, on 2x2: tensor 2 inside, data 2 outside; expert=2
+    # splits the experts over the 2 data-parallel ways
+    plain = megatron_recipe(_moe, 2, parse_mesh("2x2"), CostOptions(), 2, 1, 1, "none")
+    ep = megatron_recipe(_moe, 2, parse_mesh("2x2"), CostOptions(), 2, 1, 1, "none", expert=2)
+    strategies = ep.stages[0].plan.strategies
+    assert strategies["moe.expert_fc"] == ("e", "n") and strategies["moe.expert_proj"] == ("e", "k")
+    assert strategies["moe.dispatch"] == ("g", None)  # routing stays data-parallel
+    # the dispatched tokens [e 4, g 2, c 8, m 32] fp32 = 8192 B move from split by group to split
+    # by expert and back (4 all-to-alls: 2 forward, 2 for their gradients), each device sending
+    # (q-1)/q of its half: 1/2 x 8192/2 = 2048 B each
+    assert plain.stages[0].plan.cost.comm.all_to_all_bytes == 0.0
+    assert ep.stages[0].plan.cost.comm.all_to_all_bytes == pytest.approx(4 * 2048)
+    # expert weights [4, 64, 32] and [4, 32, 64]: 16384 elements, halved by tensor 2 = 8192 per
+    # device at 16 B (fp32 weight + grad + Adam); expert=2 halves them again: 65536 B less
+    assert plain.step.stages[0].param_bytes - ep.step.stages[0].param_bytes == 8192 * 16 / 2
+    assert "expert parallel x2" in ep.notes[0]

@@ -7,9 +7,10 @@ FLOP-balanced chunks over whole layers (the same DP over segments the search use
 d holding chunks d, d + S, ... (interleaved 1F1B when v > 1); m = batch / (data-parallel ways x
 micro-batch size) micro-batches. Knobs as published: recomputation (full, the SC'21 setting;
 selective; none), sequence parallelism (`cost.sequence`), v model chunks per device, the
-distributed optimizer (ZeRO-1 over the data-parallel group, `cost.zero`). Context and expert
-parallelism are not in the step model yet: context or expert > 1 is a PlanError saying so, never
-silently dropped. One expert pass per chunk: O(S v (|V| + |E|) rounds).
+distributed optimizer (ZeRO-1 over the data-parallel group, `cost.zero`), expert parallelism
+(`expert_parallel`: the experts split over the innermost data-parallel ways, all-to-alls priced
+by the evaluator). Context parallelism is not in the step model yet: context > 1 is a PlanError
+saying so, never silently dropped. One expert pass per chunk: O(S v (|V| + |E|) rounds).
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from shardplan.cost import CostOptions
+from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, profile_stage
 from shardplan.errors import PlanError
+from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.ir.signature import loop_names, major_positions
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search.experts import megatron
@@ -31,6 +36,7 @@ from shardplan.search.step.stages import (
     stage_starts,
     tokens_per_sample,
 )
+from shardplan.sharding import Strategy, cut_problem
 from shardplan.training import TrainingPlan, assemble, at_precision
 
 KNOBS = (
@@ -83,11 +89,7 @@ def _check_knobs(
             f"megatron-recipe: context={context}: context parallelism is not in the step model "
             "yet; use context=1"
         )
-    if _positive("expert", expert) != 1:
-        raise PlanError(
-            f"megatron-recipe: expert={expert}: expert parallelism is not in the training step "
-            "model yet; use expert=1 (the SPMD planners place MoE experts, docs/moe.md)"
-        )
+    _positive("expert", expert)
     if mesh.shape[0] % pipeline:
         raise PlanError(
             f"pipeline degree {pipeline} does not divide the outermost mesh axis {mesh.shape[0]}"
@@ -102,6 +104,11 @@ def _check_knobs(
             "it needs pipeline > 1"
         )
     data = mesh.size // (tensor * pipeline)
+    if data % expert:
+        raise PlanError(
+            f"megatron-recipe: expert={expert} must divide the {data} data-parallel ways "
+            "(expert parallelism runs inside the data-parallel group)"
+        )
     per_step = data * mbs
     if batch % per_step:
         raise PlanError(
@@ -114,6 +121,97 @@ def _check_knobs(
             f"multiple of pipeline {pipeline} (as Megatron-LM requires)"
         )
     return data, m
+
+
+def expert_parallel(
+    graph: Graph, mesh: Mesh, strategies: dict[str, Strategy], expert: int
+) -> dict[str, Strategy]:
+    """`strategies` with expert parallelism `expert` ways on the innermost data-parallel rounds
+    (the rounds no op splits a parameter in, innermost first: the fast links carry the
+    all-to-alls): there each op with a PARALLEL loop dim that indexes both a parameter and an
+    activation (the experts of an expert matmul) cuts it instead of the batch; the evaluator
+    prices the layout change around it (tokens split by group -> by expert) as the all-to-all
+    it is. PlanError when the rounds or the model do not allow it."""
+    if expert == 1:
+        return strategies
+    tensor = set(tensor_rounds(graph, mesh, strategies))
+    rounds, ways = [], 1
+    for r in reversed(mesh.rounds):
+        if r.index not in tensor and ways < expert and r.q > 1:
+            rounds.append(r.index)
+            ways *= r.q
+    if ways != expert:
+        raise PlanError(
+            f"megatron-recipe: expert={expert} is not a product of the data-parallel rounds "
+            f"{[r.q for r in mesh.rounds if r.index not in tensor]} of the stage mesh"
+        )
+    out, found = dict(strategies), False
+    split_at: dict[str, int] = {}  # tensor -> the dim the experts split it along
+    for op in graph.ops:
+        dim = _expert_dim(graph, op)
+        if dim is None and op.inputs and op.inputs[0] in split_at and not any(
+            graph.tensors[t].role is Role.PARAMETER for t in op.inputs
+        ):  # an op between expert matmuls (the activation) keeps the expert split
+            group = op.signature.inputs[0][split_at[op.inputs[0]]]
+            dim = group[0] if group else None
+            required = False
+        else:
+            required = True
+        if dim is None:
+            continue
+        cut = _cut_rounds(op, strategies[op.name], dim, rounds, mesh)
+        if cut is None:
+            if required:
+                raise PlanError(
+                    f"megatron-recipe: expert={expert} does not divide loop dim {dim!r} "
+                    f"(extent {op.signature.extents[dim]}) of op {op.name!r}"
+                )
+            continue
+        out[op.name], found = cut, True
+        for i, dims in enumerate(op.signature.outputs):
+            position = major_positions(dims).get(dim)
+            if position is not None:
+                split_at[op.outputs[i]] = position
+    if not found:
+        raise PlanError(
+            f"megatron-recipe: expert={expert}, but {graph.name!r} has no op whose parameter and "
+            "activation share a parallel dim (an expert layer); use expert=1"
+        )
+    return out
+
+
+def _expert_dim(graph: Graph, op: Op) -> str | None:
+    """The experts of an expert matmul: a PARALLEL loop dim indexing both an activation and a
+    parameter that is contracted (carries a REDUCE dim: a weight, not a bias), if any."""
+    roles = [graph.tensors[t].role is Role.PARAMETER for t in op.inputs]
+    pdims = set().union(*(loop_names(op.signature.inputs[i]) for i, p in enumerate(roles) if p))
+    adims = set().union(*(loop_names(op.signature.inputs[i]) for i, p in enumerate(roles) if not p))
+    kinds = {d.name: d.kind for d in op.signature.loop_dims}
+    if not any(kinds[d] is DimKind.REDUCE for d in pdims):
+        return None
+    for d in op.signature.loop_dims:
+        if d.kind is DimKind.PARALLEL and d.name in pdims & adims:
+            return d.name
+    return None
+
+
+def _cut_rounds(
+    op: Op, strategy: Strategy, dim: str, rounds: list[int], mesh: Mesh
+) -> Strategy | None:
+    """`strategy` cutting `dim` in `rounds` instead (None when that is not a valid cut)."""
+    out = list(strategy)
+    if any(c == dim for r, c in enumerate(out) if r not in rounds):
+        return None
+    extents = op.signature.extents
+    for r, cut in enumerate(out):
+        if cut is not None and r not in rounds:
+            extents[cut] //= mesh.rounds[r].q
+    for r in sorted(rounds):
+        if cut_problem(op, dim, extents[dim], mesh.rounds[r].q) is not None:
+            return None
+        extents[dim] //= mesh.rounds[r].q
+        out[r] = dim
+    return tuple(out)
 
 
 def megatron_recipe(
@@ -152,7 +250,7 @@ def megatron_recipe(
     smesh = stage_mesh(mesh, pipeline)
     stages = []
     for sub in stage_graphs(graph, stage_starts(probe, pipeline * v)):
-        strategies = megatron(sub, smesh, tensor)
+        strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
         prof = profile_stage(sub, smesh, strategies, opts, sequence_parallel=sp_on)
         plan = Plan(sub, smesh, strategies, "megatron", opts, cost=prof.breakdown)
         stages.append((plan, prof, Levers(rec, zero, sp_on)))
@@ -168,6 +266,7 @@ def megatron_recipe(
             f"x{data}, micro-batch size {micro_batch_size} ({m} micro-batches), {rec.value} "
             "recomputation, "
             + ("sequence parallel, " if sp_on else "")
+            + (f"expert parallel x{expert}, " if expert > 1 else "")
             + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO"),
         ),
         step=tp.step,
