@@ -93,6 +93,11 @@ class TrainingPlan:
         return all(s.levers.sequence_parallel for s in self.stages)
 
     @property
+    def context_parallel(self) -> bool:
+        """Does every stage split the sequence with context parallelism's ring exchange?"""
+        return all(s.levers.context_parallel for s in self.stages)
+
+    @property
     def distributed_optimizer(self) -> bool:
         """Megatron-LM's distributed optimizer: ZeRO-1 over the data-parallel group everywhere."""
         return all(s.levers.zero == 1 for s in self.stages)
@@ -173,6 +178,7 @@ def evaluate_training(tp: TrainingPlan) -> StepCost:
             s.plan.options,
             s.plan.param_layouts,
             s.levers.sequence_parallel,
+            s.levers.context_parallel,
         )
         for s in tp.stages
     ]

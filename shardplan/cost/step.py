@@ -43,7 +43,7 @@ from shardplan.cost.pipeline import (
     interleaved_in_flight,
 )
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.sequence import sequence_parallel_strategies
+from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
 from shardplan.cost.zero import ZeroStep, check_stage, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
@@ -62,20 +62,23 @@ class Recompute(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Levers:
-    """Per-stage choices: activation recomputation and the ZeRO stage (0-3)."""
+    """Per-stage choices: activation recomputation, the ZeRO stage (0-3), sequence and context
+    parallelism."""
 
     recompute: Recompute = Recompute.NONE
     zero: int = 0
     sequence_parallel: bool = False
     """Megatron-LM sequence parallelism over the stage's tensor-parallel group (`cost.sequence`).
     The distributed optimizer of Megatron-LM is `zero=1` over the data-parallel group."""
+    context_parallel: bool = False
+    """The stage plan's activation all-gathers are context parallelism's ring exchange of K/V,
+    overlapped with the attention (`cost.sequence.ring_terms`)."""
 
     def __post_init__(self) -> None:
         check_stage(self.zero)
-        if not isinstance(self.sequence_parallel, bool):
-            raise PlanError(
-                f"sequence_parallel must be True or False, got {self.sequence_parallel!r}"
-            )
+        for name in ("sequence_parallel", "context_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise PlanError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,7 @@ class StageProfile:
     flops: float
     breakdown: CostBreakdown
     sequence_parallel: bool = False
+    context_parallel: bool = False
 
 
 def profile_stage(
@@ -110,6 +114,7 @@ def profile_stage(
     opts: CostOptions,
     param_layouts: Mapping[str, Layout] | None = None,
     sequence_parallel: bool = False,
+    context_parallel: bool = False,
 ) -> StageProfile:
     """Read one stage's per-micro-batch terms off the evaluator (see the module docstring).
 
@@ -119,6 +124,7 @@ def profile_stage(
     if not opts.train:
         raise PlanError("the training-step model needs training options (train=True)")
     cost = plain = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
+    stored = strategies
     if sequence_parallel:
         strategies = sequence_parallel_strategies(graph, mesh, strategies)
         cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
@@ -126,14 +132,20 @@ def profile_stage(
     factor = opts.preset.training_flops_factor
     fwd = cost.compute / factor
     c = plain.comm
+    fwd_comm = c.intra_fwd + c.redistribution_fwd
+    bwd_comm = c.intra_bwd + c.redistribution_bwd + c.halo
+    if context_parallel:  # the exchange's exposed part replaces its all-gather terms
+        ring = ring_terms(graph, mesh, stored, opts)
+        fwd_comm += ring.exposed_fwd_s - ring.gather_s
+        bwd_comm += ring.exposed_bwd_s - ring.scatter_s
     op_compute = {o.name: o.compute / factor for o in cost.ops}
     act = _activations(graph, strategies, rounds, opts, op_compute)
     return StageProfile(
         fwd_compute_s=fwd,
         bwd_compute_s=cost.compute - fwd,
         # sums with shared-gradient credits can cancel to -1e-18: collectives take >= 0 s
-        fwd_comm_s=max(0.0, c.intra_fwd + c.redistribution_fwd),
-        bwd_comm_s=max(0.0, c.intra_bwd + c.redistribution_bwd + c.halo),
+        fwd_comm_s=max(0.0, fwd_comm),
+        bwd_comm_s=max(0.0, bwd_comm),
         grad_sync_s=max(0.0, cost.comm.grad_sync),
         activation_bytes=act.saved,
         input_bytes=act.inputs,
@@ -148,6 +160,7 @@ def profile_stage(
         flops=graph.flops,
         breakdown=plain,
         sequence_parallel=sequence_parallel,
+        context_parallel=context_parallel,
     )
 
 
@@ -296,12 +309,12 @@ class StageCost:
 
 def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: float) -> StageCost:
     """Price one stage (see the module docstring)."""
-    if p.sequence_parallel != levers.sequence_parallel:
-        raise PlanError(
-            f"levers ask for sequence_parallel={levers.sequence_parallel} on a stage profiled "
-            f"with sequence_parallel={p.sequence_parallel}; profile_stage(..., "
-            "sequence_parallel=...) must match"
-        )
+    for name in ("sequence_parallel", "context_parallel"):
+        if getattr(p, name) != getattr(levers, name):
+            raise PlanError(
+                f"levers ask for {name}={getattr(levers, name)} on a stage profiled with "
+                f"{name}={getattr(p, name)}; profile_stage(..., {name}=...) must match"
+            )
     z = levers.zero
     if z == 0:
         zfwd, zbwd, sync, param_bytes = 0.0, 0.0, p.grad_sync_s, p.param_bytes

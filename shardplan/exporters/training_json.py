@@ -1,7 +1,8 @@
 """Training plans as JSON (schema "shardplan.training/1"): `to_json` / `from_json` round-trip.
 
 The stage plans (model chunks when interleaved: `virtual_stages` per device) are stored in the
-plan schema (`plan_json`), with each stage's levers (recompute, zero, sequence_parallel), the mesh,
+plan schema (`plan_json`), with each stage's levers (recompute, zero, sequence_parallel,
+context_parallel), the mesh,
 the batch and the number of micro-batches; the step cost is stored for readers and recomputed
 on load (`TrainingPlan.__post_init__`). O(stages * plan JSON).
 """
@@ -41,6 +42,7 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
                 "recompute": s.levers.recompute.value,
                 "zero": s.levers.zero,
                 "sequence_parallel": s.levers.sequence_parallel,
+                "context_parallel": s.levers.context_parallel,
                 "first_op": s.plan.graph.ops[0].name,
                 "last_op": s.plan.graph.ops[-1].name,
                 "plan": plan_json.to_dict(s.plan),
@@ -78,6 +80,7 @@ def from_json(text: str | dict[str, Any]) -> TrainingPlan:
                     Recompute(s["recompute"]),
                     int(s["zero"]),
                     bool(s.get("sequence_parallel", False)),
+                    bool(s.get("context_parallel", False)),
                 ),
             )
             for s in data["stages"]

@@ -12,12 +12,12 @@ import pytest
 
 from shardplan.cost import CostOptions
 from shardplan.cost.pipeline import Pipeline, interleaved_in_flight
-from shardplan.cost.sequence import sequence_parallel_strategies, tensor_rounds
+from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies, tensor_rounds
 from shardplan.cost.step import Levers, profile_stage, stage_cost, step_cost
 from shardplan.errors import PlanError
 from shardplan.ir import GraphBuilder
 from shardplan.mesh import Mesh
-from shardplan.search.experts import data_parallel, megatron
+from shardplan.search.experts import context_parallel, data_parallel, megatron
 
 RATE = 1e6
 FULL = 2 * 8 * 16 * 4  # one [2, 8, 16] fp32 tensor: 1024 B
@@ -127,3 +127,43 @@ def test_interleaved_needs_whole_chunks_per_device():
     pipe = Pipeline((0.0,) * 6, 1.0, 0.0, 4, 8, 1, 1.0, 3.0, virtual_stages=2)
     with pytest.raises(PlanError, match="7 model chunks are not 2 chunks per device"):
         step_cost([chunk] * 7, [Levers()] * 7, 8, pipe)
+
+
+def _attention(bandwidth: float):
+    """x [1, 8, 16] -> q, k, v (linears) -> softmax(q k^T) v, sequence split over 2 devices."""
+    b = GraphBuilder("attn")
+    x = b.input("x", (1, 8, 16))
+    q, k, v = (b.apply("linear", x, b.param(f"w{n}", (16, 16)), name=n) for n in "qkv")
+    s = b.apply("bmm", q, k, transpose_b=True, name="scores")
+    p = b.apply("softmax", s, name="probs")
+    b.apply("bmm", p, v, name="context")
+    g = b.build()
+    mesh = Mesh((2,), bandwidth_bytes_per_s=(bandwidth,), flops_per_s=RATE, machine="uniform")
+    whole = {op.name: (None,) for op in g.ops}
+    return g, mesh, context_parallel(g, mesh, whole, [0])
+
+
+@pytest.mark.parametrize(
+    ("bandwidth", "fwd", "bwd"),
+    [
+        # K and V [1, 8, 16] fp32 = 512 B each; each device receives the other half of both:
+        # G = 2 x 256 = 512 B. The readers (two bmms of 2 x 8 x 8 x 16 = 2048 FLOPs, 1024 per
+        # device) take 2.048 ms forward and 4.096 ms backward at 1 MFLOP/s.
+        (1e6, 0.0, 0.0),  # G = 0.512 ms, backward 2 G = 1.024 ms: hidden under the attention
+        (1e5, 5.12e-3 - 2.048e-3, 2 * 5.12e-3 - 4.096e-3),  # G = 5.12 ms: partly exposed
+    ],
+)
+def test_context_parallel_ring_exchange_by_hand(bandwidth, fwd, bwd):
+    g, mesh, cp = _attention(bandwidth)
+    # the sequence is split everywhere; the attention reads K and V whole
+    assert cp["q"] == cp["k"] == cp["v"] == cp["scores"] == cp["context"] == ("m",)
+    ring = ring_terms(g, mesh, cp, CostOptions())
+    assert ring.gather_s == pytest.approx(512 / bandwidth)
+    assert ring.readers_fwd_s == pytest.approx(2.048e-3)
+    assert ring.readers_bwd_s == pytest.approx(4.096e-3)
+    prof = profile_stage(g, mesh, cp, CostOptions(), context_parallel=True)
+    assert prof.fwd_comm_s == pytest.approx(fwd, abs=1e-12)
+    assert prof.bwd_comm_s == pytest.approx(bwd, abs=1e-12)
+    # the SPMD evaluator's plain terms charge the whole all-gather, not overlapped
+    assert profile_stage(g, mesh, cp, CostOptions()).fwd_comm_s == pytest.approx(512 / bandwidth)
+    assert stage_cost(prof, Levers(context_parallel=True), 1, 1).comm_s == pytest.approx(fwd + bwd)

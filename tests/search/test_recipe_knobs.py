@@ -73,7 +73,8 @@ def test_sequence_parallel_and_interleaving_are_recorded_and_priced():
         ({"sequence_parallel": "yes"}, "sequence_parallel must be True or False"),
         ({"virtual_stages": 0}, "virtual_stages must be a positive integer"),
         ({"virtual_stages": 2, "pipeline": 1}, "needs pipeline > 1"),
-        ({"context": 2}, "context parallelism is not in the step model"),
+        ({"context": 3}, "context=3 must divide the 2 ways left by tensor x pipeline"),
+        ({"context": 2, "expert": 2}, "context and expert parallelism together"),
         ({"expert": 3}, "expert=3 must divide the 2 data-parallel ways"),
         ({"expert": 2}, "has no op whose parameter and activation share a parallel dim"),
         ({"distributed_optimizer": 1}, "distributed_optimizer must be True or False"),
@@ -138,3 +139,19 @@ def test_expert_parallelism_in_a_training_stage_by_hand():
     # device at 16 B (fp32 weight + grad + Adam); expert=2 halves them again: 65536 B less
     assert plain.step.stages[0].param_bytes - ep.step.stages[0].param_bytes == 8192 * 16 / 2
     assert "expert parallel x2" in ep.notes[0]
+
+
+def test_context_parallel_recipe_splits_the_sequence_and_prices_the_ring():
+    opts = CostOptions.make(dtype="bf16")
+    tp = megatron_recipe(_gpt, 8, parse_mesh("2x4"), opts, 2, 1, 1, "none", context=2)
+    assert [s.levers.context_parallel for s in tp.stages] == [True]
+    assert "context parallel x2" in tp.notes[0] and "data x2" in tp.notes[0]
+    strategies = tp.stages[0].plan.strategies
+    # rounds: node (2, data), gpu 2 (context: innermost outside tensor), gpu 2 (tensor)
+    assert strategies["h.0.attn.scores"][1] == "m"  # queries split along the sequence
+    assert strategies["h.0.ln_1.norm"][1] == "d1"  # every op splits the sequence there
+    from shardplan.exporters.training_json import from_json, to_json
+
+    back = from_json(to_json(tp))
+    assert back.stages[0].levers.context_parallel
+    assert back.step.step_s == tp.step.step_s

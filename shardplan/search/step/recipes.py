@@ -9,8 +9,9 @@ micro-batch size) micro-batches. Knobs as published: recomputation (full, the SC
 selective; none), sequence parallelism (`cost.sequence`), v model chunks per device, the
 distributed optimizer (ZeRO-1 over the data-parallel group, `cost.zero`), expert parallelism
 (`expert_parallel`: the experts split over the innermost data-parallel ways, all-to-alls priced
-by the evaluator). Context parallelism is not in the step model yet: context > 1 is a PlanError
-saying so, never silently dropped. One expert pass per chunk: O(S v (|V| + |E|) rounds).
+by the evaluator), context parallelism (`experts.context_parallel`: the sequence split on the
+innermost data-parallel rounds, the K/V ring exchange priced by `cost.sequence.ring_terms`).
+One expert pass per chunk: O(S v (|V| + |E|) rounds).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from shardplan.ir.op import Op, Role
 from shardplan.ir.signature import loop_names, major_positions
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
-from shardplan.search.experts import megatron
+from shardplan.search.experts import context_parallel, megatron
 from shardplan.search.step.notes import axis_summary
 from shardplan.search.step.stages import (
     stage_graphs,
@@ -84,10 +85,10 @@ def _check_knobs(
         _positive(name, value)
     _positive("micro_batch_size", mbs)
     _positive("virtual_stages", v)
-    if _positive("context", context) != 1:
+    if _positive("context", context) > 1 and expert > 1:
         raise PlanError(
-            f"megatron-recipe: context={context}: context parallelism is not in the step model "
-            "yet; use context=1"
+            f"megatron-recipe: context={context} with expert={expert}: context and expert "
+            "parallelism together are not modelled yet; use one of them"
         )
     _positive("expert", expert)
     if mesh.shape[0] % pipeline:
@@ -103,7 +104,12 @@ def _check_knobs(
             f"megatron-recipe: virtual_stages={v} interleaves model chunks over pipeline stages; "
             "it needs pipeline > 1"
         )
-    data = mesh.size // (tensor * pipeline)
+    if (mesh.size // (tensor * pipeline)) % context:
+        raise PlanError(
+            f"megatron-recipe: context={context} must divide the "
+            f"{mesh.size // (tensor * pipeline)} ways left by tensor x pipeline"
+        )
+    data = mesh.size // (tensor * pipeline * context)
     if data % expert:
         raise PlanError(
             f"megatron-recipe: expert={expert} must divide the {data} data-parallel ways "
@@ -121,6 +127,23 @@ def _check_knobs(
             f"multiple of pipeline {pipeline} (as Megatron-LM requires)"
         )
     return data, m
+
+
+def _context_rounds(mesh: Mesh, strategies: dict[str, Strategy], graph: Graph, c: int) -> list[int]:
+    """The innermost rounds outside tensor parallelism whose q multiply to `c` (context
+    parallelism next to tensor parallelism, as Megatron-LM orders its ranks); PlanError if none."""
+    tensor = set(tensor_rounds(graph, mesh, strategies))
+    rounds, ways = [], 1
+    for r in reversed(mesh.rounds):
+        if r.index not in tensor and ways < c and r.q > 1:
+            rounds.append(r.index)
+            ways *= r.q
+    if ways != c:
+        raise PlanError(
+            f"megatron-recipe: context={c} is not a product of the data-parallel rounds "
+            f"{[r.q for r in mesh.rounds if r.index not in tensor]} of the stage mesh"
+        )
+    return rounds
 
 
 def expert_parallel(
@@ -149,8 +172,11 @@ def expert_parallel(
     split_at: dict[str, int] = {}  # tensor -> the dim the experts split it along
     for op in graph.ops:
         dim = _expert_dim(graph, op)
-        if dim is None and op.inputs and op.inputs[0] in split_at and not any(
-            graph.tensors[t].role is Role.PARAMETER for t in op.inputs
+        if (
+            dim is None
+            and op.inputs
+            and op.inputs[0] in split_at
+            and not any(graph.tensors[t].role is Role.PARAMETER for t in op.inputs)
         ):  # an op between expert matmuls (the activation) keeps the expert split
             group = op.signature.inputs[0][split_at[op.inputs[0]]]
             dim = group[0] if group else None
@@ -244,16 +270,22 @@ def megatron_recipe(
             "regions; it needs tensor > 1"
         )
     probe = build(batch)
-    graph = build(data * micro_batch_size)
+    graph = build(data * micro_batch_size)  # a micro-batch of every data-parallel replica
     if probe is None or graph is None:
         raise PlanError("the Megatron recipe needs the model at the micro-batch size (zoo models)")
     smesh = stage_mesh(mesh, pipeline)
     stages = []
     for sub in stage_graphs(graph, stage_starts(probe, pipeline * v)):
         strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
-        prof = profile_stage(sub, smesh, strategies, opts, sequence_parallel=sp_on)
+        if context > 1:
+            rounds = _context_rounds(smesh, strategies, sub, context)
+            strategies = context_parallel(sub, smesh, strategies, rounds)
+        cp = context > 1
+        prof = profile_stage(
+            sub, smesh, strategies, opts, sequence_parallel=sp_on, context_parallel=cp
+        )
         plan = Plan(sub, smesh, strategies, "megatron", opts, cost=prof.breakdown)
-        stages.append((plan, prof, Levers(rec, zero, sp_on)))
+        stages.append((plan, prof, Levers(rec, zero, sp_on, cp)))
     tp = assemble(
         probe.name, mesh, batch, stages, m, "megatron-recipe", tokens_per_sample(probe, batch), v
     )
@@ -267,6 +299,7 @@ def megatron_recipe(
             "recomputation, "
             + ("sequence parallel, " if sp_on else "")
             + (f"expert parallel x{expert}, " if expert > 1 else "")
+            + (f"context parallel x{context}, " if context > 1 else "")
             + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO"),
         ),
         step=tp.step,

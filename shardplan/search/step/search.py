@@ -307,4 +307,3 @@ def _better(a: TrainingPlan, b: TrainingPlan) -> bool:
         return True
     tie = a.step.step_s <= b.step.step_s * (1 + 1e-9)
     return tie and (a.pipeline_stages, a.micro_batches) < (b.pipeline_stages, b.micro_batches)
-
