@@ -226,13 +226,24 @@ def zero_steps(
     `zero_parts` summed, state split by `zero_bytes` over each one's group (O(params rounds^2))."""
     fwd = reduce = rest = update = 0.0
     state = [0.0, 0.0, 0.0]
+    seen: dict[tuple[object, ...], ZeroParts] = {}  # repeated layers: one price per shape
     for p in zero_params(graph, rounds, strategies, opts.train).values():
-        parts = zero_parts(graph, rounds, p, opts)
+        t = graph.tensors[p.name]
+        key = (
+            t.numel,
+            opts.element_bytes(t),
+            p.home,
+            p.gathered,
+            p.reduced,
+            p.name in graph.requires_grad,
+        )
+        parts = seen.get(key)
+        if parts is None:
+            parts = seen[key] = zero_parts(graph, rounds, p, opts)
         fwd += parts.gather.redistribution_fwd
         reduce += parts.reduce.redistribution_fwd
         rest += parts.rest.redistribution_fwd
         update += parts.update.redistribution_fwd
-        t = graph.tensors[p.name]
         width = opts.element_bytes(t)
         elems = _local_numel(t.numel, p.home, rounds)
         w = elems * width
