@@ -1,28 +1,32 @@
-"""The training step: SPMD stage plans priced with micro-batches, recomputation, ZeRO and 1F1B.
+"""The training step: SPMD stage plans priced with micro-batches, recomputation, ZeRO, sequence
+and context parallelism, and (interleaved) 1F1B.
 
-Input: per pipeline stage, the evaluator's terms of its SPMD plan at the micro-batch size
-(`profile_stage`), and the levers. Per stage s and micro-batch (F = forward compute, B = 2F the
-backward compute at the preset's factor 3, c_f / c_b the forward / backward collectives):
-  fwd_s = F + c_f [+ ZeRO-3: all-gather of the parameters]
-  bwd_s = B + c_b + recompute [+ ZeRO-2: reduce-scatter of gradients;
-          ZeRO-3: all-gather of the parameters again + reduce-scatter of gradients]
+Input: per pipeline stage (per model chunk when interleaved), the evaluator's terms of its SPMD
+plan at the micro-batch size (`profile_stage`), and the levers. Per stage s and micro-batch
+(F = forward compute, B the backward compute at the preset's training-FLOPs factor, F x (3 - 1),
+c_f / c_b the forward / backward collectives; z_f / z_b / z_step ZeRO's, `cost.zero.zero_steps`):
+  fwd_s = F + c_f + z_f            (ZeRO-3: all-gather of the parameters)
+  bwd_s = B + c_b + recompute + z_b (ZeRO-2: reduce-scatter of gradients; ZeRO-3: all-gather
+          again + reduce-scatter)
   recompute: none 0; selective: the forward of the ops whose results are larger than any
   parameter op's result in their segment (attention scores, softmax); full: F + c_f (one more
   forward of the stage).
-1F1B over S stages and m micro-batches (Narayanan et al., SC'21): each slot runs one forward and
-one backward on every stage plus the point-to-point sends of the boundary activation and its
-gradient, slot = max_s(fwd_s + bwd_s) + 2 p2p; pipeline = (m + S - 1) slot, of which the bubble
-(S - 1) slot, i.e. (S-1)/(m+S-1) of it. Then once per step: the data-parallel gradient sync
-(ZeRO-0: the evaluator's all-reduce; ZeRO-1: reduce-scatter + all-gather; ZeRO-2: the
-all-gather of updated parameters; ZeRO-3: nothing) and the all-reduce of parameters shared
-by two stages (a tied embedding).
-Memory of stage s: parameter state with ZeRO z dividing optimizer state + master weights (z>=1),
-gradients (z>=2) and weights (z=3) by the data-parallel ways of each parameter (rounds where its
-home layout replicates it), plus min(S - s, m) micro-batches of kept activations (1F1B in-flight
-count) and the one segment being rebuilt during backward under recomputation.
-The ZeRO gather (`cost.zero.gather_terms`, the evaluator's multi-round gather) and memory split
-(`cost.zero.zero_bytes`) are the plain plan's ZeRO functions. Everything is a closed-form sum:
-O(stages + parameter groups).
+Sequence parallelism (`cost.sequence`) takes F, B, the activations and the gradient sync of the
+plan's sequence-split layout, the collectives of the tensor-parallel plan (reduce-scatter +
+all-gather move what the all-reduce did); context parallelism replaces the plan's activation
+all-gathers by the K/V ring's exposed part (`cost.sequence.ring_terms`).
+1F1B over S stages and m micro-batches (Narayanan et al., SC'21), v model chunks per device
+(`cost.pipeline`): slot = max_s(fwd_s + bwd_s) + 2 v p2p; pipeline = (m + (S - 1)/v) slot, of
+which the bubble (S - 1)/v slot. Then once per step: the data-parallel gradient sync (ZeRO-0:
+the evaluator's all-reduce; ZeRO 1-2: z_step) and the all-reduce of parameters shared by two
+stages (a tied embedding).
+Memory of stage s: parameter state (ZeRO z: `cost.zero.zero_steps`, the plain plan's formulas),
+plus its in-flight micro-batches of kept activations (1F1B: min(S - s, m); interleaved: the
+warm-up count of `cost.pipeline.interleaved_in_flight`) and the block being rebuilt during
+backward under recomputation. Kept activations are what the ops' backward reads
+(`ir.traits.SAVED_FOR_BACKWARD`), each tensor once in its producer's layout; full recomputation
+keeps each repeated block's input (`block_starts`). Everything is a closed-form sum over the
+stage's ops: O(stages x ops).
 """
 
 from __future__ import annotations
