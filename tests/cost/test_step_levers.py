@@ -167,3 +167,30 @@ def test_context_parallel_ring_exchange_by_hand(bandwidth, fwd, bwd):
     # the SPMD evaluator's plain terms charge the whole all-gather, not overlapped
     assert profile_stage(g, mesh, cp, CostOptions()).fwd_comm_s == pytest.approx(512 / bandwidth)
     assert stage_cost(prof, Levers(context_parallel=True), 1, 1).comm_s == pytest.approx(fwd + bwd)
+
+
+@pytest.mark.parametrize(("tensor", "sp"), [(1, False), (4, False), (4, True)])
+def test_a_transformer_layer_keeps_korthikanti_activations(tensor, sp):
+    # Korthikanti et al. (MLSys'23) §4.1: a layer keeps sbh (34 + 5 a s / h) bytes in 16-bit;
+    # tensor parallel: sbh (10 + 24/t + 5 a s / (h t)); with sequence parallelism all / t. The
+    # zoo's gpt3 has no dropout, which removes 2 sbh of masks and 3 a s^2 b of attention
+    # dropout (mask + output): 32 sbh + 2 a s^2 b, sbh (8 + 24/t) + 2 a s^2 b / t, and / t.
+    from shardplan import zoo
+    from shardplan.cost.step import block_starts
+    from shardplan.ir.segments import segments, subgraph
+
+    s_, b_, h_, a_ = 32, 2, 64, 4
+    g = zoo.build("gpt3", batch=b_, layers=3, hidden=h_, heads=a_, seq=s_, max_positions=s_)
+    segs = segments(g)
+    starts = block_starts(g, segs)
+    layer = subgraph(g, segs[starts[2]].start, segs[starts[3] - 1].stop, "layer")
+    mesh = Mesh((tensor,), flops_per_s=RATE, machine="uniform")
+    plan = megatron(layer, mesh, tensor) if tensor > 1 else {op.name: () for op in layer.ops}
+    prof = profile_stage(layer, mesh, plan, CostOptions.make(dtype="bf16"), sequence_parallel=sp)
+    sbh, attn = s_ * b_ * h_, a_ * s_ * s_ * b_
+    t = tensor
+    want = (32 * sbh + 2 * attn) / t if sp else sbh * (8 + 24 / t) + 2 * attn / t
+    # the layer's input is its sub-graph's input, which keeps its declared 4 bytes
+    # (`CostOptions.element_bytes`): 2 sbh more than 16-bit, split with the norm under SP
+    want += 2 * sbh / (t if sp else 1)
+    assert prof.activation_bytes == pytest.approx(want)
