@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from shardplan.checks import MAX_SIZE
-from shardplan.cost import collectives as coll
+from shardplan.cost.pipeline import Pipeline, boundary_bytes, shared_sync_s
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.step import (
     Levers,
-    Pipeline,
     StageProfile,
     StepCost,
     profile_stage,
@@ -63,13 +62,22 @@ class TrainingPlan:
     search_seconds: float = 0.0
     notes: tuple[str, ...] = ()
     step: StepCost | None = field(default=None, compare=False)
+    virtual_stages: int = 1
+    """v, model chunks per device (interleaved 1F1B): `stages` are then the S x v chunks in
+    model order, device group d running chunks d, d + S, ..."""
     problem: Problem | None = field(default=None, compare=False, repr=False)
     """The Problem the plan was solved for (budget, machine, dtype, batch, ...)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
         _check_fields(self)
-        n = len(self.stages)
+        v = self.virtual_stages
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or len(self.stages) % v:
+            raise PlanError(
+                f"virtual_stages {v!r} must be a positive integer dividing the "
+                f"{len(self.stages)} model chunks"
+            )
+        n = len(self.stages) // v
         if n < 1 or self.mesh.shape[0] % n:
             raise PlanError(
                 f"{n} pipeline stages must divide the outermost mesh axis {self.mesh.shape[0]}"
@@ -78,13 +86,29 @@ class TrainingPlan:
             raise PlanError(
                 f"batch {self.batch} is not divisible into {self.micro_batches} micro-batches"
             )
-        _check_stages(self.stages, self.mesh)
+        _check_stages(self.stages, self.mesh, n)
         if self.step is None:
             object.__setattr__(self, "step", evaluate_training(self))
 
     @property
     def pipeline_stages(self) -> int:
-        return len(self.stages)
+        """S, the device groups of the pipeline (`stages` holds S x virtual_stages chunks)."""
+        return len(self.stages) // self.virtual_stages
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Does every stage run Megatron-LM sequence parallelism?"""
+        return all(s.levers.sequence_parallel for s in self.stages)
+
+    @property
+    def context_parallel(self) -> bool:
+        """Does every stage split the sequence with context parallelism's ring exchange?"""
+        return all(s.levers.context_parallel for s in self.stages)
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        """Megatron-LM's distributed optimizer: ZeRO-1 over the data-parallel group everywhere."""
+        return all(s.levers.zero == 1 for s in self.stages)
 
 
 def _whole(value: object, field_name: str, low: int = 1) -> int:
@@ -113,17 +137,17 @@ def _check_fields(tp: TrainingPlan) -> None:
         raise PlanError("training plan stages must be Stage values, each holding a Plan")
 
 
-def _check_stages(stages: Sequence[Stage], mesh: Mesh) -> None:
+def _check_stages(stages: Sequence[Stage], mesh: Mesh, groups: int) -> None:
     """Stages agree with each other and the mesh: each runs on its share of the outer axis,
     no op is in two stages, no stage reads what a later stage produces, and an incoming
     activation needs a gradient exactly when the stage producing it computes one."""
-    want = replace(mesh, shape=(mesh.shape[0] // len(stages), *mesh.shape[1:]))
+    want = replace(mesh, shape=(mesh.shape[0] // groups, *mesh.shape[1:]))
     produced: dict[str, int] = {}
     for s, st in enumerate(stages):
         if st.plan.mesh != want:
             raise PlanError(
                 f"stage {s} runs on mesh {st.plan.mesh.text()} ({st.plan.mesh.machine}) but "
-                f"{len(stages)} stages of mesh {mesh.text()} ({mesh.machine}) run on "
+                f"{groups} stages of mesh {mesh.text()} ({mesh.machine}) run on "
                 f"{want.text()} each with its links; regenerate the training plan"
             )
         for op in st.plan.graph.ops:
@@ -152,39 +176,28 @@ def _check_stages(stages: Sequence[Stage], mesh: Mesh) -> None:
                 )
 
 
-def pipeline_of(stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sample: int) -> Pipeline:
-    """The step model's non-stage inputs, read off the stage plans."""
-    n = len(stages)
+def pipeline_of(
+    stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sample: int, virtual_stages: int = 1
+) -> Pipeline:
+    """The step model's non-stage inputs, read off the stage (chunk) plans and priced by
+    `cost.pipeline`."""
     devices = mesh.size
-    per_stage = devices // n
-    produced: dict[str, int] = {}
-    for s, p in enumerate(stages):
-        for op in p.graph.ops:
-            for t in op.outputs:
-                produced[t] = s
-    p2p: list[float] = [0.0] * (n - 1)
-    for s, p in enumerate(stages):
-        opts = p.options
-        for name, t in p.graph.tensors.items():
-            src = produced.get(name)
-            if t.role is Role.INPUT and src is not None and src < s:
-                nbytes = t.numel * opts.element_bytes(t) / per_stage  # sent sharded
-                for b in range(src, s):
-                    p2p[b] += nbytes
-    holders: dict[str, list[int]] = {}
-    for s, p in enumerate(stages):
-        for t in p.graph.parameters:
-            holders.setdefault(t.name, []).append(s)
+    per_stage = devices // (len(stages) // virtual_stages)
+    graphs = [p.graph for p in stages]
+    opts = [p.options for p in stages]
     bw = mesh.bandwidth_bytes_per_s[0]
-    shared = 0.0
-    for name, where in holders.items():
-        if len(where) > 1:
-            p = stages[where[0]]
-            t = p.graph.tensors[name]
-            nbytes = t.numel * p.options.element_bytes(t) / (p.mesh.size)
-            shared += coll.all_reduce_s(nbytes, len(where), bw)
     peak = at_precision(mesh, stages[0].options).flops_per_s
-    return Pipeline(tuple(p2p), bw, shared, devices, batch, tokens_per_sample, peak)
+    return Pipeline(
+        boundary_bytes(graphs, opts, per_stage),
+        bw,
+        shared_sync_s(graphs, opts, per_stage, bw),
+        devices,
+        batch,
+        tokens_per_sample,
+        peak,
+        stages[0].options.preset.training_flops_factor,
+        virtual_stages,
+    )
 
 
 def at_precision(mesh: Mesh, opts: CostOptions) -> Mesh:
@@ -203,6 +216,7 @@ def assemble(
     micro_batches: int,
     method: str,
     tokens_per_sample: int,
+    virtual_stages: int = 1,
 ) -> TrainingPlan:
     """A TrainingPlan of already profiled stage plans, its step priced from those profiles
     (the search and the recipes build their plans through here)."""
@@ -212,7 +226,7 @@ def assemble(
         [prof for _, prof, _ in stages],
         levers,
         micro_batches,
-        pipeline_of(plans, mesh, batch, tokens_per_sample),
+        pipeline_of(plans, mesh, batch, tokens_per_sample, virtual_stages),
     )
     return TrainingPlan(
         model,
@@ -223,6 +237,7 @@ def assemble(
         method,
         tokens_per_sample,
         step=step,
+        virtual_stages=virtual_stages,
     )
 
 
@@ -230,7 +245,13 @@ def evaluate_training(tp: TrainingPlan) -> StepCost:
     """The step cost of `tp` (cost/step.py), from its stage plans and levers."""
     profiles = [
         profile_stage(
-            s.plan.graph, s.plan.mesh, s.plan.strategies, s.plan.options, s.plan.param_layouts
+            s.plan.graph,
+            s.plan.mesh,
+            s.plan.strategies,
+            s.plan.options,
+            s.plan.param_layouts,
+            s.levers.sequence_parallel,
+            s.levers.context_parallel,
         )
         for s in tp.stages
     ]
@@ -239,5 +260,5 @@ def evaluate_training(tp: TrainingPlan) -> StepCost:
         profiles,
         [s.levers for s in tp.stages],
         tp.micro_batches,
-        pipeline_of(plans, tp.mesh, tp.batch, tp.tokens_per_sample),
+        pipeline_of(plans, tp.mesh, tp.batch, tp.tokens_per_sample, tp.virtual_stages),
     )

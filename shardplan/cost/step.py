@@ -1,34 +1,37 @@
-"""The training step: SPMD stage plans priced with micro-batches, recomputation, ZeRO and 1F1B.
+"""The training step: SPMD stage plans priced with micro-batches, recomputation, ZeRO, sequence
+and context parallelism, and (interleaved) 1F1B.
 
-Input: per pipeline stage, the evaluator's terms of its SPMD plan at the micro-batch size
-(`profile_stage`), and the levers. Per stage s and micro-batch (F = forward compute, B = 2F the
-backward compute at the preset's factor 3, c_f / c_b the forward / backward collectives):
-  fwd_s = F + c_f [+ ZeRO-3: all-gather of the parameters]
-  bwd_s = B + c_b + recompute [+ ZeRO-2: reduce-scatter of gradients;
-          ZeRO-3: all-gather of the parameters again + reduce-scatter of gradients]
+Input: per pipeline stage (per model chunk when interleaved), the evaluator's terms of its SPMD
+plan at the micro-batch size (`profile_stage`), and the levers. Per stage s and micro-batch
+(F = forward compute, B the backward compute at the preset's training-FLOPs factor, F x (3 - 1),
+c_f / c_b the forward / backward collectives; z_f / z_b / z_step ZeRO's, `cost.zero.zero_steps`):
+  fwd_s = F + c_f + z_f            (ZeRO-3: all-gather of the parameters)
+  bwd_s = B + c_b + recompute + z_b (ZeRO-2: reduce-scatter of gradients; ZeRO-3: all-gather
+          again + reduce-scatter)
   recompute: none 0; selective: the forward of the ops whose results are larger than any
   parameter op's result in their segment (attention scores, softmax); full: F + c_f (one more
   forward of the stage).
-1F1B over S stages and m micro-batches (Narayanan et al., SC'21): each slot runs one forward and
-one backward on every stage plus the point-to-point sends of the boundary activation and its
-gradient, slot = max_s(fwd_s + bwd_s) + 2 p2p; pipeline = (m + S - 1) slot, of which the bubble
-(S - 1) slot, i.e. (S-1)/(m+S-1) of it. Then once per step: the data-parallel gradient sync
-(ZeRO-0: the evaluator's all-reduce; ZeRO-1: reduce-scatter + all-gather; ZeRO-2: the
-all-gather of updated parameters; ZeRO-3: nothing) and the all-reduce of parameters shared
-by two stages (a tied embedding).
-Memory of stage s: parameter state with ZeRO z dividing optimizer state + master weights (z>=1),
-gradients (z>=2) and weights (z=3) by the data-parallel ways of each parameter (rounds where its
-home layout replicates it), plus min(S - s, m) micro-batches of kept activations (1F1B in-flight
-count) and the one segment being rebuilt during backward under recomputation.
-The ZeRO gather (`cost.zero.gather_terms`, the evaluator's multi-round gather) and memory split
-(`cost.zero.zero_bytes`) are the plain plan's ZeRO functions. Everything is a closed-form sum:
-O(stages + parameter groups).
+Sequence parallelism (`cost.sequence`) takes F, B, the activations and the gradient sync of the
+plan's sequence-split layout, the collectives of the tensor-parallel plan (reduce-scatter +
+all-gather move what the all-reduce did); context parallelism replaces the plan's activation
+all-gathers by the K/V ring's exposed part (`cost.sequence.ring_terms`).
+1F1B over S stages and m micro-batches (Narayanan et al., SC'21), v model chunks per device
+(`cost.pipeline`): slot = max_s(fwd_s + bwd_s) + 2 v p2p; pipeline = (m + (S - 1)/v) slot, of
+which the bubble (S - 1)/v slot. Then once per step: the data-parallel gradient sync (ZeRO-0:
+the evaluator's all-reduce; ZeRO 1-2: z_step) and the all-reduce of parameters shared by two
+stages (a tied embedding).
+Memory of stage s: parameter state (ZeRO z: `cost.zero.zero_steps`, the plain plan's formulas),
+plus its in-flight micro-batches of kept activations (1F1B: min(S - s, m); interleaved: the
+warm-up count of `cost.pipeline.interleaved_in_flight`) and the block being rebuilt during
+backward under recomputation. Kept activations are what the ops' backward reads
+(`ir.traits.SAVED_FOR_BACKWARD`), each tensor once in its producer's layout; full recomputation
+keeps each repeated block's input (`block_starts`). Everything is a closed-form sum over the
+stage's ops: O(stages x ops).
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -36,17 +39,23 @@ from shardplan.cost.evaluate import (
     CostBreakdown,
     evaluate_strategies,
     output_layouts,
-    param_homes,
     round_numels,
 )
+from shardplan.cost.pipeline import (
+    Pipeline,
+    interleaved_bubble_slots,
+    interleaved_in_flight,
+)
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.zero import check_stage, gather_terms, zero_bytes
+from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
+from shardplan.cost.zero import ZeroStep, check_stage, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
-from shardplan.ir.segments import segments
-from shardplan.mesh import Mesh
-from shardplan.sharding import Layout, Strategy
+from shardplan.ir.segments import Segment, segments
+from shardplan.ir.traits import Saved, saved_for_backward
+from shardplan.mesh import Mesh, Round
+from shardplan.sharding import Layout, Strategy, operand_layout
 
 
 class Recompute(enum.Enum):
@@ -57,30 +66,23 @@ class Recompute(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Levers:
-    """Per-stage choices: activation recomputation and the ZeRO stage (0-3)."""
+    """Per-stage choices: activation recomputation, the ZeRO stage (0-3), sequence and context
+    parallelism."""
 
     recompute: Recompute = Recompute.NONE
     zero: int = 0
+    sequence_parallel: bool = False
+    """Megatron-LM sequence parallelism over the stage's tensor-parallel group (`cost.sequence`).
+    The distributed optimizer of Megatron-LM is `zero=1` over the data-parallel group."""
+    context_parallel: bool = False
+    """The stage plan's activation all-gathers are context parallelism's ring exchange of K/V,
+    overlapped with the attention (`cost.sequence.ring_terms`)."""
 
     def __post_init__(self) -> None:
         check_stage(self.zero)
-
-
-@dataclass(frozen=True, slots=True)
-class ParamGroup:
-    """A stage's parameters replicated over the same data-parallel rounds.
-
-    `gather_s` / `gather_bytes`: one all-gather of all of them over the group (hierarchical,
-    slow links first while the pieces are small); a reduce-scatter costs the same.
-    """
-
-    rounds: tuple[int, ...]
-    ways: int
-    weight_bytes: float
-    grad_bytes: float
-    state_bytes: float
-    gather_s: float
-    gather_bytes: float
+        for name in ("sequence_parallel", "context_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise PlanError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +102,13 @@ class StageProfile:
     selective_flops: float
     checkpoint_bytes: float
     segment_peak_bytes: float
-    params: tuple[ParamGroup, ...]
+    param_bytes: float
+    zero: tuple[ZeroStep, ...]
+    """ZeRO stages 1, 2, 3 of this stage's parameters (`cost.zero.zero_steps`)."""
     flops: float
     breakdown: CostBreakdown
+    sequence_parallel: bool = False
+    context_parallel: bool = False
 
 
 def profile_stage(
@@ -111,32 +117,151 @@ def profile_stage(
     strategies: Mapping[str, Strategy],
     opts: CostOptions,
     param_layouts: Mapping[str, Layout] | None = None,
+    sequence_parallel: bool = False,
+    context_parallel: bool = False,
 ) -> StageProfile:
-    """Read one stage's per-micro-batch terms off the evaluator (see the module docstring)."""
+    """Read one stage's per-micro-batch terms off the evaluator (see the module docstring).
+
+    `sequence_parallel`: compute, activations, gradient sync and ZeRO of the plan's sequence-
+    parallel layout (`cost.sequence`), collectives of the tensor-parallel plan (the reduce-scatter
+    + all-gather pair moves what the all-reduce did)."""
     if not opts.train:
         raise PlanError("the training-step model needs training options (train=True)")
-    cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
+    cost = plain = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
+    stored = strategies
+    if sequence_parallel:
+        strategies = sequence_parallel_strategies(graph, mesh, strategies)
+        cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
     rounds = mesh.rounds
     factor = opts.preset.training_flops_factor
     fwd = cost.compute / factor
-    c = cost.comm
+    c = plain.comm
+    fwd_comm = c.intra_fwd + c.redistribution_fwd
+    bwd_comm = c.intra_bwd + c.redistribution_bwd + c.halo
+    if context_parallel:  # the exchange's exposed part replaces its all-gather terms
+        ring = ring_terms(graph, mesh, stored, opts)
+        fwd_comm += ring.exposed_fwd_s - ring.gather_s
+        bwd_comm += ring.exposed_bwd_s - ring.scatter_s
+    op_compute = {o.name: o.compute / factor for o in cost.ops}
+    act = _activations(graph, strategies, rounds, opts, op_compute)
+    return StageProfile(
+        fwd_compute_s=fwd,
+        bwd_compute_s=cost.compute - fwd,
+        # sums with shared-gradient credits can cancel to -1e-18: collectives take >= 0 s
+        fwd_comm_s=max(0.0, fwd_comm),
+        bwd_comm_s=max(0.0, bwd_comm),
+        grad_sync_s=max(0.0, cost.comm.grad_sync),
+        activation_bytes=act.saved,
+        input_bytes=act.inputs,
+        selective_bytes=act.selective,
+        selective_peak_bytes=act.selective_peak,
+        selective_s=act.selective_s,
+        selective_flops=act.selective_flops,
+        checkpoint_bytes=act.checkpoints,
+        segment_peak_bytes=act.segment_peak,
+        param_bytes=cost.param_memory,
+        zero=zero_steps(graph, rounds, strategies, opts),
+        flops=graph.flops,
+        breakdown=plain,
+        sequence_parallel=sequence_parallel,
+        context_parallel=context_parallel,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Activations:
+    saved: float
+    inputs: float
+    selective: float
+    selective_peak: float
+    selective_s: float
+    selective_flops: float
+    checkpoints: float
+    segment_peak: float
+
+
+def saved_bytes(
+    graph: Graph, strategies: Mapping[str, Strategy], rounds: Sequence[Round], opts: CostOptions
+) -> dict[str, float]:
+    """Local bytes of each tensor autograd keeps for the backward (`ir.traits.SAVED_FOR_BACKWARD`:
+    an op's non-parameter inputs, its results, or a one-byte mask per result element), each once,
+    in the layout its producer leaves it (a graph input: its first reader's)."""
+    out_layout = output_layouts(graph, strategies)
+    saved: dict[str, float] = {}
+
+    def keep(key: str, name: str, layout: Layout, width: float) -> None:
+        if key not in saved:
+            saved[key] = round_numels(graph.tensors[name].numel, layout, rounds)[-1] * width
+
+    for op in graph.ops:
+        rule = saved_for_backward(op.kind)
+        if rule is Saved.INPUTS:
+            for i, name in enumerate(op.inputs):
+                t = graph.tensors[name]
+                if t.role is not Role.PARAMETER:
+                    lay = out_layout.get(name) or operand_layout(op, strategies[op.name], i)
+                    keep(name, name, lay, opts.element_bytes(t))
+        for name in op.outputs if rule is not Saved.INPUTS else ():
+            if rule is Saved.OUTPUTS:
+                keep(name, name, out_layout[name], opts.element_bytes(graph.tensors[name]))
+            elif rule is Saved.MASK:
+                keep(f"{name}:mask", name, out_layout[name], 1.0)
+    return saved
+
+
+def block_starts(graph: Graph, segs: Sequence[Segment]) -> list[int]:
+    """The segments full recomputation checkpoints: the first of each repeated block. Segments of
+    equal structure repeat; the most frequent structure (the first of them on a tie) opens each
+    block (a transformer layer's attention half), and a segment that repeats less often than it
+    (an embedding, a head) is a block of its own; without repetition every segment is one.
+    O(ops)."""
+    prints = [
+        tuple((op.kind, op.signature.text()) for op in graph.ops[s.start : s.stop]) for s in segs
+    ]
+    counts: dict[tuple[object, ...], int] = {}
+    for fp in prints:
+        counts[fp] = counts.get(fp, 0) + 1
+    top = max(counts.values())
+    opener = next(fp for fp in prints if counts[fp] == top)
+    return [k for k, fp in enumerate(prints) if k == 0 or fp == opener or counts[fp] < top]
+
+
+def _activations(
+    graph: Graph,
+    strategies: Mapping[str, Strategy],
+    rounds: Sequence[Round],
+    opts: CostOptions,
+    op_compute: Mapping[str, float],
+) -> _Activations:
+    """Kept activations per micro-batch under each recomputation choice (module docstring)."""
+    saved = saved_bytes(graph, strategies, rounds, opts)
     out_layout = output_layouts(graph, strategies)
 
     def local(name: str) -> float:
         t = graph.tensors[name]
         return round_numels(t.numel, out_layout[name], rounds)[-1] * opts.element_bytes(t)
 
-    outputs = sum(local(n) for n in out_layout)
-    op_compute = {o.name: o.compute / factor for o in cost.ops}
-    sel_bytes = sel_peak = sel_s = sel_flops = ckpt = seg_peak = 0.0
+    def kept(name: str) -> float:
+        return saved.get(name, 0.0) + saved.get(f"{name}:mask", 0.0)
+
+    inputs = 0.0  # a stage's inputs stay for its backward whatever is recomputed
+    for op in graph.ops:
+        for i, name in enumerate(op.inputs):
+            t = graph.tensors[name]
+            if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
+                lay = operand_layout(op, strategies[op.name], i)
+                inputs += round_numels(t.numel, lay, rounds)[-1] * opts.element_bytes(t)
+    sel_bytes = sel_peak = sel_s = sel_flops = 0.0
     segs = segments(graph)
-    for k, seg in enumerate(segs):
+    starts = block_starts(graph, segs)
+    ckpt = sum(local(e) for e in (segs[k].entry for k in starts) if e is not None)
+    seg_peak = 0.0
+    for a, b in zip(starts, [*starts[1:], len(segs)], strict=True):
+        exit_ = segs[b].entry if b < len(segs) else None  # kept as the next checkpoint
+        block = graph.ops[segs[a].start : segs[b - 1].stop]
+        seg_peak = max(seg_peak, sum(kept(n) for op in block for n in op.outputs if n != exit_))
+    for seg in segs:
         ops = graph.ops[seg.start : seg.stop]
-        if seg.entry is not None:
-            ckpt += local(seg.entry)
-        exit_ = segs[k + 1].entry if k + 1 < len(segs) else None  # kept as the next checkpoint
-        rebuilt = sum(local(n) for op in ops for n in op.outputs if n != exit_)
-        seg_peak = max(seg_peak, rebuilt)
         widest = max(
             (
                 graph.tensors[n].numel
@@ -149,53 +274,14 @@ def profile_stage(
         if widest is None:
             continue  # no parameter op: nothing to compare against
         dropped = [(op, n) for op in ops for n in op.outputs if graph.tensors[n].numel > widest]
-        seg_bytes = sum(local(n) for _, n in dropped)
+        seg_bytes = sum(kept(n) for _, n in dropped)
         sel_bytes += seg_bytes
         sel_peak = max(sel_peak, seg_bytes)
         producers = {op.name: op for op, _ in dropped}.values()
         sel_s += sum(op_compute[op.name] for op in producers)
         sel_flops += sum(op.flops for op in producers)
-    groups: dict[tuple[int, ...], list[float]] = {}
-    for name, layout in param_homes(graph, strategies, param_layouts).items():
-        t = graph.tensors[name]
-        elems = round_numels(t.numel, layout, rounds)[-1]
-        width = opts.element_bytes(t)
-        rep = tuple(r for r, s in enumerate(layout) if s < 0 and rounds[r].q > 1)
-        g = groups.setdefault(rep, [0.0, 0.0, 0.0, 0.0])
-        g[0] += elems * width
-        g[1] += elems * width
-        g[2] += elems * (opts.state_bytes(t) - 2 * width)
-        g[3] += gather_terms(t.numel, width, layout, rep, rounds).redistribution_fwd
-    params = tuple(
-        ParamGroup(
-            rep,
-            math.prod(rounds[r].q for r in rep),
-            w,
-            gr,
-            st,
-            ag,
-            w * (1 - 1 / math.prod(rounds[r].q for r in rep)),
-        )
-        for rep, (w, gr, st, ag) in sorted(groups.items())
-    )
-    return StageProfile(
-        fwd_compute_s=fwd,
-        bwd_compute_s=cost.compute - fwd,
-        # sums with shared-gradient credits can cancel to -1e-18: collectives take >= 0 s
-        fwd_comm_s=max(0.0, c.intra_fwd + c.redistribution_fwd),
-        bwd_comm_s=max(0.0, c.intra_bwd + c.redistribution_bwd + c.halo),
-        grad_sync_s=max(0.0, c.grad_sync),
-        activation_bytes=cost.activation_memory,
-        input_bytes=cost.activation_memory - outputs,
-        selective_bytes=sel_bytes,
-        selective_peak_bytes=sel_peak,
-        selective_s=sel_s,
-        selective_flops=sel_flops,
-        checkpoint_bytes=ckpt,
-        segment_peak_bytes=seg_peak,
-        params=params,
-        flops=graph.flops,
-        breakdown=cost,
+    return _Activations(
+        sum(saved.values()), inputs, sel_bytes, sel_peak, sel_s, sel_flops, ckpt, seg_peak
     )
 
 
@@ -212,22 +298,34 @@ class StageCost:
     sync_s: float
     param_bytes: float
     activation_bytes: float
-    in_flight: int
+    in_flight: float
+    """Micro-batches of this stage's kept activations held at its peak (fractional when
+    interleaved: chunks of 1/v of the stage)."""
+    kept_bytes: float = 0.0
+    """Activations kept per micro-batch for the backward (under the recomputation lever)."""
+    rebuilt_bytes: float = 0.0
+    """The recomputation working set during one backward."""
 
     @property
     def memory_bytes(self) -> float:
         return self.param_bytes + self.activation_bytes
 
 
-def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: int) -> StageCost:
+def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: float) -> StageCost:
     """Price one stage (see the module docstring)."""
+    for name in ("sequence_parallel", "context_parallel"):
+        if getattr(p, name) != getattr(levers, name):
+            raise PlanError(
+                f"levers ask for {name}={getattr(levers, name)} on a stage profiled with "
+                f"{name}={getattr(p, name)}; profile_stage(..., {name}=...) must match"
+            )
     z = levers.zero
-    gather = sum(g.gather_s for g in p.params)
-    per_mb = {0: 0.0, 1: 0.0, 2: gather, 3: 3 * gather}[z]
-    sync = {0: p.grad_sync_s, 1: 2 * gather, 2: gather, 3: 0.0}[z]
-    param_bytes = sum(
-        zero_bytes(g.weight_bytes, g.grad_bytes, g.state_bytes, g.ways, z) for g in p.params
-    )
+    if z == 0:
+        zfwd, zbwd, sync, param_bytes = 0.0, 0.0, p.grad_sync_s, p.param_bytes
+    else:  # ZeRO's collectives and state split: cost/zero.py alone prices them
+        zs = p.zero[z - 1]
+        zfwd, zbwd, sync, param_bytes = zs.fwd_s, zs.bwd_s, zs.step_s, zs.param_bytes
+    per_mb = zfwd + zbwd
     if levers.recompute is Recompute.FULL:
         recompute = p.fwd_compute_s + p.fwd_comm_s
         kept, rebuilt = p.checkpoint_bytes + p.input_bytes, p.segment_peak_bytes
@@ -236,8 +334,8 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: i
         kept, rebuilt = p.activation_bytes - p.selective_bytes, p.selective_peak_bytes
     else:
         recompute, kept, rebuilt = 0.0, p.activation_bytes, 0.0
-    fwd = p.fwd_compute_s + p.fwd_comm_s + (gather if z == 3 else 0.0)
-    bwd = p.bwd_compute_s + p.bwd_comm_s + recompute + (per_mb - gather if z == 3 else per_mb)
+    fwd = p.fwd_compute_s + p.fwd_comm_s + zfwd
+    bwd = p.bwd_compute_s + p.bwd_comm_s + recompute + zbwd
     return StageCost(
         fwd_s=fwd,
         bwd_s=bwd,
@@ -248,6 +346,28 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: i
         param_bytes=param_bytes,
         activation_bytes=in_flight * kept + rebuilt,
         in_flight=in_flight,
+        kept_bytes=kept,
+        rebuilt_bytes=rebuilt,
+    )
+
+
+def _device_cost(chunks: Sequence[StageCost], in_flight: float) -> StageCost:
+    """One device's v model chunks as one stage: times, syncs and state add up; it holds
+    `in_flight` stage-equivalents of the chunks' kept activations and one chunk's rebuild."""
+    kept = sum(c.kept_bytes for c in chunks)
+    rebuilt = max(c.rebuilt_bytes for c in chunks)
+    return StageCost(
+        fwd_s=sum(c.fwd_s for c in chunks),
+        bwd_s=sum(c.bwd_s for c in chunks),
+        recompute_s=sum(c.recompute_s for c in chunks),
+        zero_per_micro_batch_s=sum(c.zero_per_micro_batch_s for c in chunks),
+        comm_s=sum(c.comm_s for c in chunks),
+        sync_s=sum(c.sync_s for c in chunks),
+        param_bytes=sum(c.param_bytes for c in chunks),
+        activation_bytes=in_flight * kept + rebuilt,
+        in_flight=in_flight,
+        kept_bytes=kept,
+        rebuilt_bytes=rebuilt,
     )
 
 
@@ -307,20 +427,6 @@ class StepCost:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Pipeline:
-    """What the step needs beyond the stages: per-device bytes sent between consecutive stages
-    (per micro-batch, each direction), the pipeline link, shared-parameter sync, the totals."""
-
-    p2p_bytes: tuple[float, ...]
-    bandwidth_bytes_per_s: float
-    shared_sync_s: float
-    devices: int
-    batch: int
-    tokens_per_sample: int
-    peak_flops_per_s: float
-
-
 def step_cost(
     profiles: Sequence[StageProfile],
     levers: Sequence[Levers],
@@ -328,22 +434,40 @@ def step_cost(
     pipe: Pipeline,
 ) -> StepCost:
     """1F1B step time, throughput and memory of `profiles` under `levers` (module docstring)."""
-    n_stages, m = len(profiles), micro_batches
-    if m < 1 or len(levers) != n_stages or len(pipe.p2p_bytes) != n_stages - 1:
+    v, m = pipe.virtual_stages, micro_batches
+    chunks = len(profiles)
+    if v < 1 or chunks % v:
         raise PlanError(
-            f"step model: {n_stages} stages need {n_stages} levers and {n_stages - 1} "
+            f"step model: {chunks} model chunks are not {v} chunks per device on each stage; "
+            "give S x v chunk profiles (v >= 1)"
+        )
+    n_stages = chunks // v
+    if m < 1 or len(levers) != chunks or len(pipe.p2p_bytes) != chunks - 1:
+        raise PlanError(
+            f"step model: {chunks} stages need {chunks} levers and {chunks - 1} "
             f"boundaries and m >= 1 (got {len(levers)}, {len(pipe.p2p_bytes)}, m={m})"
         )
-    stages = tuple(
-        stage_cost(p, lv, m, min(n_stages - s, m))
-        for s, (p, lv) in enumerate(zip(profiles, levers, strict=True))
-    )
+    if v == 1:
+        stages = tuple(
+            stage_cost(p, lv, m, min(n_stages - s, m))
+            for s, (p, lv) in enumerate(zip(profiles, levers, strict=True))
+        )
+    else:  # device d runs chunks d, d + S, ...: their times add, their activations interleave
+        stages = tuple(
+            _device_cost(
+                [stage_cost(profiles[c], levers[c], m, 1) for c in range(d, chunks, n_stages)],
+                interleaved_in_flight(d, n_stages, m, v),
+            )
+            for d in range(n_stages)
+        )
     p2p = max((b / pipe.bandwidth_bytes_per_s for b in pipe.p2p_bytes), default=0.0)
-    slot = max(s.fwd_s + s.bwd_s for s in stages) + 2 * p2p
-    pipeline = (m + n_stages - 1) * slot
+    # each micro-batch crosses v boundaries per device and direction (Narayanan et al. §2.2.2)
+    slot = max(s.fwd_s + s.bwd_s for s in stages) + 2 * v * p2p
+    bubble_slots = interleaved_bubble_slots(n_stages, v)
+    pipeline = (m + bubble_slots) * slot
     sync = max(s.sync_s for s in stages) + pipe.shared_sync_s
     step = pipeline + sync
-    model_flops = 3.0 * m * sum(p.flops for p in profiles)
+    model_flops = pipe.training_flops_factor * m * sum(p.flops for p in profiles)
     recompute_flops = m * sum(
         p.flops
         if lv.recompute is Recompute.FULL
@@ -357,8 +481,8 @@ def step_cost(
     return StepCost(
         step_s=step,
         pipeline_s=pipeline,
-        bubble_s=(n_stages - 1) * slot,
-        p2p_s=(m + n_stages - 1) * 2 * p2p,
+        bubble_s=bubble_slots * slot,
+        p2p_s=(m + bubble_slots) * 2 * v * p2p,
         sync_s=sync,
         recompute_s=m * max(s.recompute_s for s in stages),
         micro_batches=m,

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.terms import ZERO, CommTerms, edge_redistribution
+from shardplan.cost.terms import ZERO, CommTerms, edge_redistribution, param_bytes
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
@@ -145,39 +145,127 @@ def zero_params(
     return out
 
 
-def zero_terms(
-    graph: Graph, rounds: Sequence[Round], p: ZeroParam, zero: int, opts: CostOptions
-) -> CommTerms:
-    """The collectives stage `zero` runs for parameter `p` (the module docstring's table)."""
-    if zero == 0:
-        return ZERO
+@dataclass(frozen=True, slots=True)
+class ZeroParts:
+    """One parameter's ZeRO collectives by when they run (the module docstring's table):
+    `reduce` RS(A) of the gradient; `gather` G(D), ZeRO-3's gather before a pass; `rest`
+    G(A' - D), ZeRO-3's second half of an all-reduce where S keeps P whole; `update` G(D u A'),
+    stages 1-2's gather of the updated weights (ZERO for a frozen parameter)."""
+
+    reduce: CommTerms
+    gather: CommTerms
+    rest: CommTerms
+    update: CommTerms
+
+
+def zero_parts(graph: Graph, rounds: Sequence[Round], p: ZeroParam, opts: CostOptions) -> ZeroParts:
+    """The collectives of parameter `p` under ZeRO, one term per kind (see `ZeroParts`)."""
     t = graph.tensors[p.name]
     width = opts.element_bytes(t)
 
     def gather(rs: Sequence[int]) -> CommTerms:
         return gather_terms(t.numel, width, p.home, rs, rounds)
 
-    scatter = gather(p.reduced)
+    replicated = [r for r in p.reduced if p.home[r] < 0]
+    frozen = p.name not in graph.requires_grad  # a frozen parameter is never updated
+    return ZeroParts(
+        reduce=gather(p.reduced),
+        gather=gather(p.gathered),
+        rest=gather([r for r in replicated if r not in p.gathered]),
+        update=ZERO if frozen else gather(sorted(set(p.gathered) | set(replicated))),
+    )
+
+
+def zero_terms(
+    graph: Graph, rounds: Sequence[Round], p: ZeroParam, zero: int, opts: CostOptions
+) -> CommTerms:
+    """The collectives stage `zero` runs for parameter `p` (the module docstring's table)."""
+    if zero == 0:
+        return ZERO
+    parts = zero_parts(graph, rounds, p, opts)
+    scatter = parts.reduce
     terms = CommTerms(
         grad_sync=scatter.redistribution_fwd, reduce_scatter_bytes=scatter.all_gather_bytes
     )
-    replicated = [r for r in p.reduced if p.home[r] < 0]
     if zero == 3:
-        g = gather(p.gathered)
+        g, rest = parts.gather, parts.rest
         backward = opts.train  # freed after the forward, gathered again for the backward
-        rest = gather([r for r in replicated if r not in p.gathered])  # S keeps these whole
         return terms + CommTerms(
             redistribution_fwd=g.redistribution_fwd,
             redistribution_bwd=g.redistribution_fwd if backward else 0.0,
             grad_sync=rest.redistribution_fwd,
             all_gather_bytes=g.all_gather_bytes * (2 if backward else 1) + rest.all_gather_bytes,
         )
-    if p.name not in graph.requires_grad:  # a frozen parameter is never updated
+    if p.name not in graph.requires_grad:
         return terms
-    updated = gather(sorted(set(p.gathered) | set(replicated)))
+    updated = parts.update
     return terms + CommTerms(
         grad_sync=updated.redistribution_fwd, all_gather_bytes=updated.all_gather_bytes
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroStep:
+    """A pipeline stage's ZeRO collectives (seconds) and parameter state (bytes per device) at one
+    ZeRO stage, under gradient accumulation over micro-batches: stages 2-3 keep only a gradient
+    shard, so they reduce-scatter each micro-batch's gradient (`bwd_s`); stage 3 gathers the
+    weights before each forward (`fwd_s`) and backward; stages 1-2 gather the updated weights
+    once per step and stage 1 reduce-scatters the accumulated gradient once (`step_s`). With one
+    micro-batch, fwd_s + bwd_s + step_s is the sum of `zero_terms`' seconds over the parameters."""
+
+    fwd_s: float
+    bwd_s: float
+    step_s: float
+    param_bytes: float
+
+
+def zero_steps(
+    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], opts: CostOptions
+) -> tuple[ZeroStep, ...]:
+    """`ZeroStep` of a stage's plan at ZeRO stages 1, 2 and 3 (in that order): the parameters'
+    `zero_parts` summed, state split by `zero_bytes` over each one's group (O(params rounds^2))."""
+    fwd = reduce = rest = update = 0.0
+    state = [0.0, 0.0, 0.0]
+    seen: dict[tuple[object, ...], ZeroParts] = {}  # repeated layers: one price per shape
+    for p in zero_params(graph, rounds, strategies, opts.train).values():
+        t = graph.tensors[p.name]
+        key = (
+            t.numel,
+            opts.element_bytes(t),
+            p.home,
+            p.gathered,
+            p.reduced,
+            p.name in graph.requires_grad,
+        )
+        parts = seen.get(key)
+        if parts is None:
+            parts = seen[key] = zero_parts(graph, rounds, p, opts)
+        fwd += parts.gather.redistribution_fwd
+        reduce += parts.reduce.redistribution_fwd
+        rest += parts.rest.redistribution_fwd
+        update += parts.update.redistribution_fwd
+        width = opts.element_bytes(t)
+        elems = _local_numel(t.numel, p.home, rounds)
+        w = elems * width
+        grad = w if opts.train else 0.0
+        extra = param_bytes(elems, width, opts) - w - grad  # master weights + optimizer state
+        for z in (1, 2, 3):
+            state[z - 1] += zero_bytes(w, grad, extra, p.ways, z)
+    backward = fwd if opts.train else 0.0
+    return (
+        ZeroStep(0.0, 0.0, reduce + update, state[0]),
+        ZeroStep(0.0, reduce, update, state[1]),
+        ZeroStep(fwd, backward + reduce + rest, 0.0, state[2]),
+    )
+
+
+def _local_numel(numel: int, layout: Layout, rounds: Sequence[Round]) -> float:
+    """Elements of a tensor held by one device in `layout` (its split rounds divide it)."""
+    local = float(numel)
+    for r, s in enumerate(layout):
+        if s >= 0:
+            local /= rounds[r].q
+    return local
 
 
 def zero_layouts(
@@ -254,6 +342,10 @@ __all__ = [
     "zero_layout",
     "zero_layouts",
     "zero_params",
+    "ZeroParts",
+    "ZeroStep",
+    "zero_parts",
     "zero_pricing",
+    "zero_steps",
     "zero_terms",
 ]

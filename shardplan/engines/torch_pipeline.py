@@ -7,7 +7,11 @@ placed as the stage plan says; `forward` takes the boundary activation (a whole 
 from the previous stage over the "pp" group), runs the stage's ops with the DTensor runner of
 `torch_runner` (every operand redistributed to the placements its strategy reads) and returns
 the boundary activation made whole (or, on the last stage, the loss). `PipelineStage` +
-`Schedule1F1B` run the tp.micro_batches micro-batches; the loss of each is divided by m, so
+`Schedule1F1B` run the tp.micro_batches micro-batches (interleaved plans: each process of device
+group d holds the v chunks d, d + S, ... as v PipelineStages driven by `ScheduleInterleaved1F1B`;
+a sequence-parallel stage runs the layout of `cost.sequence`, its norms and residual adds split
+along the sequence, DTensor turning the row-parallel partial sums into a reduce-scatter); the
+loss of each is divided by m, so
 the accumulated gradients are those of the mean over the whole batch. Graph inputs of
 micro-batch k (token ids, labels) are generated from the seed (`init_values(graph, seed + 1 +
 k)`) on every rank, the same on each.
@@ -26,11 +30,12 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from shardplan.cost.sequence import sequence_parallel_strategies
 from shardplan.engines.spawn import (
     exit_fast,
     free_port,
@@ -151,14 +156,14 @@ def run_pipeline(
     require_gloo(torch)
 
     (stage_shape,) = shapes
-    world = len(tp.stages) * int(np.prod(stage_shape or (1,)))
+    world = tp.pipeline_stages * int(np.prod(stage_shape or (1,)))
     workdir = tempfile.mkdtemp(prefix="shardplan-pipeline-")
     job = {
         "plan": training_json.to_dict(tp),
         "seed": seed,
         "dtype": dtype,
         "timeout": timeout,
-        "mesh_shape": [len(tp.stages), *(stage_shape or (1,))],
+        "mesh_shape": [tp.pipeline_stages, *(stage_shape or (1,))],
         "workdir": workdir,
     }
     job_path = os.path.join(workdir, "job.json")
@@ -198,7 +203,7 @@ def run_pipeline(
         if ratio >= worst:
             worst, worst_name = ratio, name
     return PipelineReport(
-        len(tp.stages),
+        tp.pipeline_stages,
         tp.micro_batches,
         world,
         loss,
@@ -268,7 +273,11 @@ def _worker(rank: int, world: int, port: int, job_path: str) -> None:
     init_gloo(rank, world, port, float(job["timeout"]))
     try:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleInterleaved1F1B,
+        )
 
         from shardplan.engines.torch_runner import _Runner
 
@@ -280,60 +289,88 @@ def _worker(rank: int, world: int, port: int, job_path: str) -> None:
         mesh = init_device_mesh("cpu", mesh_shape=shape, mesh_dim_names=names)
         coordinate = mesh.get_coordinate()
         assert coordinate is not None
-        s = int(coordinate[0])
+        d = int(coordinate[0])
         sub = mesh[names[1:]] if len(names) > 2 else mesh[names[1]]
-        runner = _Runner(tp.stages[s].plan, sub, kernels(), True)
-        module, param_names = _stage_module(torch, runner, tp, s, int(job["seed"]), dtype)
-        n, m = len(tp.stages), tp.micro_batches
+        n, m, v = len(tp.stages), tp.micro_batches, tp.virtual_stages
         full = whole_graph(tp)
         micro = next(t for t in full.tensors.values() if t.role is Role.INPUT).shape[0]
-        # static shapes: no metadata-inference forward (it would shift the micro-batch count)
-        graph = tp.stages[s].plan.graph
-        later = {t for st in tp.stages[s + 1 :] for t in st.plan.graph.tensors}
-        incoming = [
-            t for t, x in graph.tensors.items() if x.role is Role.INPUT and t in full.producer
-        ]
-        outgoing = [t for op in graph.ops for t in op.outputs if t in later]
-        example_in = torch.zeros(full.tensors[incoming[0]].shape if s else (micro, 1))
-        example_in.requires_grad_(s > 0)
-        example_out = torch.zeros(full.tensors[outgoing[0]].shape if s < n - 1 else (1,))
-        example_out.requires_grad_(True)
-        stage = PipelineStage(
-            module,
-            s,
-            n,
-            torch.device("cpu"),
-            input_args=example_in,
-            output_args=example_out,
-            group=mesh.get_group("pp"),
-        )
-        schedule = Schedule1F1B(
-            stage, m, loss_fn=lambda out, _target: out.sum() / m, scale_grads=False
-        )
+        chunks = list(range(d, n, n // v))  # device group d runs chunks d, d + S, ...
+        stages, modules = [], {}
+        for s in chunks:
+            plan = tp.stages[s].plan
+            if tp.stages[s].levers.sequence_parallel:  # run the sequence-parallel layout
+                sp = sequence_parallel_strategies(plan.graph, plan.mesh, plan.strategies)
+                plan = replace(plan, strategies=sp)
+            runner = _Runner(plan, sub, kernels(), True)
+            module, param_names = _stage_module(torch, runner, tp, s, int(job["seed"]), dtype)
+            modules[s] = (module, param_names)
+            stages.append(_pipeline_stage(torch, PipelineStage, tp, s, module, micro, mesh))
+        loss_fn = lambda out, _target: out.sum() / m  # noqa: E731
+        if v == 1:
+            schedule = Schedule1F1B(stages[0], m, loss_fn=loss_fn, scale_grads=False)
+        else:
+            schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=False)
         batch = torch.zeros(micro * m, 1)
         losses: list[Any] = []
-        # the first stage feeds the batch, the last one (the same when S = 1) takes the loss
-        args = (batch,) if s == 0 else ()
-        last = {"target": torch.zeros(m, 1), "losses": losses} if s == n - 1 else {}
-        schedule.step(*args, **last)
-        grads = {}
-        for name, p in zip(param_names, module.weights, strict=True):
-            g = p.grad
-            grads[name] = (
-                g.full_tensor().detach().numpy()
-                if g is not None
-                else np.zeros(full.tensors[name].shape)
-            )
-        local = sub.get_coordinate()
-        if local is None or all(int(c) == 0 for c in local):
-            out: dict[str, Any] = dict(grads)
-            if s == n - 1:
-                out["__loss__"] = np.asarray(sum(float(x.detach()) for x in losses))
-            np.savez(os.path.join(job["workdir"], f"stage{s}.npz"), **out)
+        has_first, has_last = 0 in chunks, n - 1 in chunks
+        if has_first and has_last:
+            schedule.step(batch, target=torch.zeros(m, 1), losses=losses)
+        elif has_first:
+            schedule.step(batch)
+        elif has_last:
+            schedule.step(target=torch.zeros(m, 1), losses=losses)
+        else:
+            schedule.step()
+        for s, (module, param_names) in modules.items():
+            grads = {}
+            for name, p in zip(param_names, module.weights, strict=True):
+                g = p.grad
+                grads[name] = (
+                    g.full_tensor().detach().numpy()
+                    if g is not None
+                    else np.zeros(full.tensors[name].shape)
+                )
+            _save(job, sub, s, n, grads, losses)
         dist.barrier()
     finally:
         dist.destroy_process_group()
     exit_fast()
+
+
+def _pipeline_stage(
+    torch: Any, stage_cls: Any, tp: TrainingPlan, s: int, module: Any, micro: int, mesh: Any
+) -> Any:
+    """The PipelineStage of chunk s with static example shapes (no metadata-inference forward:
+    it would shift the micro-batch count)."""
+    full = whole_graph(tp)
+    n = len(tp.stages)
+    graph = tp.stages[s].plan.graph
+    later = {t for st in tp.stages[s + 1 :] for t in st.plan.graph.tensors}
+    incoming = [t for t, x in graph.tensors.items() if x.role is Role.INPUT and t in full.producer]
+    outgoing = [t for op in graph.ops for t in op.outputs if t in later]
+    example_in = torch.zeros(full.tensors[incoming[0]].shape if s else (micro, 1))
+    example_in.requires_grad_(s > 0)
+    example_out = torch.zeros(full.tensors[outgoing[0]].shape if s < n - 1 else (1,))
+    example_out.requires_grad_(True)
+    return stage_cls(
+        module,
+        s,
+        n,
+        torch.device("cpu"),
+        input_args=example_in,
+        output_args=example_out,
+        group=mesh.get_group("pp"),
+    )
+
+
+def _save(job: Any, sub: Any, s: int, n: int, grads: dict[str, Any], losses: list[Any]) -> None:
+    """Chunk s's gradients (and the loss, from the last chunk), written by the group's rank 0."""
+    local = sub.get_coordinate()
+    if local is None or all(int(c) == 0 for c in local):
+        out: dict[str, Any] = dict(grads)
+        if s == n - 1:
+            out["__loss__"] = np.asarray(sum(float(x) for x in losses))
+        np.savez(os.path.join(job["workdir"], f"stage{s}.npz"), **out)
 
 
 __all__ = ["PipelineReport", "run_pipeline", "whole_graph"]

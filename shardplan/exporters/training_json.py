@@ -1,6 +1,8 @@
 """Training plans as JSON (schema "shardplan.training/3"): `to_json` / `from_json` round-trip.
 
-The stage plans are stored in the plan schema (`plan_json`), with each stage's levers and its
+The stage plans (model chunks when interleaved: `virtual_stages` per device) are stored in the
+plan schema (`plan_json`), with each stage's levers (recompute, zero, sequence_parallel,
+context_parallel; the last two optional, default false) and its
 place in the model (`first_index`: the index of its first op; `model_ops`: the model's op
 count), the mesh, the batch, the micro-batch size, the number of micro-batches and the Problem
 (budget, batch); the step cost is stored for readers and recomputed on load
@@ -65,6 +67,7 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
         "micro_batch_size": tp.batch // tp.micro_batches,
         "pipeline_stages": tp.pipeline_stages,
         "model_ops": n,
+        "virtual_stages": tp.virtual_stages,
         "method": tp.method,
         "tokens_per_sample": tp.tokens_per_sample,
         "axes": list(tp.axes),
@@ -77,6 +80,8 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
                 "recompute": s.levers.recompute.value,
                 "zero": s.levers.zero,
                 "first_index": first,
+                "sequence_parallel": s.levers.sequence_parallel,
+                "context_parallel": s.levers.context_parallel,
                 "first_op": s.plan.graph.ops[0].name,
                 "last_op": s.plan.graph.ops[-1].name,
                 "plan": plan_json.to_dict(s.plan),
@@ -135,8 +140,11 @@ def _check_top(data: dict[str, Any]) -> None:
         for j, x in enumerate(_list(data.get(key, []), key)):
             _str(x, f"{key}[{j}]")
     stages = _list(data.get("stages"), "stages")
-    if len(stages) != _int(data.get("pipeline_stages"), "pipeline_stages", 1):
-        raise _fail("stages", f"a list of pipeline_stages={data['pipeline_stages']}", stages)
+    chunks = _int(data.get("pipeline_stages"), "pipeline_stages", 1) * _int(
+        data.get("virtual_stages", 1), "virtual_stages", 1
+    )
+    if len(stages) != chunks:
+        raise _fail("stages", f"a list of pipeline_stages x virtual_stages = {chunks}", stages)
     if data.get("problem") is not None:
         _problem(data["problem"])
     total, n = _int(data.get("model_ops"), "model_ops", 1) if new else None, 0
@@ -158,6 +166,9 @@ def _check_top(data: dict[str, Any]) -> None:
         n += len(ops)
         _str(s.get("recompute"), f"{p}.recompute")
         _int(s.get("zero"), f"{p}.zero (the ZeRO stage)", 0, 3)
+        for lever in ("sequence_parallel", "context_parallel"):
+            if not isinstance(s.get(lever, False), bool):
+                raise _fail(f"{p}.{lever}", "true or false", s[lever])
     if total is not None and n != total:
         raise PlanError(
             f"training plan stages hold {n} ops but the model has model_ops={total}: a stage is "
@@ -200,7 +211,15 @@ def from_json(text: str | bytes | dict[str, Any]) -> TrainingPlan:
     try:
         plans = _with_incoming_grads([_stage_plan(s["plan"]) for s in data["stages"]])
         stages = tuple(
-            Stage(p, Levers(Recompute(s["recompute"]), s["zero"]))
+            Stage(
+                p,
+                Levers(
+                    Recompute(s["recompute"]),
+                    s["zero"],
+                    s.get("sequence_parallel", False),
+                    s.get("context_parallel", False),
+                ),
+            )
             for p, s in zip(plans, data["stages"], strict=True)
         )
         mesh = Mesh.from_dict(data["mesh"])
@@ -226,6 +245,7 @@ def from_json(text: str | bytes | dict[str, Any]) -> TrainingPlan:
         tuple(data.get("axes", ())),
         float(data.get("search_seconds", 0.0)),
         tuple(data.get("notes", ())),
+        virtual_stages=data.get("virtual_stages", 1),
         problem=problem,
     )
 

@@ -87,6 +87,35 @@ KIND_TRAITS: Mapping[str, KindTraits] = MappingProxyType(
 _NONE = KindTraits()
 
 
+class Saved(Enum):
+    """What an op's backward reads, so what autograd keeps from its forward (PyTorch's
+    tools/autograd/derivatives.yaml: e.g. `mm` saves self and mat2, `gelu` self, `_softmax` and
+    `exp` result, `add` nothing, `native_dropout` its boolean mask)."""
+
+    INPUTS = "inputs"
+    OUTPUTS = "outputs"
+    NOTHING = "nothing"
+    MASK = "mask"  # one byte per element of the result
+
+
+SAVED_FOR_BACKWARD: Mapping[str, Saved] = MappingProxyType(
+    {
+        **{k: Saved.NOTHING for k in ("add", "sub", "bias_add", "neg", "cast", "identity")},
+        **{k: Saved.NOTHING for k in ("scale", "reshape", "transpose", "concat")},
+        **{k: Saved.NOTHING for k in ("reduce_sum", "reduce_mean")},
+        **{k: Saved.OUTPUTS for k in ("softmax", "exp", "tanh", "sigmoid", "relu", "sqrt")},
+        "rsqrt": Saved.OUTPUTS,
+        "dropout": Saved.MASK,
+    }
+)
+"""Kind -> what its backward keeps; kinds not listed keep their non-parameter inputs (matmuls,
+norms, gelu/silu, mul/div, convolutions, embeddings' ids, cross-entropy's logits, MoE ops)."""
+
+
+def saved_for_backward(kind: str) -> Saved:
+    return SAVED_FOR_BACKWARD.get(kind, Saved.INPUTS)
+
+
 def traits_of(kind: str) -> KindTraits:
     """The traits of op kind `kind` (empty for kinds without any)."""
     return KIND_TRAITS.get(kind, _NONE)
@@ -99,9 +128,12 @@ def has_trait(kind: str, trait: Trait) -> bool:
 __all__ = [
     "KIND_TRAITS",
     "OPAQUE_KIND",
+    "SAVED_FOR_BACKWARD",
     "IndexInput",
     "KindTraits",
+    "Saved",
     "Trait",
     "has_trait",
+    "saved_for_backward",
     "traits_of",
 ]

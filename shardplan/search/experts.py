@@ -7,6 +7,8 @@
   (vocab-parallel embedding), else a PARALLEL dim only its parameter carries (column-parallel);
   ops without parameters follow their input's split (heads through reshape/transpose/bmm).
   Rounds of outer axes are data-parallel.
+* context parallel (`context_parallel`): the sequence (dim 1 of the graph inputs) cut instead
+  of the batch in given rounds, followed through the graph the same way.
 * fsdp: data-parallel cuts, with every parameter stored split along its largest divisible dims
   across all rounds (ZeRO-3): all-gathers before use, sharded gradients and optimizer state.
 Each is one pass in topological order per round: O(|V| + |E|) per round.
@@ -127,6 +129,39 @@ def data_parallel(
     every = set(range(len(mesh.rounds)))
     cuts = _propagate(graph, mesh, every, _batch_seed(graph), _follow, classes)
     return {k: tuple(v) for k, v in cuts.items()}
+
+
+def context_parallel(
+    graph: Graph, mesh: Mesh, strategies: dict[str, Strategy], rounds: Sequence[int]
+) -> dict[str, Strategy]:
+    """`strategies` with the sequence split in `rounds` (context parallelism): dim 1 of the
+    graph inputs of rank >= 2 (the sequence of token ids, hidden states, labels) followed
+    through the graph as the data-parallel walk follows dim 0; an op whose followed cut is not
+    valid with its other cuts stays whole in that round (its reader then gathers)."""
+    use = set(rounds)
+
+    def seed(name: str) -> int | None:
+        t = graph.tensors[name]
+        return 1 if t.role is Role.INPUT and len(t.shape) >= 2 else None
+
+    cuts = _propagate(graph, mesh, use, seed, _follow)
+    out: dict[str, Strategy] = {}
+    for op in graph.ops:
+        strategy = list(strategies[op.name])
+        for r in sorted(use):
+            strategy[r] = None
+        extents = op.signature.extents
+        for rnd, cut in zip(mesh.rounds, strategy, strict=True):
+            if cut is not None:
+                extents[cut] //= rnd.q
+        for r in sorted(use):
+            cut = cuts[op.name][r]
+            if cut is not None and cut not in strategy:
+                if cut_problem(op, cut, extents[cut], mesh.rounds[r].q) is None:
+                    extents[cut] //= mesh.rounds[r].q
+                    strategy[r] = cut
+        out[op.name] = tuple(strategy)
+    return out
 
 
 def _tensor_parallel_choice(graph: Graph) -> Chooser:

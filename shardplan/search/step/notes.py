@@ -44,6 +44,12 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
         if used:
             why = f"to fit {budget / 1e9:.3g} GB per device" if budget else "faster under the model"
             notes.append(f"stage {s}: {' and '.join(used)} {why}")
+    sp = [s for s, stage in enumerate(tp.stages) if stage.levers.sequence_parallel]
+    if sp:
+        notes.append(
+            f"stages {_ranges(sp)}: sequence parallelism (norms and residual adds split along the "
+            "sequence over the tensor-parallel group: their compute and activations / t)"
+        )
     return tuple(notes)
 
 

@@ -1,11 +1,17 @@
 """Hand-made training recipes as ordinary TrainingPlans, scored by the same step model.
 
-megatron_recipe — Megatron-LM as Narayanan et al. (SC'21) run it: tensor parallelism on the
-innermost mesh ways (within a node), pipeline parallelism over the outermost axis (nodes), data
-parallelism on the remaining ways; layers split evenly over the stages (the same FLOP-balanced
-DP over segments the search uses); 1F1B with m = batch / (data-parallel ways x micro-batch
-size) micro-batches; full activation recomputation on every stage (the paper's FLOP count
-assumes it); no ZeRO. One expert pass per stage: O(stages * (|V| + |E|) * rounds).
+megatron_recipe — Megatron-LM as Narayanan et al. (SC'21) and Korthikanti et al. (MLSys'23) run
+it: tensor parallelism on the innermost mesh ways (within a node), pipeline parallelism over the
+outermost axis (nodes), data parallelism on the remaining ways; the model cut into pipeline x v
+FLOP-balanced chunks over whole layers (the same DP over segments the search uses), device group
+d holding chunks d, d + S, ... (interleaved 1F1B when v > 1); m = batch / (data-parallel ways x
+micro-batch size) micro-batches. Knobs as published: recomputation (full, the SC'21 setting;
+selective; none), sequence parallelism (`cost.sequence`), v model chunks per device, the
+distributed optimizer (ZeRO-1 over the data-parallel group, `cost.zero`), expert parallelism
+(`expert_parallel`: the experts split over the innermost data-parallel ways, all-to-alls priced
+by the evaluator), context parallelism (`experts.context_parallel`: the sequence split on the
+innermost data-parallel rounds, the K/V ring exchange priced by `cost.sequence.ring_terms`).
+One expert pass per chunk: O(S v (|V| + |E|) rounds).
 """
 
 from __future__ import annotations
@@ -14,12 +20,16 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from shardplan.cost import CostOptions
+from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, profile_stage
 from shardplan.errors import PlanError
+from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.ir.signature import loop_names, major_positions
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
-from shardplan.search.experts import megatron
+from shardplan.search.experts import context_parallel, megatron
 from shardplan.search.step.notes import axis_summary
 from shardplan.search.step.stages import (
     stage_graphs,
@@ -27,7 +37,207 @@ from shardplan.search.step.stages import (
     stage_starts,
     tokens_per_sample,
 )
+from shardplan.sharding import Strategy, cut_problem
 from shardplan.training import TrainingPlan, assemble, at_precision
+
+KNOBS = (
+    "micro_batch_size",
+    "recompute",
+    "sequence_parallel",
+    "virtual_stages",
+    "context",
+    "distributed_optimizer",
+    "expert",
+)
+"""The recipe's keyword knobs after (build, batch, mesh, opts, tensor, pipeline)."""
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"megatron-recipe: {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise PlanError(f"megatron-recipe: {name} must be True or False, got {value!r}")
+    return value
+
+
+def _recompute(value: object) -> Recompute:
+    if isinstance(value, Recompute):
+        return value
+    try:
+        return Recompute(value)
+    except ValueError:
+        raise PlanError(
+            f"megatron-recipe: recompute must be one of {[r.value for r in Recompute]}, "
+            f"got {value!r}"
+        ) from None
+
+
+def _check_knobs(
+    mesh: Mesh, batch: int, tensor: int, pipeline: int, mbs: int, v: int, context: int, expert: int
+) -> tuple[int, int]:
+    """(data-parallel ways, micro-batches) of the knobs on `mesh`, or a PlanError naming the
+    knob that does not fit."""
+    for name, value in (("tensor", tensor), ("pipeline", pipeline), ("batch", batch)):
+        _positive(name, value)
+    _positive("micro_batch_size", mbs)
+    _positive("virtual_stages", v)
+    if _positive("context", context) > 1 and expert > 1:
+        raise PlanError(
+            f"megatron-recipe: context={context} with expert={expert}: context and expert "
+            "parallelism together are not modelled yet; use one of them"
+        )
+    _positive("expert", expert)
+    if mesh.shape[0] % pipeline:
+        raise PlanError(
+            f"pipeline degree {pipeline} does not divide the outermost mesh axis {mesh.shape[0]}"
+        )
+    if mesh.size % (tensor * pipeline):
+        raise PlanError(
+            f"tensor {tensor} x pipeline {pipeline} does not divide {mesh.size} devices"
+        )
+    if v > 1 and pipeline == 1:
+        raise PlanError(
+            f"megatron-recipe: virtual_stages={v} interleaves model chunks over pipeline stages; "
+            "it needs pipeline > 1"
+        )
+    if (mesh.size // (tensor * pipeline)) % context:
+        raise PlanError(
+            f"megatron-recipe: context={context} must divide the "
+            f"{mesh.size // (tensor * pipeline)} ways left by tensor x pipeline"
+        )
+    data = mesh.size // (tensor * pipeline * context)
+    if data % expert:
+        raise PlanError(
+            f"megatron-recipe: expert={expert} must divide the {data} data-parallel ways "
+            "(expert parallelism runs inside the data-parallel group)"
+        )
+    per_step = data * mbs
+    if batch % per_step:
+        raise PlanError(
+            f"batch {batch} is not a multiple of data-parallel ways {data} x micro-batch size {mbs}"
+        )
+    m = batch // per_step
+    if v > 1 and m % pipeline:
+        raise PlanError(
+            f"megatron-recipe: the interleaved schedule needs the {m} micro-batches to be a "
+            f"multiple of pipeline {pipeline} (as Megatron-LM requires)"
+        )
+    return data, m
+
+
+def _context_rounds(mesh: Mesh, strategies: dict[str, Strategy], graph: Graph, c: int) -> list[int]:
+    """The innermost rounds outside tensor parallelism whose q multiply to `c` (context
+    parallelism next to tensor parallelism, as Megatron-LM orders its ranks); PlanError if none."""
+    tensor = set(tensor_rounds(graph, mesh, strategies))
+    rounds, ways = [], 1
+    for r in reversed(mesh.rounds):
+        if r.index not in tensor and ways < c and r.q > 1:
+            rounds.append(r.index)
+            ways *= r.q
+    if ways != c:
+        raise PlanError(
+            f"megatron-recipe: context={c} is not a product of the data-parallel rounds "
+            f"{[r.q for r in mesh.rounds if r.index not in tensor]} of the stage mesh"
+        )
+    return rounds
+
+
+def expert_parallel(
+    graph: Graph, mesh: Mesh, strategies: dict[str, Strategy], expert: int
+) -> dict[str, Strategy]:
+    """`strategies` with expert parallelism `expert` ways on the innermost data-parallel rounds
+    (the rounds no op splits a parameter in, innermost first: the fast links carry the
+    all-to-alls): there each op with a PARALLEL loop dim that indexes both a parameter and an
+    activation (the experts of an expert matmul) cuts it instead of the batch; the evaluator
+    prices the layout change around it (tokens split by group -> by expert) as the all-to-all
+    it is. PlanError when the rounds or the model do not allow it."""
+    if expert == 1:
+        return strategies
+    tensor = set(tensor_rounds(graph, mesh, strategies))
+    rounds, ways = [], 1
+    for r in reversed(mesh.rounds):
+        if r.index not in tensor and ways < expert and r.q > 1:
+            rounds.append(r.index)
+            ways *= r.q
+    if ways != expert:
+        raise PlanError(
+            f"megatron-recipe: expert={expert} is not a product of the data-parallel rounds "
+            f"{[r.q for r in mesh.rounds if r.index not in tensor]} of the stage mesh"
+        )
+    out, found = dict(strategies), False
+    split_at: dict[str, int] = {}  # tensor -> the dim the experts split it along
+    for op in graph.ops:
+        dim = _expert_dim(graph, op)
+        if (
+            dim is None
+            and op.inputs
+            and op.inputs[0] in split_at
+            and not any(graph.tensors[t].role is Role.PARAMETER for t in op.inputs)
+        ):  # an op between expert matmuls (the activation) keeps the expert split
+            group = op.signature.inputs[0][split_at[op.inputs[0]]]
+            dim = group[0] if group else None
+            required = False
+        else:
+            required = True
+        if dim is None:
+            continue
+        cut = _cut_rounds(op, strategies[op.name], dim, rounds, mesh)
+        if cut is None:
+            if required:
+                raise PlanError(
+                    f"megatron-recipe: expert={expert} does not divide loop dim {dim!r} "
+                    f"(extent {op.signature.extents[dim]}) of op {op.name!r}"
+                )
+            continue
+        out[op.name], found = cut, True
+        for i, dims in enumerate(op.signature.outputs):
+            position = major_positions(dims).get(dim)
+            if position is not None:
+                split_at[op.outputs[i]] = position
+    if not found:
+        raise PlanError(
+            f"megatron-recipe: expert={expert}, but {graph.name!r} has no op whose parameter and "
+            "activation share a parallel dim (an expert layer); use expert=1"
+        )
+    return out
+
+
+def _expert_dim(graph: Graph, op: Op) -> str | None:
+    """The experts of an expert matmul: a PARALLEL loop dim indexing both an activation and a
+    parameter that is contracted (carries a REDUCE dim: a weight, not a bias), if any."""
+    roles = [graph.tensors[t].role is Role.PARAMETER for t in op.inputs]
+    pdims = set().union(*(loop_names(op.signature.inputs[i]) for i, p in enumerate(roles) if p))
+    adims = set().union(*(loop_names(op.signature.inputs[i]) for i, p in enumerate(roles) if not p))
+    kinds = {d.name: d.kind for d in op.signature.loop_dims}
+    if not any(kinds[d] is DimKind.REDUCE for d in pdims):
+        return None
+    for d in op.signature.loop_dims:
+        if d.kind is DimKind.PARALLEL and d.name in pdims & adims:
+            return d.name
+    return None
+
+
+def _cut_rounds(
+    op: Op, strategy: Strategy, dim: str, rounds: list[int], mesh: Mesh
+) -> Strategy | None:
+    """`strategy` cutting `dim` in `rounds` instead (None when that is not a valid cut)."""
+    out = list(strategy)
+    if any(c == dim for r, c in enumerate(out) if r not in rounds):
+        return None
+    extents = op.signature.extents
+    for r, cut in enumerate(out):
+        if cut is not None and r not in rounds:
+            extents[cut] //= mesh.rounds[r].q
+    for r in sorted(rounds):
+        if cut_problem(op, dim, extents[dim], mesh.rounds[r].q) is not None:
+            return None
+        extents[dim] //= mesh.rounds[r].q
+        out[r] = dim
+    return tuple(out)
 
 
 def megatron_recipe(
@@ -38,53 +248,59 @@ def megatron_recipe(
     tensor: int,
     pipeline: int,
     micro_batch_size: int = 1,
-    recompute: Recompute = Recompute.FULL,
+    recompute: Recompute | str = Recompute.FULL,
+    *,
+    sequence_parallel: bool = False,
+    virtual_stages: int = 1,
+    context: int = 1,
+    distributed_optimizer: bool = False,
+    expert: int = 1,
 ) -> TrainingPlan:
-    """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh`."""
+    """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh` and the
+    published knobs (module docstring); PlanError for a knob that is unknown or does not fit."""
     mesh = at_precision(mesh, opts)
-    if mesh.shape[0] % pipeline:
+    rec = _recompute(recompute)
+    sp_on = _flag("sequence_parallel", sequence_parallel)
+    zero = 1 if _flag("distributed_optimizer", distributed_optimizer) else 0
+    v = virtual_stages
+    data, m = _check_knobs(mesh, batch, tensor, pipeline, micro_batch_size, v, context, expert)
+    if sp_on and tensor == 1:
         raise PlanError(
-            f"pipeline degree {pipeline} does not divide the outermost mesh axis {mesh.shape[0]}"
+            "megatron-recipe: sequence_parallel splits the tensor-parallel group's replicated "
+            "regions; it needs tensor > 1"
         )
-    data = mesh.size // (tensor * pipeline)
-    if data < 1 or mesh.size % (tensor * pipeline):
-        raise PlanError(
-            f"tensor {tensor} x pipeline {pipeline} does not divide {mesh.size} devices"
-        )
-    per_step = data * micro_batch_size
-    if batch % per_step:
-        raise PlanError(
-            f"batch {batch} is not a multiple of data-parallel ways {data} x micro-batch size "
-            f"{micro_batch_size}"
-        )
-    m = batch // per_step
     probe = build(batch)
-    graph = build(per_step)
+    graph = build(data * micro_batch_size)  # a micro-batch of every data-parallel replica
     if probe is None or graph is None:
         raise PlanError("the Megatron recipe needs the model at the micro-batch size (zoo models)")
     smesh = stage_mesh(mesh, pipeline)
-    plans, profiles = [], []
-    for sub in stage_graphs(graph, stage_starts(probe, pipeline)):
-        strategies = megatron(sub, smesh, tensor)
-        prof = profile_stage(sub, smesh, strategies, opts)
-        plans.append(Plan(sub, smesh, strategies, "megatron", opts, cost=prof.breakdown))
-        profiles.append(prof)
+    stages = []
+    for sub in stage_graphs(graph, stage_starts(probe, pipeline * v)):
+        strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
+        if context > 1:
+            rounds = _context_rounds(smesh, strategies, sub, context)
+            strategies = context_parallel(sub, smesh, strategies, rounds)
+        cp = context > 1
+        prof = profile_stage(
+            sub, smesh, strategies, opts, sequence_parallel=sp_on, context_parallel=cp
+        )
+        plan = Plan(sub, smesh, strategies, "megatron", opts, cost=prof.breakdown)
+        stages.append((plan, prof, Levers(rec, zero, sp_on, cp)))
     tp = assemble(
-        probe.name,
-        mesh,
-        batch,
-        [(p, prof, Levers(recompute, 0)) for p, prof in zip(plans, profiles, strict=True)],
-        m,
-        "megatron-recipe",
-        tokens_per_sample(probe, batch),
+        probe.name, mesh, batch, stages, m, "megatron-recipe", tokens_per_sample(probe, batch), v
     )
+    schedule = f" (interleaved 1F1B, {v} chunks per device)" if v > 1 else ""
     return replace(
         tp,
         axes=axis_summary(tp),
         notes=(
-            f"Megatron-LM recipe: tensor x{tensor}, pipeline x{pipeline}, data x{data}, "
-            f"micro-batch size {micro_batch_size} ({m} micro-batches), {recompute.value} "
-            "recomputation, no ZeRO",
+            f"Megatron-LM recipe: tensor x{tensor}, pipeline x{pipeline}{schedule}, data "
+            f"x{data}, micro-batch size {micro_batch_size} ({m} micro-batches), {rec.value} "
+            "recomputation, "
+            + ("sequence parallel, " if sp_on else "")
+            + (f"expert parallel x{expert}, " if expert > 1 else "")
+            + (f"context parallel x{context}, " if context > 1 else "")
+            + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO"),
         ),
         step=tp.step,
     )

@@ -10,9 +10,10 @@ outer axis):
   3. each stage's sub-graph is planned by D-Rec on the stage mesh (outer axis / S x the rest);
      sub-graphs of the same structure (the middle stages of a uniform model) are planned once
      and the strategies mapped by op position, so a candidate costs at most a few D-Rec runs;
-  4. per stage, the levers (recomputation none/selective/full x ZeRO 0-3) with the shortest step
-     share that fits the budget, preferring the least intrusive among equals — so a lever is on
-     only where memory needs it;
+  4. per stage, the levers (recomputation none/selective/full x ZeRO 0-3, and sequence
+     parallelism for a stage plan with tensor-parallel rounds, `cost/sequence.py`) with the
+     shortest step share that fits the budget, preferring the least intrusive among equals — so
+     a lever is on only where memory or time needs it;
   5. the step model (cost/step.py) scores the candidate; the fastest that fits wins.
 Each candidate's step is bounded below by m + S - 1 slots of its heaviest stage's compute with
 every op split ideally (its FLOPs and bytes at the global batch divided by m x the stage's
@@ -29,6 +30,7 @@ from dataclasses import replace
 
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import op_bytes
+from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import (
     Levers,
     Recompute,
@@ -135,9 +137,11 @@ class _StagePlanner:
                 (
                     method,
                     tuple(st[op.name] for op in graph.ops),
-                    profile_stage(graph, mesh, st, self.opts),
+                    profile_stage(graph, mesh, st, self.opts, sequence_parallel=sp),
                 )
                 for method, st in found
+                # a tensor-parallel plan is also tried with sequence parallelism
+                for sp in ((False, True) if tensor_rounds(graph, mesh, st) else (False,))
             ]
         out = []
         for method, cached, prof in hit:
@@ -153,6 +157,7 @@ def choose_levers(
     with that time; None when no combination fits."""
     best: tuple[float, Levers] | None = None
     for lv in LEVERS:
+        lv = replace(lv, sequence_parallel=profile.sequence_parallel)
         c = stage_cost(profile, lv, m, in_flight)
         if budget is not None and c.memory_bytes > budget:
             continue
@@ -304,7 +309,12 @@ class _StepSearch:
                 if fit is not None:
                     options.append((fit[0], len(options), plan, prof, fit[1]))
                 else:
-                    need = min(stage_cost(prof, x, m, in_flight).memory_bytes for x in LEVERS)
+                    need = min(
+                        stage_cost(
+                            prof, replace(x, sequence_parallel=prof.sequence_parallel), m, in_flight
+                        ).memory_bytes
+                        for x in LEVERS
+                    )
                     if self.leanest is None or need < self.leanest[0]:
                         self.leanest = (need, f"S={n_stages} m={m} stage {s}")
             if not options:
@@ -334,4 +344,3 @@ def _better(a: TrainingPlan, b: TrainingPlan) -> bool:
         return True
     tie = a.step.step_s <= b.step.step_s * (1 + 1e-9)
     return tie and (a.pipeline_stages, a.micro_batches) < (b.pipeline_stages, b.micro_batches)
-

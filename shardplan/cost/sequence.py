@@ -1,0 +1,162 @@
+"""Sequence parallelism (Korthikanti et al., MLSys'23 §4.2.2) as a layout of a tensor-parallel plan.
+
+Tensor-parallel rounds T of a plan: the rounds in which some op cuts a loop dim that indexes one
+of its parameters (a weight split by tensor parallelism; data-parallel rounds cut only dims no
+parameter carries). The ops a plan leaves whole in every round of T run redundantly on each
+device of the tensor group — in a transformer the layer norms, residual adds and the bias adds
+after the row-parallel linears. Sequence parallelism splits each of them along a PARALLEL loop
+dim no parameter of the op carries (the sequence, or the batch when it divides), q ways in each
+round of T: their compute and their results (the activations kept for the backward) are 1/t of
+the tensor-parallel plan's, t = prod_{r in T} q_r, and a parameter they read (a norm's gain and
+bias) has its gradient all-reduced over the tensor group (what the evaluator prices for a cut
+that does not index the parameter). At the boundaries the all-reduce of the row-parallel
+linear's partial sums becomes a reduce-scatter into the split region and an all-gather out of
+it: the same ring volume, 2 (t - 1)/t of the tensor (§4.2.2), so the step model keeps the
+tensor-parallel plan's collectives (`cost.step.profile_stage`). O(ops x rounds x dims).
+
+Context parallelism (Megatron-LM's `context_parallel_size`, ring attention) is a layout too:
+the stage cuts the sequence in c ways of its data-parallel rounds, so an attention reader of
+the keys and values (split along the sequence by their producer) reads them whole — in SPMD
+terms an all-gather, which the evaluator prices forward: (c - 1)/c of K and of V. The ring runs
+that volume as c - 1 point-to-point steps, each overlapped with the attention of the chunk in
+hand (Liu et al., "Ring Attention", 2023; TransformerEngine's `attn_forward_func_with_cp`, p2p),
+and in the backward passes K and V around again with the partial dK, dV beside them: twice the
+forward volume. `ring_terms` reads the exchange (every activation all-gather of a plan whose
+levers say context parallel) and its readers' compute; the step model charges
+max(0, G - readers' forward) forward and max(0, 2 G - readers' backward) backward in place of
+the evaluator's terms for those edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shardplan.cost.evaluate import edge_terms, output_layouts, unary_terms
+from shardplan.cost.presets import CostOptions
+from shardplan.errors import PlanError
+from shardplan.ir.dims import DimKind
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.ir.signature import loop_names
+from shardplan.mesh import Mesh
+from shardplan.sharding import Strategy, cut_problem, operand_layout
+
+
+def _param_dims(graph: Graph, op: Op) -> set[str]:
+    """Loop dims that index one of `op`'s parameter operands."""
+    out: set[str] = set()
+    for i, name in enumerate(op.inputs):
+        if graph.tensors[name].role is Role.PARAMETER:
+            out |= loop_names(op.signature.inputs[i])
+    return out
+
+
+def tensor_rounds(graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy]) -> tuple[int, ...]:
+    """The rounds (q > 1) in which some op cuts a loop dim indexing one of its parameters."""
+    rounds = set()
+    for op in graph.ops:
+        pdims = _param_dims(graph, op)
+        for r, cut in enumerate(strategies[op.name]):
+            if cut is not None and cut in pdims and mesh.rounds[r].q > 1:
+                rounds.add(r)
+    return tuple(sorted(rounds))
+
+
+def sequence_parallel_strategies(
+    graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy]
+) -> dict[str, Strategy]:
+    """`strategies` with every op left whole in the tensor-parallel rounds split along a
+    parameter-free PARALLEL loop dim there (module docstring); PlanError when the plan has no
+    tensor-parallel round."""
+    rounds = tensor_rounds(graph, mesh, strategies)
+    if not rounds:
+        raise PlanError(
+            "sequence parallelism splits the tensor-parallel group's replicated regions, but "
+            "this plan splits no parameter (no tensor parallelism); use tensor > 1 or drop "
+            "sequence_parallel"
+        )
+    out = dict(strategies)
+    for op in graph.ops:
+        strategy = strategies[op.name]
+        if any(strategy[r] is not None for r in rounds):
+            continue  # already tensor-parallel
+        extents = op.signature.extents
+        for rnd, cut in zip(mesh.rounds, strategy, strict=True):
+            if cut is not None:
+                extents[cut] //= rnd.q
+        pdims = _param_dims(graph, op)
+        for d in op.signature.loop_dims:
+            if d.kind is not DimKind.PARALLEL or d.name in pdims or d.name in strategy:
+                continue
+            left, ok = extents[d.name], True
+            for r in rounds:
+                if cut_problem(op, d.name, left, mesh.rounds[r].q) is not None:
+                    ok = False
+                    break
+                left //= mesh.rounds[r].q
+            if ok:
+                out[op.name] = tuple(d.name if r in rounds else c for r, c in enumerate(strategy))
+                break
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RingTerms:
+    """Context parallelism's K/V exchange in a stage plan (seconds, per micro-batch): the
+    evaluator's terms of the activation all-gathers forward (`gather_s`, G) and backward
+    (`scatter_s`: their backward edge terms and the readers' all-reduce of the gathered
+    operands' gradients — in a context-parallel attention the readers have no other backward
+    collective), and the forward / backward compute of the ops that read the gathered tensors
+    (the attention the ring overlaps with)."""
+
+    gather_s: float
+    scatter_s: float
+    readers_fwd_s: float
+    readers_bwd_s: float
+
+    @property
+    def exposed_fwd_s(self) -> float:
+        return max(0.0, self.gather_s - self.readers_fwd_s)
+
+    @property
+    def exposed_bwd_s(self) -> float:
+        """K and V passed around again with the partial dK, dV (2 G), under the attention's
+        backward."""
+        return max(0.0, 2 * self.gather_s - self.readers_bwd_s)
+
+
+def ring_terms(
+    graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy], opts: CostOptions
+) -> RingTerms:
+    """The activation all-gathers of a context-parallel plan and their readers (docstring)."""
+    out_layout = output_layouts(graph, strategies)
+    gather = scatter = fwd = bwd = 0.0
+    factor = opts.preset.training_flops_factor
+    for op in graph.ops:
+        strategy = strategies[op.name]
+        reads = False
+        for i, name in enumerate(op.inputs):
+            src = out_layout.get(name)
+            if src is None:
+                continue  # graph inputs, parameters, constants
+            dst = operand_layout(op, strategy, i)
+            if any(s >= 0 and d < 0 for s, d in zip(src, dst, strict=True)):
+                terms = edge_terms(graph, name, src, dst, mesh.rounds, opts)
+                gather += terms.redistribution_fwd
+                scatter += terms.redistribution_bwd
+                reads = True
+        if reads:  # the SPMD price of the gathered operands' gradients: the reader's all-reduce
+            intra, compute = unary_terms(graph, op, strategy, mesh, opts)
+            scatter += intra.intra_bwd
+            fwd += compute / factor
+            bwd += compute - compute / factor
+    return RingTerms(gather, scatter, fwd, bwd)
+
+
+__all__ = [
+    "RingTerms",
+    "ring_terms",
+    "sequence_parallel_strategies",
+    "tensor_rounds",
+]
