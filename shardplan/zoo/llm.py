@@ -26,7 +26,7 @@ from __future__ import annotations
 from shardplan.errors import ArgumentError, IRError
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.zoo.layers import dense, layer_norm
-from shardplan.zoo.moe import _swiglu, moe_block
+from shardplan.zoo.moe import swiglu, moe_block
 
 
 def _rope(b: GraphBuilder, x: str, name: str) -> str:
@@ -180,7 +180,7 @@ def llama(
                 gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn"),
                 name="residual_1",
             )
-            y = _swiglu(b, layer_norm(b, x, "mlp_norm", rms=True), ffn, "mlp")
+            y = swiglu(b, layer_norm(b, x, "mlp_norm", rms=True), ffn, "mlp")
             x = b.apply("add", x, y, name="residual_2")
     return _head(b, x, labels, table, vocab, tied)
 
@@ -231,7 +231,7 @@ def moe_llm(
             x = b.apply("add", x, h, name="residual_1")
             y = layer_norm(b, x, "mlp_norm", rms=True)
             if i < dense_layers:
-                out = _swiglu(b, y, ffn, "mlp")
+                out = swiglu(b, y, ffn, "mlp")
             else:
                 out = moe_block(
                     b,
@@ -247,7 +247,7 @@ def moe_llm(
                 )
                 if shared:
                     out = b.apply(
-                        "add", out, _swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
+                        "add", out, swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
                     )
             x = b.apply("add", x, out, name="residual_2")
     return _head(b, x, labels, table, vocab, tied=False)
