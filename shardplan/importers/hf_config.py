@@ -12,6 +12,7 @@ once per builder; each batch size is one export + translation, O(|nodes|).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,8 @@ def load_config(
     heads: int | None = None,
 ) -> tuple[Any, str, str | None]:
     """(transformers config, label, architecture class name) of a path, dict or config object;
-    `layers`/`hidden`/`heads` override the standard keys (hidden also sets intermediate 4x)."""
+    `layers`/`hidden`/`heads` override the standard keys (hidden also sets intermediate 4x, heads
+    the K/V heads to their gcd with it, both a head_dim that was hidden // heads)."""
     _, transformers = _frameworks()
     if isinstance(config, transformers.PretrainedConfig):
         arch = (getattr(config, "architectures", None) or [None])[0]
@@ -86,6 +88,7 @@ def load_config(
                 f"--hf {label!r}: transformers does not know model_type {model_type!r}"
             ) from e
         arch = (data.get("architectures") or [None])[0]
+    derived_head_dim = _head_dim(cfg)
     for value, key in (
         (layers, "num_hidden_layers"),
         (hidden, "hidden_size"),
@@ -93,10 +96,20 @@ def load_config(
     ):
         if value is not None:
             setattr(cfg, key, value)
+    kv = getattr(cfg, "num_key_value_heads", None)
+    if heads is not None and isinstance(kv, int) and heads % kv:
+        cfg.num_key_value_heads = math.gcd(kv, heads)  # K/V heads must divide the query heads
+    if derived_head_dim is not None and derived_head_dim == getattr(cfg, "head_dim", None):
+        cfg.head_dim = _head_dim(cfg)  # hidden // heads unless the config set it apart (Qwen3)
     if hidden is not None and hasattr(cfg, "intermediate_size"):
         cfg.intermediate_size = 4 * hidden
     cfg.use_cache = False
     return cfg, label, arch
+
+
+def _head_dim(cfg: Any) -> int | None:
+    hidden, heads = getattr(cfg, "hidden_size", None), getattr(cfg, "num_attention_heads", None)
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
 
 
 def meta_module(cfg: Any, arch: str | None) -> Any:

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from shardplan.errors import ArgumentError, IRError
 from shardplan.ir.graph import Graph, GraphBuilder
+from shardplan.ir.op import Role
 from shardplan.zoo.layers import dense, layer_norm
-from shardplan.zoo.moe import _swiglu, moe_block
+from shardplan.zoo.moe import moe_block, swiglu
 
 
 def _rope(b: GraphBuilder, x: str, name: str) -> str:
@@ -180,7 +181,7 @@ def llama(
                 gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn"),
                 name="residual_1",
             )
-            y = _swiglu(b, layer_norm(b, x, "mlp_norm", rms=True), ffn, "mlp")
+            y = swiglu(b, layer_norm(b, x, "mlp_norm", rms=True), ffn, "mlp")
             x = b.apply("add", x, y, name="residual_2")
     return _head(b, x, labels, table, vocab, tied)
 
@@ -231,7 +232,7 @@ def moe_llm(
             x = b.apply("add", x, h, name="residual_1")
             y = layer_norm(b, x, "mlp_norm", rms=True)
             if i < dense_layers:
-                out = _swiglu(b, y, ffn, "mlp")
+                out = swiglu(b, y, ffn, "mlp")
             else:
                 out = moe_block(
                     b,
@@ -247,25 +248,31 @@ def moe_llm(
                 )
                 if shared:
                     out = b.apply(
-                        "add", out, _swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
+                        "add", out, swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
                     )
             x = b.apply("add", x, out, name="residual_2")
     return _head(b, x, labels, table, vocab, tied=False)
 
 
 def activated_params(graph: Graph) -> int:
-    """Parameters a token uses: every parameter, except that an expert weight read by
-    `expert_matmul` counts k/E of its size (k, E from the layer's `moe_topk_ids`/`moe_route`)."""
-    routing: dict[str, list[int]] = {}
+    """Parameters a token uses: every parameter, except that a stacked expert weight
+    [experts, out, in] of a routed layer counts k/E of its size. A routed layer is one whose
+    routing ops carry `k` and `experts` attributes (`shardplan.ir.catalogue_moe`)."""
+    routing: dict[str, dict[str, int]] = {}
     for op in graph.ops:
         attrs = dict(op.attrs)
-        if op.kind == "moe_topk_ids":
-            routing.setdefault(op.layer, [0, 0])[0] = attrs["k"]
-        elif op.kind == "moe_route":
-            routing.setdefault(op.layer, [0, 0])[1] = attrs["experts"]
-    idle = 0.0
+        for key in ("k", "experts"):
+            if key in attrs:
+                routing.setdefault(op.layer, {})[key] = attrs[key]
+    idle, seen = 0.0, set()
     for op in graph.ops:
-        if op.kind == "expert_matmul":
-            k, experts = routing[op.layer]
-            idle += graph.tensors[op.inputs[1]].numel * (1 - k / experts)
+        route = routing.get(op.layer, {})
+        if "k" not in route or "experts" not in route:
+            continue
+        for name in op.inputs:
+            t = graph.tensors[name]
+            if t.role is Role.PARAMETER and len(t.shape) == 3 and t.shape[0] == route["experts"]:
+                if name not in seen:
+                    seen.add(name)
+                    idle += t.numel * (1 - route["k"] / route["experts"])
     return graph.num_params - round(idle)

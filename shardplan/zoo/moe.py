@@ -74,7 +74,7 @@ def moe_block(
         return b.apply("moe_combine", h, routes, weights, name="combine")
 
 
-def _swiglu(b: GraphBuilder, x: str, ffn: int, name: str) -> str:
+def swiglu(b: GraphBuilder, x: str, ffn: int, name: str) -> str:
     hidden = b.shape(x)[-1]
     with b.scope(name):
         gate = b.apply("silu", dense(b, x, ffn, "gate", bias=False), name="act")
@@ -152,7 +152,7 @@ def deepseek_moe(
             )
             if shared:
                 routed = b.apply(
-                    "add", routed, _swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
+                    "add", routed, swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
                 )
             x = b.apply("add", x, routed, name="residual_2")
     x = layer_norm(b, x, "ln_f", rms=True)
