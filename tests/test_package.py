@@ -15,6 +15,7 @@ ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
     "version": 0,
     "errors": 0,
+    "units": 0.25,
     "checks": 0.5,
     "ir": 1,
     "precision": 1,

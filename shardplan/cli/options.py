@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from shardplan import units
 from shardplan.errors import PlanError
 from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.ir.graph import Graph
@@ -162,7 +163,12 @@ class Progress:
             yield
         seconds = time.perf_counter() - start
         if seconds > 1.0:
-            self.console.print(f"{escape(text)}: {seconds:.1f} s", highlight=False)
+            self.console.print(f"{escape(text)}: {units.seconds(seconds)}", highlight=False)
+
+    def update(self, text: str) -> None:
+        """A progress line of a long search: on a terminal only (like the spinner)."""
+        if self.enabled:
+            self.console.print(escape(text), highlight=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
         """A message for the user (import report, warnings): shown unless --quiet."""

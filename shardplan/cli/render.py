@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shardplan import units
 from shardplan.cost.zero import WHAT
 from shardplan.hardware import MACHINES
 from shardplan.ir.dims import DimKind
@@ -34,57 +35,9 @@ WIDTH = 100
 """Tables are laid out for this many columns when stdout is not a terminal."""
 
 
-# -- units --------------------------------------------------------------------------------------
-NOISE = 1e-12
-"""A time at most NOISE x the scale it is read against (the plan's total) prints as 0: float
-rounding of sums of the same terms in another order, not a cost."""
-
-
-def fmt_seconds(s: float, scale: float = 0.0) -> str:
-    """0.0123 -> '12.3 ms', 1.38e-05 -> '13.8 µs', 1.5e-07 -> '0.15 µs', 2e-11 -> '<0.01 µs'.
-
-    Units are s, ms and µs; under a microsecond two decimals of µs, under 10 ns (a few bytes
-    over a fast link) '<0.01 µs', so columns stay narrow. `scale` (e.g. the plan's total):
-    |s| <= NOISE * scale, or under a femtosecond, is float noise and prints as '0'.
-    """
-    a = abs(s)
-    if a <= max(1e-15, NOISE * abs(scale)):
-        return "0"
-    if a < 1e-8:
-        return f"{'-' if s < 0 else ''}<0.01 µs"
-    if a < 1e-6:
-        return f"{s * 1e6:.2f} µs"
-    if a < 1e-3:
-        return f"{s * 1e6:.3g} µs"
-    if a < 1:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s:.3g} s"
-
-
-def fmt_count(n: float, suffixes: Sequence[str] = ("", "K", "M", "G", "T", "P")) -> str:
-    for unit in suffixes[:-1]:
-        if abs(n) < 1000:
-            return f"{n:.3g}{' ' + unit if unit else ''}"
-        n /= 1000
-    return f"{n:.3g} {suffixes[-1]}"
-
-
-def fmt_bytes(n: float) -> str:
-    """1.44e12 -> '1.44 TB' (decimal units, like the --memory flag)."""
-    if abs(n) < 1000:
-        return f"{n:.3g} B"
-    return fmt_count(n / 1000, ("KB", "MB", "GB", "TB", "PB"))
-
-
-def fmt_params(n: float) -> str:
-    """Parameter counts: 124e6 -> '124 M', 175e9 -> '175 B'."""
-    return fmt_count(n, ("", "K", "M", "B", "T"))
-
-
-def fmt_cost(value: float, units: str, scale: float = 0.0) -> str:
-    """A cost in the plan's units: seconds as s/ms/µs (`fmt_seconds`; `scale`: the total it is
-    read against, for the float-noise cut), the mindspore preset's elements as counts."""
-    return fmt_seconds(value, scale) if units == "s" else fmt_count(value) + " el"
+# -- units (one formatter for every number: shardplan.units) ------------------------------------
+fmt_seconds, fmt_count, fmt_bytes = units.seconds, units.count, units.nbytes
+fmt_params, fmt_cost, NOISE = units.params, units.cost, units.NOISE
 
 
 def one_line(text: str, width: int = 60) -> str:

@@ -29,6 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from shardplan import units
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.step import (
@@ -243,7 +244,7 @@ def plan_training(
     for bound, n_stages, m, starts in sorted(candidates, key=lambda c: (c[0], c[1], c[2])):
         smesh = stage_mesh(mesh, n_stages)
         if best is not None and best.step is not None and bound >= best.step.step_s:
-            say(f"  the remaining candidates cannot beat {best.step.step_s:.4g} s (bound)")
+            say(f"  the remaining candidates cannot beat {units.seconds(best.step.step_s)} (bound)")
             break
         tried += 1
         if m not in built:
@@ -289,17 +290,17 @@ def plan_training(
         )
         assert tp.step is not None
         say(
-            f"  {label}: step {tp.step.step_s:.4g} s, "
-            f"{tp.step.memory_per_device / 1e9:.3g} GB/device, "
+            f"  {label}: step {units.seconds(tp.step.step_s)}, "
+            f"{units.nbytes(tp.step.memory_per_device)}/device, "
             f"{stage_planner.runs} D-Rec runs so far ({elapsed:.1f} s)"
         )
         if best is None or _better(tp, best):
             best = tp
     if best is None:
-        detail = f"; the leanest ({leanest[1]}) needs {leanest[0] / 1e9:.3g} GB" if leanest else ""
+        detail = f"; the leanest ({leanest[1]}) needs {units.nbytes(leanest[0])}" if leanest else ""
         raise InfeasibleError(
             f"no training plan of {probe.name!r} fits "
-            f"{(budget or 0) / 1e9:.3g} GB per device on mesh {mesh.text()} with any of "
+            f"{units.nbytes(budget or 0)} per device on mesh {mesh.text()} with any of "
             f"{tried} (stages, micro-batches) candidates, recomputation and ZeRO{detail}; use "
             "more devices or a larger --memory"
         )
@@ -349,7 +350,7 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
     if set(methods) != {"drec"}:
         notes.append(
             "stage plans: "
-            + "; ".join(f"{m} on stages {_ranges(v)}" for m, v in sorted(methods.items()))
+            + "; ".join(f"{m} on stage{'s' if len(v) > 1 else ''} {_ranges(v)}" for m, v in sorted(methods.items()))
             + " (each stage keeps the fastest of D-Rec's plan and the expert plans under the "
             "step model)"
         )
@@ -361,7 +362,7 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
         if lv.zero:
             used.append(f"ZeRO-{lv.zero}")
         if used:
-            why = f"to fit {budget / 1e9:.3g} GB per device" if budget else "faster under the model"
+            why = f"to fit {units.nbytes(budget)} per device" if budget else "faster under the model"
             notes.append(f"stage {s}: {' and '.join(used)} {why}")
     return tuple(notes)
 
@@ -420,6 +421,7 @@ def steps_note(tp: TrainingPlan) -> str:
     step = tp.step
     assert step is not None
     return (
-        f"step {step.step_s:.4g} s, {step.tokens_per_s:.4g} tokens/s, "
-        f"{step.tflops_per_device:.4g} TFLOP/s per device ({step.peak_fraction:.1%} of peak)"
+        f"step {units.seconds(step.step_s)}, {units.rate(step.tokens_per_s, 'tokens')}, "
+        f"{units.flop_rate(step.tflops_per_device * 1e12)} per device "
+        f"({step.peak_fraction:.1%} of peak)"
     )
