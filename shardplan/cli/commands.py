@@ -20,6 +20,7 @@ from shardplan.cli.options import (
 )
 from shardplan.cli.render import (
     batch_warning,
+    warn_split,
     fmt_bytes,
     fmt_count,
     fmt_params,
@@ -167,6 +168,7 @@ def run_plan(args: argparse.Namespace) -> int:
     warning = batch_warning(p)
     if warning:
         console.print(f"warning: {escape(warning)}", highlight=False)
+    warn_split(p)
     if args.json:
         data = to_dict(p)
         data["model"] = model_label(args)

@@ -89,15 +89,30 @@ def strategy_text(graph: Graph, op: Op, strategy: Strategy, mesh: Mesh) -> str:
     return " | ".join(parts)
 
 
+def axis_link(mesh: Mesh, axis: int) -> str:
+    """The link an axis's collectives run over: 'intra-node 300 GB/s', 'inter-node 25 GB/s', or
+    'link 10 GB/s' for a bandwidth the machine preset does not name."""
+    machine, bw = MACHINES[mesh.machine], mesh.bandwidth_bytes_per_s[axis]
+    if bw == machine.intra_node_bytes_per_s and bw != machine.inter_node_bytes_per_s:
+        return f"intra-node {units.bandwidth(bw)}"
+    if bw == machine.inter_node_bytes_per_s and bw != machine.intra_node_bytes_per_s:
+        return f"inter-node {units.bandwidth(bw)}"
+    return f"link {units.bandwidth(bw)}"
+
+
 def axis_summary(p: Any) -> list[str]:
-    """What the plan is, per mesh axis: 'gpu axis (8): batch ×4 · column ×2'. Each round is named
-    by the cut kind that carries most of the heavy ops' FLOPs in it."""
+    """What the plan is, per mesh axis, with the axis's link: 'gpu axis (8, intra-node 300 GB/s):
+    batch ×4 · column ×2'. Each round is named by the cut kind that carries most of the heavy
+    ops' FLOPs in it; a size-1 axis is 'unused (size 1)'."""
     from shardplan.search.flex import is_transparent
 
     graph, mesh = p.graph, p.mesh
     heavy = [op for op in graph.ops if not is_transparent(op)] or list(graph.ops)
     lines = []
     for axis, name in enumerate(mesh.names):
+        if mesh.shape[axis] == 1:
+            lines.append(f"{name} axis (1): unused (size 1)")
+            continue
         ways: dict[str, int] = {}
         for r, rnd in enumerate(mesh.rounds):
             if rnd.mesh_axis != axis:
@@ -114,7 +129,7 @@ def axis_summary(p: Any) -> list[str]:
             else f"{k} ×{w}"
             for k, w in ways.items()
         )
-        lines.append(f"{name} axis ({mesh.shape[axis]}): {text}")
+        lines.append(f"{name} axis ({mesh.shape[axis]}, {axis_link(mesh, axis)}): {text}")
     return lines
 
 
@@ -339,6 +354,18 @@ def print_plan(
     if table is not None:
         console.print(table)
     console.print(summary_table(p, baseline))
+
+
+def warn_split(p: Any, prefix: str = "") -> None:
+    """The plan's `split_warning` (nothing split, unused axes, no sharded parameter) as one
+    'warning:' line on stderr, so a pipe of the plan still shows it."""
+    from shardplan.search.api import split_warning
+
+    message = split_warning(p)
+    if message:
+        Console(stderr=True, width=WIDTH, no_color=True, soft_wrap=True).print(
+            f"warning: {prefix}{escape(message)}", highlight=False
+        )
 
 
 def batch_warning(p: Any) -> str | None:

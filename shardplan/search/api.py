@@ -30,8 +30,9 @@ from typing import Any
 from shardplan import units
 from shardplan.cost import CostOptions, ScoreCache
 from shardplan.cost.zero import WHAT, zero_layouts
-from shardplan.errors import InfeasibleError, PlanError
+from shardplan.errors import InfeasibleError, NothingSplitWarning, PlanError
 from shardplan.ir.graph import Graph
+from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan, scored_plan, with_status, with_zero
 from shardplan.problem import Problem
@@ -101,12 +102,66 @@ def solve(problem: Problem, method: str = "drec", **options: Any) -> Plan:
             f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
             f"{units.nbytes(result.cost.memory_per_device)} per device, over the "
             f"{units.nbytes(budget)} budget by "
-            f"{units.nbytes(result.cost.memory_per_device - budget)}; use more devices, a smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), "
-            "or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
+            f"{units.nbytes(result.cost.memory_per_device - budget)}; use more devices, a "
+            "smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
             "pipeline stages)"
         )
     unused = unused_devices_note(result)
     return with_status(result, result.status, (unused,)) if unused else result
+
+
+ADVICE = (
+    "to get a split, give a per-device memory budget (memory= / --memory), name a method "
+    "(method='megatron', 'fsdp' or 'data-parallel' / --method), or plan a larger batch"
+)
+"""How to get a split, said wherever a plan splits nothing (API warning, CLI, verify)."""
+
+
+def split_warning(p: Plan) -> str | None:
+    """One line when `p` leaves a mesh axis of size > 1 unused or shards no parameter (the
+    devices hold copies of the model), saying what, why (the search's note) and how to get a
+    split (`ADVICE`); None when every axis splits something and some parameter is sharded.
+    O(ops x rounds + parameters)."""
+    mesh, rounds = p.mesh, p.mesh.rounds
+    used = {r for r in range(len(rounds)) if any(s[r] is not None for s in p.strategies.values())}
+    idle = [
+        f"{name!r} ({size}-way)"
+        for axis, (name, size) in enumerate(zip(mesh.names, mesh.shape, strict=True))
+        if size > 1 and not any(rounds[r].mesh_axis == axis for r in used)
+    ]
+    layouts = p.tensor_layouts()
+    params = [t.name for t in p.graph.tensors.values() if t.role is Role.PARAMETER]
+    sharded = sum(any(x >= 0 for x in layouts.get(n, ())) for n in params)
+    idle_rounds = [r for r in range(len(rounds)) if r not in used]
+    why = f" because {idle_reason(p, idle_rounds)}" if idle else ""
+    if idle and not used:
+        return (
+            f"nothing was split: the {p.method} plan of {p.graph.name!r} replicates every op "
+            f"on all {mesh.size} devices of mesh {mesh.text()}{why}; {ADVICE}"
+        )
+    if idle:
+        return (
+            f"mesh axis {' and '.join(idle)} unused: the {p.method} plan of {p.graph.name!r} "
+            f"replicates every op across it{why}; {ADVICE}"
+        )
+    if params and not sharded and mesh.size > 1 and p.method != "data-parallel":
+        return (
+            f"no parameter is sharded: the {p.method} plan of {p.graph.name!r} keeps all "
+            f"{len(params)} parameters whole on each of the {mesh.size} devices (data "
+            "parallelism); to shard them, give a memory budget (memory= / --memory) or name "
+            "method 'megatron' or 'fsdp'"
+        )
+    return None
+
+
+def warn_if_nothing_split(p: Plan, where: str) -> None:
+    """`split_warning(p)` as a NothingSplitWarning from `where` (`parallelize`, `shard`), pointing
+    at the caller's caller."""
+    import warnings
+
+    message = split_warning(p)
+    if message:
+        warnings.warn(f"{where}: {message}", NothingSplitWarning, stacklevel=3)
 
 
 def check_fixed(graph: Graph, mesh: Mesh, fixed: Mapping[str, Strategy]) -> dict[str, Strategy]:
@@ -130,28 +185,36 @@ def check_fixed(graph: Graph, mesh: Mesh, fixed: Mapping[str, Strategy]) -> dict
 
 def unused_devices_note(p: Plan) -> str | None:
     """Say so when a plan leaves rounds of the mesh unused (every op replicated across them), and
-    why: an expert plan's recipe has nothing left to split, no loop dim of any op divides by the
-    round's q there, or (otherwise) the planner found that spreading the work over those links
-    costs more than it saves."""
-    from shardplan.sharding import cut_problem, local_extents
-
+    why (`idle_reason`)."""
     rounds = p.mesh.rounds
     idle = [r for r in range(len(rounds)) if all(s[r] is None for s in p.strategies.values())]
-    if not idle:
-        return None
     parts = []
     for axis, name in enumerate(p.mesh.names):
         ways = math.prod(rounds[r].q for r in idle if rounds[r].mesh_axis == axis)
         size = p.mesh.shape[axis]
-        if ways == size:
+        if ways == size > 1:  # a size-1 axis has nothing to split
             parts.append(f"mesh axis {name!r} ({size}-way)")
         elif ways > 1:
             parts.append(f"{ways} of the {size} ways of mesh axis {name!r}")
+    if not parts:
+        return None
+    return (
+        f"{' and '.join(parts)} left unused: every op is replicated across it because "
+        f"{idle_reason(p, idle)}"
+    )
+
+
+def idle_reason(p: Plan, idle: list[int]) -> str:
+    """Why rounds `idle` of plan `p` split nothing: an expert plan's recipe has nothing left to
+    split, no loop dim of any op divides by the round's q there, or (otherwise) the planner
+    found that spreading the work over those links costs more than it saves."""
+    from shardplan.sharding import cut_problem, local_extents
+
+    rounds = p.mesh.rounds
     if p.method in experts.EXPERTS:
         return (
-            f"{' and '.join(parts)} left unused: the {p.method} plan splits only the dims its "
-            "recipe names (the batch for data parallelism, hidden dims for Megatron) and they "
-            "do not divide further; every op is replicated across it"
+            f"the {p.method} plan splits only the dims its recipe names (the batch for data "
+            "parallelism, hidden dims for Megatron) and they do not divide further"
         )
     divisible = any(
         cut_problem(
@@ -166,15 +229,10 @@ def unused_devices_note(p: Plan) -> str | None:
     if not divisible:
         qs = sorted({rounds[r].q for r in idle})
         return (
-            f"{' and '.join(parts)} left unused: no dim of any op divides by "
-            f"{', '.join(map(str, qs))} there, so every op is replicated across it; use a mesh "
-            "whose sizes divide the model's dims (batch, hidden, heads)"
+            f"no dim of any op divides by {', '.join(map(str, qs))} there (use a mesh whose "
+            "sizes divide the model's dims: batch, hidden, heads)"
         )
-    return (
-        f"{' and '.join(parts)} left unused: every op is replicated across it, because "
-        "splitting this model and batch over those links costs more time than it saves; a "
-        "larger batch would use it (or plan on fewer devices)"
-    )
+    return "splitting this model and batch over those links costs more time than it saves"
 
 
 def drec_within(

@@ -127,9 +127,12 @@ def parallelize(
 def parallelize_traced(module: Any, trace: Any, plan: Plan, device_mesh: Any = None) -> Any:
     """`parallelize` with the module already traced (`trace_torch(module, ...)`), e.g. to plan
     its graph first without exporting twice."""
+    from shardplan.search.api import warn_if_nothing_split
+
     torch = _torch()
     _require_world(torch)
     check_same_graph(trace.result.graph, plan.graph)
+    warn_if_nothing_split(plan, "parallelize")
     world = torch.distributed.get_world_size()
     if plan.mesh.size != world:
         raise PlanError(
