@@ -20,12 +20,12 @@ from shardplan.cli.options import (
 )
 from shardplan.cli.render import (
     batch_warning,
-    warn_split,
     fmt_bytes,
     fmt_count,
     fmt_params,
     make_console,
     print_plan,
+    warn_split,
 )
 from shardplan.exporters.plan_json import to_dict
 

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from shardplan import units
+from shardplan.checks import did_you_mean
 from shardplan.errors import PlanError
 from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.ir.graph import Graph
@@ -183,8 +184,6 @@ def progress_of(args: argparse.Namespace) -> Progress:
 # -- --force --------------------------------------------------------------------------------------
 def resolve_op(graph: Graph, name: str) -> str:
     """An op name, or a module prefix (`h.0.mlp.fc`) naming exactly one heavy op under it."""
-    import difflib
-
     from shardplan.search.flex import is_transparent
 
     if name in graph.op_index:
@@ -199,8 +198,9 @@ def resolve_op(graph: Graph, name: str) -> str:
         raise PlanError(
             f"op {name!r} names {len(heavy)} heavy ops ({', '.join(heavy[:5])}); give one of them"
         )
-    near = difflib.get_close_matches(name, list(graph.op_index), n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(near)}?" if near else "; `shardplan show` lists the ops"
+    # an op or the module path of a heavy op (`h.0.mlp.fc` for `h.0.mlp.fc.linear`)
+    names = [n for op in graph.ops for n in (op.name, op.name.rsplit(".", 1)[0])]
+    hint = did_you_mean(name, names, "`shardplan show` lists the ops")
     raise PlanError(f"no op {name!r} in {graph.name}{hint}")
 
 

@@ -133,7 +133,8 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
         ("  gradient sync (once per step)", sec(step.sync_s)),
         (
             "throughput",
-            f"{units.rate(step.samples_per_s, 'samples')}, {units.rate(step.tokens_per_s, 'tokens')}",
+            f"{units.rate(step.samples_per_s, 'samples')}, "
+            f"{units.rate(step.tokens_per_s, 'tokens')}",
         ),
         (
             "model FLOP/s per device",

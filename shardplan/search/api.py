@@ -103,8 +103,8 @@ def solve(problem: Problem, method: str = "drec", **options: Any) -> Plan:
             f"{units.nbytes(result.cost.memory_per_device)} per device, over the "
             f"{units.nbytes(budget)} budget by "
             f"{units.nbytes(result.cost.memory_per_device - budget)}; use more devices, a "
-            "smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
-            "pipeline stages)"
+            "smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), or plan the training "
+            "step with --dtype bf16 (micro-batches, recomputation, ZeRO, pipeline stages)"
         )
     unused = unused_devices_note(result)
     return with_status(result, result.status, (unused,)) if unused else result

@@ -87,8 +87,9 @@ def cheapest(
         assert found.cost is not None
         why = f"D-Rec's own plan scores {units.cost(found.cost.total, found.cost.units)}"
     note = (
-        f"the {best.method} plan (cost {units.cost(best.cost.total, best.cost.units)}) is returned: {why}, and D-Rec "
-        "never returns a plan costlier than all-replicated or an expert plan"
+        f"the {best.method} plan (cost {units.cost(best.cost.total, best.cost.units)}) is "
+        f"returned: {why}, and D-Rec never returns a plan costlier than all-replicated or "
+        "an expert plan"
     )
     return Plan(
         graph=best.graph,

@@ -143,9 +143,7 @@ def data_parallel(
 def _activations(graph: Graph, op: Op) -> list[int]:
     """Positions of `op`'s inputs that are computed values (not parameters or constants)."""
     return [
-        i
-        for i, t in enumerate(op.inputs)
-        if graph.tensors[t].role in (Role.INPUT, Role.ACTIVATION)
+        i for i, t in enumerate(op.inputs) if graph.tensors[t].role in (Role.INPUT, Role.ACTIVATION)
     ]
 
 

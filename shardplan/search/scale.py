@@ -350,7 +350,10 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
     if set(methods) != {"drec"}:
         notes.append(
             "stage plans: "
-            + "; ".join(f"{m} on stage{'s' if len(v) > 1 else ''} {_ranges(v)}" for m, v in sorted(methods.items()))
+            + "; ".join(
+                f"{m} on stage{'s' if len(v) > 1 else ''} {_ranges(v)}"
+                for m, v in sorted(methods.items())
+            )
             + " (each stage keeps the fastest of D-Rec's plan and the expert plans under the "
             "step model)"
         )
@@ -362,7 +365,9 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
         if lv.zero:
             used.append(f"ZeRO-{lv.zero}")
         if used:
-            why = f"to fit {units.nbytes(budget)} per device" if budget else "faster under the model"
+            why = (
+                f"to fit {units.nbytes(budget)} per device" if budget else "faster under the model"
+            )
             notes.append(f"stage {s}: {' and '.join(used)} {why}")
     return tuple(notes)
 
