@@ -172,8 +172,9 @@ def parse_mesh(
     memory_bytes: float | None = None,
     names: tuple[str, ...] = (),
 ) -> Mesh:
-    """Parse `"8"`, `"2x8"`, `"4x8"`, `"3x4"` (`_MESH_TEXT`: `X` and `×` also join sizes) into a Mesh with `machine`'s constants
-    (`hardware.DEFAULT_MACHINE`, "a100", unless named). A Mesh is returned as it is.
+    """Parse `"8"`, `"2x8"`, `"4x8"`, `"3x4"` (`_MESH_TEXT`: `X` and `×` join sizes too) into a
+    Mesh with `machine`'s constants (`hardware.DEFAULT_MACHINE`, "a100", unless named).
+    A Mesh is returned as it is.
 
     A single axis larger than the machine's node (e.g. 1024 GPUs) is read as a flat axis of
     inter-node links.

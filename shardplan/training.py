@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from shardplan import units
 from shardplan.cost import collectives as coll
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.step import (
@@ -78,6 +79,39 @@ class TrainingPlan:
     @property
     def pipeline_stages(self) -> int:
         return len(self.stages)
+
+    def __repr__(self) -> str:
+        """One line (the stage plans are fields, not something to print whole)."""
+        step = "" if self.step is None else f", step {units.seconds(self.step.step_s)}"
+        return (
+            f"TrainingPlan({self.model!r} on mesh {self.mesh.text()}, {self.pipeline_stages} "
+            f"stage(s), {self.micro_batches} micro-batch(es) of "
+            f"{self.batch // self.micro_batches}{step})"
+        )
+
+    def summary(self) -> str:
+        """A few lines a person reads: the axes, each stage's ops, levers and memory, the step
+        time, throughput and notes. O(stages)."""
+        step = self.step
+        assert step is not None
+        lines = [
+            f"{self.model} on mesh {self.mesh.text()}: {self.pipeline_stages} stage(s), "
+            f"{self.micro_batches} micro-batch(es) of {self.batch // self.micro_batches}"
+        ]
+        lines += [f"  {a}" for a in self.axes]
+        for s, (stage, cost) in enumerate(zip(self.stages, step.stages, strict=True)):
+            g = stage.plan.graph
+            lines.append(
+                f"  stage {s}: {len(g.ops)} ops ({g.ops[0].name} .. {g.ops[-1].name}), "
+                f"recompute {stage.levers.recompute.value}, ZeRO {stage.levers.zero}, "
+                f"{units.nbytes(cost.memory_bytes)}/device"
+            )
+        lines.append(
+            f"  step {units.seconds(step.step_s)} (bubble {units.seconds(step.bubble_s)}), "
+            f"{units.rate(step.tokens_per_s, 'tokens')}, "
+            f"{units.nbytes(step.memory_per_device)}/device at most"
+        )
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
 def pipeline_of(stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sample: int) -> Pipeline:

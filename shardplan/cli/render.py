@@ -337,7 +337,7 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
             f"needs more than the {p.mesh.machine}'s {fmt_bytes(hbm)} per device; pass "
             "--memory to make the search fit it (or fail saying by how much)",
         )
-    t.add_row("search time", f"{p.search_seconds:.2f} s")
+    t.add_row("search time", fmt_seconds(p.search_seconds))
     t.add_row("status", escape(one_line(p.status, 80)))
     for note in p.notes:
         t.add_row("note", escape(note))

@@ -149,6 +149,10 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     for note in tp.notes:
         summary.add_row("note", note)
     console.print(summary)
+    from shardplan.cli.render import warn_split
+
+    for s, stage in enumerate(tp.stages):  # a stage that splits nothing says so on stderr
+        warn_split(stage.plan, f"stage {s}: " if tp.pipeline_stages > 1 else "")
 
 
 def add_dtype_argument(p: argparse.ArgumentParser) -> None:

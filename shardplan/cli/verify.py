@@ -231,7 +231,7 @@ def print_report(
     for k in report.kinds:
         if not (k.predicted or k.measured):
             continue
-        ratio = "inf" if k.ratio == float("inf") else units.number(k.ratio)
+        ratio = "inf" if k.ratio == float("inf") else f"{k.ratio:.3f}"  # a ratio: 3 decimals
         causes = "within 10%" if k.within else (", ".join(k.causes) or UNEXPLAINED)
         if not k.explained:
             causes += f" [red](unexplained {units.nbytes(k.unexplained_bytes)})[/]"
@@ -242,9 +242,7 @@ def print_report(
         "total",
         units.nbytes(report.predicted_total),
         units.nbytes(report.measured_total),
-        units.number(report.measured_total / report.predicted_total)
-        if report.predicted_total
-        else "-",
+        f"{report.measured_total / report.predicted_total:.3f}" if report.predicted_total else "-",
         "",
         "",
     )

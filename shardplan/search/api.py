@@ -117,32 +117,49 @@ ADVICE = (
 """How to get a split, said wherever a plan splits nothing (API warning, CLI, verify)."""
 
 
+TRIVIAL_SHARE = 0.01
+"""An axis whose split ops carry under this share of the model's FLOPs is reported as (nearly)
+unused: splitting a few cheap ops (an embedding, a bias) is not using the devices. A reporting
+threshold for the warning only; no plan depends on it."""
+
+
 def split_warning(p: Plan) -> str | None:
-    """One line when `p` leaves a mesh axis of size > 1 unused or shards no parameter (the
-    devices hold copies of the model), saying what, why (the search's note) and how to get a
-    split (`ADVICE`); None when every axis splits something and some parameter is sharded.
-    O(ops x rounds + parameters)."""
+    """One line when `p` leaves a mesh axis of size > 1 unused (no op, or only ops carrying
+    under `TRIVIAL_SHARE` of the FLOPs, split across it) or shards no parameter (the devices
+    hold copies of the model), saying what, why and how to get a split (`ADVICE`); None when
+    every axis splits real work and some parameter is sharded. O(ops x rounds + parameters)."""
     mesh, rounds = p.mesh, p.mesh.rounds
     used = {r for r in range(len(rounds)) if any(s[r] is not None for s in p.strategies.values())}
-    idle = [
-        f"{name!r} ({size}-way)"
-        for axis, (name, size) in enumerate(zip(mesh.names, mesh.shape, strict=True))
-        if size > 1 and not any(rounds[r].mesh_axis == axis for r in used)
-    ]
+    total = sum(op.flops for op in p.graph.ops) or 1.0
+    idle, trivial = [], False
+    for axis, (name, size) in enumerate(zip(mesh.names, mesh.shape, strict=True)):
+        mine = [r.index for r in rounds if r.mesh_axis == axis]
+        share = sum(
+            op.flops
+            for op in p.graph.ops
+            if any(p.strategies[op.name][r] is not None for r in mine)
+        )
+        if size > 1 and share < TRIVIAL_SHARE * total:
+            idle.append(f"{name!r} ({size}-way)")
+            trivial = trivial or any(r in used for r in mine)
     layouts = p.tensor_layouts()
     params = [t.name for t in p.graph.tensors.values() if t.role is Role.PARAMETER]
     sharded = sum(any(x >= 0 for x in layouts.get(n, ())) for n in params)
     idle_rounds = [r for r in range(len(rounds)) if r not in used]
-    why = f" because {idle_reason(p, idle_rounds)}" if idle else ""
-    if idle and not used:
+    why = f" because {idle_reason(p, idle_rounds)}" if idle and idle_rounds else ""
+    every = len(idle) == sum(size > 1 for size in mesh.shape)
+    if idle and every:
+        what = "almost nothing was split" if trivial else "nothing was split"
         return (
-            f"nothing was split: the {p.method} plan of {p.graph.name!r} replicates every op "
-            f"on all {mesh.size} devices of mesh {mesh.text()}{why}; {ADVICE}"
+            f"{what}: the {p.method} plan of {p.graph.name!r} replicates every op "
+            + (f"carrying {TRIVIAL_SHARE:.0%} or more of the FLOPs " if trivial else "")
+            + f"on all {mesh.size} devices of mesh {mesh.text()}{why}; {ADVICE}"
         )
     if idle:
         return (
-            f"mesh axis {' and '.join(idle)} unused: the {p.method} plan of {p.graph.name!r} "
-            f"replicates every op across it{why}; {ADVICE}"
+            f"mesh axis {' and '.join(idle)} {'nearly ' if trivial else ''}unused: the "
+            f"{p.method} plan of {p.graph.name!r} replicates "
+            f"{'almost ' if trivial else ''}every op across it{why}; {ADVICE}"
         )
     if params and not sharded and mesh.size > 1 and p.method != "data-parallel":
         return (
