@@ -2,8 +2,8 @@
 
 Every `<!-- $ shardplan ARGS -->` line of docs/cli.md is followed by a ```text block; this script
 runs `python -m shardplan.cli ARGS` in docs/ (stdout not a terminal, so tables are laid out for
-100 columns and no progress is shown) and writes `$ shardplan ARGS` plus its stdout into the
-block. Run from the repository root: `PYTHONPATH=$PWD python docs/make_cli_md.py`.
+100 columns and no progress is shown) and writes `$ shardplan ARGS` plus its stdout and its
+`warning:` lines from stderr (or, when it fails, its last stderr line) into the block. Run from the repository root: `PYTHONPATH=$PWD python docs/make_cli_md.py`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ def run(args: str) -> str:
         check=False,
     )
     out = done.stdout.rstrip()
+    ours = [x for x in done.stderr.splitlines() if x.startswith("warning: ")]  # not torch's logs
+    if ours and not done.returncode:
+        out += ("\n" if out else "") + "\n".join(ours)
     if done.returncode:
         out += ("\n" if out else "") + done.stderr.strip().splitlines()[-1]
         out += f"\n(exit code {done.returncode})"
