@@ -18,6 +18,8 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 PAGE = DOCS / "cli.md"
 MARK = re.compile(r"^<!-- \$ shardplan (.*) -->$")
+_LOG = re.compile(r"^(\[rank|[WIE]\d{4} |/|\s+warnings\.warn|\S+Warning: )")
+"""Lines of other libraries' logs and Python warnings on stderr (not ours)."""
 
 
 def run(args: str) -> str:
@@ -31,7 +33,11 @@ def run(args: str) -> str:
         check=False,
     )
     out = done.stdout.rstrip()
-    ours = [x for x in done.stderr.splitlines() if x.startswith("warning: ")]  # not torch's logs
+    ours, inside = [], False  # our `warning:` lines and their wrapped continuations, no logs
+    for line in done.stderr.splitlines():
+        inside = line.startswith("warning: ") or (inside and not _LOG.match(line))
+        if inside:
+            ours.append(line)
     if ours and not done.returncode:
         out += ("\n" if out else "") + "\n".join(ours)
     if done.returncode:

@@ -363,9 +363,10 @@ def warn_split(p: Any, prefix: str = "") -> None:
 
     message = split_warning(p)
     if message:
-        Console(stderr=True, width=WIDTH, no_color=True, soft_wrap=True).print(
-            f"warning: {prefix}{escape(message)}", highlight=False
-        )
+        err = Console(stderr=True)
+        if not err.is_terminal:  # a pipe or file: 100 columns, like the tables
+            err = Console(stderr=True, width=WIDTH, no_color=True)
+        err.print(f"warning: {prefix}{escape(message)}", highlight=False)
 
 
 def batch_warning(p: Any) -> str | None:
