@@ -3,7 +3,8 @@
 Every `<!-- $ shardplan ARGS -->` line of docs/cli.md is followed by a ```text block; this script
 runs `python -m shardplan.cli ARGS` in docs/ (stdout not a terminal, so tables are laid out for
 100 columns and no progress is shown) and writes `$ shardplan ARGS` plus its stdout and its
-`warning:` lines from stderr (or, when it fails, its last stderr line) into the block. Run from the repository root: `PYTHONPATH=$PWD python docs/make_cli_md.py`.
+`warning:` lines from stderr (or, when it fails, its last stderr line) into the block.
+Run from the repository root: `PYTHONPATH=$PWD python docs/make_cli_md.py`.
 """
 
 from __future__ import annotations
