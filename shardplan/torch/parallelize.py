@@ -2,8 +2,8 @@
 
 Algorithm (one pass at set-up, one interpreter pass per forward):
 1. `trace_torch` exports the module and imports it as `from_torch` does (the same program: one
-   path for planning and running), keeping FX node name -> graph tensor name(s). The plan is made for
-   that graph (or a given plan is checked to be for it: same tensor names and shapes).
+   path for planning and running), keeping FX node name -> graph tensor name(s). The plan is
+   made for that graph (or a given plan is checked to be for it: same tensor names and shapes).
 2. Every planned tensor gets DTensor placements (`shardplan.exporters.dtensor.placement_texts`,
    one per ROUND). When the rounds of every mesh axis agree for every tensor (the same dim split,
    or all replicated, or all partial), the placements collapse onto the user's mesh axes
