@@ -2,8 +2,9 @@
 
 Every `<!-- $ shardplan ARGS -->` line of docs/cli.md is followed by a ```text block; this script
 runs `python -m shardplan.cli ARGS` in docs/ (stdout not a terminal, so tables are laid out for
-100 columns and no progress is shown) and writes `$ shardplan ARGS` plus its stdout into the
-block. Run from the repository root: `PYTHONPATH=$PWD python docs/make_cli_md.py`.
+100 columns and no progress is shown) and writes `$ shardplan ARGS` plus its stdout and its
+`warning:` lines from stderr (or, when it fails, its last stderr line) into the block.
+Run from the repository root: `PYTHONPATH=$PWD python docs/make_cli_md.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 PAGE = DOCS / "cli.md"
 MARK = re.compile(r"^<!-- \$ shardplan (.*) -->$")
+_LOG = re.compile(r"^(\[rank|[WIE]\d{4} |/|\s+warnings\.warn|\S+Warning: )")
+"""Lines of other libraries' logs and Python warnings on stderr (not ours)."""
 
 
 def run(args: str) -> str:
@@ -31,6 +34,13 @@ def run(args: str) -> str:
         check=False,
     )
     out = done.stdout.rstrip()
+    ours, inside = [], False  # our `warning:` lines and their wrapped continuations, no logs
+    for line in done.stderr.splitlines():
+        inside = line.startswith("warning: ") or (inside and not _LOG.match(line))
+        if inside:
+            ours.append(line)
+    if ours and not done.returncode:
+        out += ("\n" if out else "") + "\n".join(ours)
     if done.returncode:
         out += ("\n" if out else "") + done.stderr.strip().splitlines()[-1]
         out += f"\n(exit code {done.returncode})"

@@ -154,3 +154,34 @@ def model_sizes(
         else:
             out[key] = positive_int(value, where)
     return out
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions): O(len(a) * len(b))."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def similar_names(name: str, candidates: Sequence[str], n: int = 3) -> list[str]:
+    """The candidates nearest `name` by edit distance over the whole name (only those at the
+    least distance, at most a third of its length; ties in candidate order); [] when none is
+    that close. O(candidates x len^2), run only on an error path."""
+    limit = max(1, len(name) // 3)
+    scored = sorted(
+        (d, i, c)
+        for i, c in enumerate(dict.fromkeys(candidates))
+        if (d := edit_distance(name, c)) <= limit
+    )
+    return [c for d, _, c in scored[:n] if d == scored[0][0]]
+
+
+def did_you_mean(name: str, candidates: Sequence[str], listing: str) -> str:
+    """'; did you mean 'a', 'b'?' or, when nothing is close, '; nothing is close: <listing>'."""
+    near = similar_names(name, candidates)
+    if near:
+        return f"; did you mean {', '.join(repr(c) for c in near)}?"
+    return f"; nothing is close: {listing}"

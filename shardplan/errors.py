@@ -85,3 +85,8 @@ class BackendError(ShardplanError):
     """Running a plan on an engine (JAX, torch.distributed) failed."""
 
     exit_code = 10
+
+
+class NothingSplitWarning(UserWarning):
+    """A plan leaves mesh axes unused (every op replicated across them) or shards no parameter:
+    the devices hold copies of the model. The message says why and how to get a split."""

@@ -4,8 +4,11 @@ A `Machine` gives per-device link bandwidths inside a node and between nodes, th
 node, the HBM per device and the dense FLOP rate per compute dtype (`flops_by_dtype`; the cost
 model prices compute at the rate of `compute_dtype`, the dtype the preset's number was read for —
 room is left for more dtypes, none is invented). `link_bandwidths(shape)` assigns one link per
-mesh axis: the innermost axis gets intra-node links when it fits in a node, every other axis
-inter-node links.
+mesh axis, devices laid out row-major (the innermost axis varies fastest, as JAX's hybrid device
+meshes and torchtitan lay them out): an axis is intra-node while the product of its size and the
+sizes of the axes inside it fits in — and divides — `devices_per_node`; every axis outside that
+crosses nodes. A size-1 axis never communicates, so it costs nothing wherever it sits (it gets
+the intra-node link and does not enlarge the product). O(axes).
 
 The default machine is named once, `DEFAULT_MACHINE` ("a100"): mesh text given to `parse_mesh`,
 `shardplan.plan` or the CLI without a machine gets it, and the plan records it
@@ -17,6 +20,7 @@ value itself (`mesh.hardware`), so nothing downstream looks a machine up by name
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
@@ -184,13 +188,21 @@ class Machine:
         return self.flops_by_dtype[self.compute_dtype]
 
     def link_bandwidths(self, shape: tuple[int, ...]) -> tuple[float, ...]:
-        """One bandwidth per mesh axis: the innermost intra-node when it fits in a node."""
-        inner = (
-            self.intra_node_bytes_per_s
-            if shape[-1] <= self.devices_per_node
-            else self.inter_node_bytes_per_s
-        )
-        return tuple([self.inter_node_bytes_per_s] * (len(shape) - 1) + [inner])
+        """One bandwidth per mesh axis (row-major layout, see the module docstring): axes from
+        the innermost out are intra-node while their running product divides a node; a mesh
+        that fits in one node (6 devices on an 8-device node) is intra-node on every axis."""
+        if math.prod(shape) <= self.devices_per_node:
+            return tuple(self.intra_node_bytes_per_s for _ in shape)
+        out: list[float] = []
+        inside, in_node = 1, True
+        for size in reversed(shape):
+            if size == 1:  # never communicates: any link will do, the fast one reads right
+                out.append(self.intra_node_bytes_per_s)
+                continue
+            inside *= size
+            in_node = in_node and self.devices_per_node % inside == 0
+            out.append(self.intra_node_bytes_per_s if in_node else self.inter_node_bytes_per_s)
+        return tuple(reversed(out))
 
 
 MACHINES: Mapping[str, Machine] = MappingProxyType(

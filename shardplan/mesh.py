@@ -192,7 +192,9 @@ def default_names(rank: int) -> tuple[str, ...]:
     return tuple(f"axis{i}" for i in range(rank))
 
 
-_MESH_TEXT = re.compile(r"^\s*\d+(\s*[x×*,]\s*\d+)*\s*$")
+_MESH_TEXT = re.compile(r"^\s*\d+(\s*[xX×]\s*\d+)*\s*$")
+"""Mesh text: axis sizes, outermost first, joined by `x` (`X` and `×` read alike), spaces
+allowed: `8`, `2x8`, `4 x 8`, `2X4`. Nothing else (`2*4`, `2,4`) — the grammar docs/cli.md lists."""
 
 
 def parse_mesh(
@@ -201,8 +203,9 @@ def parse_mesh(
     memory_bytes: float | None = None,
     names: tuple[str, ...] = (),
 ) -> Mesh:
-    """Parse `"8"`, `"2x8"`, `"4x8"`, `"3x4"` (also `4,8`) into a Mesh with `machine`'s constants
-    (`hardware.DEFAULT_MACHINE`, "a100", unless named). A Mesh is returned as it is.
+    """Parse `"8"`, `"2x8"`, `"4x8"`, `"3x4"` (`_MESH_TEXT`: `X` and `×` join sizes too) into a
+    Mesh with `machine`'s constants (`hardware.DEFAULT_MACHINE`, "a100", unless named).
+    A Mesh is returned as it is.
 
     A single axis larger than the machine's node (e.g. 1024 GPUs) is read as a flat axis of
     inter-node links.
@@ -218,9 +221,10 @@ def parse_mesh(
     raw = str(text)
     if len(raw) > 100 or not _MESH_TEXT.match(raw):
         raise MeshError(
-            f"cannot parse mesh {raw[:50]!r}; write axis sizes like '8', '2x8' or '4x8'"
+            f"cannot parse mesh {raw[:50]!r}; write axis sizes joined by 'x', outermost first, "
+            "like '8', '2x8' or '4x8'"
         )
-    shape = tuple(int(s) for s in re.split(r"[x×*,]", raw.replace(" ", "")))
+    shape = tuple(int(s) for s in re.split(r"[xX×]", raw.replace(" ", "")))
     if any(s < 1 for s in shape):
         raise MeshError(f"mesh {raw!r}: every axis size must be >= 1")
     shape = checks.mesh_shape(shape, f"mesh {raw!r}")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from shardplan import units
 from shardplan.cost import CostBreakdown, CostOptions, ScoreCache, evaluate_strategies
 from shardplan.cost.zero import check_stage, zero_layouts
 from shardplan.errors import PlanError
@@ -73,6 +74,41 @@ class Plan:
     def zero(self) -> int:
         """The ZeRO stage of the plan's parameter state (0-3, `cost/zero.py`)."""
         return self.options.zero
+
+    def __repr__(self) -> str:
+        """One line (the graph and every strategy are fields, not something to print whole)."""
+        c = self.cost
+        cost = "" if c is None else f", cost {units.cost(c.total, c.units)}"
+        memory = "" if c is None else f", {units.nbytes(c.memory_per_device)}/device"
+        return (
+            f"Plan({self.graph.name!r} on mesh {self.mesh.text()}, method {self.method!r}, "
+            f"{len(self.graph.ops)} ops{cost}{memory}, status {self.status!r})"
+        )
+
+    def summary(self) -> str:
+        """A few lines a person reads: the mesh axes with their links and how many ops each
+        splits, the cost split, memory, status and notes. O(ops x rounds)."""
+        c, mesh = self.cost, self.mesh
+        assert c is not None
+        lines = [f"{self.graph.name} on mesh {mesh.text()} ({mesh.machine}), method {self.method}"]
+        for axis, (name, size) in enumerate(zip(mesh.names, mesh.shape, strict=True)):
+            rounds = [r.index for r in mesh.rounds if r.mesh_axis == axis]
+            cut = sum(any(s[r] is not None for r in rounds) for s in self.strategies.values())
+            use = f"{cut} of {len(self.graph.ops)} ops split" if size > 1 else "unused (size 1)"
+            lines.append(
+                f"  {name} axis ({size}, {units.bandwidth(mesh.bandwidth_bytes_per_s[axis])}): "
+                f"{use}"
+            )
+        cm = c.comm
+        lines += [
+            f"  cost {units.cost(c.total, c.units)} per step: compute "
+            f"{units.cost(c.compute, c.units)}, communication "
+            f"{units.cost(cm.total, c.units, c.total)}",
+            f"  memory {units.nbytes(c.memory_per_device)} per device (params+grads+optimizer "
+            f"{units.nbytes(c.param_memory)}, activations {units.nbytes(c.activation_memory)})",
+            f"  status {self.status}" + (f", ZeRO stage {self.zero}" if self.zero else ""),
+        ]
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
     # -- derived views ------------------------------------------------------------------------
     def tensor_layouts(self) -> dict[str, Layout]:

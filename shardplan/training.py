@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from shardplan import units
 from shardplan.checks import MAX_SIZE
 from shardplan.cost.pipeline import Pipeline, boundary_bytes, shared_sync_s
 from shardplan.cost.presets import CostOptions
@@ -109,6 +110,39 @@ class TrainingPlan:
     def distributed_optimizer(self) -> bool:
         """Megatron-LM's distributed optimizer: ZeRO-1 over the data-parallel group everywhere."""
         return all(s.levers.zero == 1 for s in self.stages)
+
+    def __repr__(self) -> str:
+        """One line (the stage plans are fields, not something to print whole)."""
+        step = "" if self.step is None else f", step {units.seconds(self.step.step_s)}"
+        return (
+            f"TrainingPlan({self.model!r} on mesh {self.mesh.text()}, {self.pipeline_stages} "
+            f"stage(s), {self.micro_batches} micro-batch(es) of "
+            f"{self.batch // self.micro_batches}{step})"
+        )
+
+    def summary(self) -> str:
+        """A few lines a person reads: the axes, each stage's ops, levers and memory, the step
+        time, throughput and notes. O(stages)."""
+        step = self.step
+        assert step is not None
+        lines = [
+            f"{self.model} on mesh {self.mesh.text()}: {self.pipeline_stages} stage(s), "
+            f"{self.micro_batches} micro-batch(es) of {self.batch // self.micro_batches}"
+        ]
+        lines += [f"  {a}" for a in self.axes]
+        for s, (stage, cost) in enumerate(zip(self.stages, step.stages, strict=True)):
+            g = stage.plan.graph
+            lines.append(
+                f"  stage {s}: {len(g.ops)} ops ({g.ops[0].name} .. {g.ops[-1].name}), "
+                f"recompute {stage.levers.recompute.value}, ZeRO {stage.levers.zero}, "
+                f"{units.nbytes(cost.memory_bytes)}/device"
+            )
+        lines.append(
+            f"  step {units.seconds(step.step_s)} (bubble {units.seconds(step.bubble_s)}), "
+            f"{units.rate(step.tokens_per_s, 'tokens')}, "
+            f"{units.nbytes(step.memory_per_device)}/device at most"
+        )
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
 def _whole(value: object, field_name: str, low: int = 1) -> int:

@@ -25,7 +25,8 @@ INTER, INTRA = A100.inter_node_bytes_per_s, A100.intra_node_bytes_per_s
         ("12", (12,), (2, 2, 3), (0, 0, 0)),
         ("1", (1,), (), ()),
         ("1x8", (1, 8), (2, 2, 2), (1, 1, 1)),
-        ("4,8", (4, 8), (2, 2, 2, 2, 2), (0, 0, 1, 1, 1)),
+        ("4X8", (4, 8), (2, 2, 2, 2, 2), (0, 0, 1, 1, 1)),
+        ("4×8", (4, 8), (2, 2, 2, 2, 2), (0, 0, 1, 1, 1)),
         (" 2 x 4 ", (2, 4), (2, 2, 2), (0, 1, 1)),
         (8, (8,), (2, 2, 2), (0, 0, 0)),
     ],
@@ -57,6 +58,13 @@ def test_mesh_size_and_text():
         ("4x8", (INTER, INTRA)),
         ("3x4", (INTER, INTRA)),
         ("2x16", (INTER, INTER)),
+        # row-major layout (issue 27): inner axes stay in a node while their product divides it
+        ("2x4", (INTRA, INTRA)),
+        ("2x4x1", (INTRA, INTRA, INTRA)),
+        ("1x8", (INTRA, INTRA)),
+        ("4x16", (INTER, INTER)),
+        ("4x2x4", (INTER, INTRA, INTRA)),
+        ("6", (INTER,)),  # 6 GPUs do not tile an 8-GPU node
     ],
 )
 def test_round_bandwidth_comes_from_its_axis(text, bandwidths):
@@ -102,6 +110,8 @@ def test_dict_round_trip():
         ("-2", "cannot parse mesh '-2'"),
         ("2.5", "cannot parse mesh '2.5'"),
         ("x8", "cannot parse mesh 'x8'"),
+        ("2*4", "cannot parse mesh '2\\*4'; write axis sizes joined by 'x'"),
+        ("2,4", "cannot parse mesh '2,4'; write axis sizes joined by 'x'"),
         ("0", "mesh '0': every axis size must be >= 1"),
         ("2x0", "mesh '2x0': every axis size must be >= 1"),
     ],
@@ -156,3 +166,20 @@ def test_parse_bytes(text, value):
 def test_bad_byte_sizes(text):
     with pytest.raises(MeshError, match=f"cannot parse memory size '{text}'"):
         parse_bytes(text)
+
+
+def test_size_one_axes_cost_nothing_and_meshes_in_one_node_plan_alike():
+    """Issue 27: `2x4x1` plans and costs as `2x4`, `1x8` as `8` (a size-1 axis has no rounds and
+    does not move the other axes off the node's links)."""
+    import shardplan
+    from shardplan import zoo
+
+    g = zoo.build("gpt2-small", small=True, batch=64, seq=64, hidden=256)  # large enough to split
+    for a, b in (("2x4x1", "2x4"), ("1x8", "8")):
+        pa, pb = shardplan.plan(g, a), shardplan.plan(g, b)
+        assert [r.bandwidth_bytes_per_s for r in parse_mesh(a).rounds] == [
+            r.bandwidth_bytes_per_s for r in parse_mesh(b).rounds
+        ]
+        assert dict(pa.strategies) == dict(pb.strategies)
+        assert pa.cost.total == pb.cost.total
+        assert any(c is not None for s in pa.strategies.values() for c in s)

@@ -16,6 +16,7 @@ LAYERS = {
     "version": 0,
     "errors": 0,
     "lazy": 0.25,
+    "units": 0.25,
     "checks": 0.5,
     "ir": 1,
     "precision": 1,

@@ -25,6 +25,7 @@ from shardplan.cli.render import (
     fmt_params,
     make_console,
     print_plan,
+    warn_split,
 )
 from shardplan.exporters.plan_json import to_dict
 
@@ -168,6 +169,7 @@ def run_plan(args: argparse.Namespace) -> int:
     warning = batch_warning(p)
     if warning:
         console.print(f"warning: {escape(warning)}", highlight=False)
+    warn_split(p)
     if args.json:
         data = to_dict(p)
         data["model"] = model_label(args)

@@ -32,7 +32,7 @@ from shardplan.cli.options import (
     search_flags,
     source_flags,
 )
-from shardplan.cli.render import fmt_bytes, fmt_cost, make_console, one_line
+from shardplan.cli.render import fmt_bytes, fmt_cost, fmt_seconds, make_console, one_line
 from shardplan.errors import InfeasibleError, ShardplanError, SolverError, UnknownModelError
 from shardplan.problem import Problem
 from shardplan.search import METHODS, plan
@@ -177,7 +177,7 @@ def run_compare(args: argparse.Namespace) -> int:
             fmt_cost(r["total"], units) if r["ok"] else "-",
             f"{r['cost_over_best']:.3f}" if r["ok"] else "-",
             fmt_bytes(r["memory_per_device_bytes"]) if r["ok"] else "-",
-            f"{r['search_seconds']:.2f} s",
+            fmt_seconds(r["search_seconds"]),
             escape(one_line(r["status"], 48)),
         )
     console = make_console()

@@ -20,6 +20,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from shardplan import units
+from shardplan.checks import did_you_mean
 from shardplan.errors import PlanError, ShardplanError
 from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.ir.graph import Graph
@@ -200,7 +202,12 @@ class Progress:
             yield
         seconds = time.perf_counter() - start
         if seconds > 1.0:
-            self.console.print(f"{escape(text)}: {seconds:.1f} s", highlight=False)
+            self.console.print(f"{escape(text)}: {units.seconds(seconds)}", highlight=False)
+
+    def update(self, text: str) -> None:
+        """A progress line of a long search: on a terminal only (like the spinner)."""
+        if self.enabled:
+            self.console.print(escape(text), highlight=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
         """A message for the user (import report, warnings): shown unless --quiet."""
@@ -215,8 +222,6 @@ def progress_of(args: argparse.Namespace) -> Progress:
 # -- --force --------------------------------------------------------------------------------------
 def resolve_op(graph: Graph, name: str) -> str:
     """An op name, or a module prefix (`h.0.mlp.fc`) naming exactly one heavy op under it."""
-    import difflib
-
     from shardplan.search.drec.flex import is_transparent
 
     if name in graph.op_index:
@@ -231,8 +236,9 @@ def resolve_op(graph: Graph, name: str) -> str:
         raise PlanError(
             f"op {name!r} names {len(heavy)} heavy ops ({', '.join(heavy[:5])}); give one of them"
         )
-    near = difflib.get_close_matches(name, list(graph.op_index), n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(near)}?" if near else "; `shardplan show` lists the ops"
+    # an op or the module path of a heavy op (`h.0.mlp.fc` for `h.0.mlp.fc.linear`)
+    names = [n for op in graph.ops for n in (op.name, op.name.rsplit(".", 1)[0])]
+    hint = did_you_mean(name, names, "`shardplan show` lists the ops")
     raise PlanError(f"no op {name!r} in {graph.name}{hint}")
 
 

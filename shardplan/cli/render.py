@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shardplan import units
 from shardplan.cost.zero import WHAT
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
@@ -33,57 +34,9 @@ WIDTH = 100
 """Tables are laid out for this many columns when stdout is not a terminal."""
 
 
-# -- units --------------------------------------------------------------------------------------
-NOISE = 1e-12
-"""A time at most NOISE x the scale it is read against (the plan's total) prints as 0: float
-rounding of sums of the same terms in another order, not a cost."""
-
-
-def fmt_seconds(s: float, scale: float = 0.0) -> str:
-    """0.0123 -> '12.3 ms', 1.38e-05 -> '13.8 µs', 1.5e-07 -> '0.15 µs', 2e-11 -> '<0.01 µs'.
-
-    Units are s, ms and µs; under a microsecond two decimals of µs, under 10 ns (a few bytes
-    over a fast link) '<0.01 µs', so columns stay narrow. `scale` (e.g. the plan's total):
-    |s| <= NOISE * scale, or under a femtosecond, is float noise and prints as '0'.
-    """
-    a = abs(s)
-    if a <= max(1e-15, NOISE * abs(scale)):
-        return "0"
-    if a < 1e-8:
-        return f"{'-' if s < 0 else ''}<0.01 µs"
-    if a < 1e-6:
-        return f"{s * 1e6:.2f} µs"
-    if a < 1e-3:
-        return f"{s * 1e6:.3g} µs"
-    if a < 1:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s:.3g} s"
-
-
-def fmt_count(n: float, suffixes: Sequence[str] = ("", "K", "M", "G", "T", "P")) -> str:
-    for unit in suffixes[:-1]:
-        if abs(n) < 1000:
-            return f"{n:.3g}{' ' + unit if unit else ''}"
-        n /= 1000
-    return f"{n:.3g} {suffixes[-1]}"
-
-
-def fmt_bytes(n: float) -> str:
-    """1.44e12 -> '1.44 TB' (decimal units, like the --memory flag)."""
-    if abs(n) < 1000:
-        return f"{n:.3g} B"
-    return fmt_count(n / 1000, ("KB", "MB", "GB", "TB", "PB"))
-
-
-def fmt_params(n: float) -> str:
-    """Parameter counts: 124e6 -> '124 M', 175e9 -> '175 B'."""
-    return fmt_count(n, ("", "K", "M", "B", "T"))
-
-
-def fmt_cost(value: float, units: str, scale: float = 0.0) -> str:
-    """A cost in the plan's units: seconds as s/ms/µs (`fmt_seconds`; `scale`: the total it is
-    read against, for the float-noise cut), the mindspore preset's elements as counts."""
-    return fmt_seconds(value, scale) if units == "s" else fmt_count(value) + " el"
+# -- units (one formatter for every number: shardplan.units) ------------------------------------
+fmt_seconds, fmt_count, fmt_bytes = units.seconds, units.count, units.nbytes
+fmt_params, fmt_cost, NOISE = units.params, units.cost, units.NOISE
 
 
 def one_line(text: str, width: int = 60) -> str:
@@ -135,15 +88,30 @@ def strategy_text(graph: Graph, op: Op, strategy: Strategy, mesh: Mesh) -> str:
     return " | ".join(parts)
 
 
+def axis_link(mesh: Mesh, axis: int) -> str:
+    """The link an axis's collectives run over: 'intra-node 300 GB/s', 'inter-node 25 GB/s', or
+    'link 10 GB/s' for a bandwidth the machine preset does not name."""
+    machine, bw = mesh.hardware, mesh.bandwidth_bytes_per_s[axis]
+    if bw == machine.intra_node_bytes_per_s and bw != machine.inter_node_bytes_per_s:
+        return f"intra-node {units.bandwidth(bw)}"
+    if bw == machine.inter_node_bytes_per_s and bw != machine.intra_node_bytes_per_s:
+        return f"inter-node {units.bandwidth(bw)}"
+    return f"link {units.bandwidth(bw)}"
+
+
 def axis_summary(p: Any) -> list[str]:
-    """What the plan is, per mesh axis: 'gpu axis (8): batch ×4 · column ×2'. Each round is named
-    by the cut kind that carries most of the heavy ops' FLOPs in it."""
+    """What the plan is, per mesh axis, with the axis's link: 'gpu axis (8, intra-node 300 GB/s):
+    batch ×4 · column ×2'. Each round is named by the cut kind that carries most of the heavy
+    ops' FLOPs in it; a size-1 axis is 'unused (size 1)'."""
     from shardplan.search.drec.flex import is_transparent
 
     graph, mesh = p.graph, p.mesh
     heavy = [op for op in graph.ops if not is_transparent(op)] or list(graph.ops)
     lines = []
     for axis, name in enumerate(mesh.names):
+        if mesh.shape[axis] == 1:
+            lines.append(f"{name} axis (1): unused (size 1)")
+            continue
         ways: dict[str, int] = {}
         for r, rnd in enumerate(mesh.rounds):
             if rnd.mesh_axis != axis:
@@ -160,7 +128,7 @@ def axis_summary(p: Any) -> list[str]:
             else f"{k} ×{w}"
             for k, w in ways.items()
         )
-        lines.append(f"{name} axis ({mesh.shape[axis]}): {text}")
+        lines.append(f"{name} axis ({mesh.shape[axis]}, {axis_link(mesh, axis)}): {text}")
     return lines
 
 
@@ -370,7 +338,7 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
             f"needs more than the {p.mesh.machine}'s {fmt_bytes(hbm)} per device; pass "
             "--memory to make the search fit it (or fail saying by how much)",
         )
-    t.add_row("search time", f"{p.search_seconds:.2f} s")
+    t.add_row("search time", fmt_seconds(p.search_seconds))
     t.add_row("status", escape(one_line(p.status, 80)))
     for note in p.notes:
         t.add_row("note", escape(note))
@@ -382,14 +350,10 @@ def machine_line(mesh: Any) -> str:
     80 GB): node 25 GB/s, gpu 300 GB/s'."""
     hw = mesh.hardware
     links = ", ".join(
-        f"{name} {fmt_rate(bw)}"
+        f"{name} {units.bandwidth(bw)}"
         for name, bw in zip(mesh.names, mesh.bandwidth_bytes_per_s, strict=True)
     )
     return f"{hw.name} ({hw.devices_per_node} per node, {fmt_bytes(hw.memory_bytes)}): {links}"
-
-
-def fmt_rate(bytes_per_s: float) -> str:
-    return f"{fmt_bytes(bytes_per_s)}/s"
 
 
 def print_plan(
@@ -402,6 +366,19 @@ def print_plan(
     if table is not None:
         console.print(table)
     console.print(summary_table(p, baseline))
+
+
+def warn_split(p: Any, prefix: str = "") -> None:
+    """The plan's `split_warning` (nothing split, unused axes, no sharded parameter) as one
+    'warning:' line on stderr, so a pipe of the plan still shows it."""
+    from shardplan.search.api import split_warning
+
+    message = split_warning(p)
+    if message:
+        err = Console(stderr=True)
+        if not err.is_terminal:  # a pipe or file: 100 columns, like the tables
+            err = Console(stderr=True, width=WIDTH, no_color=True)
+        err.print(f"warning: {prefix}{escape(message)}", highlight=False)
 
 
 def batch_warning(p: Any) -> str | None:

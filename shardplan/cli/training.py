@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shardplan import zoo
+from shardplan import units, zoo
 from shardplan.cli.models import hf_rebuilder, load_graph, model_label
 from shardplan.cli.options import SIZE_FLAGS, progress_of
 from shardplan.errors import SolverError
@@ -109,8 +109,8 @@ def run_training_plan(args: argparse.Namespace) -> int:
     batch = graph_batch(graph)
     options: dict[str, Any] = {}
     if method == "step":
-        options["progress"] = progress.note
-        progress.note(f"searching stages x micro-batches for {graph.name} on mesh {args.mesh} ...")
+        options["progress"] = progress.update
+        progress.update(f"searching stages x micro-batches for {graph.name} on {args.mesh} ...")
     else:
         options = {k: _knob(args, k) for k in RECIPE_FLAGS if _knob(args, k) is not None}
     tp = plan(
@@ -165,77 +165,73 @@ def reprint_training_plan(args: argparse.Namespace) -> bool:
     return True
 
 
-def _b(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} PB"
-
-
 def print_training_plan(console: Console, tp: TrainingPlan) -> None:
-    """One section per stage, then the step summary."""
+    """One row per stage, then the step summary; every number through `shardplan.units`, the
+    stage table in under 100 columns (an op range prints first and last op on two lines)."""
     step = tp.step
     assert step is not None
+    stages = "1 stage" if tp.pipeline_stages == 1 else f"{tp.pipeline_stages} stages"
+    mbs = "1 micro-batch" if tp.micro_batches == 1 else f"{tp.micro_batches} micro-batches"
     table = Table(
-        title=f"{tp.model} on mesh {tp.mesh.text()}: {tp.pipeline_stages} stage(s), "
-        f"{tp.micro_batches} micro-batch(es) of {tp.batch // tp.micro_batches}"
+        title=f"{tp.model} on mesh {tp.mesh.text()}: {stages}, {mbs} of "
+        f"{tp.batch // tp.micro_batches}",
+        caption="time per micro-batch; memory per device: weights = params+grads+optimizer, "
+        "act = activations (micro-batches in flight)",
     )
-    for col in (
-        "stage",
-        "ops",
-        "stage mesh",
-        "recompute",
-        "ZeRO",
-        "fwd+bwd / micro-batch",
-        "params+grads+optimizer",
-        "activations (in flight)",
-        "memory",
-    ):
-        table.add_column(col, overflow="fold")
+    for col in ("stage", "ops", "mesh", "recompute", "ZeRO", "fwd+bwd", "weights", "act", "memory"):
+        table.add_column(col, overflow="fold", no_wrap=col not in ("ops", "act"))
     for s, (stage, cost) in enumerate(zip(tp.stages, step.stages, strict=True)):
         g = stage.plan.graph
         table.add_row(
             str(s),
-            f"{g.ops[0].name} .. {g.ops[-1].name} ({len(g.ops)})",
+            f"{g.ops[0].name} ..\n{g.ops[-1].name} ({len(g.ops)})",
             stage.plan.mesh.text(),
             stage.levers.recompute.value,
             str(stage.levers.zero),
-            f"{(cost.fwd_s + cost.bwd_s) * 1e3:.4g} ms",
-            _b(cost.param_bytes),
-            f"{_b(cost.activation_bytes)} ({cost.in_flight})",
-            _b(cost.memory_bytes),
+            units.seconds(cost.fwd_s + cost.bwd_s),
+            units.nbytes(cost.param_bytes),
+            f"{units.nbytes(cost.activation_bytes)} ({cost.in_flight})",
+            units.nbytes(cost.memory_bytes),
         )
     console.print(table)
     summary = Table(title="training step (predicted)", show_header=False)
-    summary.add_column("item")
+    summary.add_column("item", no_wrap=True)
     summary.add_column("value")
     from shardplan.cli.render import machine_line
 
     summary.add_row("machine", machine_line(tp.mesh))
     for axis in tp.axes:
         summary.add_row("mesh", axis)
+    sec = units.seconds
     rows = (
-        ("step time", f"{step.step_s:.4g} s"),
-        ("  pipeline (m + S - 1 slots)", f"{step.pipeline_s:.4g} s"),
-        ("    of which bubble", f"{step.bubble_s:.4g} s ({step.bubble_s / step.step_s:.1%})"),
-        ("    of which p2p sends", f"{step.p2p_s:.4g} s"),
-        ("    of which recomputation", f"{step.recompute_s:.4g} s"),
-        ("  gradient sync (once per step)", f"{step.sync_s:.4g} s"),
-        ("throughput", f"{step.samples_per_s:.4g} samples/s, {step.tokens_per_s:.4g} tokens/s"),
+        ("step time", sec(step.step_s)),
+        ("  pipeline (m + S - 1 slots)", sec(step.pipeline_s)),
+        ("    of which bubble", f"{sec(step.bubble_s)} ({step.bubble_s / step.step_s:.1%})"),
+        ("    of which p2p sends", sec(step.p2p_s)),
+        ("    of which recomputation", sec(step.recompute_s)),
+        ("  gradient sync (once per step)", sec(step.sync_s)),
         (
-            "model TFLOP/s per device",
-            f"{step.tflops_per_device:.4g} ({step.peak_fraction:.1%} of peak)",
+            "throughput",
+            f"{units.rate(step.samples_per_s, 'samples')}, "
+            f"{units.rate(step.tokens_per_s, 'tokens')}",
         ),
-        ("  with recomputation", f"{step.hardware_tflops_per_device:.4g}"),
-        ("memory per device (max)", _b(step.memory_per_device)),
-        ("search time", f"{tp.search_seconds:.3g} s"),
+        (
+            "model FLOP/s per device",
+            f"{units.flop_rate(step.tflops_per_device * 1e12)} ({step.peak_fraction:.1%} of peak)",
+        ),
+        ("  with recomputation", units.flop_rate(step.hardware_tflops_per_device * 1e12)),
+        ("memory per device (max)", units.nbytes(step.memory_per_device)),
+        ("search time", sec(tp.search_seconds)),
     )
     for item, value in rows:
         summary.add_row(item, value)
     for note in tp.notes:
         summary.add_row("note", note)
     console.print(summary)
+    from shardplan.cli.render import warn_split
+
+    for s, stage in enumerate(tp.stages):  # a stage that splits nothing says so on stderr
+        warn_split(stage.plan, f"stage {s}: " if tp.pipeline_stages > 1 else "")
 
 
 def add_dtype_argument(p: argparse.ArgumentParser) -> None:
@@ -291,10 +287,12 @@ def verify_training_plan(args: argparse.Namespace) -> int:
     console.print(
         f"{tp.model}: {report.stages} stages x {report.world_size // report.stages} devices, "
         f"{report.micro_batches} micro-batches (1F1B, gloo): {verdict}\n"
-        f"  loss {report.loss:.12g} vs single process {report.reference_loss:.12g}\n"
+        f"  loss {units.number(report.loss)} vs single process "
+        f"{units.number(report.reference_loss)} (difference "
+        f"{units.number(abs(report.loss - report.reference_loss))})\n"
         f"  {report.grads_checked} gradients; worst {report.worst_grad} at "
-        f"{report.worst_grad_ratio:.3g} x tolerance; failed: {list(report.failed) or 'none'}\n"
-        f"  {report.seconds:.1f} s",
+        f"{units.number(report.worst_grad_ratio)} x tolerance; failed: "
+        f"{list(report.failed) or 'none'}\n  {units.seconds(report.seconds)}",
         highlight=False,
     )
     if args.json:

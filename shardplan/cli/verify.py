@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
+from shardplan import units
 from shardplan.cli.options import output_flags, progress_of, search_flags, source_flags
 from shardplan.errors import ArgumentError
 from shardplan.mesh import Mesh
@@ -103,10 +106,10 @@ def refuse_too_big(graph: Any, train: bool, dtype: str, small: bool) -> None:
     if need > VERIFY_MEMORY_SHARE * ram:
         hint = "use smaller sizes" if small else "add --small (or smaller sizes)"
         raise ArgumentError(
-            f"verify would need about {need / 1e9:.3g} GB to run {graph.name!r} "
+            f"verify would need about {units.nbytes(need)} to run {graph.name!r} "
             f"({elements:,} tensor elements at {dtype}, reference and sharded"
             f"{', with gradients' if train else ''}), over half of this machine's "
-            f"{ram / 1e9:.3g} GB; {hint}"
+            f"{units.nbytes(ram)}; {hint}"
         )
 
 
@@ -149,6 +152,11 @@ def run_verify(args: argparse.Namespace) -> int:
             "stage 0, parameters stored as the plan stores them (docs/cost-model.md)"
         )
     mesh: Mesh = p.mesh
+    from shardplan.search.api import split_warning
+
+    split = split_warning(p)
+    if split and args.engine == "torch":  # the JAX report prints it under its verdict
+        make_console().print(f"warning: {escape(split)}", highlight=False)
     if args.user_module:
         from shardplan.cli.verify_user import verify_user_module
 
@@ -165,7 +173,7 @@ def run_verify(args: argparse.Namespace) -> int:
             p, train=train, seed=args.seed, rtol=args.rtol, atol=args.atol, dtype=args.check_dtype
         )
     console = make_console()
-    print_report(console, report, args.differences)
+    print_report(console, report, args.differences, split)
     if args.json:
         data = report.to_dict()
         data["plan"] = {"method": p.method, "mesh": mesh.text(), "status": p.status}
@@ -189,7 +197,12 @@ def _verify_torch(p: Any, args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def print_report(console: Any, report: Any, differences: int = 15) -> None:
+def print_report(
+    console: Any, report: Any, differences: int = 15, split: str | None = None
+) -> None:
+    """The numerics verdict (and `split`, the plan's `split_warning`, under it: numbers that agree
+    because nothing was split prove little), the bytes per collective kind predicted and
+    measured, the per-operator differences and their causes."""
     from rich.table import Table
 
     from shardplan.fidelity.verify import CAUSES, UNEXPLAINED
@@ -198,17 +211,19 @@ def print_report(console: Any, report: Any, differences: int = 15) -> None:
     verdict = "[bold green]OK[/]" if report.numerics_ok else "[bold red]FAIL[/]"
     console.print(f"{report.model} on mesh {report.mesh}, {report.method} plan, {mode}")
     console.print(
-        f"numerics: {verdict}  max error {report.max_error:.3g} "
+        f"numerics: {verdict}  max error {units.number(report.max_error)} "
         f"({report.worst_tensor or '-'}), {len(report.tensors)} tensors; "
         f"tolerance: {report.tolerance}"
     )
+    if split:
+        console.print(f"  [yellow]warning[/]: {escape(split)}", highlight=False)
     if report.numerics_note:
         console.print(f"  [yellow]note[/]: {report.numerics_note}", highlight=False)
     for t in report.tensors[:0] if report.numerics_note else report.tensors:
         if not t.ok:
             console.print(
-                f"  [red]{t.name}[/]: max abs error {t.max_abs_error:.3g}, "
-                f"max |reference| {t.max_abs_reference:.3g}"
+                f"  [red]{t.name}[/]: max abs error {units.number(t.max_abs_error)}, "
+                f"max |reference| {units.number(t.max_abs_reference)}"
             )
     table = Table(title="communication, bytes sent per device (ring algorithms)")
     for col in ("kind", "predicted", "measured", "ratio", "count", "causes of the difference"):
@@ -216,17 +231,17 @@ def print_report(console: Any, report: Any, differences: int = 15) -> None:
     for k in report.kinds:
         if not (k.predicted or k.measured):
             continue
-        ratio = "inf" if k.ratio == float("inf") else f"{k.ratio:.3f}"
+        ratio = "inf" if k.ratio == float("inf") else f"{k.ratio:.3f}"  # a ratio: 3 decimals
         causes = "within 10%" if k.within else (", ".join(k.causes) or UNEXPLAINED)
         if not k.explained:
-            causes += f" [red](unexplained {k.unexplained_bytes:.0f} B)[/]"
+            causes += f" [red](unexplained {units.nbytes(k.unexplained_bytes)})[/]"
         table.add_row(
-            k.kind, f"{k.predicted:,.0f}", f"{k.measured:,.0f}", ratio, str(k.count), causes
+            k.kind, units.nbytes(k.predicted), units.nbytes(k.measured), ratio, str(k.count), causes
         )
     table.add_row(
         "total",
-        f"{report.predicted_total:,.0f}",
-        f"{report.measured_total:,.0f}",
+        units.nbytes(report.predicted_total),
+        units.nbytes(report.measured_total),
         f"{report.measured_total / report.predicted_total:.3f}" if report.predicted_total else "-",
         "",
         "",
@@ -241,8 +256,8 @@ def print_report(console: Any, report: Any, differences: int = 15) -> None:
             diff.add_row(
                 d.op or "(no operator)",
                 d.kind,
-                f"{d.predicted:,.0f}",
-                f"{d.measured:,.0f}",
+                units.nbytes(d.predicted),
+                units.nbytes(d.measured),
                 ", ".join(d.causes),
             )
         console.print(diff)

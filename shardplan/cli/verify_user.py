@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from shardplan import units
 from shardplan.errors import PlanError
 
 STEPS = 3
@@ -60,10 +61,17 @@ def verify_user_module(plan: Any, args: argparse.Namespace) -> int:
     lines = [
         f"{plan.graph.name}: {plan.method} plan on {plan.mesh.text()} ({mesh}), "
         f"{report['sharded_params']} of {report['params']} parameters sharded",
-        f"losses (parallelize): {report['parallel_losses']}",
-        f"losses (one process): {report['reference_losses']}",
+        f"losses (parallelize): {', '.join(map(units.number, report['parallel_losses']))}",
+        f"losses (one process): {', '.join(map(units.number, report['reference_losses']))}",
+        "largest loss difference: "
+        + units.number(
+            max(
+                abs(a - b)
+                for a, b in zip(report["parallel_losses"], report["reference_losses"], strict=True)
+            )
+        ),
         f"largest parameter difference after {STEPS} AdamW steps: "
-        f"{report['max_param_error']:.3g} (tolerance {rtol:g})",
+        f"{units.number(report['max_param_error'])} (tolerance {units.number(rtol)})",
         "collectives of the first step (forward + backward):",
         comm_table(report),
         "OK" if ok else "MISMATCH",

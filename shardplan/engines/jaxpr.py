@@ -98,8 +98,10 @@ def shard(fn: Callable[..., Any], plan: Any, mesh: Any = None) -> Callable[..., 
     The returned function has `.mesh` (the jax Mesh) and `.axis_names` (None: round axes).
     Raises PlanError when the plan is for another graph or the mesh does not fit.
     """
-    jax = require_jax()
+    from shardplan.search.api import warn_if_nothing_split
 
+    jax = require_jax()
+    warn_if_nothing_split(plan, "shard")
     jmesh, names = _jax_mesh(plan, mesh)
     specs = partition_specs(plan, names)
     cache: dict[Any, Callable[..., Any]] = {}

@@ -4,7 +4,8 @@
 runner (`torch_dist`), the pipeline runner (`torch_pipeline`) and `shardplan.torch.spawn`:
 start `entry(rank, *args)` on `nprocs` processes, poll `join` until all exit or `timeout` seconds
 pass, and turn every way a rank can fail into a BackendError naming `what`:
-- a rank raised: its exception line and the last `frames` lines of its traceback;
+- a rank raised: its exception in one line (the last `frames` lines of its traceback are a note
+  on the error, for API callers; the CLI prints the one line);
 - a rank exited (killed, `os._exit(n)`): its exit code and signal;
 - the deadline passed: the processes are terminated (then killed after 5 s).
 Whatever happens, no process is left running when it returns. Cost: one interpreter start-up and
@@ -16,6 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -24,6 +26,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from shardplan.errors import BackendError
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*:")
+"""The line of a traceback that names the exception (`torch.OutOfMemoryError: ...`)."""
 
 
 def free_port() -> int:
@@ -85,10 +90,9 @@ def spawn_and_wait(
                 )
     except ProcessRaisedException as e:
         lines = str(e).strip().splitlines()
-        raise BackendError(
-            f"{what} failed on rank {e.error_index}: {lines[-1] if lines else e!r}\n"
-            + "\n".join(lines[-frames:-1])
-        ) from None
+        error = BackendError(f"{what} failed on rank {e.error_index}: {_one_line(lines, e)}")
+        error.add_note("\n".join(lines[-frames:]))  # the rank's traceback, for API callers
+        raise error from None
     except ProcessExitedException as e:
         raise BackendError(
             f"{what}: rank {e.error_index} exited with code {e.exit_code} "
@@ -97,6 +101,15 @@ def spawn_and_wait(
     finally:
         if context is not None:
             terminate(context)
+
+
+def _one_line(lines: list[str], e: BaseException) -> str:
+    """A rank's error in one line: the exception (`ValueError: ...`) and, when the traceback
+    ends in a note (which node was running), that note."""
+    exc = next((x for x in reversed(lines) if _EXCEPTION.match(x)), None)
+    if exc is None:
+        return lines[-1] if lines else repr(e)
+    return exc if lines[-1] == exc else f"{exc} ({lines[-1].strip()})"
 
 
 # -- the child side ------------------------------------------------------------------------------

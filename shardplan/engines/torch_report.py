@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardplan import units
 from shardplan.engines.torch_exec import _require_torch
 
 RTOL = 1e-4
@@ -113,21 +114,22 @@ class DistReport:
         lines = [
             f"{status}: {self.model} ({self.method}) on mesh {self.mesh} = DeviceMesh"
             f"{self.mesh_shape}, {self.world_size} gloo processes, "
-            f"{'forward+backward' if self.train else 'forward'} in {self.seconds:.2f}s",
+            f"{'forward+backward' if self.train else 'forward'} in {units.seconds(self.seconds)}",
             f"  {self.dtype}, tolerance max|err| <= {self.rtol:g} * max|ref| + {self.atol:g}; "
             "max abs error "
-            f"{self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g}",
+            f"{units.number(self.max_abs_error)}, max rel error {units.number(self.max_rel_error)}",
         ]
         for e in self.outputs:
             lines.append(
-                f"  output {e.name}: abs {e.max_abs:.3g} rel {e.max_rel:.3g} "
+                f"  output {e.name}: abs {units.number(e.max_abs)} rel {units.number(e.max_rel)} "
                 f"{'ok' if e.ok else 'MISMATCH'}"
             )
         if self.activations_checked:
             worst = self.worst_activation
             lines.append(
                 f"  {self.activations_checked} activations compared; worst "
-                f"{worst.name if worst else '-'} abs {worst.max_abs if worst else 0.0:.3g}"
+                f"{worst.name if worst else '-'} abs "
+                f"{units.number(worst.max_abs if worst else 0.0)}"
                 + (f"; first mismatch at op {self.first_mismatch}" if self.first_mismatch else "")
             )
         if self.grads:
@@ -135,7 +137,7 @@ class DistReport:
             bad = sum(not e.ok for e in self.grads)
             lines.append(
                 f"  {len(self.grads)} parameter gradients compared, {bad} mismatched; worst "
-                f"{g.name} abs {g.max_abs:.3g} rel {g.max_rel:.3g}"
+                f"{g.name} abs {units.number(g.max_abs)} rel {units.number(g.max_rel)}"
             )
         if self.redistributions:
             parts = ", ".join(f"{k} {v}" for k, v in sorted(self.redistributions.items()))

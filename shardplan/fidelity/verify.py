@@ -43,6 +43,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from shardplan import units
 from shardplan.cost.collectives import CollectiveKind as Kind
 from shardplan.errors import BackendError
 from shardplan.fidelity.causes import (
@@ -332,7 +333,8 @@ class VerifyReport:
         mode = "training step" if self.train else "forward"
         lines = [
             f"{self.model} on mesh {self.mesh}, {self.method} plan, {mode}",
-            f"numerics: {'OK' if self.numerics_ok else 'FAIL'} - max error {self.max_error:.3g} "
+            f"numerics: {'OK' if self.numerics_ok else 'FAIL'} - max error "
+            f"{units.number(self.max_error)} "
             f"({self.worst_tensor}); {len(self.tensors)} tensors, {self.tolerance}"
             + (f"; {self.numerics_note}" if self.numerics_note else ""),
             "communication (bytes sent per device): kind, predicted, measured, ratio",

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from shardplan import units
 from shardplan.errors import IRError, ShapeError, ShardplanError
 from shardplan.ir.catalogue import op_form
 from shardplan.ir.dims import DimKind, LoopDim
@@ -119,7 +120,10 @@ class ImportResult:
 
     def report(self) -> str:
         g = self.graph
-        lines = [f"{g.name}: {len(g.ops)} ops, {g.num_params:,} parameters, {g.flops:.3g} FLOPs"]
+        lines = [
+            f"{g.name}: {len(g.ops)} ops, {units.params(g.num_params)} parameters, "
+            f"{units.flops(g.flops)}"
+        ]
         if self.replicated:
             lines.append(f"replicated (opaque, never cut): {len(self.replicated)}")
             lines += [f"  {r}" for r in self.replicated]

@@ -8,10 +8,10 @@ torch.export (`import_torch`). Size overrides (`layers`, `hidden`, `heads`) make
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardplan.checks import did_you_mean
 from shardplan.errors import UnknownModelError
 from shardplan.importers._build import ImportResult
 from shardplan.lazy import require
@@ -125,10 +125,10 @@ def import_hf(
         options = {"layers": layers, "hidden": hidden, "heads": heads, "unknown": unknown}
         return hf_importer(local, seq, image, **options)(batch)
     if name not in ARCHITECTURES:
-        close = difflib.get_close_matches(name, list(ARCHITECTURES), n=3)
+        hint = did_you_mean(name, list(ARCHITECTURES), "no supported name is near it")
         raise UnknownModelError(
-            f"--hf {name!r} is not supported offline; similar: {close}; "
-            f"supported: {sorted(ARCHITECTURES)}, or a local folder or config.json"
+            f"--hf {name!r} is not supported offline{hint}; supported: "
+            f"{', '.join(sorted(ARCHITECTURES))}, or a local folder or config.json"
         )
     torch = require("torch", extra="torch", user="--hf")
     transformers = require("transformers", extra="torch", user="--hf")

@@ -98,18 +98,27 @@ def import_torch(
 def _translate(
     torch: Any, program: Any, name: str, policy: UnknownPolicy, decompose: bool | None = None
 ) -> ImportResult:
-    """Translate an exported program; decompose it to core ATen first only when some op needs
-    it (`decompose=None`): the decomposition re-traces the whole program and takes most of an
-    import's time, while export's own IR is usually covered by the table already. The direct
-    try is strict: any op it cannot translate (a rule refusing a shape) sends the whole program
-    through the decomposition, where `policy` applies."""
+    """The ImportResult of `program` (see `_walk`)."""
+    return _walk(torch, program, name, policy, decompose)[1].emitter.build()
+
+
+def _walk(
+    torch: Any, program: Any, name: str, policy: UnknownPolicy, decompose: bool | None = None
+) -> tuple[Any, _Context]:
+    """Translate an exported program: (the program translated, the walk's context). The one
+    path of both `import_torch` (planning) and `trace_torch` (running), so a plan made by
+    `from_torch` is for the graph `parallelize` runs. The program is decomposed to core ATen
+    first only when some op needs it (`decompose=None`): the decomposition re-traces the whole
+    program and takes most of an import's time, while export's own IR is usually covered by the
+    table already. The direct try is strict: any op it cannot translate (a rule refusing a
+    shape) sends the whole program through the decomposition, where `policy` applies."""
     table = aten_table()
     if decompose is None and not _needs_decomposition(program, table):
         try:
             ctx = _Context(program, Emitter(name, "error"), table)
             ctx.live = _live(program)  # what the decomposition's dead-code pass would keep
             ctx.run()
-            return ctx.emitter.build()
+            return program, ctx
         except UnsupportedOpError:
             pass
     ep = program
@@ -117,7 +126,7 @@ def _translate(
         ep = program.run_decompositions(_decompositions(torch, program))
     ctx = _Context(ep, Emitter(name, policy), table)
     ctx.run()
-    return ctx.emitter.build()
+    return ep, ctx
 
 
 def from_torch(
@@ -463,8 +472,8 @@ CHECK_OPS = _SKIP
 
 
 class TorchTrace:
-    """What `shardplan.torch.parallelize` needs of an import: the decomposed program it runs, the
-    imported result, and FX node name -> the graph tensor(s) that node's value is.
+    """What `shardplan.torch.parallelize` needs of an import: the program it runs (the one the
+    import translated), the imported result, and FX node name -> the graph tensor(s) it is.
 
     `values[node]` is a tensor name, a tuple of names (None where a result is not a tensor) for a
     multi-result node, or absent for folded, skipped and pending (transposed) nodes.
@@ -484,13 +493,13 @@ def trace_torch(
     unknown: UnknownPolicy = "error",
     name: str | None = None,
 ) -> TorchTrace:
-    """`import_torch`, also returning the decomposed ExportedProgram and the node -> tensor map."""
+    """`import_torch`, also returning the ExportedProgram it translated (export's own IR, or its
+    core-ATen decomposition when some op needs it: the same choice as `import_torch`, so the
+    graph is `from_torch`'s) and the FX node -> graph tensor map."""
     torch = _torch()
     policy = check_policy(unknown)
     program, default = _export(torch, module, example_args, example_kwargs)
-    ep = program.run_decompositions(_decompositions(torch, program))
-    ctx = _Context(ep, Emitter(name or default, policy), aten_table())
-    ctx.run()
+    ep, ctx = _walk(torch, program, name or default, policy)
     result = ctx.emitter.build()
     values: dict[str, Any] = {}
     for node, value in ctx.env.items():

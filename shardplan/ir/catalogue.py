@@ -556,11 +556,11 @@ def op_form(kind: str, shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> OpF
     """Look up `kind` and derive its form; unknown kinds raise UnsupportedOpError."""
     rule = CATALOGUE.get(kind)
     if rule is None:
-        import difflib
+        from shardplan.checks import did_you_mean
 
-        close = difflib.get_close_matches(kind, list(CATALOGUE), n=3)
+        hint = did_you_mean(kind, list(CATALOGUE), "`shardplan.ir.catalogue.CATALOGUE` lists them")
         raise UnsupportedOpError(
-            f"op kind {kind!r} is not in the catalogue; similar: {close}. "
+            f"op kind {kind!r} is not in the catalogue{hint}. "
             "Add it to shardplan/ir/catalogue.py or map it to an existing kind"
         )
     try:

@@ -17,7 +17,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from shardplan.errors import InfeasibleError
+from shardplan import units
+from shardplan.errors import InfeasibleError, NothingSplitWarning
+from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan, with_status, with_zero
 from shardplan.problem import Problem
@@ -109,38 +111,118 @@ def _check_budget(problem: Problem, method: str, need: float) -> None:
         return
     raise InfeasibleError(
         f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
-        f"{need / 1e9:.3g} GB per device, over the "
-        f"{budget / 1e9:.3g} GB budget by {(need - budget) / 1e9:.3g}"
-        " GB; use more devices, a smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), "
-        "or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
-        "pipeline stages)"
+        f"{units.nbytes(need)} per device, over the {units.nbytes(budget)} budget by "
+        f"{units.nbytes(need - budget)}; use more devices, a smaller batch, method "
+        "'drec'/'fsdp', a ZeRO stage (--zero), or plan the training step with --dtype bf16 "
+        "(micro-batches, recomputation, ZeRO, pipeline stages)"
     )
+
+
+ADVICE = (
+    "to get a split, give a per-device memory budget (memory= / --memory), name a method "
+    "(method='megatron', 'fsdp' or 'data-parallel' / --method), or plan a larger batch"
+)
+"""How to get a split, said wherever a plan splits nothing (API warning, CLI, verify)."""
+
+
+TRIVIAL_SHARE = 0.01
+"""An axis whose split ops carry under this share of the model's FLOPs is reported as (nearly)
+unused: splitting a few cheap ops (an embedding, a bias) is not using the devices. A reporting
+threshold for the warning only; no plan depends on it."""
+
+
+def split_warning(p: Plan) -> str | None:
+    """One line when `p` leaves a mesh axis of size > 1 unused (no op, or only ops carrying
+    under `TRIVIAL_SHARE` of the FLOPs, split across it) or shards no parameter (the devices
+    hold copies of the model), saying what, why and how to get a split (`ADVICE`); None when
+    every axis splits real work and some parameter is sharded. O(ops x rounds + parameters)."""
+    mesh, rounds = p.mesh, p.mesh.rounds
+    used = {r for r in range(len(rounds)) if any(s[r] is not None for s in p.strategies.values())}
+    total = sum(op.flops for op in p.graph.ops) or 1.0
+    idle, trivial = [], False
+    for axis, (name, size) in enumerate(zip(mesh.names, mesh.shape, strict=True)):
+        mine = [r.index for r in rounds if r.mesh_axis == axis]
+        share = sum(
+            op.flops
+            for op in p.graph.ops
+            if any(p.strategies[op.name][r] is not None for r in mine)
+        )
+        if size > 1 and share < TRIVIAL_SHARE * total:
+            idle.append(f"{name!r} ({size}-way)")
+            trivial = trivial or any(r in used for r in mine)
+    layouts = p.tensor_layouts()
+    params = [t.name for t in p.graph.tensors.values() if t.role is Role.PARAMETER]
+    sharded = sum(any(x >= 0 for x in layouts.get(n, ())) for n in params)
+    idle_rounds = [r for r in range(len(rounds)) if r not in used]
+    why = f" because {idle_reason(p, idle_rounds)}" if idle and idle_rounds else ""
+    every = len(idle) == sum(size > 1 for size in mesh.shape)
+    if idle and every:
+        what = "almost nothing was split" if trivial else "nothing was split"
+        return (
+            f"{what}: the {p.method} plan of {p.graph.name!r} replicates every op "
+            + (f"carrying {TRIVIAL_SHARE:.0%} or more of the FLOPs " if trivial else "")
+            + f"on all {mesh.size} devices of mesh {mesh.text()}{why}; {ADVICE}"
+        )
+    if idle:
+        return (
+            f"mesh axis {' and '.join(idle)} {'nearly ' if trivial else ''}unused: the "
+            f"{p.method} plan of {p.graph.name!r} replicates "
+            f"{'almost ' if trivial else ''}every op across it{why}; {ADVICE}"
+        )
+    if params and not sharded and mesh.size > 1 and p.method != "data-parallel":
+        return (
+            f"no parameter is sharded: the {p.method} plan of {p.graph.name!r} keeps all "
+            f"{len(params)} parameters whole on each of the {mesh.size} devices (data "
+            "parallelism); to shard them, give a memory budget (memory= / --memory) or name "
+            "method 'megatron' or 'fsdp'"
+        )
+    return None
+
+
+def warn_if_nothing_split(p: Plan, where: str) -> None:
+    """`split_warning(p)` as a NothingSplitWarning from `where` (`parallelize`, `shard`), pointing
+    at the caller's caller."""
+    import warnings
+
+    message = split_warning(p)
+    if message:
+        warnings.warn(f"{where}: {message}", NothingSplitWarning, stacklevel=3)
+
+
 
 
 def unused_devices_note(p: Plan) -> str | None:
     """Say so when a plan leaves rounds of the mesh unused (every op replicated across them), and
-    why: an expert plan's recipe has nothing left to split, no loop dim of any op divides by the
-    round's q there, or (otherwise) the planner found that spreading the work over those links
-    costs more than it saves."""
-    from shardplan.sharding import cut_problem, local_extents
-
+    why (`idle_reason`)."""
     rounds = p.mesh.rounds
     idle = [r for r in range(len(rounds)) if all(s[r] is None for s in p.strategies.values())]
-    if not idle:
-        return None
     parts = []
     for axis, name in enumerate(p.mesh.names):
         ways = math.prod(rounds[r].q for r in idle if rounds[r].mesh_axis == axis)
         size = p.mesh.shape[axis]
-        if ways == size:
+        if ways == size > 1:  # a size-1 axis has nothing to split
             parts.append(f"mesh axis {name!r} ({size}-way)")
         elif ways > 1:
             parts.append(f"{ways} of the {size} ways of mesh axis {name!r}")
+    if not parts:
+        return None
+    return (
+        f"{' and '.join(parts)} left unused: every op is replicated across it because "
+        f"{idle_reason(p, idle)}"
+    )
+
+
+def idle_reason(p: Plan, idle: list[int]) -> str:
+    """Why rounds `idle` of plan `p` split nothing: an expert plan's recipe has nothing left to
+    split, no loop dim of any op divides by the round's q there, or (otherwise) the planner
+    found that spreading the work over those links costs more than it saves."""
+    from shardplan.sharding import cut_problem, local_extents
+
+    rounds = p.mesh.rounds
     if p.method in experts.EXPERTS:
         return (
-            f"{' and '.join(parts)} left unused: the {p.method} plan splits only the dims its "
-            "recipe names (the batch for data parallelism, hidden dims for Megatron) and they "
-            "do not divide further; every op is replicated across it"
+            f"the {p.method} plan splits only the dims its recipe names (the batch for data "
+            "parallelism, hidden dims for Megatron) and they do not divide further"
         )
     divisible = any(
         cut_problem(
@@ -155,12 +237,7 @@ def unused_devices_note(p: Plan) -> str | None:
     if not divisible:
         qs = sorted({rounds[r].q for r in idle})
         return (
-            f"{' and '.join(parts)} left unused: no dim of any op divides by "
-            f"{', '.join(map(str, qs))} there, so every op is replicated across it; use a mesh "
-            "whose sizes divide the model's dims (batch, hidden, heads)"
+            f"no dim of any op divides by {', '.join(map(str, qs))} there (use a mesh whose "
+            "sizes divide the model's dims: batch, hidden, heads)"
         )
-    return (
-        f"{' and '.join(parts)} left unused: every op is replicated across it, because "
-        "splitting this model and batch over those links costs more time than it saves; a "
-        "larger batch would use it (or plan on fewer devices)"
-    )
+    return "splitting this model and batch over those links costs more time than it saves"

@@ -6,16 +6,26 @@
   the REDUCE dim its activation arrives split on (row-parallel), else a parameter-only REDUCE dim
   (vocab-parallel embedding), else a PARALLEL dim only its parameter carries (column-parallel);
   ops without parameters follow their input's split (heads through reshape/transpose/bmm).
+  Column-parallel is taken only where Megatron takes it, recognised from structure, never names
+  (`paired_columns`): the column-parallel ops reading one activation (q/k/v, gate/up) are a
+  group; their split features, followed forward through the ops without parameters, must all
+  end in a row-parallel op (one that reduces them against its parameter: out-proj, down-proj),
+  a loss that normalises them away (vocab-parallel cross-entropy) or a graph output, meeting
+  only activations of the same group on the way. A reduction over the split features without a
+  parameter (a norm's statistics, however written), a residual add, or a FROZEN dim stops the
+  group, so norms, residual streams and conv stems stay replicated as in Megatron-LM.
   Rounds of outer axes are data-parallel.
 * context parallel (`context_parallel`): the sequence (dim 1 of the graph inputs) cut instead
   of the batch in given rounds, followed through the graph the same way.
 * fsdp: data-parallel cuts, with every parameter stored split along its largest divisible dims
   across all rounds (ZeRO-3): all-gathers before use, sharded gradients and optimizer state.
-Each is one pass in topological order per round: O(|V| + |E|) per round.
+Each is one pass in topological order per round: O(|V| + |E|) per round; `paired_columns` walks
+each group's block once (O(|V| + |E|) over the ops its splits reach).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 
 from shardplan.errors import PlanError
@@ -23,6 +33,7 @@ from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.ir.signature import loop_names, major_positions
+from shardplan.ir.traits import Trait, has_trait
 from shardplan.mesh import Mesh
 from shardplan.sharding import Layout, Strategy, cut_problem
 
@@ -162,9 +173,103 @@ def context_parallel(
                     strategy[r] = cut
         out[op.name] = tuple(strategy)
     return out
+def _activations(graph: Graph, op: Op) -> list[int]:
+    """Positions of `op`'s inputs that are computed values (not parameters or constants)."""
+    return [
+        i for i, t in enumerate(op.inputs) if graph.tensors[t].role in (Role.INPUT, Role.ACTIVATION)
+    ]
+
+
+def _column_dim(graph: Graph, op: Op) -> str | None:
+    """The first PARALLEL loop dim only `op`'s parameters carry (its column-parallel cut)."""
+    params = [i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
+    if not params:
+        return None
+    acts = set().union(*(loop_names(op.signature.inputs[i]) for i in _activations(graph, op)))
+    owned = set().union(*(loop_names(op.signature.inputs[i]) for i in params)) - acts
+    return next(
+        (d.name for d in op.signature.loop_dims if d.kind is DimKind.PARALLEL and d.name in owned),
+        None,
+    )
+
+
+def paired_columns(graph: Graph) -> frozenset[str]:
+    """The ops that may be column-parallel in a Megatron plan (see the module docstring): per
+    group of candidates reading the same activations, one forward walk of their split features
+    in op order; the group is kept when every path ends well."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, op in enumerate(graph.ops):
+        if _column_dim(graph, op) is not None:
+            source = tuple(op.inputs[j] for j in _activations(graph, op))
+            groups.setdefault(source, []).append(i)
+    keep: set[str] = set()
+    for members in groups.values():
+        if _group_pairs(graph, members):
+            keep.update(graph.ops[i].name for i in members)
+    return frozenset(keep)
+
+
+def _group_pairs(graph: Graph, members: list[int]) -> bool:
+    """Whether the split features of the column candidates `members` all end well."""
+    split: dict[str, int] = {}  # tensor -> the tensor dim carrying the split features
+    for i in members:
+        op = graph.ops[i]
+        dim = _column_dim(graph, op)
+        for pos, dims in enumerate(op.signature.outputs):
+            at = major_positions(dims).get(dim)  # type: ignore[arg-type]
+            if at is not None:
+                split[op.outputs[pos]] = at
+    todo = sorted({c for t in split for c, _ in graph.consumers.get(t, ())})
+    seen = set(members)
+    while todo:
+        index = heapq.heappop(todo)
+        if index in seen:
+            continue
+        seen.add(index)
+        outs = _carry(graph, graph.ops[index], split)
+        if outs is None:
+            return False
+        for t, at in outs.items():
+            split[t] = at
+            for c, _ in graph.consumers.get(t, ()):
+                heapq.heappush(todo, c)
+    return True
+
+
+def _carry(graph: Graph, op: Op, split: dict[str, int]) -> dict[str, int] | None:
+    """Where `op` takes the split features arriving on its inputs: {output: tensor dim} to go
+    on, {} when they end well here (row-parallel, a loss normalising them away), None when the
+    group cannot be Megatron's (statistics over them, a residual partner, a FROZEN dim)."""
+    dims = {
+        op.signature.inputs[i][split[t]][0] if op.signature.inputs[i][split[t]] else None
+        for i, t in enumerate(op.inputs)
+        if t in split
+    }
+    if len(dims) != 1 or None in dims:
+        return None
+    (loop,) = dims
+    for i in _activations(graph, op):  # every activation reading the features must be split
+        if op.inputs[i] not in split and loop in loop_names(op.signature.inputs[i]):
+            return None
+    kind = op.signature.loop_dim(loop).kind
+    params = [i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
+    in_param = any(loop in loop_names(op.signature.inputs[i]) for i in params)
+    outs = {}
+    for pos, out_dims in enumerate(op.signature.outputs):
+        at = major_positions(out_dims).get(loop)
+        if at is not None:
+            outs[op.outputs[pos]] = at
+    if kind is DimKind.REDUCE and in_param:
+        return {}  # row-parallel: reduced against its parameter (a partial sum, all-reduced)
+    if kind is not DimKind.PARALLEL:
+        loss = has_trait(op.kind, Trait.NORMALISES) and not outs
+        return {} if loss else None
+    return outs or None
 
 
 def _tensor_parallel_choice(graph: Graph) -> Chooser:
+    paired = paired_columns(graph)
+
     def choose(op: Op, arriving: dict[int, int]) -> list[str]:
         params = [i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
         if not params:
@@ -186,7 +291,9 @@ def _tensor_parallel_choice(graph: Graph) -> Chooser:
         column = [
             d.name
             for d in op.signature.loop_dims
-            if d.kind is DimKind.PARALLEL and d.name in param_dims - activation_dims
+            if d.kind is DimKind.PARALLEL
+            and d.name in param_dims - activation_dims
+            and op.name in paired
         ]
         return row + along + vocab + column
 

@@ -21,6 +21,7 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardplan import units
 from shardplan.cost.collectives import CollectiveKind as Kind
 from shardplan.errors import PlanError
 
@@ -326,8 +327,8 @@ def comm_table(report: dict[str, Any]) -> str:
         pred = report["predicted_bytes"][kind] if kind in _PREDICTED else None
         lines.append(
             f"| {kind} | {report['measured_counts'][kind]} | "
-            f"{report['measured_bytes'][kind]:,.0f} | "
-            f"{'not modelled' if pred is None else f'{pred:,.0f}'} |"
+            f"{units.nbytes(report['measured_bytes'][kind])} | "
+            f"{'not modelled' if pred is None else units.nbytes(pred)} |"
         )
     return "\n".join(lines)
 

@@ -1,9 +1,9 @@
 """`parallelize`: the user's own `nn.Module` trained under a plan, with DTensor parameters.
 
 Algorithm (one pass at set-up, one interpreter pass per forward):
-1. `trace_torch` exports the module (`torch.export` + the importer's core-ATen decompositions),
-   imports it into a Graph and keeps FX node name -> graph tensor name(s). The plan is made for
-   that graph (or a given plan is checked to be for it: same tensor names and shapes).
+1. `trace_torch` exports the module and imports it as `from_torch` does (the same program: one
+   path for planning and running), keeping FX node name -> graph tensor name(s). The plan is
+   made for that graph (or a given plan is checked to be for it: same tensor names and shapes).
 2. Every planned tensor gets DTensor placements (`shardplan.exporters.dtensor.placement_texts`,
    one per ROUND). When the rounds of every mesh axis agree for every tensor (the same dim split,
    or all replicated, or all partial), the placements collapse onto the user's mesh axes
@@ -144,10 +144,13 @@ def _set_up(
 ) -> Any:
     """Check the plan against the trace and the world, agree with every rank (`_ranks.agree`)
     on success, the plan and a dropout seed, then distribute and install the runner."""
+    from shardplan.search.api import warn_if_nothing_split
+
     if failure is None:
         try:
             assert plan is not None
             check_same_graph(trace.result.graph, plan.graph)
+            warn_if_nothing_split(plan, "parallelize")
             world = torch.distributed.get_world_size()
             if plan.mesh.size != world:
                 raise PlanError(

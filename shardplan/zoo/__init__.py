@@ -7,7 +7,6 @@ build small versions of every model and benchmarks the full ones.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -250,10 +249,8 @@ def build(name: str, small: bool = False, **overrides: Any) -> Graph:
     """
     entry = MODELS.get(name)
     if entry is None:
-        close = difflib.get_close_matches(name, list(MODELS), n=3)
-        raise UnknownModelError(
-            f"no zoo model {name!r}; similar: {close}. `shardplan models` lists them all"
-        )
+        hint = checks.did_you_mean(name, list(MODELS), "`shardplan models` lists them all")
+        raise UnknownModelError(f"no zoo model {name!r}{hint}")
     kwargs = {**entry.defaults, **(entry.small if small else {})}
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     parameters = inspect.signature(entry.builder).parameters

@@ -19,8 +19,9 @@ def test_gpt2_xl_on_4x8_fits_64_lines_of_100_columns(capsys):
     text = "\n".join(lines)
     # identical layers print once (the first may differ: it reads the embeddings)
     assert re.search(r"h\.[01]–47 ×4[78]", text), text
-    assert "node axis (4):" in text  # one summary line per mesh axis
-    assert "gpu axis (8):" in text and "batch" in text
+    # one summary line per mesh axis, with its link (row-major: 8 GPUs per node, issue 27)
+    assert "node axis (4, inter-node 25 GB/s):" in text
+    assert "gpu axis (8, intra-node 300 GB/s):" in text and "batch" in text
     assert " ms" in text and " GB" in text  # units, not 1.38e-05 or 1.44e+03 GB
 
 
@@ -91,7 +92,8 @@ def test_non_dividing_batch_warns(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "batch 6 (x) does not divide over 8 devices" in text
     assert "data parallelism can use at most 2 of them" in text
-    assert "4 of the 8 ways of mesh axis 'dev' left unused: the data-parallel plan" in text
+    assert "4 of the 8 ways of mesh axis 'dev' left unused" in text
+    assert "the data-parallel plan splits only the dims its recipe names" in text
     assert "costs more time than it saves" not in text
 
 

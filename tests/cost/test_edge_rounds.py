@@ -1,7 +1,9 @@
 """An edge's redistribution over several rounds against hand counts (`edge_redistribution`).
 
-Mesh "8" is three rounds of 2 on one link; "2x4" is one round of 2 on the slow inter-node link
-then two rounds of 2 on the fast intra-node link. A tensor of N fp32 elements, |T| = 4N bytes;
+Mesh "8" is three rounds of 2 on one link; `TWO_NODES` (2 nodes of 4 GPUs: a 2x4 mesh whose
+outer axis crosses nodes) is one round of 2 on the slow inter-node link then two rounds of 2 on
+the fast intra-node link (mesh text "2x4" lies in one 8-GPU node: both axes fast). A tensor of
+N fp32 elements, |T| = 4N bytes;
 split in all three rounds a device holds its eighth, L = |T|/8.
 """
 
@@ -14,6 +16,10 @@ from shardplan.cost import CostOptions
 from shardplan.cost.terms import edge_redistribution
 from shardplan.sharding import REPLICATED as R
 
+A100 = sp.hardware.MACHINES["a100"]
+TWO_NODES = sp.Mesh(
+    (2, 4), ("node", "gpu"), (A100.inter_node_bytes_per_s, A100.intra_node_bytes_per_s)
+)
 N = 1 << 20
 T = 4 * N
 L = T / 8
@@ -47,10 +53,10 @@ def test_training_moves_the_gradient_back_the_same_way():
 def test_all_to_all_over_a_slow_and_a_fast_link_prices_each_byte_at_its_slowest_link():
     # 2x4: the 4 devices in the other node get 4/8 L = 1/2 L over the slow link; the 3 others
     # in this node get 3/8 L over the fast one (round 1: 1/2 * L/2, round 2: 1/2 * L/4).
-    mesh = sp.parse_mesh("2x4")
+    mesh = TWO_NODES
     slow, fast = (r.bandwidth_bytes_per_s for r in mesh.rounds[:2])
     assert slow < fast
-    terms = _edge((0, 0, 0), (1, 1, 1), "2x4")
+    terms = _edge((0, 0, 0), (1, 1, 1), TWO_NODES)
     assert terms.all_to_all_bytes == pytest.approx(7 / 8 * L)
     assert terms.redistribution_fwd == pytest.approx(L / 2 / slow + 3 / 8 * L / fast)
 
@@ -59,9 +65,9 @@ def test_a_gather_over_several_rounds_telescopes_to_one_all_gather():
     # (q-1)/q of growing pieces: 1/2 |T|/4 + 1/2 |T|/2 + 1/2 |T| = 7/8 |T|, one all-gather over 8
     assert _edge((0, 0, 0), (R, R, R), "8").all_gather_bytes == pytest.approx(7 / 8 * T)
     # different links: the slow round moves the smallest piece first (|T|/8 over the slow link)
-    mesh = sp.parse_mesh("2x4")
+    mesh = TWO_NODES
     slow, fast = (r.bandwidth_bytes_per_s for r in mesh.rounds[:2])
-    terms = _edge((0, 0, 0), (R, R, R), "2x4")
+    terms = _edge((0, 0, 0), (R, R, R), TWO_NODES)
     assert terms.all_gather_bytes == pytest.approx(7 / 8 * T)
     assert terms.redistribution_fwd == pytest.approx(T / 8 / slow + 3 / 4 * T / fast)
 

@@ -378,8 +378,10 @@ def test_a_failing_rank_becomes_a_backend_error_with_its_traceback():
     x = b.input("x", (2, 2, 4, 4))
     b.apply("pool2d", x, kernel=2, mode="median", name="pool")  # the kernel rejects the mode
     p = Plan(b.build(), parse_mesh("2"), {"pool": ("n",)}, "hand")
-    with pytest.raises(BackendError, match="failed on rank .*mode 'median'"):
+    with pytest.raises(BackendError, match="failed on rank .*mode 'median'") as err:
         td.run_distributed(p, timeout=300)
+    assert "\n" not in str(err.value)  # one line for the CLI; the traceback is a note
+    assert "Traceback" in "".join(err.value.__notes__) or "line" in "".join(err.value.__notes__)
     assert not multiprocessing.active_children()
 
 

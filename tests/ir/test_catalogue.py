@@ -261,7 +261,7 @@ def test_broadcasting_agrees_with_numpy(shapes):
 
 def test_unknown_kind_suggests_close_names():
     with pytest.raises(UnsupportedOpError, match=r"op kind 'linaer' is not in the catalogue; "
-                                                  r"similar: \['linear'"):
+                                                  r"did you mean 'linear'"):
         op_form("linaer", [(2, 3)], {})
 
 

@@ -81,5 +81,5 @@ def test_case4_unused_parameter_with_a_memory_budget():
     p = plan(graph, "4", memory=3300)  # used to raise KeyError in _shard_replicated_params
     assert p.cost.memory_per_device <= 3300
     assert any("ZeRO" in n for n in p.notes)
-    with pytest.raises(InfeasibleError, match="fits 1.2e-06 GB per device"):
+    with pytest.raises(InfeasibleError, match="fits 1.2 KB per device"):
         plan(graph, "4", memory=1200)

@@ -77,7 +77,9 @@ def test_a_tight_budget_is_met_with_levers_and_the_notes_say_which():
     mesh = parse_mesh("2x4")
     free = plan_training(_gpt, 16, mesh, BF16, None, stages=[1])
     assert free.step is not None
-    budget = 0.6 * free.step.memory_per_device
+    # 2x4 lies in one 8-GPU node (both axes NVLink): the Megatron stage plan alone fits 0.4 of
+    # the free plan's memory, so the budget that needs a lever is tighter
+    budget = 0.3 * free.step.memory_per_device
     tp = plan_training(_gpt, 16, mesh, BF16, budget)
     assert tp.step is not None and tp.step.memory_per_device <= budget
     assert any(s.levers.recompute is not Recompute.NONE or s.levers.zero for s in tp.stages) or (

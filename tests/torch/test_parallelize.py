@@ -73,15 +73,56 @@ def readme_training_loop() -> list[float]:
     return losses
 
 
+def readme_tp_loop() -> list[float]:
+    """The README's `to_torch_tp` example, run in every process of the world (copied verbatim)."""
+    # README-tp-begin
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import shardplan
+    from shardplan.exporters.torch_tp import to_torch_tp
+
+    torch.manual_seed(0)  # every rank builds the same model
+    config = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+    )
+    model = LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
+    ids = torch.randint(0, 64, (4, 8))
+    # plan the model WITHOUT labels: the styles split linears only, so the loss is computed
+    # outside the model, on the logits the last (column-parallel) layer gathers
+    graph = shardplan.from_torch(model, (ids,), {"use_cache": False})
+    plan = shardplan.plan(graph, "2x2", "megatron")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("node", "gpu"))
+    model = parallelize_module(model, mesh["gpu"], to_torch_tp(plan))  # TP on the inner axis
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(3):
+        logits = model(ids, use_cache=False).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    # README-tp-end
+    return losses
+
+
 def _worker(configs):
-    return train_many(configs), readme_training_loop()
+    return train_many(configs), readme_training_loop(), readme_tp_loop()
 
 
 @pytest.fixture(scope="module")
 def reports():
     configs = [{"mesh": "2x2", "steps": 3, "lr": 1e-2, **c} for c in CONFIGS.values()]
-    results, readme = spawn(_worker, 4, (configs,), timeout=1500)
-    return {**dict(zip(CONFIGS, results, strict=True)), "readme": readme}
+    results, readme, readme_tp = spawn(_worker, 4, (configs,), timeout=1500)
+    return {**dict(zip(CONFIGS, results, strict=True)), "readme": readme, "readme-tp": readme_tp}
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "llama-tp"])
@@ -139,6 +180,12 @@ def test_readme_loop_trains_and_is_in_the_readme(reports):
     assert _snippet("torch") in _readme()
 
 
+def test_readme_torch_tp_loop_trains_and_is_in_the_readme(reports):
+    losses = reports["readme-tp"]
+    assert len(losses) == 3 and losses[2] < losses[0]
+    assert _snippet("tp") in _readme()
+
+
 def _readme() -> str:
     from pathlib import Path
 
@@ -150,7 +197,7 @@ def _snippet(tag: str) -> str:
     import inspect
     import textwrap
 
-    source = inspect.getsource(readme_training_loop)
+    source = inspect.getsource(readme_tp_loop if tag == "tp" else readme_training_loop)
     body = source.split(f"# README-{tag}-begin\n")[1].split(f"# README-{tag}-end")[0]
     return textwrap.dedent(body).strip()
 

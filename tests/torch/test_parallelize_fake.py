@@ -74,3 +74,13 @@ def test_other_input_shapes_are_a_plan_error(fake_world):
     parallelize(model, args, mesh="2x2")
     with pytest.raises(PlanError, match="parallelize again"):
         model(torch.randn(4, 16))
+
+
+def test_a_plan_that_splits_nothing_warns(fake_world):
+    from shardplan.errors import NothingSplitWarning
+
+    model, args = mlp()
+    graph = from_torch(model, args)
+    p = make_plan(graph, "2x2", "drec")  # a tiny model: D-Rec keeps every op whole
+    with pytest.warns(NothingSplitWarning, match=r"parallelize: .*(nothing|no parameter)"):
+        parallelize(model, args, plan=p)

@@ -63,7 +63,7 @@ def test_gpt3_175b_has_96_layers_of_parameters():
 def test_unknown_model():
     with pytest.raises(UnknownModelError, match=r"no zoo model 'nope'"):
         build("nope")
-    with pytest.raises(UnknownModelError, match=r"similar: \['resnet50'"):
+    with pytest.raises(UnknownModelError, match=r"did you mean 'resnet50'\?"):
         build("resnet5")
 
 

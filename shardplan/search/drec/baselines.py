@@ -17,6 +17,7 @@ Cost: one expert pass O(|V| + |E|) per round and one evaluation per baseline tha
 
 from __future__ import annotations
 
+from shardplan import units
 from shardplan.cost import CostOptions, ScoreCache
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
@@ -84,10 +85,11 @@ def cheapest(
         why = "no D-Rec plan fits the memory budget"
     else:
         assert found.cost is not None
-        why = f"D-Rec's own plan scores {found.cost.total:.6g}"
+        why = f"D-Rec's own plan scores {units.cost(found.cost.total, found.cost.units)}"
     note = (
-        f"the {best.method} plan (cost {best.cost.total:.6g}) is returned: {why}, and D-Rec "
-        "never returns a plan costlier than all-replicated or an expert plan"
+        f"the {best.method} plan (cost {units.cost(best.cost.total, best.cost.units)}) is "
+        f"returned: {why}, and D-Rec never returns a plan costlier than all-replicated or "
+        "an expert plan"
     )
     return Plan(
         graph=best.graph,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
+from shardplan import units
 from shardplan.cost import CostOptions, ScoreCache
 from shardplan.cost.zero import WHAT, zero_layouts
 from shardplan.errors import InfeasibleError
@@ -125,8 +126,8 @@ def _drec_search(
     if budget is None or best.cost.memory_per_device <= budget:
         return best
     notes: list[str] = [
-        f"unconstrained D-Rec plan needs {best.cost.memory_per_device / 1e9:.3g}"
-        f" GB > {budget / 1e9:.3g} GB budget"
+        f"unconstrained D-Rec plan needs {units.nbytes(best.cost.memory_per_device)}"
+        f" > {units.nbytes(budget)} budget"
     ]
     base = max(best.cost.total, 1e-30)
     leanest = best
@@ -173,12 +174,12 @@ def _zero_fit(
         if chosen is penalised:
             return replace(chosen, search_seconds=time.perf_counter() - start)
         why = "".join(
-            f"; stage {lz} needs {_memory(lp) / 1e9:.3g} GB"
+            f"; stage {lz} needs {units.nbytes(_memory(lp))}"
             for lz, lw, lp in tried
             if lz < z and lw == which
         )
         if penalised is not None:
-            why += f"; the penalised stage-0 plan that fits costs {_total(penalised):.6g}"
+            why += f"; the penalised stage-0 plan that fits costs {_cost_text(penalised)}"
         if chosen.zero != z:  # the symbolic preset: stage 3's storage, priced as edges
             notes.append(
                 f"parameters the {which} D-Rec plan replicates are stored split over the rounds "
@@ -188,19 +189,24 @@ def _zero_fit(
         else:
             notes.append(
                 f"ZeRO stage {z} on the {which} D-Rec plan makes it fit "
-                f"({_memory(chosen) / 1e9:.3g} GB per device, cost {_total(chosen):.6g}): "
+                f"({units.nbytes(_memory(chosen))} per device, cost {_cost_text(chosen)}): "
                 f"{WHAT[z]}{why}"
             )
         return replace(chosen, search_seconds=time.perf_counter() - start, notes=tuple(notes))
     last = min((t[2] for t in tried), key=_memory, default=leanest)
     stage = f" even at ZeRO stage {last.zero}" if last.zero else ""
     raise InfeasibleError(
-        f"no D-Rec plan of {graph.name!r} fits {budget / 1e9:.3g} GB per device on mesh "
-        f"{mesh.text()}: the leanest needs {_memory(last) / 1e9:.3g} GB{stage} "
-        f"(over by {(_memory(last) - budget) / 1e9:.3g} GB); use more devices, "
+        f"no D-Rec plan of {graph.name!r} fits {units.nbytes(budget)} per device on mesh "
+        f"{mesh.text()}: the leanest needs {units.nbytes(_memory(last))}{stage} "
+        f"(over by {units.nbytes(_memory(last) - budget)}); use more devices, "
         "a smaller batch, a larger --memory, or plan the training step with --dtype bf16 "
         "(micro-batches, recomputation, ZeRO, pipeline stages)"
     )
+
+
+def _cost_text(p: Plan) -> str:
+    assert p.cost is not None
+    return units.cost(p.cost.total, p.cost.units)
 
 
 def _memory(p: Plan) -> float:

@@ -61,6 +61,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from shardplan import units
 from shardplan.cost.linear import memory_piece_arrays
 from shardplan.cost.presets import CostOptions
 from shardplan.errors import InfeasibleError, SolverError
@@ -347,7 +348,7 @@ def solve_model(
     )
     where = f"{graph.name!r} on mesh {mesh.text()}"
     if res.status == 2:
-        budget = f" within {memory / 1e9:.3g} GB per device" if memory is not None else ""
+        budget = f" within {units.nbytes(memory)} per device" if memory is not None else ""
         raise InfeasibleError(
             f"ilp: no plan of {where} fits{budget}: HiGHS proved the MILP infeasible; use more "
             "devices, a smaller batch or a larger --memory"
@@ -482,8 +483,9 @@ def _solve_ilp(
     size = result.size
     note = (
         f"ilp: {size['binaries']} binaries, {size['continuous']} continuous, {size['rows']} rows, "
-        f"{size['nonzeros']} nonzeros; tables {model.build_seconds:.2f} s, "
-        f"HiGHS {result.seconds:.2f} s; dual bound {result.bound:.6g}"
+        f"{size['nonzeros']} nonzeros; tables {units.seconds(model.build_seconds)}, "
+        f"HiGHS {units.seconds(result.seconds)}; dual bound "
+        f"{units.cost(result.bound, 'elements' if opts.preset.symbolic else 's')}"
     )
     return Plan(
         graph,

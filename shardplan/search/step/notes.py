@@ -7,6 +7,7 @@ FLOPs; `lever_notes` says which levers each stage needed and why. O(ops x rounds
 
 from __future__ import annotations
 
+from shardplan import units
 from shardplan.cost.step import Recompute
 from shardplan.search.experts import data_parallel
 from shardplan.training import TrainingPlan
@@ -30,7 +31,10 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
     if set(methods) != {"drec"}:
         notes.append(
             "stage plans: "
-            + "; ".join(f"{m} on stages {_ranges(v)}" for m, v in sorted(methods.items()))
+            + "; ".join(
+                f"{m} on stage{'s' if len(v) > 1 else ''} {_ranges(v)}"
+                for m, v in sorted(methods.items())
+            )
             + " (each stage keeps the fastest of D-Rec's plan and the expert plans under the "
             "step model)"
         )
@@ -42,13 +46,16 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
         if lv.zero:
             used.append(f"ZeRO-{lv.zero}")
         if used:
-            why = f"to fit {budget / 1e9:.3g} GB per device" if budget else "faster under the model"
+            why = (
+                f"to fit {units.nbytes(budget)} per device" if budget else "faster under the model"
+            )
             notes.append(f"stage {s}: {' and '.join(used)} {why}")
     sp = [s for s, stage in enumerate(tp.stages) if stage.levers.sequence_parallel]
     if sp:
         notes.append(
-            f"stages {_ranges(sp)}: sequence parallelism (norms and residual adds split along the "
-            "sequence over the tensor-parallel group: their compute and activations / t)"
+            f"stage{'s' if len(sp) > 1 else ''} {_ranges(sp)}: sequence parallelism (norms and "
+            "residual adds split along the sequence over the tensor-parallel group: their "
+            "compute and activations / t)"
         )
     return tuple(notes)
 
@@ -105,6 +112,7 @@ def steps_note(tp: TrainingPlan) -> str:
     step = tp.step
     assert step is not None
     return (
-        f"step {step.step_s:.4g} s, {step.tokens_per_s:.4g} tokens/s, "
-        f"{step.tflops_per_device:.4g} TFLOP/s per device ({step.peak_fraction:.1%} of peak)"
+        f"step {units.seconds(step.step_s)}, {units.rate(step.tokens_per_s, 'tokens')}, "
+        f"{units.flop_rate(step.tflops_per_device * 1e12)} per device "
+        f"({step.peak_fraction:.1%} of peak)"
     )

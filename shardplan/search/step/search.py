@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from shardplan import units
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.sequence import tensor_rounds
@@ -218,7 +219,7 @@ def search_step(
     # candidates in order of their bound; stop at the first that cannot beat the best found
     for bound, n_stages, m, starts in _candidates(problem.graph, mesh, batch, opts, stages):
         if best is not None and best.step is not None and bound >= best.step.step_s:
-            say(f"  the remaining candidates cannot beat {best.step.step_s:.4g} s (bound)")
+            say(f"  the remaining candidates cannot beat {units.seconds(best.step.step_s)} (bound)")
             break
         tried += 1
         label = f"S={n_stages} m={m} (micro-batch {batch // m})"
@@ -229,8 +230,8 @@ def search_step(
             continue
         assert tp.step is not None
         say(
-            f"  {label}: step {tp.step.step_s:.4g} s, "
-            f"{tp.step.memory_per_device / 1e9:.3g} GB/device, "
+            f"  {label}: step {units.seconds(tp.step.step_s)}, "
+            f"{units.nbytes(tp.step.memory_per_device)}/device, "
             f"{search.stage_planner.runs} D-Rec runs so far ({elapsed:.1f} s)"
         )
         if best is None or _better(tp, best):
@@ -328,10 +329,10 @@ class _StepSearch:
 
     def infeasible(self, tried: int) -> InfeasibleError:
         leanest, budget = self.leanest, self.problem.budget
-        detail = f"; the leanest ({leanest[1]}) needs {leanest[0] / 1e9:.3g} GB" if leanest else ""
+        detail = f"; the leanest ({leanest[1]}) needs {units.nbytes(leanest[0])}" if leanest else ""
         return InfeasibleError(
             f"no training plan of {self.problem.graph.name!r} fits "
-            f"{(budget or 0) / 1e9:.3g} GB per device on mesh {self.mesh.text()} with any of "
+            f"{units.nbytes(budget or 0)} per device on mesh {self.mesh.text()} with any of "
             f"{tried} (stages, micro-batches) candidates, recomputation and ZeRO{detail}; use "
             "more devices or a larger --memory"
         )
