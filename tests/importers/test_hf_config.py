@@ -78,7 +78,7 @@ def test_causal_lm_loss_is_translated_directly():
 
     cfg, _, arch = load_config(HF / "llama3-8b", layers=1, hidden=64, heads=4)
     model = meta_module(cfg, arch)
-    args, kwargs = example_inputs(model, cfg, 2, 8, None)
+    args, kwargs = example_inputs(model, cfg, 2, 8, None, labels=True)
     program = torch.export.export(model, args, kwargs)
     assert not importer._needs_decomposition(program, importer.aten_table())
     graph = importer._translate(torch, program, "llama", "error").graph
