@@ -119,7 +119,7 @@ def _config_file(name: str, layers: int) -> Callable[[], tuple[Any, tuple]]:
         path = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf" / name
         cfg, _, arch = load_config(path, layers=layers)
         model = meta_module(cfg, arch)
-        args, kwargs = example_inputs(model, cfg, BATCH, SEQ, None)
+        args, kwargs = example_inputs(model, cfg, BATCH, SEQ, None, labels=True)
         return model, args, kwargs
 
     return build

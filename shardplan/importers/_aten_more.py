@@ -182,9 +182,33 @@ def _conv_nd(ctx: _Context, node: Node) -> Any:
     return conv(ctx, node, x, w, bias, stride, _pair(padding), groups)
 
 
+def _pad(ctx: _Context, node: Node) -> Any:
+    """aten.pad (export's IR before decomposition) in constant mode: as constant_pad_nd."""
+    from shardplan.importers._aten_select import _constant_pad
+
+    mode = _arg(node, 2, "constant")
+    if mode != "constant":
+        raise UnsupportedOpError(f"aten.pad mode {mode!r}: only constant padding has a rule")
+    return _constant_pad(ctx, node, fill_arg=3)
+
+
+def _cross_entropy_loss(ctx: _Context, node: Node) -> Any:
+    """aten.cross_entropy_loss (export's IR before decomposition) with the mean reduction: the
+    catalogue's cross_entropy (ignored labels and class weights change values, not the work)."""
+    reduction = _arg(node, 3, 1)
+    if reduction != 1:
+        raise UnsupportedOpError(
+            f"aten.cross_entropy_loss reduction {reduction}: only the mean (1) has a rule"
+        )
+    approx = _arg(node, 2) is not None or bool(_arg(node, 5, 0.0))  # weights, label smoothing
+    return ctx.emit("cross_entropy", node.args[:2], node, approx=approx)
+
+
 def register_more(reg: Callable[..., Callable[[Any], Any]]) -> None:
     """Add this module's rows to the ATen table (`reg` is `TranslationTable.register`)."""
     reg("aten.as_strided.default")(_as_strided)
+    reg("aten.pad.default")(_pad)
+    reg("aten.cross_entropy_loss.default")(_cross_entropy_loss)
     reg(
         "aten.scatter.value",
         "aten.scatter.src",

@@ -142,9 +142,12 @@ def _topk(ctx: _Context, node: Node) -> Any:
     )
 
 
-def _constant_pad(ctx: _Context, node: Node) -> Any:
-    """Padding grows one axis at a time: a gather-like read of positions (pad -> the fill)."""
+def _constant_pad(ctx: _Context, node: Node, fill_arg: int = 2) -> Any:
+    """Padding grows one axis at a time: a gather-like read of positions (pad -> the fill, read
+    from argument `fill_arg`: 2 in constant_pad_nd, 3 in pad)."""
     x, pad = node.args[0], list(node.args[1])
+    fill = _arg(node, fill_arg, 0)
+    fill = 0 if fill is None else fill  # aten.pad's value=None pads with zeros
     shape, out = list(ctx.shape(x)), ctx.shape(node)
     value: Any = x
     changed = [j for j in range(len(shape)) if shape[j] != out[j]]
@@ -158,7 +161,7 @@ def _constant_pad(ctx: _Context, node: Node) -> Any:
             j,
             part="" if last else f"pad{j}",
             pad=tuple(pad),
-            fill=_arg(node, 2, 0),
+            fill=fill,
         )
     return value if changed else ctx.value(x)
 

@@ -5,7 +5,9 @@ config.json, the file, a dict, or a `transformers.PretrainedConfig`), instantiat
 architecture (`architectures[0]`, else the AutoModel of its `model_type`) on torch's meta device
 — parameters have shapes and no storage, so a 70B model takes no memory and no initialisation
 time — and import it with torch.export (which traces with fake tensors) and `import_torch`.
-Causal LMs are traced with `labels`, so the graph ends in the training loss. The module is built
+Causal LMs are traced without `labels` (the graph ends at the logits, as for a named
+architecture): the label shift pads with the ignore index -100, which the engines' cross-entropy
+does not skip, so `verify` could not check such a graph. The module is built
 once per builder; each batch size is one export + translation, O(|nodes|).
 """
 
@@ -125,9 +127,10 @@ def meta_module(cfg: Any, arch: str | None) -> Any:
 
 
 def example_inputs(
-    model: Any, cfg: Any, batch: int, seq: int, image: int | None
+    model: Any, cfg: Any, batch: int, seq: int, image: int | None, labels: bool = False
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Meta-device inputs of the forward pass at this batch (labels for causal LMs)."""
+    """Meta-device inputs of the forward pass at this batch (`labels`: also the labels of a
+    causal LM, so its loss is traced)."""
     torch, _ = _frameworks()
     meta = torch.device("meta")
     if hasattr(cfg, "image_size") and hasattr(cfg, "num_channels"):
@@ -137,7 +140,7 @@ def example_inputs(
     if getattr(cfg, "is_encoder_decoder", False):
         return (), {"input_ids": ids, "decoder_input_ids": ids}
     if type(model).__name__.endswith("ForCausalLM"):
-        return (ids,), {"labels": ids, "use_cache": False}
+        return (ids,), {"labels": ids, "use_cache": False} if labels else {"use_cache": False}
     return (ids,), {}
 
 

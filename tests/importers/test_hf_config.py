@@ -66,3 +66,21 @@ def test_bad_configs_are_named(tmp_path):
         sp.from_hf(42)
     with pytest.raises(ArgumentError, match="batch must be between 1"):
         sp.from_hf(HF / "llama3-8b", batch=0, seq=8, layers=1)
+
+
+def test_causal_lm_loss_is_translated_directly():
+    # export's IR keeps aten.cross_entropy_loss and aten.pad (the label shift): both have rows,
+    # so the import skips the core-ATen decomposition and the loss is one cross_entropy op
+    import torch
+
+    from shardplan.importers import torch as importer
+    from shardplan.importers.hf_config import example_inputs, load_config, meta_module
+
+    cfg, _, arch = load_config(HF / "llama3-8b", layers=1, hidden=64, heads=4)
+    model = meta_module(cfg, arch)
+    args, kwargs = example_inputs(model, cfg, 2, 8, None, labels=True)
+    program = torch.export.export(model, args, kwargs)
+    assert not importer._needs_decomposition(program, importer.aten_table())
+    graph = importer._translate(torch, program, "llama", "error").graph
+    (loss,) = [op for op in graph.ops if op.kind == "cross_entropy"]
+    assert [graph.tensor(t).shape for t in loss.inputs] == [(16, cfg.vocab_size), (16,)]
