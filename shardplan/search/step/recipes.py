@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from shardplan import checks
 from shardplan.cost import CostOptions
 from shardplan.cost.step import Levers, Recompute, profile_stage
 from shardplan.errors import PlanError
@@ -41,6 +42,10 @@ def megatron_recipe(
     recompute: Recompute = Recompute.FULL,
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh`."""
+    tensor = checks.positive_int(tensor, "Megatron recipe tensor degree")
+    pipeline = checks.positive_int(pipeline, "Megatron recipe pipeline degree")
+    micro_batch_size = checks.positive_int(micro_batch_size, "Megatron recipe micro-batch size")
+    batch = checks.positive_int(batch, "global batch")
     mesh = at_precision(mesh, opts)
     if mesh.shape[0] % pipeline:
         raise PlanError(

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from shardplan import checks
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.step import (
@@ -37,7 +38,7 @@ from shardplan.cost.step import (
     stage_cost,
 )
 from shardplan.cost.terms import compute_cost
-from shardplan.errors import InfeasibleError, SolverError
+from shardplan.errors import InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
@@ -51,6 +52,7 @@ from shardplan.search.step.stages import (
     segment_flops,
     stage_graphs,
     stage_mesh,
+    stage_starts,
     tokens_per_sample,
 )
 from shardplan.sharding import Strategy
@@ -136,13 +138,19 @@ class _StagePlanner:
                     method,
                     tuple(st[op.name] for op in graph.ops),
                     profile_stage(graph, mesh, st, self.opts),
+                    tuple(op.name for op in graph.ops),
                 )
                 for method, st in found
             ]
         out = []
-        for method, cached, prof in hit:
+        for method, cached, prof, names in hit:
             mapped = {op.name: s for op, s in zip(graph.ops, cached, strict=True)}
-            out.append((Plan(graph, mesh, mapped, method, self.opts, cost=prof.breakdown), prof))
+            # the per-op rows were priced on the first stage of this structure: same position,
+            # same cost, under this stage's own op names
+            rename = {old: op.name for old, op in zip(names, graph.ops, strict=True)}
+            rows = tuple(replace(c, name=rename.get(c.name, c.name)) for c in prof.breakdown.ops)
+            cost = replace(prof.breakdown, ops=rows)
+            out.append((Plan(graph, mesh, mapped, method, self.opts, cost=cost), prof))
         return out
 
 
@@ -172,7 +180,9 @@ def micro_batch_options(batch: int, stage: Mesh) -> list[int]:
     if ms:
         return ms
     need = stage.shape[0] if len(stage.shape) > 1 else 1
-    return [max(m for m in range(1, batch + 1) if batch % m == 0 and batch // m >= need)]
+    # a batch smaller than the outer axis (batch 1 on 2x4): one micro-batch, the batch unsplit
+    fits = [m for m in range(1, batch + 1) if batch % m == 0 and batch // m >= need]
+    return [max(fits, default=1)]
 
 
 def plan_training(
@@ -204,6 +214,8 @@ def search_step(
     the model at each micro-batch size). InfeasibleError naming the leanest candidate when
     nothing fits the budget."""
     opts, budget, batch = problem.options, problem.budget, problem.global_batch
+    if budget is not None:
+        checks.memory_bytes(budget, "training memory budget")  # NaN, inf, <= 0: MeshError
     mesh = at_precision(problem.mesh, opts)
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
@@ -253,12 +265,18 @@ def _candidates(
     segs = segments(probe)
     flops = segment_flops(probe, segs)
     outer = mesh.shape[0]
-    s_options = stages or [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
+    s_options = [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
+    if stages is not None:
+        s_options = [checks.positive_int(s, "pipeline stages") for s in stages]
     sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
     candidates = []
     for n_stages in s_options:
+        if outer % n_stages:
+            raise PlanError(
+                f"{n_stages} pipeline stages must divide the outermost mesh axis {outer}"
+            )
         smesh = stage_mesh(mesh, n_stages)
-        starts = balanced_stages(flops, n_stages)
+        starts = stage_starts(probe, n_stages)  # PlanError: more stages than segments
         ends = [*starts[1:], len(segs)]
         for m in micro_batch_options(batch, smesh):
             k = m * smesh.size
