@@ -173,12 +173,15 @@ def choose_levers(
 def micro_batch_options(batch: int, stage: Mesh) -> list[int]:
     """Values of m, largest first: micro-batches of one sample per device of the stage (data
     parallelism can use every device) and of one sample per way of its outermost axis (the
-    rest is left to tensor parallelism), when they divide the batch; else the largest m that
-    keeps one sample per way of the outermost axis."""
+    rest is left to tensor parallelism), when they divide the batch, and m = 1 when the stage
+    has more devices than the batch has samples; else the largest m that keeps one sample per
+    way of the outermost axis."""
     sizes = {stage.size, stage.shape[0] if len(stage.shape) > 1 else stage.size}
-    ms = sorted({batch // b for b in sizes if b <= batch and batch % b == 0}, reverse=True)
+    ms = {batch // b for b in sizes if b <= batch and batch % b == 0}
+    if any(b > batch for b in sizes):  # more devices than samples: the whole batch at once
+        ms.add(1)
     if ms:
-        return ms
+        return sorted(ms, reverse=True)
     need = stage.shape[0] if len(stage.shape) > 1 else 1
     # a batch smaller than the outer axis (batch 1 on 2x4): one micro-batch, the batch unsplit
     fits = [m for m in range(1, batch + 1) if batch % m == 0 and batch // m >= need]
