@@ -72,17 +72,16 @@ def _module(spec):
 
     blocks = [nn.Embedding(11, spec["first"])] if spec["embed"] else []
     width = spec["first"]
+    make = {
+        "linear": lambda n, out: nn.Linear(n, out),
+        "act": lambda n, out: nn.GELU(),
+        "layernorm": lambda n, out: nn.LayerNorm(n),
+        "rmsnorm": lambda n, out: RMSNorm(n),
+        "conv": lambda n, out: Conv(n, out),
+        "residual": lambda n, out: Residual(n),
+    }
     for kind, out in spec["layers"]:
-        blocks.append(
-            {
-                "linear": lambda: nn.Linear(width, out),
-                "act": nn.GELU,
-                "layernorm": lambda: nn.LayerNorm(width),
-                "rmsnorm": lambda: RMSNorm(width),
-                "conv": lambda: Conv(width, out),
-                "residual": lambda: Residual(width),
-            }[kind]()
-        )
+        blocks.append(make[kind](width, out))
         width = out
     return nn.Sequential(*blocks).double()
 
@@ -112,8 +111,10 @@ def _run(spec):
     refs = dict(ref.named_parameters())
     worst = max(
         [float((got - want).detach().abs().max())]
-        + [float((p.grad.full_tensor() - refs[n].grad).abs().max())
-           for n, p in model.named_parameters()]  # fmt: skip
+        + [
+            float((p.grad.full_tensor() - refs[n].grad).abs().max())
+            for n, p in model.named_parameters()
+        ]  # fmt: skip
     )
     return {"worst": worst}
 
@@ -134,6 +135,8 @@ def test_random_modules_match_one_process_or_raise_typed(data):
     results = spawn(_worker, 2, (batch,), timeout=60 + 20 * len(batch))
     failures = [(s, r) for s, r in zip(batch, results, strict=True)
                 if "error" in r or r.get("worst", 0.0) > 1e-9]  # fmt: skip
-    print(f"\n{len(batch)} modules: {sum('worst' in r for r in results)} equal to one process, "
-          f"{sum('typed' in r for r in results)} typed errors")
+    print(
+        f"\n{len(batch)} modules: {sum('worst' in r for r in results)} equal to one process, "
+        f"{sum('typed' in r for r in results)} typed errors"
+    )
     assert not failures, failures[:3]

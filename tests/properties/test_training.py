@@ -63,7 +63,9 @@ def _parts(tp: TrainingPlan) -> None:
     assert s is not None and all(math.isfinite(x) and x >= 0 for x in (s.step_s, s.sync_s))
     assert math.isclose(s.step_s, s.pipeline_s + s.sync_s, rel_tol=REL)
     n, m = tp.pipeline_stages, tp.micro_batches
-    assert math.isclose(s.bubble_s * (m + n - 1), s.pipeline_s * (n - 1), rel_tol=REL, abs_tol=1e-18)
+    assert math.isclose(
+        s.bubble_s * (m + n - 1), s.pipeline_s * (n - 1), rel_tol=REL, abs_tol=1e-18
+    )
     assert evaluate_training(tp) == s  # re-scored exactly
 
 
@@ -76,7 +78,9 @@ def _stages_cover(tp: TrainingPlan, model) -> None:
 
 
 @given(MODELS, MESHES, BATCHES, DTYPES, MACHINES, BUDGETS)
-def test_training_plans_fit_add_up_round_trip_and_repeat(model, mesh, batch, dtype, machine, budget):
+def test_training_plans_fit_add_up_round_trip_and_repeat(
+    model, mesh, batch, dtype, machine, budget
+):
     try:
         tp = _plan(model, mesh, batch, dtype, machine, budget)
     except ShardplanError:

@@ -48,8 +48,6 @@ from shardplan.search import experts
 from shardplan.search.drec.search import drec
 from shardplan.search.step.notes import axis_summary, lever_notes
 from shardplan.search.step.stages import (
-    balanced_stages,
-    segment_flops,
     stage_graphs,
     stage_mesh,
     stage_starts,
@@ -266,7 +264,6 @@ def _candidates(
     """(lower bound of the step, S, m, stage starts) of every candidate, in bound order: m + S
     - 1 slots of at least the heaviest stage's compute with every op split ideally."""
     segs = segments(probe)
-    flops = segment_flops(probe, segs)
     outer = mesh.shape[0]
     s_options = [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
     if stages is not None:
@@ -355,4 +352,3 @@ def _better(a: TrainingPlan, b: TrainingPlan) -> bool:
         return True
     tie = a.step.step_s <= b.step.step_s * (1 + 1e-9)
     return tie and (a.pipeline_stages, a.micro_batches) < (b.pipeline_stages, b.micro_batches)
-
