@@ -128,7 +128,8 @@ def model_sizes(
     model: str, sizes: Mapping[str, Any], defaults: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Zoo size overrides: each a whole number >= 1 or a tuple of them (e.g. `deep=(32, 16)`);
-    a size whose default is a float (e.g. `capacity_factor`) a positive finite number."""
+    a size whose default is a float (e.g. `capacity_factor`) a positive finite number; one whose
+    default is 0 may also be 0; a bool or str option (`qk_norm`, `router`) of the same type."""
     out: dict[str, Any] = {}
     for key, value in sizes.items():
         where = f"model {model!r} size {key}"
@@ -136,6 +137,14 @@ def model_sizes(
             if not isinstance(value, str) or not value:
                 raise ArgumentError(f"model {model!r}: name must be a non-empty string")
             out[key] = value
+        elif isinstance(defaults.get(key), (bool, str)):  # a switch (qk_norm) or a choice (router)
+            if type(value) is not type(defaults[key]):
+                raise ArgumentError(
+                    f"{where} must be a {type(defaults[key]).__name__}, got {value!r}"
+                )
+            out[key] = value
+        elif defaults.get(key) == 0 and value == 0 and not isinstance(value, bool):
+            out[key] = 0  # a size whose default 0 means "none" (dense_layers, shared experts)
         elif isinstance(defaults.get(key), float):
             out[key] = finite_number(value, where)
         elif isinstance(defaults.get(key), tuple):  # a list of sizes, e.g. deep=(32, 16)

@@ -34,7 +34,7 @@ from shardplan.cli.options import (
 )
 from shardplan.cli.render import fmt_bytes, fmt_cost, make_console, one_line
 from shardplan.errors import InfeasibleError, ShardplanError, SolverError, UnknownModelError
-from shardplan.mesh import parse_mesh
+from shardplan.problem import Problem
 from shardplan.search import METHODS, plan
 from shardplan.search.solvers import SOLVERS
 
@@ -151,7 +151,7 @@ def run_compare(args: argparse.Namespace) -> int:
     check_output_path(args.plot, "--plot")
     progress = progress_of(args)
     graph = load_graph(args, progress)
-    mesh = parse_mesh(args.mesh, machine=args.machine)
+    mesh = Problem.make(graph, args.mesh, machine=args.machine).mesh  # the one parser of text
     forced = parse_forces(graph, mesh, args.force) or None
     rows = compare_methods(
         graph, mesh, methods, args.time_limit, progress, forced, **plan_options(args)

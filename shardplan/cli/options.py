@@ -27,7 +27,20 @@ from shardplan.mesh import Mesh
 from shardplan.search import METHODS
 from shardplan.sharding import Strategy
 
-SIZE_FLAGS = ("batch", "seq", "image", "layers", "hidden", "heads", "vocab", "experts", "width")
+SIZE_FLAGS = (
+    "batch",
+    "seq",
+    "image",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn",
+    "vocab",
+    "experts",
+    "top_k",
+    "width",
+)
 
 
 def source_flags() -> argparse.ArgumentParser:
@@ -67,7 +80,8 @@ def source_flags() -> argparse.ArgumentParser:
         "model size (zoo models; --hf takes batch/seq/image/layers/hidden/heads)"
     )
     for flag in SIZE_FLAGS:
-        group.add_argument(f"--{flag}", type=int, default=None, help=f"override {flag}")
+        dashed = flag.replace("_", "-")
+        group.add_argument(f"--{dashed}", type=int, default=None, help=f"override {dashed}")
     group.add_argument(
         "--small", action="store_true", help="start from the reduced sizes used in tests"
     )

@@ -11,7 +11,7 @@ from typing import Any
 from shardplan.cli.models import is_plan_file, load_graph, model_label
 from shardplan.cli.options import Progress, parse_forces, plan_from_args
 from shardplan.errors import PlanError
-from shardplan.mesh import parse_mesh
+from shardplan.problem import Problem
 
 
 def load_plan_file(path_text: str) -> Any:
@@ -48,7 +48,7 @@ def plan_for(
         p = load_plan_file(args.model)
         if check is not None:
             check(p.graph, p.options.train)
-        if args.mesh is not None and parse_mesh(args.mesh).shape != p.mesh.shape:
+        if args.mesh is not None and Problem.make(p.graph, args.mesh).mesh.shape != p.mesh.shape:
             raise PlanError(
                 f"{args.model} is a plan for mesh {p.mesh.text()}, not {args.mesh}; "
                 "drop --mesh or plan again"
@@ -67,7 +67,7 @@ def plan_for(
     graph = load_graph(args, progress)
     if check is not None:
         check(graph, None)
-    mesh = parse_mesh(args.mesh, machine=args.machine)
+    mesh = Problem.make(graph, args.mesh, machine=args.machine).mesh  # the one parser of text
     forced = parse_forces(graph, mesh, forced_items)
     p = plan_from_args(args, graph, mesh, progress, forced=forced or None)
     base = plan_from_args(args, graph, mesh, progress) if forced else None

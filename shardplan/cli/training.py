@@ -4,9 +4,9 @@ The plan is a TrainingPlan from the same front door as every plan (`shardplan.pl
 `Problem` through the solver registry): method "step" (the search: pipeline stages over the
 outermost mesh axis, micro-batches, per-stage recomputation and ZeRO, D-Rec stage plans) or
 "megatron-recipe" (the hand recipe with `--tensor`, `--pipeline`, ... as its typed options).
-Zoo models are rebuilt at each micro-batch size; graphs from other sources run with one
-micro-batch. Flags that only mean something for one SPMD plan (`--force`, `--plot`, `--top`,
-`--zero`) are refused in one line rather than ignored.
+Zoo models and --hf models are rebuilt at each micro-batch size; graphs from other sources
+(--torch, --onnx) run with one micro-batch. Flags that only mean something for one SPMD plan
+(`--force`, `--plot`, `--top`, `--zero`) are refused in one line rather than ignored.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardplan import zoo
-from shardplan.cli.models import load_graph, model_label
+from shardplan.cli.models import hf_rebuilder, load_graph, model_label
 from shardplan.cli.options import SIZE_FLAGS, progress_of
 from shardplan.errors import SolverError
 from shardplan.exporters import training_json
@@ -83,12 +83,16 @@ def _knob(args: argparse.Namespace, name: str) -> Any:
     return None if value is False else value
 
 
-def builder_of(args: argparse.Namespace, graph: Graph) -> Any:
-    """The model at each batch: zoo models are rebuilt; other graphs exist at one batch."""
+def builder_of(args: argparse.Namespace, graph: Graph, batch: int) -> Any:
+    """The model at each batch: zoo and --hf models are rebuilt (an --hf config re-imported on
+    the meta device); other graphs exist at one batch."""
     if args.model and not (args.torch or args.hf or args.onnx):
         overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
         small = getattr(args, "small", False)
         return lambda b: zoo.build(args.model, small=small, batch=b, **overrides)
+    if args.hf:
+        rebuild = hf_rebuilder(args)
+        return lambda b: graph if b == batch else rebuild(b)
     return graph
 
 
@@ -110,7 +114,7 @@ def run_training_plan(args: argparse.Namespace) -> int:
     else:
         options = {k: _knob(args, k) for k in RECIPE_FLAGS if _knob(args, k) is not None}
     tp = plan(
-        builder_of(args, graph),
+        builder_of(args, graph, batch),
         args.mesh,
         method,
         memory=args.memory,

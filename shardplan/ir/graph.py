@@ -116,6 +116,17 @@ class GraphBuilder:
             Tensor(self._qualify(name), shape, dtype_bytes or self.dtype_bytes, Role.CONSTANT)
         )
 
+    def shared_constant(
+        self, name: str, shape: tuple[int, ...], dtype_bytes: int | None = None
+    ) -> str:
+        """A graph-level constant (no scope prefix) read by many layers (RoPE tables, masks):
+        created on first use, returned by name after."""
+        if name in self._tensors:
+            if self._tensors[name].shape != shape:
+                raise IRError(f"constant {name!r} exists with shape {self._tensors[name].shape}")
+            return name
+        return self.add_tensor(Tensor(name, shape, dtype_bytes or self.dtype_bytes, Role.CONSTANT))
+
     def shape(self, tensor: str) -> tuple[int, ...]:
         if tensor not in self._tensors:
             raise IRError(f"tensor {tensor!r} is not defined yet in graph {self.name!r}")

@@ -34,11 +34,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardplan.errors import MissingDependencyError, PlanError, ShardplanError
+from shardplan.errors import PlanError, ShardplanError
 from shardplan.exporters.axes import collapse_texts
 from shardplan.exporters.dtensor import placement_texts, to_placements
 from shardplan.importers.torch import CHECK_OPS
 from shardplan.ir.op import Role
+from shardplan.lazy import require
 from shardplan.mesh import Mesh, parse_mesh
 from shardplan.plans import Plan
 from shardplan.sharding import operand_layout
@@ -49,15 +50,9 @@ _READ_TEXT = {-1: "R"}
 
 
 def _torch() -> Any:
-    try:
-        import torch
-        import torch.distributed.tensor  # noqa: F401
-    except ImportError as e:
-        raise MissingDependencyError(
-            f"shardplan.torch.parallelize needs torch with torch.distributed ({e}); "
-            "install `shardplan[torch]`"
-        ) from e
-    return torch
+    return require(
+        "torch", "torch.distributed.tensor", extra="torch", user="shardplan.torch.parallelize"
+    )
 
 
 @dataclass(frozen=True)
