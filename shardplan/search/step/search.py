@@ -129,7 +129,7 @@ class _StagePlanner:
                 strategies.update(self.strategies(subgraph(graph, seg.start, seg.stop), mesh))
             found = [("drec", strategies)]
             found.append(("data-parallel", experts.data_parallel(graph, mesh)))
-            if len(mesh.shape) > 1 and mesh.shape[-1] > 1:
+            if mesh.shape[-1] > 1:  # tensor parallelism on the innermost axis (1-D meshes too)
                 found.append(("megatron", experts.megatron(graph, mesh)))
             hit = self.stages[key] = [
                 (
@@ -170,11 +170,17 @@ def choose_levers(
 
 def micro_batch_options(batch: int, stage: Mesh) -> list[int]:
     """Values of m, largest first: micro-batches of one sample per device of the stage (data
-    parallelism can use every device) and of one sample per way of its outermost axis (the
-    rest is left to tensor parallelism), when they divide the batch, and m = 1 when the stage
+    parallelism can use every device), per way of its outermost axis and per way of all axes
+    but the innermost (the rest is left to tensor parallelism), when they divide the batch, and m = 1 when the stage
     has more devices than the batch has samples; else the largest m that keeps one sample per
     way of the outermost axis."""
-    sizes = {stage.size, stage.shape[0] if len(stage.shape) > 1 else stage.size}
+    # per device; per way of the outer axis; per data-parallel way with the innermost axis
+    # tensor-parallel (the Megatron recipe's micro-batch of one sample)
+    sizes = {
+        stage.size,
+        stage.shape[0] if len(stage.shape) > 1 else stage.size,
+        stage.size // stage.shape[-1],
+    }
     ms = {batch // b for b in sizes if b <= batch and batch % b == 0}
     if any(b > batch for b in sizes):  # more devices than samples: the whole batch at once
         ms.add(1)
