@@ -178,6 +178,8 @@ def _check_stages(stages: Sequence[Stage], mesh: Mesh, groups: int) -> None:
     want = replace(mesh, shape=(mesh.shape[0] // groups, *mesh.shape[1:]))
     produced: dict[str, int] = {}
     for s, st in enumerate(stages):
+        if not st.plan.graph.ops:
+            raise PlanError(f"stage {s} holds no op: every pipeline stage needs at least one")
         if st.plan.mesh != want:
             raise PlanError(
                 f"stage {s} runs on mesh {st.plan.mesh.text()} ({st.plan.mesh.machine}) but "

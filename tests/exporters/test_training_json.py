@@ -37,8 +37,11 @@ def test_round_trip_keeps_that_incoming_activations_need_a_gradient(two_stages):
     back = training_json.from_json(training_json.to_json(two_stages))
     for a, b in zip(two_stages.stages, back.stages, strict=True):
         assert a.plan.graph.requires_grad == b.plan.graph.requires_grad
-    entry = next(t for t, x in back.stages[1].plan.graph.tensors.items() if x.role.value == "input"
-                 and t in back.stages[0].plan.graph.producer)
+    entry = next(
+        t
+        for t, x in back.stages[1].plan.graph.tensors.items()
+        if x.role.value == "input" and t in back.stages[0].plan.graph.producer
+    )
     assert entry in back.stages[1].plan.graph.requires_grad
     assert back.step == evaluate_training(two_stages)  # re-scored exactly, not approximately
     assert training_json.to_json(back) == training_json.to_json(two_stages)

@@ -11,7 +11,8 @@ from shardplan.ir.op import Role
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import parse_mesh
 from shardplan.search.step.recipes import megatron_recipe
-from shardplan.search.step.search import balanced_stages, micro_batch_options, plan_training
+from shardplan.search.step.search import micro_batch_options, plan_training
+from shardplan.search.step.stages import balanced_stages
 
 BF16 = CostOptions.make(dtype="bf16")
 

@@ -1,7 +1,8 @@
 """`parallelize` on 2 spawned gloo ranks (issue 28 items 9-12): convolutions under channel
-splits, an FSDP module that starts with an Embedding, asymmetric padding before a convolution, dropout that follows train()/eval() and
-gives replicated copies one mask, and failures that reach every rank instead of leaving one
-waiting. One spawn runs the value cases; one more runs the failure cases (they close the group).
+splits, an FSDP module that starts with an Embedding, asymmetric padding before a convolution,
+dropout that follows train()/eval() and gives replicated copies one mask, and failures that
+reach every rank instead of leaving one waiting. One spawn runs the value cases; two more run
+the failure cases (they close the group).
 """
 
 from __future__ import annotations

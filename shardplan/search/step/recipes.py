@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from shardplan import checks
 from shardplan.cost import CostOptions
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, profile_stage
@@ -258,6 +259,7 @@ def megatron_recipe(
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh` and the
     published knobs (module docstring); PlanError for a knob that is unknown or does not fit."""
+    batch = checks.positive_int(batch, "global batch")
     mesh = at_precision(mesh, opts)
     rec = _recompute(recompute)
     sp_on = _flag("sequence_parallel", sequence_parallel)

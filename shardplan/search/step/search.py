@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from shardplan import units
+from shardplan import checks, units
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.sequence import tensor_rounds
@@ -40,7 +40,7 @@ from shardplan.cost.step import (
     stage_cost,
 )
 from shardplan.cost.terms import compute_cost
-from shardplan.errors import InfeasibleError, SolverError
+from shardplan.errors import InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
@@ -50,10 +50,9 @@ from shardplan.search import experts
 from shardplan.search.drec.search import drec
 from shardplan.search.step.notes import axis_summary, lever_notes
 from shardplan.search.step.stages import (
-    balanced_stages,
-    segment_flops,
     stage_graphs,
     stage_mesh,
+    stage_starts,
     tokens_per_sample,
 )
 from shardplan.sharding import Strategy
@@ -132,22 +131,28 @@ class _StagePlanner:
                 strategies.update(self.strategies(subgraph(graph, seg.start, seg.stop), mesh))
             found = [("drec", strategies)]
             found.append(("data-parallel", experts.data_parallel(graph, mesh)))
-            if len(mesh.shape) > 1 and mesh.shape[-1] > 1:
+            if mesh.shape[-1] > 1:  # tensor parallelism on the innermost axis (1-D meshes too)
                 found.append(("megatron", experts.megatron(graph, mesh)))
             hit = self.stages[key] = [
                 (
                     method,
                     tuple(st[op.name] for op in graph.ops),
                     profile_stage(graph, mesh, st, self.opts, sequence_parallel=sp),
+                    tuple(op.name for op in graph.ops),
                 )
                 for method, st in found
                 # a tensor-parallel plan is also tried with sequence parallelism
                 for sp in ((False, True) if tensor_rounds(graph, mesh, st) else (False,))
             ]
         out = []
-        for method, cached, prof in hit:
+        for method, cached, prof, names in hit:
             mapped = {op.name: s for op, s in zip(graph.ops, cached, strict=True)}
-            out.append((Plan(graph, mesh, mapped, method, self.opts, cost=prof.breakdown), prof))
+            # the per-op rows were priced on the first stage of this structure: same position,
+            # same cost, under this stage's own op names
+            rename = {old: op.name for old, op in zip(names, graph.ops, strict=True)}
+            rows = tuple(replace(c, name=rename.get(c.name, c.name)) for c in prof.breakdown.ops)
+            cost = replace(prof.breakdown, ops=rows)
+            out.append((Plan(graph, mesh, mapped, method, self.opts, cost=cost), prof))
         return out
 
 
@@ -170,15 +175,26 @@ def choose_levers(
 
 def micro_batch_options(batch: int, stage: Mesh) -> list[int]:
     """Values of m, largest first: micro-batches of one sample per device of the stage (data
-    parallelism can use every device) and of one sample per way of its outermost axis (the
-    rest is left to tensor parallelism), when they divide the batch; else the largest m that
+    parallelism can use every device), per way of its outermost axis and per way of all axes
+    but the innermost (the rest is left to tensor parallelism), when they divide the batch, and
+    m = 1 when the stage has more devices than the batch has samples; else the largest m that
     keeps one sample per way of the outermost axis."""
-    sizes = {stage.size, stage.shape[0] if len(stage.shape) > 1 else stage.size}
-    ms = sorted({batch // b for b in sizes if b <= batch and batch % b == 0}, reverse=True)
+    # per device; per way of the outer axis; per data-parallel way with the innermost axis
+    # tensor-parallel (the Megatron recipe's micro-batch of one sample)
+    sizes = {
+        stage.size,
+        stage.shape[0] if len(stage.shape) > 1 else stage.size,
+        stage.size // stage.shape[-1],
+    }
+    ms = {batch // b for b in sizes if b <= batch and batch % b == 0}
+    if any(b > batch for b in sizes):  # more devices than samples: the whole batch at once
+        ms.add(1)
     if ms:
-        return ms
+        return sorted(ms, reverse=True)
     need = stage.shape[0] if len(stage.shape) > 1 else 1
-    return [max(m for m in range(1, batch + 1) if batch % m == 0 and batch // m >= need)]
+    # a batch smaller than the outer axis (batch 1 on 2x4): one micro-batch, the batch unsplit
+    fits = [m for m in range(1, batch + 1) if batch % m == 0 and batch // m >= need]
+    return [max(fits, default=1)]
 
 
 def plan_training(
@@ -210,6 +226,8 @@ def search_step(
     the model at each micro-batch size). InfeasibleError naming the leanest candidate when
     nothing fits the budget."""
     opts, budget, batch = problem.options, problem.budget, problem.global_batch
+    if budget is not None:
+        checks.memory_bytes(budget, "training memory budget")  # NaN, inf, <= 0: MeshError
     mesh = at_precision(problem.mesh, opts)
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
@@ -257,14 +275,19 @@ def _candidates(
     """(lower bound of the step, S, m, stage starts) of every candidate, in bound order: m + S
     - 1 slots of at least the heaviest stage's compute with every op split ideally."""
     segs = segments(probe)
-    flops = segment_flops(probe, segs)
     outer = mesh.shape[0]
-    s_options = stages or [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
+    s_options = [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
+    if stages is not None:
+        s_options = [checks.positive_int(s, "pipeline stages") for s in stages]
     sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
     candidates = []
     for n_stages in s_options:
+        if outer % n_stages:
+            raise PlanError(
+                f"{n_stages} pipeline stages must divide the outermost mesh axis {outer}"
+            )
         smesh = stage_mesh(mesh, n_stages)
-        starts = balanced_stages(flops, n_stages)
+        starts = stage_starts(probe, n_stages)  # PlanError: more stages than segments
         ends = [*starts[1:], len(segs)]
         for m in micro_batch_options(batch, smesh):
             k = m * smesh.size
