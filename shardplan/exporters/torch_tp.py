@@ -141,6 +141,15 @@ def torch_tp_styles(plan: Plan, axis: int | str | None = None) -> dict[str, str]
                     f"{mesh.names[a]!r}; only a RowwiseParallel layer all-reduces them"
                 )
             produced[name] = resolved((raw,))[0]
+    return _gather_outputs(plan, produced, styles, mesh.names[a])
+
+
+def _gather_outputs(
+    plan: Plan, produced: dict[str, int], styles: dict[str, str], axis: str
+) -> dict[str, str]:
+    """`styles` with column-parallel layers whose result is a graph output split on `axis`
+    turned into "colwise_gather" (PlanError when the layer is not column-parallel)."""
+    graph = plan.graph
     consumed = {t for op in graph.ops for t in op.inputs}
     layer_of = {name: op.layer for op in graph.ops for name in op.outputs}
     for name, layout in produced.items():
@@ -150,7 +159,7 @@ def torch_tp_styles(plan: Plan, axis: int | str | None = None) -> dict[str, str]
             styles[layer_of[name]] = "colwise_gather"  # e.g. an LM head: gather the logits
         else:
             raise PlanError(
-                f"to_torch_tp: graph output {name!r} is split on axis {mesh.names[a]!r} by "
+                f"to_torch_tp: graph output {name!r} is split on axis {axis!r} by "
                 f"a layer that is not column-parallel; the module would return a local shard"
             )
     return styles
