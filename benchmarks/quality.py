@@ -79,7 +79,8 @@ def misses(model: Any, drec_choice: list[int], ilp_choice: list[int], top: int) 
     return out[:top] if top else out
 
 
-ILP_SOURCES = ("search/ilp.py", "search/space.py", "search/round_split.py", "cost/terms.py")
+ILP_SOURCES = ("search/exact/ilp.py", "search/exact/space.py", "search/exact/round_split.py")
+ILP_SOURCES += ("cost/terms.py",)
 ILP_SOURCES += ("cost/collectives.py", "cost/presets.py", "ir", "zoo", "mesh.py", "sharding.py")
 
 

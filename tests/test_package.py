@@ -24,7 +24,7 @@ LAYERS = {
     "mesh": 3,
     "sharding": 4,
     "cost": 5,
-    "problem": 6,
+    "problem": 5.5,
     "plans": 6,
     "training": 6.5,
     "search": 7,
@@ -39,7 +39,8 @@ LAYERS = {
     "__main__": 12,
 }
 """errors -> lazy (optional frameworks on first use) -> checks -> ir/precision -> hardware/mesh ->
-sharding -> cost -> problem/plans -> training (a training step's stage plans) -> search ->
+sharding -> cost -> problem (what to plan) -> plans (a plan carries its Problem) ->
+training (a training step's stage plans) -> search ->
 importers/exporters -> engines -> fidelity -> torch/jax (the user-facing engines: they use
 fidelity's predictions in their checks) -> cli (docs/architecture.md). A module may import
 its own package and strictly lower layers."""

@@ -23,7 +23,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from shardplan.cost.zero import WHAT
-from shardplan.hardware import MACHINES
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -362,8 +361,10 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
     )
     if p.options.zero:
         t.add_row("ZeRO", f"stage {p.options.zero}: {WHAT[p.options.zero]}")
-    hbm = MACHINES[p.mesh.machine].memory_bytes
-    if p.mesh.memory_bytes is None and c.memory_per_device > hbm:
+    t.add_row("machine", machine_line(p.mesh))
+    hbm = p.mesh.hardware.memory_bytes
+    budget = p.problem.budget if p.problem is not None else p.mesh.memory_bytes
+    if budget is None and c.memory_per_device > hbm:
         t.add_row(
             "warning",
             f"needs more than the {p.mesh.machine}'s {fmt_bytes(hbm)} per device; pass "
@@ -374,6 +375,21 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
     for note in p.notes:
         t.add_row("note", escape(note))
     return t
+
+
+def machine_line(mesh: Any) -> str:
+    """The machine a plan is priced for, with each mesh axis's link: 'a100 (8 per node,
+    80 GB): node 25 GB/s, gpu 300 GB/s'."""
+    hw = mesh.hardware
+    links = ", ".join(
+        f"{name} {fmt_rate(bw)}"
+        for name, bw in zip(mesh.names, mesh.bandwidth_bytes_per_s, strict=True)
+    )
+    return f"{hw.name} ({hw.devices_per_node} per node, {fmt_bytes(hw.memory_bytes)}): {links}"
+
+
+def fmt_rate(bytes_per_s: float) -> str:
+    return f"{fmt_bytes(bytes_per_s)}/s"
 
 
 def print_plan(

@@ -1,8 +1,12 @@
-"""`shardplan plan ... --dtype bf16`: the training-step search and its printout.
+"""`shardplan plan ... --dtype bf16` / `--method step|megatron-recipe`: the training step.
 
-With `--dtype` the plan is a TrainingPlan (search/scale.py): pipeline stages over the outermost
-mesh axis, micro-batches, per-stage recomputation and ZeRO, each stage planned by D-Rec. Zoo
-models are rebuilt at each micro-batch size; graphs from other sources run with one micro-batch.
+The plan is a TrainingPlan from the same front door as every plan (`shardplan.plan`, a
+`Problem` through the solver registry): method "step" (the search: pipeline stages over the
+outermost mesh axis, micro-batches, per-stage recomputation and ZeRO, D-Rec stage plans) or
+"megatron-recipe" (the hand recipe with `--tensor`, `--pipeline`, ... as its typed options).
+Zoo models and --hf models are rebuilt at each micro-batch size; graphs from other sources
+(--torch, --onnx) run with one micro-batch. Flags that only mean something for one SPMD plan
+(`--force`, `--plot`, `--top`, `--zero`) are refused in one line rather than ignored.
 """
 
 from __future__ import annotations
@@ -10,70 +14,115 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from shardplan import zoo
-from shardplan.cli.models import load_graph, model_label
+from shardplan.cli.models import hf_rebuilder, load_graph, model_label
 from shardplan.cli.options import SIZE_FLAGS, progress_of
-from shardplan.cost import CostOptions
 from shardplan.errors import SolverError
 from shardplan.exporters import training_json
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Role
-from shardplan.mesh import parse_bytes, parse_mesh
+from shardplan.problem import graph_batch
 from shardplan.training import TrainingPlan
 
+TRAINING_METHODS = ("step", "megatron-recipe")
+RECIPE_FLAGS = (
+    "tensor",
+    "pipeline",
+    "micro_batch_size",
+    "recompute",
+    "sequence_parallel",
+    "virtual_stages",
+    "context",
+    "distributed_optimizer",
+    "expert",
+)
 
-def graph_batch(graph: Graph) -> int:
-    """The global batch: the leading dim of the graph's first input."""
-    for t in graph.tensors.values():
-        if t.role is Role.INPUT and t.shape:
-            return t.shape[0]
-    raise SolverError(f"graph {graph.name!r} has no input to read the batch size from")
+
+def wants_training_plan(args: argparse.Namespace) -> bool:
+    """`--dtype` or a training-step method asks for a TrainingPlan."""
+    return bool(getattr(args, "dtype", None)) or args.method in TRAINING_METHODS
+
+
+def _refuse_spmd_flags(args: argparse.Namespace) -> None:
+    """One line for each flag a training plan cannot honour (never silently ignored)."""
+    if args.method not in (*TRAINING_METHODS, "drec"):
+        raise SolverError(
+            f"--dtype plans a training step (--method step or megatron-recipe), not "
+            f"--method {args.method}; drop --dtype for a single SPMD plan"
+        )
+    refused = [
+        (getattr(args, "force", None), "--force pins one op of a single SPMD plan"),
+        (getattr(args, "plot", None), "--plot draws a single SPMD plan"),
+        (getattr(args, "top", 0), "--top lists one SPMD plan's costliest ops (use --ops all)"),
+        (
+            getattr(args, "zero", None) is not None,
+            "--zero sets the ZeRO stage of a single SPMD plan (training plans choose it per "
+            "pipeline stage under --memory)",
+        ),
+        (args.train is False, "--infer: a training step has a backward pass"),
+        (args.preset != "shardplan", "--preset: the step model prices the shardplan preset"),
+    ]
+    for given_, why in refused:
+        if given_:
+            raise SolverError(f"{why}; it does not apply to a training plan: drop it")
+    if args.method != "megatron-recipe":
+        knobs = [f"--{k.replace('_', '-')}" for k in RECIPE_FLAGS if _knob(args, k) is not None]
+        if knobs:
+            raise SolverError(
+                f"{', '.join(knobs)} set the Megatron recipe's knobs: add --method "
+                "megatron-recipe (the step search chooses them itself)"
+            )
+
+
+def _knob(args: argparse.Namespace, name: str) -> Any:
+    value = getattr(args, name, None)
+    return None if value is False else value
+
+
+def builder_of(args: argparse.Namespace, graph: Graph, batch: int) -> Any:
+    """The model at each batch: zoo and --hf models are rebuilt (an --hf config re-imported on
+    the meta device); other graphs exist at one batch."""
+    if args.model and not (args.torch or args.hf or args.onnx):
+        overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
+        small = getattr(args, "small", False)
+        return lambda b: zoo.build(args.model, small=small, batch=b, **overrides)
+    if args.hf:
+        rebuild = hf_rebuilder(args)
+        return lambda b: graph if b == batch else rebuild(b)
+    return graph
 
 
 def run_training_plan(args: argparse.Namespace) -> int:
     from shardplan.cli.render import make_console, print_plan
-    from shardplan.search.step.search import plan_training
+    from shardplan.search import plan
 
-    if args.method != "drec" or args.train is False or args.preset != "shardplan":
-        raise SolverError(
-            "--dtype plans a training step with method drec and the shardplan preset; drop "
-            "--method/--infer/--preset, or drop --dtype for a single SPMD plan"
-        )
-    if getattr(args, "zero", None) is not None:
-        raise SolverError(
-            "--zero sets the ZeRO stage of a single SPMD plan; --dtype plans choose it per "
-            "pipeline stage under --memory: drop one of them"
-        )
+    _refuse_spmd_flags(args)
     if args.mesh is None:
-        raise SolverError("--dtype plans need --mesh (e.g. --mesh 128x8)")
+        raise SolverError("a training plan needs --mesh (e.g. --mesh 128x8)")
+    method = args.method if args.method in TRAINING_METHODS else "step"
     progress = progress_of(args)
     graph = load_graph(args, progress)
-    mesh = parse_mesh(args.mesh, machine=args.machine)
-    opts = CostOptions.make("shardplan", True, args.optimizer, args.dtype)
     batch = graph_batch(graph)
-    if args.model and not (args.torch or args.hf or args.onnx):
-        overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
-        small = getattr(args, "small", False)
-
-        def build(b: int) -> Graph | None:
-            return zoo.build(args.model, small=small, batch=b, **overrides)
+    options: dict[str, Any] = {}
+    if method == "step":
+        options["progress"] = progress.note
+        progress.note(f"searching stages x micro-batches for {graph.name} on mesh {args.mesh} ...")
     else:
-
-        def build(b: int) -> Graph | None:
-            return graph if b == batch else None  # imported graphs have one batch size
-
-    progress.note(f"searching stages x micro-batches for {graph.name} on mesh {mesh.text()} ...")
-    tp = plan_training(
-        build,
-        batch,
-        mesh,
-        opts,
-        parse_bytes(args.memory) if args.memory else None,
-        progress=progress.note,
+        options = {k: _knob(args, k) for k in RECIPE_FLAGS if _knob(args, k) is not None}
+    tp = plan(
+        builder_of(args, graph, batch),
+        args.mesh,
+        method,
+        memory=args.memory,
+        optimizer=args.optimizer,
+        machine=args.machine,
+        dtype=args.dtype,
+        batch=batch,
+        **options,
     )
     console = make_console()
     print_training_plan(console, tp)
@@ -87,6 +136,33 @@ def run_training_plan(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"training plan written to {args.json}")
     return 0
+
+
+def reprint_training_plan(args: argparse.Namespace) -> bool:
+    """`shardplan plan train.json`: print a saved training plan (True), or False when the
+    argument is not one. Re-planning flags are refused (re-plan from the model instead)."""
+    from shardplan.cli.models import is_plan_file
+    from shardplan.cli.render import make_console
+
+    if not is_plan_file(args.model) or args.torch or args.hf or args.onnx:
+        return False
+    path = Path(args.model)
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return False  # the plan reader reports what is wrong with the file
+    if not training_json.is_training_json(data):
+        return False
+    if getattr(args, "force", None) or getattr(args, "plot", None):
+        raise SolverError(
+            f"{args.model} is a training plan: --force and --plot work on one SPMD plan; plan "
+            "the model again with --dtype to change it"
+        )
+    tp = training_json.from_json(data)
+    if args.mesh is not None and tp.mesh.text() != args.mesh.strip():
+        raise SolverError(f"{args.model} is a plan for mesh {tp.mesh.text()}, not {args.mesh}")
+    print_training_plan(make_console(), tp)
+    return True
 
 
 def _b(n: float) -> str:
@@ -134,6 +210,9 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     summary = Table(title="training step (predicted)", show_header=False)
     summary.add_column("item")
     summary.add_column("value")
+    from shardplan.cli.render import machine_line
+
+    summary.add_row("machine", machine_line(tp.mesh))
     for axis in tp.axes:
         summary.add_row("mesh", axis)
     rows = (
@@ -160,6 +239,7 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
 
 
 def add_dtype_argument(p: argparse.ArgumentParser) -> None:
+    """--dtype and the Megatron recipe's knobs (`--method megatron-recipe`)."""
     p.add_argument(
         "--dtype",
         default=None,
@@ -167,6 +247,30 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         help="plan a whole training step in this precision (bf16/fp16: mixed precision with fp32 "
         "master weights): pipeline stages, micro-batches, recomputation and ZeRO chosen to fit "
         "--memory (see docs/scale.md)",
+    )
+    g = p.add_argument_group("Megatron recipe knobs (--method megatron-recipe)")
+    for flag, kind, what in (
+        ("tensor", int, "tensor-parallel ways (default: the innermost mesh axis)"),
+        ("pipeline", int, "pipeline stages over the outermost axis (default 1)"),
+        ("micro-batch-size", int, "samples per micro-batch (default 1)"),
+        ("virtual-stages", int, "model chunks per device (interleaved 1F1B)"),
+        ("context", int, "context-parallel ways (attention split along the sequence)"),
+        ("expert", int, "expert-parallel ways (MoE)"),
+    ):
+        g.add_argument(f"--{flag}", type=kind, default=None, metavar="N", help=what)
+    g.add_argument(
+        "--recompute",
+        choices=("full", "selective", "none"),
+        default=None,
+        help="activation recomputation (default full)",
+    )
+    g.add_argument(
+        "--sequence-parallel", action="store_true", help="Megatron sequence parallelism"
+    )
+    g.add_argument(
+        "--distributed-optimizer",
+        action="store_true",
+        help="optimizer state split over the data-parallel group (ZeRO-1)",
     )
 
 

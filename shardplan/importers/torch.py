@@ -420,7 +420,7 @@ class _Context:
     ) -> str:
         """Emit the gather-like einsum form (see `_build`) of `x[.., index, ..]` at `axis`."""
         return self.emitter.gather(
-            self.tensor(x),
+            x if isinstance(x, str) else self.tensor(x),  # a str: an earlier part of this node
             [t if isinstance(t, str) else self.tensor(t) for t in index],
             axis,
             **self.target(node, part, result),

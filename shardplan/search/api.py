@@ -1,72 +1,75 @@
-"""The front door of the search: `plan(graph, mesh, method=...)` -> Plan.
+"""The front door of the search: `plan(model, mesh, method=...)` -> Plan or TrainingPlan.
 
 `plan` canonicalises its arguments once into a `Problem` (`shardplan.problem`) and `solve`
-dispatches it through the solver registry (`search.solvers`: typed options per method). Methods:
-"drec" (default), "ilp", "dp", and the expert plans "data-parallel", "megatron", "fsdp".
-Whatever the method, the returned Plan is scored by the one evaluator. With a memory
-budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
-with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), and
-prices ZeRO stages (`cost/zero.py`) 1, 2 and 3 on the unpenalised plan (and, when no penalised
-plan fits, on the leanest one): the cheapest plan that fits wins (ties: stage 0, then the lower
-stage), with a note naming the stage and what the lower stages needed (the training-step
-planner, `search/scale.py`, chooses ZeRO per pipeline stage with micro-batches and
-recomputation). `zero=N` forces stage N: the search still prices stage 0, the stage re-prices
-its result (and the baselines). D-Rec's
-plan is then compared, by the one evaluator, with "all replicated" and every expert plan
-(baselines.py): the cheapest that fits is returned, with a note when a baseline won; if nothing
-fits it raises InfeasibleError saying by how much. Other methods raise InfeasibleError when
-over budget.
+dispatches it through the solver registry (`search.solvers`: typed options per method). SPMD
+methods ("drec" default, "ilp", "dp", the expert plans "data-parallel", "megatron", "fsdp")
+return a Plan scored by the one evaluator; the training-step methods ("step", "megatron-recipe")
+return a TrainingPlan scored by the step model. Whatever the method, a plan over the Problem's
+memory budget is never returned (InfeasibleError saying by how much): D-Rec's memory driver
+(`search.drec.driver`) penalises, adds a ZeRO stage and compares baselines; the step search
+chooses levers per stage; the other methods refuse. Every returned plan carries its Problem.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 from shardplan.errors import InfeasibleError
-from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan, with_status, with_zero
 from shardplan.problem import Problem
 from shardplan.search import experts
 from shardplan.search.solvers import METHODS, get_solver, solver_options
+from shardplan.training import TrainingPlan
 
 __all__ = ["METHODS", "plan", "solve", "unused_devices_note"]
 
 
 def plan(
-    graph: Graph,
+    model: Any,
     mesh: Mesh | str | int,
     method: str = "drec",
     train: bool = True,
     memory: float | str | None = None,
     preset: str = "shardplan",
     optimizer: str = "adam",
-    machine: str | None = None,
+    machine: Any = None,
     zero: int | None = None,
+    dtype: str | None = None,
+    batch: int | None = None,
     **options: Any,
-) -> Plan:
-    """Plan `graph` on `mesh` with `method`; raise InfeasibleError rather than exceed `memory`.
+) -> Any:
+    """Plan `model` on `mesh` with `method`; raise InfeasibleError rather than exceed `memory`.
 
     Args:
-        graph: a verified Graph (zoo.build, from_torch, from_onnx, from_jaxpr).
+        model: a verified Graph (zoo.build, from_torch, from_onnx, from_jaxpr), or for the
+            training-step methods a builder `batch -> Graph` (rebuilt at each micro-batch size).
         mesh: a Mesh or mesh text ("8", "2x8", "4x8").
         method: one of METHODS (`search.solvers.SOLVERS`).
         train: model the backward pass and optimizer state (default) or inference.
         memory: per-device budget in bytes or text ("80GB"); None: unchecked (still reported).
         preset: cost preset, "shardplan" or "mindspore".
         optimizer: optimizer state counted in memory: "adam", "sgd-momentum", "none".
-        machine: the hardware preset mesh text is bound to (`shardplan.hardware.MACHINES`);
-            None: `hardware.DEFAULT_MACHINE` ("a100"). A Mesh keeps its own machine.
+        machine: the hardware mesh text is bound to: a preset name
+            (`shardplan.hardware.MACHINES`) or a `Machine`; None: "a100". A Mesh keeps its own.
         zero: the ZeRO stage (0-3) the plan must use (`cost/zero.py`); None: drec adds one only
             when the memory budget needs it, other methods return stage 0.
-        options: the method's typed options (`search.solvers`: ilp/dp `time_limit` seconds, ...);
-            an unknown one is a SolverError. drec and ilp take `fixed`: op name -> strategy (one
-            loop dim or None per round) the plan must keep, the other ops planned around them.
+        dtype: compute precision "bf16", "fp16" (mixed, fp32 master weights) or "fp32"; None:
+            the graph's own element widths.
+        batch: the global batch (needed with a builder; else read off the graph's input).
+        options: the method's typed options (`search.solvers`: ilp/dp `time_limit` seconds,
+            drec/ilp `fixed` op -> strategy, step `stages`/`progress`, megatron-recipe
+            `tensor`, `pipeline`, `micro_batch_size`, `recompute`, ...); an unknown one is a
+            SolverError.
+    Returns:
+        a Plan, or for "step" and "megatron-recipe" a TrainingPlan; `result.problem` is the
+        Problem it was solved for.
     """
     problem = Problem.make(
-        graph,
+        model,
         mesh,
         machine=machine,
         train=train,
@@ -74,30 +77,44 @@ def plan(
         preset=preset,
         optimizer=optimizer,
         zero=zero,
+        dtype=dtype,
+        batch=batch,
     )
     return solve(problem, method, **options)
 
 
-def solve(problem: Problem, method: str = "drec", **options: Any) -> Plan:
+def solve(problem: Problem, method: str = "drec", **options: Any) -> Any:
     """Run `method` on a canonical Problem (the registry's typed options; see `plan`)."""
     solver = get_solver(method)
     typed = solver_options(method, options)
     start = time.perf_counter()
     result = solver.run(problem, typed, start)
+    if isinstance(result, TrainingPlan):
+        _check_budget(problem, method, result.step.memory_per_device if result.step else 0.0)
+        return replace(result, problem=problem, step=result.step)
     if problem.zero is not None and result.zero != problem.zero:  # searches price stage 0
         result = with_zero(result, problem.zero)
-    budget, graph, mesh = problem.budget, problem.graph, problem.mesh
-    if budget is not None and result.cost is not None and result.cost.memory_per_device > budget:
-        raise InfeasibleError(
-            f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
-            f"{result.cost.memory_per_device / 1e9:.3g} GB per device, over the "
-            f"{budget / 1e9:.3g} GB budget by {(result.cost.memory_per_device - budget) / 1e9:.3g}"
-            " GB; use more devices, a smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), "
-            "or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
-            "pipeline stages)"
-        )
+    if result.cost is not None:
+        _check_budget(problem, method, result.cost.memory_per_device)
     unused = unused_devices_note(result)
-    return with_status(result, result.status, (unused,)) if unused else result
+    if unused:
+        result = with_status(result, result.status, (unused,))
+    return replace(result, problem=problem)
+
+
+def _check_budget(problem: Problem, method: str, need: float) -> None:
+    """InfeasibleError when a plan needs more than the Problem's budget."""
+    budget, graph, mesh = problem.budget, problem.graph, problem.mesh
+    if budget is None or need <= budget:
+        return
+    raise InfeasibleError(
+        f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
+        f"{need / 1e9:.3g} GB per device, over the "
+        f"{budget / 1e9:.3g} GB budget by {(need - budget) / 1e9:.3g}"
+        " GB; use more devices, a smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), "
+        "or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
+        "pipeline stages)"
+    )
 
 
 def unused_devices_note(p: Plan) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden_training_plans.json"
 
-# (key, zoo overrides, mesh, global batch, budget); GPT-3 paper widths (Brown et al. 2020, Table 2.1)
+# (key, zoo overrides, mesh, global batch, budget); GPT-3 widths (Brown et al. 2020, Table 2.1)
 SEARCHES = (
     ("1.3b@2x8", {"layers": 24, "hidden": 2048, "heads": 16}, "2x8", 64, "40GB"),
     ("6.7b@4x8", {"layers": 32, "hidden": 4096, "heads": 32}, "4x8", 128, "12GB"),

@@ -42,11 +42,14 @@ from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
+from shardplan.problem import Problem
 from shardplan.search import experts
 from shardplan.search.drec.search import drec
 from shardplan.search.step.notes import axis_summary, lever_notes
 from shardplan.search.step.stages import (
     balanced_stages,
+    segment_flops,
+    stage_graphs,
     stage_mesh,
     tokens_per_sample,
 )
@@ -182,27 +185,82 @@ def plan_training(
     planner: Planner | None = None,
     stages: Sequence[int] | None = None,
 ) -> TrainingPlan:
-    """Search S, m, boundaries and levers (module docstring); `build(b)` returns the model at
-    batch b. Raises InfeasibleError naming the leanest candidate when nothing fits."""
-    mesh = at_precision(mesh, opts)
-    say = progress or (lambda _msg: None)
-    start = time.perf_counter()
-    stage_planner = _StagePlanner(opts, planner or (lambda g, m, o: drec(g, m, o)))
+    """The pre-issue-22 entry point, kept for scripts: `search_step` on the Problem of these
+    arguments (`sp.plan(build, mesh, method="step", batch=..., ...)` is the front door)."""
     probe = build(batch)
     if probe is None:
         raise SolverError(f"the model builder returned no graph at the global batch {batch}")
+    problem = Problem(probe, mesh, opts, budget, None, batch, build)
+    return search_step(problem, progress, planner, stages)
+
+
+def search_step(
+    problem: Problem,
+    progress: Progress | None = None,
+    planner: Planner | None = None,
+    stages: Sequence[int] | None = None,
+) -> TrainingPlan:
+    """Search S, m, boundaries and levers (module docstring) for `problem` (its builder gives
+    the model at each micro-batch size). InfeasibleError naming the leanest candidate when
+    nothing fits the budget."""
+    opts, budget, batch = problem.options, problem.budget, problem.global_batch
+    mesh = at_precision(problem.mesh, opts)
+    say = progress or (lambda _msg: None)
+    start = time.perf_counter()
+    search = _StepSearch(problem, mesh, _StagePlanner(opts, planner or _drec_planner))
+    best: TrainingPlan | None = None
+    tried = 0
+    # candidates in order of their bound; stop at the first that cannot beat the best found
+    for bound, n_stages, m, starts in _candidates(problem.graph, mesh, batch, opts, stages):
+        if best is not None and best.step is not None and bound >= best.step.step_s:
+            say(f"  the remaining candidates cannot beat {best.step.step_s:.4g} s (bound)")
+            break
+        tried += 1
+        label = f"S={n_stages} m={m} (micro-batch {batch // m})"
+        tp = search.candidate(n_stages, m, starts, say)
+        elapsed = time.perf_counter() - start
+        if tp is None:
+            say(f"  {label}: does not fit ({elapsed:.1f} s)")
+            continue
+        assert tp.step is not None
+        say(
+            f"  {label}: step {tp.step.step_s:.4g} s, "
+            f"{tp.step.memory_per_device / 1e9:.3g} GB/device, "
+            f"{search.stage_planner.runs} D-Rec runs so far ({elapsed:.1f} s)"
+        )
+        if best is None or _better(tp, best):
+            best = tp
+    if best is None:
+        raise search.infeasible(tried)
+    return replace(
+        best,
+        axes=axis_summary(best),
+        search_seconds=time.perf_counter() - start,
+        notes=lever_notes(best, budget),
+        step=best.step,
+    )
+
+
+def _drec_planner(graph: Graph, mesh: Mesh, opts: CostOptions) -> Mapping[str, Strategy]:
+    return drec(graph, mesh, opts)
+
+
+def _candidates(
+    probe: Graph, mesh: Mesh, batch: int, opts: CostOptions, stages: Sequence[int] | None
+) -> list[tuple[float, int, int, list[int]]]:
+    """(lower bound of the step, S, m, stage starts) of every candidate, in bound order: m + S
+    - 1 slots of at least the heaviest stage's compute with every op split ideally."""
     segs = segments(probe)
-    flops = [sum(op.flops for op in probe.ops[s.start : s.stop]) for s in segs]
+    flops = segment_flops(probe, segs)
     outer = mesh.shape[0]
     s_options = stages or [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
     sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
-    candidates = []  # (lower bound of the step, S, m, stage starts)
+    candidates = []
     for n_stages in s_options:
         smesh = stage_mesh(mesh, n_stages)
         starts = balanced_stages(flops, n_stages)
         ends = [*starts[1:], len(segs)]
         for m in micro_batch_options(batch, smesh):
-            # m + S - 1 slots of at least the heaviest stage's compute, every op split ideally
             k = m * smesh.size
             slot = max(
                 sum(
@@ -212,82 +270,61 @@ def plan_training(
                 for a, e in zip(starts, ends, strict=True)
             )
             candidates.append(((m + n_stages - 1) * slot, n_stages, m, starts))
-    best: TrainingPlan | None = None
-    leanest: tuple[float, str] | None = None
-    tried = 0
-    built: dict[int, Graph | None] = {}
-    # candidates in order of their bound; stop at the first that cannot beat the best found
-    for bound, n_stages, m, starts in sorted(candidates, key=lambda c: (c[0], c[1], c[2])):
-        smesh = stage_mesh(mesh, n_stages)
-        if best is not None and best.step is not None and bound >= best.step.step_s:
-            say(f"  the remaining candidates cannot beat {best.step.step_s:.4g} s (bound)")
-            break
-        tried += 1
-        if m not in built:
-            built[m] = build(batch // m)
-        graph = built[m]
+    return sorted(candidates, key=lambda c: (c[0], c[1], c[2]))
+
+
+class _StepSearch:
+    """One candidate (S, m, stage starts) at a time: its stages' plans and levers, assembled
+    into a TrainingPlan; remembers the leanest stage that did not fit, for the error."""
+
+    def __init__(self, problem: Problem, mesh: Mesh, stage_planner: _StagePlanner) -> None:
+        self.problem, self.mesh, self.stage_planner = problem, mesh, stage_planner
+        self.build = problem.builder()
+        self.built: dict[int, Graph | None] = {}
+        self.leanest: tuple[float, str] | None = None
+
+    def candidate(
+        self, n_stages: int, m: int, starts: Sequence[int], say: Progress
+    ) -> TrainingPlan | None:
+        """The best plan of this candidate, or None when a stage fits no lever."""
+        batch, budget = self.problem.global_batch, self.problem.budget
+        if m not in self.built:
+            self.built[m] = self.build(batch // m)
+        graph = self.built[m]
         if graph is None:
             say(f"  m={m}: the model cannot be rebuilt at micro-batch {batch // m}; skipped")
-            continue
-        gsegs = segments(graph)
-        bounds = [gsegs[i].start for i in starts] + [len(graph.ops)]
-        plans, profiles, levers = [], [], []
-        for s in range(n_stages):
-            sub = subgraph(graph, bounds[s], bounds[s + 1], f"{graph.name}.stage{s}")
+            return None
+        smesh = stage_mesh(self.mesh, n_stages)
+        chosen = []
+        for s, sub in enumerate(stage_graphs(graph, starts)):
             in_flight = min(n_stages - s, m)
             options = []
-            for plan, prof in stage_planner.stage(sub, smesh):
-                chosen = choose_levers(prof, m, in_flight, m + n_stages - 1, budget)
-                if chosen is not None:
-                    options.append((chosen[0], len(options), plan, prof, chosen[1]))
+            for plan, prof in self.stage_planner.stage(sub, smesh):
+                fit = choose_levers(prof, m, in_flight, m + n_stages - 1, budget)
+                if fit is not None:
+                    options.append((fit[0], len(options), plan, prof, fit[1]))
                 else:
                     need = min(stage_cost(prof, x, m, in_flight).memory_bytes for x in LEVERS)
-                    if leanest is None or need < leanest[0]:
-                        leanest = (need, f"S={n_stages} m={m} stage {s}")
+                    if self.leanest is None or need < self.leanest[0]:
+                        self.leanest = (need, f"S={n_stages} m={m} stage {s}")
             if not options:
-                break
+                return None
             _, _, plan, prof, lv = min(options, key=lambda o: (o[0], o[1]))
-            plans.append(plan)
-            profiles.append(prof)
-            levers.append(lv)
-        label = f"S={n_stages} m={m} (micro-batch {batch // m})"
-        elapsed = time.perf_counter() - start
-        if len(levers) < n_stages:
-            say(f"  {label}: does not fit ({elapsed:.1f} s)")
-            continue
-        tp = assemble(
-            probe.name,
-            mesh,
-            batch,
-            list(zip(plans, profiles, levers, strict=True)),
-            m,
-            "drec",
-            tokens_per_sample(probe, batch),
+            chosen.append((plan, prof, lv))
+        probe = self.problem.graph
+        return assemble(
+            probe.name, self.mesh, batch, chosen, m, "drec", tokens_per_sample(probe, batch)
         )
-        assert tp.step is not None
-        say(
-            f"  {label}: step {tp.step.step_s:.4g} s, "
-            f"{tp.step.memory_per_device / 1e9:.3g} GB/device, "
-            f"{stage_planner.runs} D-Rec runs so far ({elapsed:.1f} s)"
-        )
-        if best is None or _better(tp, best):
-            best = tp
-    if best is None:
+
+    def infeasible(self, tried: int) -> InfeasibleError:
+        leanest, budget = self.leanest, self.problem.budget
         detail = f"; the leanest ({leanest[1]}) needs {leanest[0] / 1e9:.3g} GB" if leanest else ""
-        raise InfeasibleError(
-            f"no training plan of {probe.name!r} fits "
-            f"{(budget or 0) / 1e9:.3g} GB per device on mesh {mesh.text()} with any of "
+        return InfeasibleError(
+            f"no training plan of {self.problem.graph.name!r} fits "
+            f"{(budget or 0) / 1e9:.3g} GB per device on mesh {self.mesh.text()} with any of "
             f"{tried} (stages, micro-batches) candidates, recomputation and ZeRO{detail}; use "
             "more devices or a larger --memory"
         )
-    notes = lever_notes(best, budget)
-    return replace(
-        best,
-        axes=axis_summary(best),
-        search_seconds=time.perf_counter() - start,
-        notes=notes,
-        step=best.step,
-    )
 
 
 def _better(a: TrainingPlan, b: TrainingPlan) -> bool:
