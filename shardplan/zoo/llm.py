@@ -24,6 +24,7 @@ Untied LM head (`tied` reuses the embedding table), cross-entropy loss. Building
 from __future__ import annotations
 
 from shardplan.errors import ArgumentError, IRError
+from shardplan.ir.catalogue_moe import EXPERT_WEIGHT_OPERAND, ROUTING_ATTRS
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.zoo.layers import dense, layer_norm
 from shardplan.zoo.moe import _swiglu, moe_block
@@ -256,16 +257,13 @@ def moe_llm(
 def activated_params(graph: Graph) -> int:
     """Parameters a token uses: every parameter, except that an expert weight read by
     `expert_matmul` counts k/E of its size (k, E from the layer's `moe_topk_ids`/`moe_route`)."""
-    routing: dict[str, list[int]] = {}
+    routing: dict[str, dict[str, int]] = {}
     for op in graph.ops:
-        attrs = dict(op.attrs)
-        if op.kind == "moe_topk_ids":
-            routing.setdefault(op.layer, [0, 0])[0] = attrs["k"]
-        elif op.kind == "moe_route":
-            routing.setdefault(op.layer, [0, 0])[1] = attrs["experts"]
+        if (attr := ROUTING_ATTRS.get(op.kind)) is not None:
+            routing.setdefault(op.layer, {})[attr] = dict(op.attrs)[attr]
     idle = 0.0
     for op in graph.ops:
-        if op.kind == "expert_matmul":
-            k, experts = routing[op.layer]
-            idle += graph.tensors[op.inputs[1]].numel * (1 - k / experts)
+        if (position := EXPERT_WEIGHT_OPERAND.get(op.kind)) is not None:
+            use = routing[op.layer]
+            idle += graph.tensors[op.inputs[position]].numel * (1 - use["k"] / use["experts"])
     return graph.num_params - round(idle)
