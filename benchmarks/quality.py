@@ -41,7 +41,7 @@ from shardplan.errors import ShardplanError  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
 from shardplan.search import plan  # noqa: E402
 from shardplan.search.exact import ilp  # noqa: E402
-from shardplan.search.exact.space import build_model  # noqa: E402
+from shardplan.search.exact.model import build_model  # noqa: E402
 
 MESHES = ("8", "2x8", "4x8", "6", "12")
 QUICK_MODELS = ("mlp", "sapp-mlp", "alexnet", "wide-deep", "gpt2-small", "bert-base", "moe")

@@ -37,6 +37,8 @@ from shardplan.cli.render import (
     summary_table,
 )
 from shardplan.errors import PlanError
+from shardplan.ir.op import Op
+from shardplan.plans import Plan
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -106,50 +108,8 @@ def run_explain(args: argparse.Namespace) -> int:
         ),
         highlight=False,
     )
-    for r, rnd in enumerate(p.mesh.rounds):
-        table = Table(
-            title=f"round {r}: {rnd.axis_name} axis, q={rnd.q}",
-            title_justify="left",
-        )
-        for col in ("cut", "intra", "compute", "redistrib.", "rest", "total", "Δ", "memory"):
-            table.add_column(col, justify="left" if col == "cut" else "right", overflow="fold")
-        if args.replan:
-            table.add_column("replanned", justify="right", overflow="fold")
-        for c in (c for c in cands if c.round == r):
-            mark = " ◀" if c.chosen else ""
-            label = cut_label(p.graph, op, c.cut) + mark
-            if c.problem is not None:
-                table.add_row(escape(label), f"[dim]{escape(c.problem)}[/]")
-                continue
-            row = [
-                escape(label),
-                fmt_cost(c.intra, units),
-                fmt_cost(c.compute, units),
-                fmt_cost(c.redistribution, units),
-                fmt_cost(c.rest, units),
-                fmt_cost(c.total, units),
-                _delta(c.total - p.cost.total, units, p.cost.total),
-                fmt_bytes(c.memory_per_device),
-            ]
-            if args.replan:
-                again = replanned.get(c.strategy)
-                row.append(fmt_cost(again, units) if again is not None else "-")
-            table.add_row(*row)
-        console.print(table)
-        for c in (c for c in cands if c.round == r and c.problem is None and c.edges):
-            parts = [
-                f"{e.neighbour} ({e.direction}) {fmt_cost(e.cost, units)}"
-                for e in c.edges
-                if e.cost
-            ]
-            if parts:
-                console.print(
-                    escape(
-                        f"  {cut_label(p.graph, op, c.cut)} redistribution: " + "; ".join(parts)
-                    ),
-                    highlight=False,
-                    soft_wrap=False,
-                )
+    for r in range(len(p.mesh.rounds)):
+        _print_round(console, p, op, cands, r, replanned if args.replan else None)
     console.print(
         "intra + compute + redistribution + rest = total: the plan's cost with this op's "
         "strategy swapped (others unchanged); ◀ marks the plan's own cut",
@@ -167,6 +127,57 @@ def run_explain(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"candidates written to {escape(args.json)}", highlight=False)
     return 0
+
+
+def _print_round(
+    console: Any, p: Plan, op: Op, cands: Any, r: int, replanned: dict[Any, float] | None
+) -> None:
+    """The candidates of `op` in round `r`: the table, then their redistributions per edge
+    (`replanned`: the re-planned totals of `explain --replan`, None without it)."""
+    rnd, units = p.mesh.rounds[r], p.cost.units
+    table = Table(
+        title=f"round {r}: {rnd.axis_name} axis, q={rnd.q}",
+        title_justify="left",
+    )
+    for col in ("cut", "intra", "compute", "redistrib.", "rest", "total", "Δ", "memory"):
+        table.add_column(col, justify="left" if col == "cut" else "right", overflow="fold")
+    if replanned is not None:
+        table.add_column("replanned", justify="right", overflow="fold")
+    for c in (c for c in cands if c.round == r):
+        mark = " ◀" if c.chosen else ""
+        label = cut_label(p.graph, op, c.cut) + mark
+        if c.problem is not None:
+            table.add_row(escape(label), f"[dim]{escape(c.problem)}[/]")
+            continue
+        row = [
+            escape(label),
+            fmt_cost(c.intra, units),
+            fmt_cost(c.compute, units),
+            fmt_cost(c.redistribution, units),
+            fmt_cost(c.rest, units),
+            fmt_cost(c.total, units),
+            _delta(c.total - p.cost.total, units, p.cost.total),
+            fmt_bytes(c.memory_per_device),
+        ]
+        if replanned is not None:
+            again = replanned.get(c.strategy)
+            row.append(fmt_cost(again, units) if again is not None else "-")
+        table.add_row(*row)
+    console.print(table)
+    for c in (c for c in cands if c.round == r and c.problem is None and c.edges):
+        parts = [
+            f"{e.neighbour} ({e.direction}) {fmt_cost(e.cost, units)}"
+            for e in c.edges
+            if e.cost
+        ]
+        if parts:
+            console.print(
+                escape(
+                    f"  {cut_label(p.graph, op, c.cut)} redistribution: " + "; ".join(parts)
+                ),
+                highlight=False,
+                soft_wrap=False,
+            )
 
 
 def _delta(value: float, units: str, scale: float) -> str:

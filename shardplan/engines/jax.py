@@ -83,14 +83,8 @@ def _gelu_tanh(approximate: Any) -> bool:
     return approximate == "tanh" if isinstance(approximate, str) else bool(approximate)
 
 
-def kernels() -> dict[str, Kernel]:
-    """One jax.numpy implementation per catalogue kind: `kernel(op, *operands) -> result`.
-
-    Results are one array, or a tuple for ops with several results.
-    """
-    jax = _require_jax()
-    import jax.numpy as jnp
-    from jax import lax
+def _norm_kernels(jnp: Any, lax: Any) -> dict[str, Kernel]:
+    """The normalisations of `kernels`: layer_norm, rms_norm, batch_norm (batch statistics)."""
 
     def eps(op: Op) -> float:
         return float(op.attr("eps", 1e-5))
@@ -112,8 +106,11 @@ def kernels() -> dict[str, Kernel]:
         shape[1] = x.shape[1]
         return (x - mean) * lax.rsqrt(var + eps(op)) * scale.reshape(shape) + shift.reshape(shape)
 
-    def matmul(op: Op, a: Any, b: Any) -> Any:
-        return jnp.matmul(a, jnp.swapaxes(b, -1, -2) if op.attr("transpose_b") else b)
+    return {"layer_norm": layer_norm, "rms_norm": rms_norm, "batch_norm": batch_norm}
+
+
+def _window_kernels(jnp: Any, lax: Any) -> dict[str, Kernel]:
+    """The sliding-window kernels of `kernels`: conv2d (NCHW, OIHW) and max/avg pool2d."""
 
     def conv2d(op: Op, x: Any, w: Any) -> Any:
         sy, sx = _pair(op.attr("stride", 1))
@@ -135,6 +132,21 @@ def kernels() -> dict[str, Kernel]:
         if mode == "avg":  # padded cells count (torch's count_include_pad=True)
             return lax.reduce_window(x, 0.0, lax.add, window, strides, padding) / (ky * kx)
         raise UnsupportedOpError(f"op {op.name!r} (pool2d): mode {mode!r} is not max or avg")
+
+    return {"conv2d": conv2d, "pool2d": pool2d}
+
+
+def kernels() -> dict[str, Kernel]:
+    """One jax.numpy implementation per catalogue kind: `kernel(op, *operands) -> result`.
+
+    Results are one array, or a tuple for ops with several results.
+    """
+    jax = _require_jax()
+    import jax.numpy as jnp
+    from jax import lax
+
+    def matmul(op: Op, a: Any, b: Any) -> Any:
+        return jnp.matmul(a, jnp.swapaxes(b, -1, -2) if op.attr("transpose_b") else b)
 
     def reducer(fn: Callable[..., Any]) -> Kernel:
         def kernel(op: Op, x: Any) -> Any:
@@ -183,14 +195,9 @@ def kernels() -> dict[str, Kernel]:
         "minimum": binary(jnp.minimum),
         "bias_add": bias_add,
         "softmax": lambda op, x: jax.nn.softmax(x, axis=int(op.attr("axis", -1))),
-        "layer_norm": layer_norm,
-        "rms_norm": rms_norm,
-        "batch_norm": batch_norm,
         "linear": lambda op, x, w: jnp.matmul(x, w.T),
         "matmul": matmul,
         "bmm": matmul,
-        "conv2d": conv2d,
-        "pool2d": pool2d,
         "reduce_sum": reducer(jnp.sum),
         "reduce_mean": reducer(jnp.mean),
         "reduce_max": reducer(jnp.max),
@@ -200,6 +207,8 @@ def kernels() -> dict[str, Kernel]:
         "concat": lambda op, *xs: jnp.concatenate(xs, axis=int(op.attr("axis", 0))),
         "cross_entropy": cross_entropy,
         "einsum": lambda op, *xs: jnp.einsum(_einsum_spec(str(op.attr("spec"))), *xs),
+        **_norm_kernels(jnp, lax),
+        **_window_kernels(jnp, lax),
         **moe_kernels.jax_kernels(),
     }
 

@@ -74,55 +74,40 @@ def _reduce_count(op: Op) -> int:
     return count
 
 
-def kernels() -> dict[str, Kernel]:
-    """One torch implementation per catalogue kind: `kernel(op, *operands) -> tensor`.
+def _elementwise(
+    torch: Any, fn: Callable[[Any, Any], Any], kind: str, alpha: bool = False
+) -> Kernel:
+    """`fn` folded over the operands and the importer's Python-number attributes (`scalar` +
+    `reverse`, extra `scalars`; `alpha` of add/sub scales the second operand)."""
 
-    The math of `shardplan.engines.jax.kernels` (linear = x @ w.T, batch statistics in
-    batch_norm, avg pooling counts padded cells, dropout is the identity, cast keeps the
-    dtype: the backend computes in one float dtype).
-    Elementwise kernels also read the importer's attributes: `scalar` (+ `reverse`) for an
-    operand that is a Python number, `alpha` of add/sub, extra `scalars` of maximum/minimum;
-    gelu's `approximate` may be a bool or torch's "none"/"tanh".
-    """
-    torch = _require_torch()
-    F = torch.nn.functional
+    def kernel(op: Op, *xs: Any) -> Any:
+        values: list[Any] = list(xs)
+        scalar = op.attr("scalar")
+        if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
+            values.insert(0, scalar) if op.attr("reverse") else values.append(scalar)
+        for extra in op.attr("scalars", ()) or ():
+            if isinstance(extra, (int, float)) and not isinstance(extra, bool):
+                values.append(extra)
+        scale = op.attr("alpha") if alpha else None  # add/sub(x, y, alpha): x +- alpha * y
+        if scale is not None and len(values) == 2:
+            values[1] = values[1] * scale
+        if not any(isinstance(v, torch.Tensor) for v in values):
+            raise BackendError(f"op {op.name!r} ({kind}) has no tensor operand")
+        values = [v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in values]
+        result = values[0]
+        for v in values[1:]:
+            result = fn(result, v)
+        return result
 
-    def fl(x: Any) -> Any:  # integer operands (ids, masks) compute in the default float dtype
-        return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+    return kernel
+
+
+def _norm_kernels(torch: Any) -> dict[str, Kernel]:
+    """The normalisations of `kernels`: layer_norm, rms_norm, batch_norm (batch statistics)."""
 
     def eps(op: Op) -> float:
         value = op.attr("eps")
         return 1e-5 if value is None else float(value)
-
-    def unary(fn: Callable[[Any], Any], float_only: bool = True) -> Kernel:
-        return lambda op, x: fn(fl(x) if float_only else x)
-
-    def gelu(op: Op, x: Any) -> Any:
-        approx = op.attr("approximate", False)
-        mode = approx if isinstance(approx, str) else ("tanh" if approx else "none")
-        return F.gelu(fl(x), approximate=mode)
-
-    def elementwise(fn: Callable[[Any, Any], Any], kind: str, alpha: bool = False) -> Kernel:
-        def kernel(op: Op, *xs: Any) -> Any:
-            values: list[Any] = list(xs)
-            scalar = op.attr("scalar")
-            if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
-                values.insert(0, scalar) if op.attr("reverse") else values.append(scalar)
-            for extra in op.attr("scalars", ()) or ():
-                if isinstance(extra, (int, float)) and not isinstance(extra, bool):
-                    values.append(extra)
-            scale = op.attr("alpha") if alpha else None  # add/sub(x, y, alpha): x +- alpha * y
-            if scale is not None and len(values) == 2:
-                values[1] = values[1] * scale
-            if not any(isinstance(v, torch.Tensor) for v in values):
-                raise BackendError(f"op {op.name!r} ({kind}) has no tensor operand")
-            values = [v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in values]
-            result = values[0]
-            for v in values[1:]:
-                result = fn(result, v)
-            return result
-
-        return kernel
 
     def layer_norm(op: Op, x: Any, gamma: Any = None, beta: Any = None) -> Any:
         mean = x.mean(dim=-1, keepdim=True)
@@ -141,8 +126,13 @@ def kernels() -> dict[str, Kernel]:
         var = (x - mean).square().mean(dim=axes, keepdim=True)
         return (x - mean) * torch.rsqrt(var + eps(op)) * scale.reshape(shape) + shift.reshape(shape)
 
-    def matmul(op: Op, a: Any, b: Any) -> Any:
-        return torch.matmul(a, b.transpose(-1, -2) if op.attr("transpose_b") else b)
+    return {"layer_norm": layer_norm, "rms_norm": rms_norm, "batch_norm": batch_norm}
+
+
+def _window_kernels(torch: Any) -> dict[str, Kernel]:
+    """The sliding-window kernels of `kernels`: conv2d (groups from the local shapes) and
+    max/avg pool2d."""
+    F = torch.nn.functional
 
     def conv2d(op: Op, x: Any, w: Any) -> Any:
         return F.conv2d(  # groups from the (local) shapes: each part holds whole groups
@@ -161,6 +151,12 @@ def kernels() -> dict[str, Kernel]:
             return F.avg_pool2d(x, kernel, stride, padding, count_include_pad=True)
         raise UnsupportedOpError(f"op {op.name!r} (pool2d): mode {mode!r} is not max or avg")
 
+    return {"conv2d": conv2d, "pool2d": pool2d}
+
+
+def _reduce_kernels(torch: Any, fl: Callable[[Any], Any]) -> dict[str, Kernel]:
+    """The reductions of `kernels`; reduce_mean divides by the GLOBAL count (see module doc)."""
+
     def axes_of(op: Op, x: Any) -> tuple[int, ...]:
         axes = op.attr("axes")
         return tuple(range(x.ndim)) if axes is None else tuple(int(a) % x.ndim for a in axes)
@@ -173,6 +169,36 @@ def kernels() -> dict[str, Kernel]:
 
     def reduce_max(op: Op, x: Any) -> Any:
         return torch.amax(x, dim=axes_of(op, x), keepdim=bool(op.attr("keepdims", False)))
+
+    return {"reduce_sum": reduce_sum, "reduce_mean": reduce_mean, "reduce_max": reduce_max}
+
+
+def kernels() -> dict[str, Kernel]:
+    """One torch implementation per catalogue kind: `kernel(op, *operands) -> tensor`.
+
+    The math of `shardplan.engines.jax.kernels` (linear = x @ w.T, batch statistics in
+    batch_norm, avg pooling counts padded cells, dropout is the identity, cast keeps the
+    dtype: the backend computes in one float dtype).
+    Elementwise kernels also read the importer's attributes: `scalar` (+ `reverse`) for an
+    operand that is a Python number, `alpha` of add/sub, extra `scalars` of maximum/minimum;
+    gelu's `approximate` may be a bool or torch's "none"/"tanh".
+    """
+    torch = _require_torch()
+    F = torch.nn.functional
+
+    def fl(x: Any) -> Any:  # integer operands (ids, masks) compute in the default float dtype
+        return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+    def unary(fn: Callable[[Any], Any], float_only: bool = True) -> Kernel:
+        return lambda op, x: fn(fl(x) if float_only else x)
+
+    def gelu(op: Op, x: Any) -> Any:
+        approx = op.attr("approximate", False)
+        mode = approx if isinstance(approx, str) else ("tanh" if approx else "none")
+        return F.gelu(fl(x), approximate=mode)
+
+    def matmul(op: Op, a: Any, b: Any) -> Any:
+        return torch.matmul(a, b.transpose(-1, -2) if op.attr("transpose_b") else b)
 
     def cross_entropy(op: Op, logits: Any, labels: Any) -> Any:
         logp = torch.log_softmax(fl(logits), dim=-1)
@@ -196,31 +222,26 @@ def kernels() -> dict[str, Kernel]:
         "sqrt": unary(torch.sqrt),
         "rsqrt": unary(torch.rsqrt),
         "identity": unary(lambda x: x, float_only=False),
-        "add": elementwise(torch.add, "add", alpha=True),
-        "sub": elementwise(torch.sub, "sub", alpha=True),
-        "mul": elementwise(torch.mul, "mul"),
-        "div": elementwise(torch.div, "div"),
-        "maximum": elementwise(torch.maximum, "maximum"),
-        "minimum": elementwise(torch.minimum, "minimum"),
+        "add": _elementwise(torch, torch.add, "add", alpha=True),
+        "sub": _elementwise(torch, torch.sub, "sub", alpha=True),
+        "mul": _elementwise(torch, torch.mul, "mul"),
+        "div": _elementwise(torch, torch.div, "div"),
+        "maximum": _elementwise(torch, torch.maximum, "maximum"),
+        "minimum": _elementwise(torch, torch.minimum, "minimum"),
         "bias_add": bias_add,
         "softmax": lambda op, x: torch.softmax(fl(x), dim=int(op.attr("axis", -1))),
-        "layer_norm": layer_norm,
-        "rms_norm": rms_norm,
-        "batch_norm": batch_norm,
         "linear": lambda op, x, w: torch.matmul(x, w.t()),
         "matmul": matmul,
         "bmm": matmul,
-        "conv2d": conv2d,
-        "pool2d": pool2d,
-        "reduce_sum": reduce_sum,
-        "reduce_mean": reduce_mean,
-        "reduce_max": reduce_max,
         "reshape": lambda op, x: x.reshape(tuple(int(s) for s in op.attr("shape"))),
         "transpose": lambda op, x: x.permute(tuple(int(p) for p in op.attr("perm"))),
         "embedding": lambda op, table, ids: F.embedding(ids.long(), table),
         "concat": lambda op, *xs: torch.cat(xs, dim=int(op.attr("axis", 0))),
         "cross_entropy": cross_entropy,
         "einsum": einsum,
+        **_norm_kernels(torch),
+        **_window_kernels(torch),
+        **_reduce_kernels(torch, fl),
         **moe_kernels.torch_kernels(),
     }
 

@@ -6,9 +6,11 @@ PyTorch's styles describe one mesh axis (a 1-D DeviceMesh) and the Megatron patt
 and a `RowwiseParallel` linear takes the split features and all-reduces its result. So a plan is
 expressible on axis `a` (default: the innermost axis) exactly when, on the rounds of `a`:
 1. every op cuts the same loop dim in all rounds of `a` (one placement per axis);
-2. a parameter is split only as the weight of a `linear` op (dim 0: Colwise, dim 1: Rowwise) or
-   of an `embedding` (vocabulary dim 0: Rowwise, hidden dim 1: Colwise), owned by the module the
-   op belongs to (`<op.layer>.weight`);
+2. a parameter is split only as the 2-D weight of the module the op belongs to
+   (`<op.layer>.weight`), laid out as nn.Linear's [out features, in features] (a PARALLEL then a
+   REDUCE loop dim in the op's signature) or as nn.Embedding's table (the operand an INDEX_INPUT
+   trait looks up); the signature says the style: a split along a PARALLEL loop dim (output
+   features) is Colwise, along a REDUCE-sum one (summed or looked-up features) Rowwise;
 3. no activation is redistributed on `a`: every consumer reads each input in the layout its
    producer leaves (graph inputs replicated), so the local shards between a Colwise and a
    Rowwise layer are exactly what the plan computes, and nothing the styles do not insert
@@ -26,18 +28,30 @@ from __future__ import annotations
 from typing import Any
 
 from shardplan.errors import PlanError
-from shardplan.ir.op import Role
+from shardplan.ir.dims import DimKind, Reducer
+from shardplan.ir.op import Op, Role
+from shardplan.ir.traits import traits_of
 from shardplan.lazy import require
 from shardplan.plans import Plan
 from shardplan.sharding import PARTIAL, REPLICATED, operand_layout, resolved
 
-_WEIGHT_STYLES = {
-    ("linear", 0): "colwise",
-    ("linear", 1): "rowwise",
-    ("embedding", 0): "rowwise",
-    ("embedding", 1): "colwise",
-}
-"""(op kind, split weight dim) -> the style of the module owning the weight."""
+
+def _weight_style(op: Op, position: int, split: int) -> str | None:
+    """The style of the module whose weight is `op`'s operand `position`, split along tensor dim
+    `split` (None: no torch style splits it so; see rule 2 of the module docstring)."""
+    dims = [
+        op.signature.loop_dim(group[0]) if group else None
+        for group in op.signature.inputs[position]
+    ]
+    index = traits_of(op.kind).index
+    lookup = index is not None and index.bound_operand == position  # nn.Embedding's table
+    dense = [d.kind if d else None for d in dims] == [DimKind.PARALLEL, DimKind.REDUCE]
+    dim = dims[split] if len(dims) == 2 and (dense or lookup) else None
+    if dim is not None and dim.kind is DimKind.PARALLEL:
+        return "colwise"
+    if dim is not None and dim.kind is DimKind.REDUCE and dim.reducer is Reducer.SUM:
+        return "rowwise"
+    return None
 
 
 def _axis_of(plan: Plan, axis: int | str | None) -> int:
@@ -101,7 +115,7 @@ def torch_tp_styles(plan: Plan, axis: int | str | None = None) -> dict[str, str]
                     continue
                 if name == f"{op.layer}.bias" and here == 0 and styles.get(op.layer) == "colwise":
                     continue  # a column-parallel layer's bias is split with its output features
-                style = _WEIGHT_STYLES.get((op.kind, here))
+                style = _weight_style(op, i, here)
                 if style is None or name != f"{op.layer}.weight":
                     raise PlanError(
                         f"to_torch_tp: op {op.name!r} ({op.kind}, module {op.layer!r}) splits "
@@ -127,6 +141,15 @@ def torch_tp_styles(plan: Plan, axis: int | str | None = None) -> dict[str, str]
                     f"{mesh.names[a]!r}; only a RowwiseParallel layer all-reduces them"
                 )
             produced[name] = resolved((raw,))[0]
+    return _gather_outputs(plan, produced, styles, mesh.names[a])
+
+
+def _gather_outputs(
+    plan: Plan, produced: dict[str, int], styles: dict[str, str], axis: str
+) -> dict[str, str]:
+    """`styles` with column-parallel layers whose result is a graph output split on `axis`
+    turned into "colwise_gather" (PlanError when the layer is not column-parallel)."""
+    graph = plan.graph
     consumed = {t for op in graph.ops for t in op.inputs}
     layer_of = {name: op.layer for op in graph.ops for name in op.outputs}
     for name, layout in produced.items():
@@ -136,7 +159,7 @@ def torch_tp_styles(plan: Plan, axis: int | str | None = None) -> dict[str, str]
             styles[layer_of[name]] = "colwise_gather"  # e.g. an LM head: gather the logits
         else:
             raise PlanError(
-                f"to_torch_tp: graph output {name!r} is split on axis {mesh.names[a]!r} by "
+                f"to_torch_tp: graph output {name!r} is split on axis {axis!r} by "
                 f"a layer that is not column-parallel; the module would return a local shard"
             )
     return styles
@@ -160,14 +183,18 @@ def to_torch_tp(plan: Plan, axis: int | str | None = None) -> dict[str, Any]:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    kinds = {op.layer: op.kind for op in plan.graph.ops if op.layer in styles}
+    lookups = {  # modules whose weight an INDEX_INPUT operand looks up (nn.Embedding)
+        op.layer
+        for op in plan.graph.ops
+        if (ix := traits_of(op.kind).index) and op.inputs[ix.bound_operand] == f"{op.layer}.weight"
+    }
     out: dict[str, Any] = {}
     for path, style in styles.items():
         if style == "colwise":
             out[path] = ColwiseParallel()
         elif style == "colwise_gather":
             out[path] = ColwiseParallel(output_layouts=Replicate())
-        elif kinds.get(path) == "embedding":  # vocabulary-split lookup: the input ids are whole
+        elif path in lookups:  # vocabulary-split lookup: the input ids are whole
             out[path] = RowwiseParallel(input_layouts=Replicate())
         else:
             out[path] = RowwiseParallel()

@@ -357,6 +357,40 @@ def _ratio_text(r: float) -> str:
     return "inf" if r == float("inf") else f"{r:.3f}"
 
 
+def _numerics(
+    plan: Plan, train: bool, seed: int, rtol: float, atol: float, dtype: str
+) -> tuple[list[TensorError], int | None, str, float]:
+    """(per-tensor errors, relu sign flips or None, HLO text, compile seconds) of `plan` run
+    sharded and unsharded on the same `dtype` values."""
+    import time
+
+    from shardplan.engines import jax as jb
+
+    graph = plan.graph
+    params = cast_floats(jb.init_params(graph, seed), dtype)
+    inputs = cast_floats(jb.make_inputs(graph, seed), dtype)
+    with x64(dtype):
+        start = time.perf_counter()
+        compiled, p, x, text = compile_sharded(plan, train, params, inputs, dtype)
+        seconds = time.perf_counter() - start
+        try:
+            got = flatten_results(compiled(p, x), train)
+            want = flatten_results(reference(plan, train, params, inputs), train)
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise BackendError(
+                f"JAX failed to run the {plan.method} plan of {graph.name!r} on "
+                f"mesh {plan.mesh.text()}: {e}"
+            ) from e
+        errors = [
+            tensor_error(name, got.get(name), value, rtol, atol) for name, value in want.items()
+        ]
+        flips = None
+        forward_ok = all(t.ok for t in errors if not t.name.startswith("grad "))
+        if train and forward_ok and not all(t.ok for t in errors):
+            flips = relu_sign_flips(plan, params, inputs)
+    return errors, flips, text, seconds
+
+
 def verify_plan(
     plan: Plan,
     train: bool = True,
@@ -399,27 +433,9 @@ def verify_plan(
     errors: list[TensorError] = []
     flips = None
     if check_numerics:
-        params = cast_floats(jb.init_params(graph, seed), dtype)
-        inputs = cast_floats(jb.make_inputs(graph, seed), dtype)
-        with x64(dtype):
-            start = time.perf_counter()
-            compiled, p, x, text = compile_sharded(plan, train, params, inputs, dtype)
-            if dtype == measured_dtype:
-                hlo, compile_seconds = text, time.perf_counter() - start
-            try:
-                got = flatten_results(compiled(p, x), train)
-                want = flatten_results(reference(plan, train, params, inputs), train)
-            except (ValueError, TypeError, RuntimeError) as e:
-                raise BackendError(
-                    f"JAX failed to run the {plan.method} plan of {graph.name!r} on "
-                    f"mesh {plan.mesh.text()}: {e}"
-                ) from e
-            errors = [
-                tensor_error(name, got.get(name), value, rtol, atol) for name, value in want.items()
-            ]
-            forward_ok = all(t.ok for t in errors if not t.name.startswith("grad "))
-            if train and forward_ok and not all(t.ok for t in errors):
-                flips = relu_sign_flips(plan, params, inputs)
+        errors, flips, text, seconds = _numerics(plan, train, seed, rtol, atol, dtype)
+        if dtype == measured_dtype:  # the program just compiled is the one to measure
+            hlo, compile_seconds = text, seconds
     if not hlo:  # the program the prediction is compared with, compiled from shapes alone
         with x64(measured_dtype):
             start = time.perf_counter()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -436,6 +437,39 @@ def _fold(ctx: _Context, node: Any) -> list[np.ndarray | None] | None:
         return None
 
 
+_FOLD_UNARY = MappingProxyType(
+    {
+        "Neg": np.negative,
+        "Abs": np.abs,
+        "Sqrt": np.sqrt,
+        "Exp": np.exp,
+        "Log": np.log,
+        "Not": np.logical_not,
+        "Floor": np.floor,
+        "Ceil": np.ceil,
+    }
+)
+"""ONNX unary ops folded on constant values (`_fold_numpy`): one numpy function each."""
+_FOLD_BINARY = MappingProxyType(
+    {
+        "Add": np.add,
+        "Sub": np.subtract,
+        "Mul": np.multiply,
+        "Equal": np.equal,
+        "Less": np.less,
+        "Greater": np.greater,
+        "LessOrEqual": np.less_equal,
+        "GreaterOrEqual": np.greater_equal,
+        "Max": np.maximum,
+        "Min": np.minimum,
+        "And": np.logical_and,
+        "Or": np.logical_or,
+        "Pow": np.power,
+    }
+)
+"""ONNX binary ops folded on constant values, as `_FOLD_UNARY`."""
+
+
 def _fold_numpy(ctx: _Context, node: Any, op: str, ins: list[Any]) -> list[Any] | None:
     if op in ("Identity", "Cast", "CastLike"):
         if op == "Identity":
@@ -465,41 +499,16 @@ def _fold_numpy(ctx: _Context, node: Any, op: str, ins: list[Any]) -> list[Any] 
         return [np.take(ins[0], ins[1], axis=ctx.attr(node, "axis", 0))]
     if op == "GatherElements":
         return [np.take_along_axis(ins[0], ins[1], axis=ctx.attr(node, "axis", 0))]
-    unary = {
-        "Neg": np.negative,
-        "Abs": np.abs,
-        "Sqrt": np.sqrt,
-        "Exp": np.exp,
-        "Log": np.log,
-        "Not": np.logical_not,
-        "Floor": np.floor,
-        "Ceil": np.ceil,
-    }
-    if op in unary:
-        return [unary[op](ins[0])]
+    if op in _FOLD_UNARY:
+        return [_FOLD_UNARY[op](ins[0])]
     if op == "Tile":
         return [np.tile(ins[0], [int(r) for r in ins[1]])]
     if op == "Concat":
         return [np.concatenate([np.atleast_1d(v) for v in ins], axis=ctx.attr(node, "axis", 0))]
     if op == "Transpose":
         return [np.transpose(ins[0], ctx.attr(node, "perm"))]
-    binary = {
-        "Add": np.add,
-        "Sub": np.subtract,
-        "Mul": np.multiply,
-        "Equal": np.equal,
-        "Less": np.less,
-        "Greater": np.greater,
-        "LessOrEqual": np.less_equal,
-        "GreaterOrEqual": np.greater_equal,
-        "Max": np.maximum,
-        "Min": np.minimum,
-        "And": np.logical_and,
-        "Or": np.logical_or,
-        "Pow": np.power,
-    }
-    if op in binary:
-        return [binary[op](ins[0], ins[1])]
+    if op in _FOLD_BINARY:
+        return [_FOLD_BINARY[op](ins[0], ins[1])]
     if op == "Div":
         integer = np.issubdtype(ins[0].dtype, np.integer)
         return [ins[0] // ins[1] if integer else ins[0] / ins[1]]

@@ -29,6 +29,7 @@ Building a form is O(rank).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from shardplan.errors import ShapeError
@@ -211,3 +212,10 @@ MOE_RULES = {
 
 INT_RESULT_KINDS = frozenset({"moe_topk_ids", "moe_route", "moe_slots"})
 """Kinds whose result is an int32 index (engines make them int, not float)."""
+
+ROUTING_ATTRS: Mapping[str, str] = MappingProxyType({"moe_topk_ids": "k", "moe_route": "experts"})
+"""Routing kinds -> the attribute that sizes a layer's routing: choices per token (`k`), experts
+(`experts`); a token uses k/experts of each expert weight (`zoo.llm.activated_params`)."""
+
+EXPERT_WEIGHT_OPERAND: Mapping[str, int] = MappingProxyType({"expert_matmul": 1})
+"""Kinds that read an expert-stacked weight [e, ...] -> the operand it is."""

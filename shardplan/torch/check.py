@@ -201,6 +201,58 @@ def _train(
     return losses
 
 
+def _plan_for(
+    graph: Any, mesh: str, method: str, memory_fraction: float, plan_json: str | None
+) -> tuple[Any, float]:
+    """(the plan to run, the unconstrained plan's memory per device): `plan_json` when given,
+    else `method`'s plan under `memory_fraction` of its unconstrained memory."""
+    from shardplan.search.api import plan as make_plan
+
+    if plan_json is not None:  # a plan made elsewhere for this module (verify --user-module)
+        from shardplan.exporters.plan_json import from_json
+
+        plan = from_json(plan_json)
+        return plan, plan.cost.memory_per_device
+    plan = make_plan(graph, mesh, method=method)
+    memory = plan.cost.memory_per_device
+    if memory_fraction < 1:
+        plan = make_plan(graph, mesh, method=method, memory=memory * memory_fraction)
+    return plan, memory
+
+
+def _parallel_module(engine: str, module: Any, trace: Any, plan: Any) -> tuple[Any, bool]:
+    """(`module` parallelized by `engine` for `plan`, whether it runs the plan round by round)."""
+    from shardplan.torch.parallelize import parallelize_traced
+
+    if engine == "parallelize":
+        parallel = parallelize_traced(module, trace, plan)
+        return parallel, parallel.shardplan.per_round
+    if engine == "torch_tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from shardplan.exporters.torch_tp import to_torch_tp
+
+        tp = to_torch_tp(plan)  # on the innermost axis; the others replicate the whole batch
+        names = plan.mesh.names
+        dmesh = init_device_mesh("cpu", plan.mesh.shape, mesh_dim_names=names)
+        return parallelize_module(module, dmesh[names[-1]], tp), False
+    raise PlanError(f"engine must be 'parallelize' or 'torch_tp', not {engine!r}")
+
+
+def _param_difference(reference: dict[str, Any], parallel: dict[str, Any]) -> tuple[float, int]:
+    """(largest |parallel - reference| over all parameters, parameters sharded in `parallel`)."""
+    from torch.distributed.tensor import DTensor
+
+    worst, sharded = 0.0, 0
+    for name, value in parallel.items():
+        if isinstance(value, DTensor):
+            sharded += any(not p.is_replicate() for p in value.placements)
+            value = value.full_tensor()
+        worst = max(worst, float((value - reference[name]).abs().max()))
+    return worst, sharded
+
+
 def train_worker(
     builder: Callable[..., Any],
     builder_args: Sequence[Any] = (),
@@ -223,13 +275,10 @@ def train_worker(
     """
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
     from shardplan.exporters.plan_json import to_json
     from shardplan.importers.torch import trace_torch
-    from shardplan.search.api import plan as make_plan
-    from shardplan.torch.parallelize import parallelize_traced
 
     if dtype not in ("float64", "float32"):
         raise PlanError(f"dtype must be 'float64' or 'float32', not {dtype!r}")
@@ -242,16 +291,7 @@ def train_worker(
     reference = copy.deepcopy(module)
     trace = trace_torch(module, args, kwargs)
     graph = trace.result.graph
-    if plan_json is not None:  # a plan made elsewhere for this module (verify --user-module)
-        from shardplan.exporters.plan_json import from_json
-
-        free = plan = from_json(plan_json)
-        memory = plan.cost.memory_per_device
-    else:
-        free = plan = make_plan(graph, mesh, method=method)
-        memory = free.cost.memory_per_device
-    if memory_fraction < 1 and plan_json is None:
-        plan = make_plan(graph, mesh, method=method, memory=memory * memory_fraction)
+    plan, memory = _plan_for(graph, mesh, method, memory_fraction, plan_json)
     comm = CommDebugMode()
     recorder = _Recorder()
 
@@ -260,31 +300,11 @@ def train_worker(
         with comm, _byte_mode(recorder):
             yield
 
-    if engine == "parallelize":
-        parallel = parallelize_traced(module, trace, plan)
-        per_round = parallel.shardplan.per_round
-    elif engine == "torch_tp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import parallelize_module
-
-        from shardplan.exporters.torch_tp import to_torch_tp
-
-        tp = to_torch_tp(plan)  # on the innermost axis; the others replicate the whole batch
-        names = plan.mesh.names
-        dmesh = init_device_mesh("cpu", plan.mesh.shape, mesh_dim_names=names)
-        parallel = parallelize_module(module, dmesh[names[-1]], tp)
-        per_round = False
-    else:
-        raise PlanError(f"engine must be 'parallelize' or 'torch_tp', not {engine!r}")
+    parallel, per_round = _parallel_module(engine, module, trace, plan)
     ref_losses = _train(reference, args, kwargs, loss_fn, steps, lr)
     par_losses = _train(parallel, args, kwargs, loss_fn, steps, lr, measured)
     ref_state = reference.state_dict()
-    worst, sharded = 0.0, 0
-    for name, value in parallel.state_dict().items():
-        if isinstance(value, DTensor):
-            sharded += any(not p.is_replicate() for p in value.placements)
-            value = value.full_tensor()
-        worst = max(worst, float((value - ref_state[name]).abs().max()))
+    worst, sharded = _param_difference(ref_state, parallel.state_dict())
     if dist.get_rank() != 0:
         return None
     counts = {k: 0 for k in KINDS}

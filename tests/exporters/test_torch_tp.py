@@ -50,6 +50,39 @@ def test_a_split_weight_of_a_non_linear_op_is_a_named_error():
         torch_tp_styles(Plan(g, Mesh((2,), ("model",)), strategies, "hand"))
 
 
+def _one_op_plan(build, cut_extent):
+    """A 1-D `model` mesh of 2 where the one op of `build(b)`'s graph cuts its loop dim of
+    extent `cut_extent`."""
+    b = GraphBuilder("g")
+    build(b)
+    g = b.build()
+    (op,) = g.ops
+    cut = next(d.name for d in op.signature.loop_dims if d.extent == cut_extent)
+    return Plan(g, Mesh((2,), ("model",)), {op.name: (cut,)}, "hand")
+
+
+def _lookup(b):
+    ids = b.input("ids", (8,), dtype_bytes=4)
+    with b.scope("emb"):
+        b.apply("embedding", b.param("weight", (100, 6)), ids, name="op")
+
+
+# the looked-up rows are the graph output: a hidden split is gathered (colwise_gather)
+@pytest.mark.parametrize(("cut", "style"), [(100, "rowwise"), (6, "colwise_gather")])
+def test_an_embedding_table_is_rowwise_by_vocabulary_and_colwise_by_hidden(cut, style):
+    assert torch_tp_styles(_one_op_plan(_lookup, cut)) == {"emb": style}
+
+
+def test_a_weight_stored_in_by_out_is_not_an_nn_linear_weight():
+    def build(b):
+        x = b.input("x", (8, 16))
+        with b.scope("proj"):  # x @ W with W [in, out]: no torch style splits that layout
+            b.apply("matmul", x, b.param("weight", (16, 32)), name="op")
+
+    with pytest.raises(PlanError, match=r"op 'proj\.op' \(matmul, module 'proj'\)"):
+        torch_tp_styles(_one_op_plan(build, 32))  # split out features: fine for [out, in] only
+
+
 def test_unknown_axis_is_a_plan_error():
     p = make_plan(mlp(), Mesh((2, 2), ("data", "model")), "megatron")
     with pytest.raises(PlanError, match="'tp'"):

@@ -19,7 +19,8 @@ from shardplan.ir import GraphBuilder
 from shardplan.mesh import parse_mesh
 from shardplan.search import plan
 from shardplan.search.exact import ilp
-from shardplan.search.exact.space import build_model, build_space, count_strategies, op_strategies
+from shardplan.search.exact.model import build_model
+from shardplan.search.exact.space import build_space, count_strategies, op_strategies
 from shardplan.sharding import check_strategy, operand_layout, resolved
 
 MESH8 = parse_mesh("8")

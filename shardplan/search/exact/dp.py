@@ -1,6 +1,6 @@
 """The dynamic-programming baseline (OptCNN; MindSpore's `dynamic_programming` search mode).
 
-Same strategy space and the same pairwise cost model as the ILP (`space.build_model`), so where it
+Same strategy space and the same pairwise cost model as the ILP (`model.build_model`), so where it
 finishes it returns the same optimum. The model is a graph: one node per op with a cost vector
 over all its strategies, one dense |S_u| x |S_v| table per pair of ops that share a cost term.
   1. edge elimination: parallel terms between the same two ops are added into one table (at
@@ -32,7 +32,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
-from shardplan.search.exact.space import CostModel, build_model
+from shardplan.search.exact.model import CostModel, build_model
 
 MAX_TABLE_ENTRIES = 60_000_000
 """Refuse (SolverError) models whose dense tables would exceed this many float64 entries."""

@@ -1,6 +1,6 @@
 """The exact method: an integer linear program over the whole strategy space, solved by HiGHS.
 
-It minimises the evaluator's own cost (see `space.build_model`: unary + pairwise terms computed
+It minimises the evaluator's own cost (see `model.build_model`: unary + pairwise terms computed
 with the evaluator's functions), so its optimum is the yardstick for D-Rec's quality.
 
 Formulation (one block of columns per op, one per pair term):
@@ -68,8 +68,8 @@ from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
+from shardplan.search.exact.model import CostModel, PairTerm, build_model
 from shardplan.search.exact.round_split import ASPLIT, BSPLIT
-from shardplan.search.exact.space import CostModel, PairTerm, build_model
 from shardplan.sharding import Strategy
 
 MAX_STRATEGIES = 2_000_000
