@@ -64,7 +64,9 @@ def test_mesh_size_and_text():
         ("1x8", (INTRA, INTRA)),
         ("4x16", (INTER, INTER)),
         ("4x2x4", (INTER, INTRA, INTRA)),
-        ("6", (INTER,)),  # 6 GPUs do not tile an 8-GPU node
+        ("6", (INTRA,)),  # a mesh that fits in one node is intra-node on every axis
+        ("2x3", (INTRA, INTRA)),
+        ("2x3x2", (INTER, INTER, INTRA)),  # 3 x 2 = 6 does not tile an 8-GPU node
     ],
 )
 def test_round_bandwidth_comes_from_its_axis(text, bandwidths):

@@ -164,6 +164,13 @@ def checked_plan_data(text: str | bytes | dict[str, Any]) -> dict[str, Any]:
             raise PlanError(f"plan file is nested too deeply; {_FIX}") from e
     else:
         data = text
+    if isinstance(data, dict) and str(data.get("schema", "")).startswith("shardplan.training"):
+        raise PlanError(
+            "this is a training plan (pipeline stages, written by `shardplan plan --dtype ... "
+            "--json`): `shardplan plan FILE --mesh M` prints it and `shardplan verify FILE "
+            "--engine torch` runs it; explain and diff read single SPMD plans (`shardplan plan "
+            "--json FILE` without --dtype)"
+        )
     if not isinstance(data, dict) or data.get("schema") not in PLAN_SCHEMAS:
         raise PlanError(
             f"not a shardplan plan (schema must be one of {list(PLAN_SCHEMAS)}); "
