@@ -55,6 +55,9 @@ class Menu:
     zero: tuple[int, ...]
     zero_with_pipeline: tuple[int, ...]
     precisions: tuple[str, ...]
+    stage_layers: str = "even"
+    """How layers may split over pipeline stages: "even", "first-last" (first and last stage
+    apart from an even middle), "any" (a module list per stage)."""
     tensor_needs_sequence_parallel: bool = False
     """The engine's tensor parallelism always shards the norms over the sequence (torchtitan);
     the step model has no such lever yet, so such a menu keeps tensor degree 1."""
@@ -65,17 +68,22 @@ class Menu:
         return tuple(lv for lv in LEVERS if lv.recompute in self.recompute and lv.zero in zs)
 
     def tensor_degrees(self, mesh: Mesh) -> tuple[int, ...]:
-        """Tensor-parallel degrees on `mesh`: products of its innermost rounds (1 first)."""
-        out = [1]
-        if len(mesh.shape) > 1 and not self.tensor_needs_sequence_parallel:
-            inner = len(mesh.shape) - 1
-            ways = 1
-            for r in reversed(mesh.rounds):
-                if r.mesh_axis != inner:
-                    break
-                ways *= r.q
-                out.append(ways)
-        return tuple(out)
+        """The tensor degrees this engine can run on `mesh` (`tensor_degrees`)."""
+        return (1,) if self.tensor_needs_sequence_parallel else tensor_degrees(mesh)
+
+
+def tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
+    """Tensor-parallel degrees on `mesh`: products of its innermost rounds (1 first); a
+    one-axis mesh has only 1 (its axis is also the pipeline's)."""
+    out = [1]
+    if len(mesh.shape) > 1:
+        inner, ways = len(mesh.shape) - 1, 1
+        for r in reversed(mesh.rounds):
+            if r.mesh_axis != inner:
+                break
+            ways *= r.q
+            out.append(ways)
+    return tuple(out)
 
 
 _N, _S, _F = Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL
@@ -84,9 +92,11 @@ MENUS: Mapping[str, Menu] = {
     # torchtitan 0.2 (docs/engines.md): activation_checkpoint.mode none/full (its "selective"
     # keeps matmul outputs, not the step model's selective set); DDP (ZeRO-0) or FSDP (ZeRO-3);
     # its tensor parallelism always shards norms over the sequence (SequenceParallel)
-    "torchtitan": Menu("torchtitan", (_N, _F), (0, 3), (0, 3), ("bf16", "fp32"), True),
+    "torchtitan": Menu("torchtitan", (_N, _F), (0, 3), (0, 3), ("bf16", "fp32"), "any", True),
     # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1)
-    "megatron": Menu("megatron", (_N, _S, _F), (0, 1), (0, 1), ("bf16", "fp16", "fp32")),
+    "megatron": Menu(
+        "megatron", (_N, _S, _F), (0, 1), (0, 1), ("bf16", "fp16", "fp32"), "first-last"
+    ),
     # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
     # --checkpoint-activations is full recomputation
@@ -319,4 +329,5 @@ __all__ = [
     "layer_split",
     "layout_plan",
     "plan_for_menu",
+    "tensor_degrees",
 ]
