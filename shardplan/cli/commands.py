@@ -153,6 +153,10 @@ def check_output_path(path: str | None, flag: str = "--json") -> None:
 def run_plan(args: argparse.Namespace) -> int:
     from shardplan.cli.plans import plan_for
 
+    if (args.target or args.from_config) and not args.dtype:
+        from shardplan.errors import SolverError
+
+        raise SolverError("--target and --from-config plan a training step: add --dtype bf16")
     if args.dtype:
         from shardplan.cli.training import run_training_plan
 

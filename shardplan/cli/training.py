@@ -55,8 +55,11 @@ def run_training_plan(args: argparse.Namespace) -> int:
     mesh = parse_mesh(args.mesh, machine=args.machine)
     opts = CostOptions.make("shardplan", True, args.optimizer, args.dtype)
     batch = graph_batch(graph)
+    overrides: dict[str, object] = {}
+    small = False
     if args.model and not (args.torch or args.hf or args.onnx):
         overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
         small = getattr(args, "small", False)
 
         def build(b: int) -> Graph | None:
@@ -66,15 +69,16 @@ def run_training_plan(args: argparse.Namespace) -> int:
         def build(b: int) -> Graph | None:
             return graph if b == batch else None  # imported graphs have one batch size
 
-    progress.note(f"searching stages x micro-batches for {graph.name} on mesh {mesh.text()} ...")
-    tp = plan_training(
-        build,
-        batch,
-        mesh,
-        opts,
-        parse_bytes(args.memory) if args.memory else None,
-        progress=progress.note,
-    )
+    budget = parse_bytes(args.memory) if args.memory else None
+    if args.from_config or args.target:
+        from shardplan.cli.engines import engine_plan
+
+        tp = engine_plan(args, build, batch, mesh, opts, budget, progress.note)
+    else:
+        progress.note(
+            f"searching stages x micro-batches for {graph.name} on mesh {mesh.text()} ..."
+        )
+        tp = plan_training(build, batch, mesh, opts, budget, progress=progress.note)
     console = make_console()
     print_training_plan(console, tp)
     if args.ops == "all":
@@ -84,6 +88,8 @@ def run_training_plan(args: argparse.Namespace) -> int:
     if args.json:
         data = training_json.to_dict(tp)
         data["model"] = model_label(args)
+        if args.model and not (args.torch or args.hf or args.onnx):
+            data["model_config"] = {"name": args.model, "small": small, "overrides": overrides}
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"training plan written to {args.json}")
     return 0
@@ -167,6 +173,21 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         help="plan a whole training step in this precision (bf16/fp16: mixed precision with fp32 "
         "master weights): pipeline stages, micro-batches, recomputation and ZeRO chosen to fit "
         "--memory (see docs/scale.md)",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        choices=("torchtitan", "megatron", "deepspeed"),
+        help="with --dtype: search only the layouts this engine can run (one tensor x pipeline x "
+        "data layout, even layers per stage, the engine's recomputation and ZeRO), compared "
+        "with the unrestricted plan; export it with `shardplan export` (docs/engines.md)",
+    )
+    p.add_argument(
+        "--from-config",
+        default=None,
+        metavar="FILE",
+        help="with --dtype: score an engine configuration (torchtitan TOML, DeepSpeed JSON or "
+        "Megatron flags) with the step model and compare it with the best plan of that engine",
     )
 
 

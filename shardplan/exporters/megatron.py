@@ -123,7 +123,11 @@ def transformer_config(kwargs: Mapping[str, Any]) -> Any:
 
 def to_megatron(tp: TrainingPlan, arch: Mapping[str, int] | None = None) -> str:
     """The flags as a shell continuation block for `pretrain_gpt.py`."""
-    flags = megatron_flags(megatron_layout(tp), arch)
+    return flag_block(megatron_flags(megatron_layout(tp), arch))
+
+
+def flag_block(flags: list[str]) -> str:
+    """Flags one per line (a flag with its value), joined by shell continuations."""
     pairs: list[str] = []
     for f in flags:
         if f.startswith("--") or not pairs:
@@ -134,6 +138,7 @@ def to_megatron(tp: TrainingPlan, arch: Mapping[str, int] | None = None) -> str:
 
 
 __all__ = [
+    "flag_block",
     "megatron_flags",
     "megatron_kwargs",
     "megatron_layout",
