@@ -18,16 +18,17 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardplan.cost.step import Levers, Recompute
 from shardplan.errors import PlanError
-from shardplan.ir.segments import segments, subgraph
+from shardplan.ir.graph import Graph, make_graph
+from shardplan.ir.op import Role, Tensor
+from shardplan.ir.segments import segments
 from shardplan.plans import Plan
 from shardplan.search import experts
-from shardplan.search.menus import Menu, layer_split, tensor_degrees
-from shardplan.search.scale import _fingerprint
+from shardplan.search.menus import Menu, graph_layers, tensor_degrees
 from shardplan.training import TrainingPlan
 
 _MAPPED_LEVERS = frozenset({"recompute", "zero"})
@@ -118,16 +119,36 @@ def _tensor_degree(plan: Plan, s: int, menu: Menu) -> int:
     )
 
 
-def _stage_layers(tp: TrainingPlan, menu: Menu) -> tuple[int, ...]:
-    """Layers per stage; PlanError when a stage boundary falls inside a layer."""
-    fps: list[object] = []
-    starts: list[int] = []
+def joined(tp: TrainingPlan) -> Graph:
+    """The whole model again: the stage graphs' ops in order, the boundary activations that
+    stages read as inputs made activations again (so segments see the residual stream)."""
+    tensors: dict[str, Tensor] = {}
+    produced: set[str] = set()
+    ops = []
     for stage in tp.stages:
         g = stage.plan.graph
-        starts.append(len(fps))
-        fps += [_fingerprint(subgraph(g, x.start, x.stop)) for x in segments(g)]
-    split = layer_split(fps)
-    layer_starts = [split.layer_start(i) for i in range(split.layers)]
+        for name, t in g.tensors.items():
+            if name in produced and t.role is Role.INPUT:
+                t = replace(t, role=Role.ACTIVATION)
+            tensors.setdefault(name, t)
+            if name in produced:
+                tensors[name] = replace(tensors[name], role=Role.ACTIVATION)
+        for op in g.ops:
+            produced.update(op.outputs)
+            ops.append(op)
+    return make_graph(tp.model, tensors, tuple(ops))
+
+
+def _stage_layers(tp: TrainingPlan, menu: Menu) -> tuple[int, ...]:
+    """Layers per stage; PlanError when a stage boundary falls inside a layer."""
+    whole = joined(tp)
+    segs = segments(whole)
+    split = graph_layers(whole)
+    layer_starts = [segs[split.layer_start(i)].start for i in range(split.layers)]
+    starts, at = [], 0
+    for stage in tp.stages:
+        starts.append(at)
+        at += len(stage.plan.graph.ops)
     out = []
     for s, (a, stage) in enumerate(zip(starts, tp.stages, strict=True)):
         if s > 0 and a not in layer_starts:
@@ -138,7 +159,7 @@ def _stage_layers(tp: TrainingPlan, menu: Menu) -> tuple[int, ...]:
                 f"it starts at op {first!r}, inside a transformer layer (the engines split "
                 "pipelines at layer boundaries)",
             )
-        b = starts[s + 1] if s + 1 < len(starts) else len(fps)
+        b = starts[s + 1] if s + 1 < len(starts) else at
         out.append(sum(1 for x in layer_starts if a <= x < b))
     return tuple(out)
 
@@ -151,11 +172,12 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
     if len(set(degrees)) > 1:
         raise _refuse(engine, "the plan", f"tensor degrees {degrees} differ between stages")
     levers = [stage.levers for stage in tp.stages]
-    if len(set(levers)) > 1:
+    keys = {(lv.recompute, lv.zero) for lv in levers}  # the mapped fields (_MAPPED_LEVERS)
+    if len(keys) > 1:
         raise _refuse(
             engine, "the plan", f"levers differ between stages ({_levers_text(levers)})"
         )
-    if levers[0] not in menu.levers(tp.pipeline_stages):
+    if keys.pop() not in {(lv.recompute, lv.zero) for lv in menu.levers(tp.pipeline_stages)}:
         raise _refuse(
             engine,
             "the plan",

@@ -131,7 +131,7 @@ _SWITCHES = {"--use-distributed-optimizer", "--bf16", "--fp16", "--checkpoint-ac
 
 
 def read_megatron(text: str) -> EngineConfig:
-    words = [w for w in shlex.split(text, comments=True) if w != "\\"]
+    words = shlex.split(text.replace("\\\n", " "), comments=True)  # join continuations
     values: dict[str, str] = {}
     switches: set[str] = set()
     ignored: list[str] = []
