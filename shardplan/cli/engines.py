@@ -21,6 +21,7 @@ from shardplan.cost import CostOptions
 from shardplan.errors import ArgumentError, PlanError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
+from shardplan.search.menus import Layout
 from shardplan.training import TrainingPlan
 
 ENGINES = ("torchtitan", "megatron", "megatron-core", "deepspeed", "megatron-deepspeed")
@@ -87,9 +88,12 @@ def engine_plan(
     return replace(tp, notes=notes, step=tp.step)
 
 
-def _layout_text(layout: object) -> str:
-    t, n, m, lv = layout.tensor, layout.pipeline, layout.micro_batches, layout.levers  # type: ignore[attr-defined]
-    return f"tensor x{t}, pipeline x{n}, {m} micro-batches, {lv.recompute.value} recomputation, ZeRO-{lv.zero}"
+def _layout_text(layout: Layout) -> str:
+    lv = layout.levers
+    return (
+        f"tensor x{layout.tensor}, pipeline x{layout.pipeline}, {layout.micro_batches} "
+        f"micro-batches, {lv.recompute.value} recomputation, ZeRO-{lv.zero}"
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

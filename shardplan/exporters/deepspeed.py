@@ -44,7 +44,9 @@ def deepspeed_config(layout: EngineLayout) -> dict[str, Any]:
     return cfg
 
 
-def megatron_deepspeed_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) -> list[str]:
+def megatron_deepspeed_flags(
+    layout: EngineLayout, arch: Mapping[str, int] | None = None
+) -> list[str]:
     """Megatron-DeepSpeed `pretrain_gpt.py` flags that go with the config."""
     arch = arch or {}
     flags = [

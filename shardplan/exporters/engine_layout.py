@@ -76,7 +76,10 @@ def _check_fields(tp: TrainingPlan, engine: str) -> None:
     """Refuse a plan or lever field that has no mapping yet (set away from its default)."""
     checks: list[tuple[str, object, frozenset[str]]] = [("the plan", tp, _MAPPED_PLAN)]
     for s, stage in enumerate(tp.stages):
-        checks += [(f"stage {s}", stage, _MAPPED_STAGE), (f"stage {s}", stage.levers, _MAPPED_LEVERS)]
+        checks += [
+            (f"stage {s}", stage, _MAPPED_STAGE),
+            (f"stage {s}", stage.levers, _MAPPED_LEVERS),
+        ]
     for where, obj, mapped in checks:
         for f in dataclasses.fields(obj):  # type: ignore[arg-type]
             if f.name in mapped:
@@ -93,7 +96,9 @@ def _tensor_degree(plan: Plan, s: int, menu: Menu) -> int:
     closest: tuple[int, int, str] | None = None  # (matching ops, t, first differing op)
     for t in tensor_degrees(mesh):
         want = experts.data_parallel(graph, mesh) if t == 1 else experts.megatron(graph, mesh, t)
-        differ = [op.name for op in graph.ops if tuple(want[op.name]) != tuple(plan.strategies[op.name])]
+        differ = [
+            op.name for op in graph.ops if tuple(want[op.name]) != tuple(plan.strategies[op.name])
+        ]
         if not differ:
             if t not in menu.tensor_degrees(mesh):
                 raise _refuse(
@@ -174,9 +179,7 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
     levers = [stage.levers for stage in tp.stages]
     keys = {(lv.recompute, lv.zero) for lv in levers}  # the mapped fields (_MAPPED_LEVERS)
     if len(keys) > 1:
-        raise _refuse(
-            engine, "the plan", f"levers differ between stages ({_levers_text(levers)})"
-        )
+        raise _refuse(engine, "the plan", f"levers differ between stages ({_levers_text(levers)})")
     if keys.pop() not in {(lv.recompute, lv.zero) for lv in menu.levers(tp.pipeline_stages)}:
         raise _refuse(
             engine,
@@ -232,7 +235,9 @@ def _check_split(layers: tuple[int, ...], menu: Menu) -> None:
 
 
 def _levers_text(levers: list[Levers]) -> str:
-    return "; ".join(f"stage {s}: {lv.recompute.value}, ZeRO-{lv.zero}" for s, lv in enumerate(levers))
+    return "; ".join(
+        f"stage {s}: {lv.recompute.value}, ZeRO-{lv.zero}" for s, lv in enumerate(levers)
+    )
 
 
 def architecture(

@@ -93,7 +93,7 @@ def to_torchtitan(tp: TrainingPlan, arch: Mapping[str, int] | None = None) -> st
     head = (
         "# torchtitan job config written by `shardplan export --to torchtitan`; add [model] "
         "name/flavor\n# (a registered TrainSpec) and your [job] dump_folder, then run\n"
-        f"# torchrun --nproc_per_node=<gpus per node> --nnodes=<nodes> -m torchtitan.train "
+        "# torchrun --nproc_per_node=<gpus per node> --nnodes=<nodes> -m torchtitan.train "
         "--job.config_file FILE\n"
     )
     return head + to_toml(torchtitan_sections(layout, arch))

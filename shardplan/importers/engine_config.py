@@ -86,7 +86,9 @@ def read_torchtitan(data: dict[str, Any]) -> EngineConfig:
         notes.append("tensor parallelism scored without torchtitan's sequence-parallel norms")
     recompute = {"none": Recompute.NONE, "full": Recompute.FULL, "selective": Recompute.SELECTIVE}
     if ac not in recompute:
-        raise ArgumentError(f"activation_checkpoint.mode {ac!r}: shardplan scores none/selective/full")
+        raise ArgumentError(
+            f"activation_checkpoint.mode {ac!r}: shardplan scores none/selective/full"
+        )
     dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(train.get("mixed_precision_param", ""))
     return EngineConfig(
         "torchtitan",
@@ -194,4 +196,10 @@ def read_engine_config(text: str) -> EngineConfig:
     return read_megatron(text)
 
 
-__all__ = ["EngineConfig", "read_deepspeed", "read_engine_config", "read_megatron", "read_torchtitan"]
+__all__ = [
+    "EngineConfig",
+    "read_deepspeed",
+    "read_engine_config",
+    "read_megatron",
+    "read_torchtitan",
+]

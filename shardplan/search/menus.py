@@ -11,7 +11,9 @@ every stage. `plan_for_menu` searches exactly that space with the step model (co
 for each S dividing the outer axis and the layer count, each allowed t and each per-rank
 micro-batch size in MICRO_BATCH_SIZES that divides the batch, the stages are planned by the
 expert (stages of one structure once), and the allowed lever with the shortest step that fits
-the budget is kept. `layout_plan` builds one such plan (also used to score a user's config).
+the budget is kept; layouts run in order of the training search's lower bound (search/scale.py)
+and the search stops when the bound reaches the best step found. `layout_plan` builds one
+such plan (also used to score a user's config).
 Layers are the longest periodic run of segment fingerprints (`layer_split`), so no op name is
 read. Cost: O(S-options x t-options x sizes x distinct stages x evaluator).
 """
@@ -23,7 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from shardplan.cost import CostOptions
+from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, step_cost
+from shardplan.cost.terms import compute_cost
 from shardplan.errors import ArgumentError, InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
@@ -235,7 +239,13 @@ def layout_plan(
     step, lv = best
     name = graph.name
     tp = TrainingPlan(
-        name, mesh, batch, m, tuple(Stage(p, lv) for p in plans), "engine-layout", tokens,
+        name,
+        mesh,
+        batch,
+        m,
+        tuple(Stage(p, lv) for p in plans),
+        "engine-layout",
+        tokens,
         step=step,
     )
     return replace(tp, axes=axis_summary(tp), step=step)
@@ -261,35 +271,32 @@ def plan_for_menu(
     probe = build(batch)
     if probe is None:
         raise SolverError(f"the model builder returned no graph at the global batch {batch}")
-    layers = graph_layers(probe).layers
-    outer = mesh.shape[0]
+    candidates = _candidates(probe, batch, at_precision(mesh, opts), opts, menu)
     best: tuple[TrainingPlan, int] | None = None
     cache = _Stages(opts)
     built: dict[int, Graph | None] = {batch: probe}
     tried = 0
-    for n in (s for s in range(1, outer + 1) if outer % s == 0 and layers % s == 0):
-        smesh = stage_mesh(mesh, n)
-        for t in menu.tensor_degrees(smesh):
-            data = smesh.size // t
-            for mbs in MICRO_BATCH_SIZES:
-                if batch % (data * mbs):
-                    continue
-                m = batch // (data * mbs)
-                b = batch // m
-                if b not in built:
-                    built[b] = build(b)
-                graph = built[b]
-                if graph is None:
-                    continue
-                tried += 1
-                tp = layout_plan(graph, batch, mesh, opts, Layout(t, n, m), menu, budget, cache)
-                label = f"pipeline {n} x tensor {t} x data {data}, micro-batch {mbs} (m={m})"
-                if tp is None or tp.step is None:
-                    say(f"  {menu.engine}: {label}: does not fit")
-                    continue
-                say(f"  {menu.engine}: {label}: step {tp.step.step_s:.4g} s")
-                if best is None or _faster(tp, best[0]):
-                    best = (tp, t)
+    # in order of the bound; stop at the first that cannot beat the best found
+    for bound, n, t, m in candidates:
+        if best is not None and best[0].step is not None and bound >= best[0].step.step_s:
+            say(f"  the remaining {menu.engine} layouts cannot beat {best[0].step.step_s:.4g} s")
+            break
+        b = batch // m
+        if b not in built:
+            built[b] = build(b)
+        graph = built[b]
+        if graph is None:
+            continue
+        tried += 1
+        tp = layout_plan(graph, batch, mesh, opts, Layout(t, n, m), menu, budget, cache)
+        data = mesh.size // (n * t)
+        label = f"pipeline {n} x tensor {t} x data {data}, micro-batch {b // data} (m={m})"
+        if tp is None or tp.step is None:
+            say(f"  {menu.engine}: {label}: does not fit")
+            continue
+        say(f"  {menu.engine}: {label}: step {tp.step.step_s:.4g} s")
+        if best is None or _faster(tp, best[0]):
+            best = (tp, t)
     if best is None:
         raise InfeasibleError(
             f"no {menu.engine} layout of {probe.name!r} fits "
@@ -311,6 +318,37 @@ def plan_for_menu(
         notes=(note,),
         step=plan.step,
     )
+
+
+def _candidates(
+    probe: Graph, batch: int, mesh: Mesh, opts: CostOptions, menu: Menu
+) -> list[tuple[float, int, int, int]]:
+    """(lower bound of the step, S, t, m) of every layout, by bound: m + S - 1 slots of the
+    heaviest stage's compute with every op split ideally over m x the stage's devices (the
+    training search's bound, search/scale.py), stages of even layers as `layout_plan` cuts."""
+    split = graph_layers(probe)
+    segs = segments(probe)
+    sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
+    out = []
+    outer = mesh.shape[0]
+    for n in (s for s in range(1, outer + 1) if outer % s == 0 and split.layers % s == 0):
+        smesh = stage_mesh(mesh, n)
+        per = split.layers // n
+        bounds = [0] + [segs[split.layer_start(s * per)].start for s in range(1, n)]
+        bounds.append(len(probe.ops))
+        for t in menu.tensor_degrees(smesh):
+            data = smesh.size // t
+            for mbs in MICRO_BATCH_SIZES:
+                if batch % (data * mbs):
+                    continue
+                m = batch // (data * mbs)
+                k = m * smesh.size
+                slot = max(
+                    sum(compute_cost(f / k, b / k, opts, smesh) for f, b in sizes[a:e])
+                    for a, e in zip(bounds, bounds[1:], strict=False)
+                )
+                out.append(((m + n - 1) * slot, n, t, m))
+    return sorted(out)
 
 
 def _faster(a: TrainingPlan, b: TrainingPlan) -> bool:
