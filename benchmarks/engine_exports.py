@@ -176,7 +176,7 @@ def main() -> None:
     )
     write(
         "engine_exports",
-        {**run_info("engine_exports.py", models=args.models), "results": results},
+        {**info, "results": results},
         md,
     )
 
