@@ -128,6 +128,8 @@ _VALUE_FLAGS = {
     "--global-batch-size": "batch",
     "--recompute-granularity": "granularity",
     "--zero-stage": "zero",
+    "--recompute-method": "method",  # uniform/block: how full recomputation groups layers
+    "--recompute-num-layers": "per_checkpoint",
 }
 _SWITCHES = {"--use-distributed-optimizer", "--bf16", "--fp16", "--checkpoint-activations"}
 
