@@ -193,10 +193,12 @@ def layout_plan(
     menu: Menu | None = None,
     budget: float | None = None,
     cache: _Stages | None = None,
+    split: LayerSplit | None = None,
 ) -> TrainingPlan | None:
     """The plan of `layout` with `graph` built at the micro-batch size; with `menu`, the
     allowed lever with the shortest step fitting `budget` replaces `layout.levers` (None when
-    none fits). Raises PlanError when the layout does not divide the mesh, batch or layers."""
+    none fits). `split`: the graph's layers when known (the same at every batch size).
+    Raises PlanError when the layout does not divide the mesh, batch or layers."""
     mesh = at_precision(mesh, opts)
     t, n, m = layout.tensor, layout.pipeline, layout.micro_batches
     if mesh.shape[0] % n or mesh.size % (t * n):
@@ -209,7 +211,7 @@ def layout_plan(
         raise PlanError(
             f"batch {batch} is not {m} micro-batches of a multiple of the {data} data-parallel ways"
         )
-    split = graph_layers(graph)
+    split = split or graph_layers(graph)
     if split.layers % n:
         raise PlanError(f"{split.layers} layers do not split evenly over {n} pipeline stages")
     segs = segments(graph)
@@ -271,7 +273,8 @@ def plan_for_menu(
     probe = build(batch)
     if probe is None:
         raise SolverError(f"the model builder returned no graph at the global batch {batch}")
-    candidates = _candidates(probe, batch, at_precision(mesh, opts), opts, menu)
+    split = graph_layers(probe)
+    candidates = _candidates(probe, split, batch, at_precision(mesh, opts), opts, menu)
     best: tuple[TrainingPlan, int] | None = None
     cache = _Stages(opts)
     built: dict[int, Graph | None] = {batch: probe}
@@ -288,7 +291,7 @@ def plan_for_menu(
         if graph is None:
             continue
         tried += 1
-        tp = layout_plan(graph, batch, mesh, opts, Layout(t, n, m), menu, budget, cache)
+        tp = layout_plan(graph, batch, mesh, opts, Layout(t, n, m), menu, budget, cache, split)
         data = mesh.size // (n * t)
         label = f"pipeline {n} x tensor {t} x data {data}, micro-batch {b // data} (m={m})"
         if tp is None or tp.step is None:
@@ -321,12 +324,11 @@ def plan_for_menu(
 
 
 def _candidates(
-    probe: Graph, batch: int, mesh: Mesh, opts: CostOptions, menu: Menu
+    probe: Graph, split: LayerSplit, batch: int, mesh: Mesh, opts: CostOptions, menu: Menu
 ) -> list[tuple[float, int, int, int]]:
     """(lower bound of the step, S, t, m) of every layout, by bound: m + S - 1 slots of the
     heaviest stage's compute with every op split ideally over m x the stage's devices (the
     training search's bound, search/scale.py), stages of even layers as `layout_plan` cuts."""
-    split = graph_layers(probe)
     segs = segments(probe)
     sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
     out = []
