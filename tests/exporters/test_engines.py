@@ -232,3 +232,42 @@ def test_round_trip_scores_the_same_step(engine: str, knobs: tuple) -> None:
     again = layout_plan(build(BATCH // layout.micro_batches), BATCH, MESH, OPTS, layout)
     assert again is not None and again.step is not None and tp.step is not None
     assert again.step.step_s == tp.step.step_s
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_deepspeed_runs_a_step_under_the_export_on_gloo(tmp_path: Path, zero: int) -> None:
+    """2 gloo processes: DeepSpeed takes one optimizer step after the plan's micro-batches."""
+    pytest.importorskip("deepspeed", reason="deepspeed: pip install 'shardplan[engines]'")
+    mesh = parse_mesh("2")
+    graph = zoo.build("gpt2-small", batch=8, **MODEL)
+    tp = layout_plan(graph, 16, mesh, OPTS, Layout(1, 1, 2, Levers(N, zero)))
+    assert tp is not None
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(deepspeed.to_deepspeed(training_json.from_json(training_json.to_json(tp))))
+    port, script = _free_port(), Path(__file__).with_name("deepspeed_step.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), "2", str(port), str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    results = []
+    for out, err in outs:
+        line = [x for x in out.splitlines() if x.startswith("RESULT ")]
+        assert line, err[-3000:]
+        results.append(json.loads(line[-1][len("RESULT ") :]))
+    for r in results:
+        assert r["optimizer_steps"] == 1 and r["zero_stage"] == zero
+        assert r["train_batch_size"] == 16 and r["gradient_accumulation_steps"] == 2
