@@ -13,7 +13,8 @@ hidden size, heads and vocabulary (Llama 3 paper, Table 3: 80 layers, 8192, 64 h
 
 Run: python benchmarks/engine_exports.py [--models gpt3-175b,llama3-70b-standin]
 Writes benchmarks/results/engine_exports.{json,md} and the configs under
-benchmarks/results/engine_exports/.
+benchmarks/results/engine_exports/ (with the Megatron-core kwargs and Megatron-DeepSpeed flags
+that go with the Megatron and DeepSpeed configs).
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ def run_case(label: str, out_dir: Path) -> dict:
         text = export_text(data, engine)
         path = out_dir / f"{label}.{engine}.{SUFFIX[engine]}"
         path.write_text(text)
+        extra = {"megatron": "megatron-core", "deepspeed": "megatron-deepspeed"}.get(engine)
+        if extra:  # the companions tests/exporters/test_engine_exports_at_scale.py reads
+            suffix = "json" if extra == "megatron-core" else "sh"
+            (out_dir / f"{label}.{extra}.{suffix}").write_text(export_text(data, extra))
         with tempfile.TemporaryDirectory() as tmp:
             cases = Path(tmp) / "cases.json"
             cases.write_text(json.dumps(engine_cases(engine, tp, arch, path)))
