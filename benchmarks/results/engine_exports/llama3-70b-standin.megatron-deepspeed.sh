@@ -1,0 +1,12 @@
+--tensor-model-parallel-size 8 \
+--pipeline-model-parallel-size 2 \
+--micro-batch-size 1 \
+--global-batch-size 1024 \
+--zero-stage 1 \
+--num-layers 80 \
+--hidden-size 8192 \
+--num-attention-heads 64 \
+--seq-length 2048 \
+--bf16 \
+--deepspeed \
+--deepspeed_config ds_config.json

@@ -1,0 +1,12 @@
+--tensor-model-parallel-size 4 \
+--pipeline-model-parallel-size 2 \
+--micro-batch-size 1 \
+--global-batch-size 1024 \
+--bf16 \
+--recompute-granularity selective \
+--use-distributed-optimizer \
+--num-layers 80 \
+--hidden-size 8192 \
+--num-attention-heads 64 \
+--seq-length 2048 \
+--max-position-embeddings 2048
