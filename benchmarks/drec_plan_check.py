@@ -21,7 +21,7 @@ from pathlib import Path
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
-from shardplan.search.drec import drec
+from shardplan.search.drec.search import drec
 
 MESHES = ("8", "2x8", "4x8", "6", "12")
 DEEP = (

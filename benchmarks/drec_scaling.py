@@ -26,7 +26,7 @@ from _report import loglog_slope, table, write  # noqa: E402
 
 import shardplan as sp  # noqa: E402
 from shardplan.cost import CostOptions, evaluate_strategies  # noqa: E402
-from shardplan.search.drec import drec  # noqa: E402
+from shardplan.search.drec.search import drec  # noqa: E402
 
 
 def best_of(fn, repeat: int) -> float:

@@ -1,7 +1,7 @@
 """Engine exports at scale: GPT-3 175B on 128x8 and a Llama-3-70B-sized stand-in on 64x8.
 
 For each model and each engine (torchtitan, Megatron-LM, DeepSpeed): the search within the
-engine's menu (`plan --target X`, search/menus.py) and the unrestricted training search
+engine's menu (`plan --target X`, search/step/menus.py) and the unrestricted training search
 (search/scale.py), both under 80 GB per device in bf16; the plan written as training JSON and
 exported (`shardplan export --to X`); then the engine's own configuration code judges the
 export at the plan's world size, and at a wrong world size and batch
@@ -39,8 +39,8 @@ from shardplan.exporters import megatron, training_json  # noqa: E402
 from shardplan.exporters.deepspeed import deepspeed_config  # noqa: E402
 from shardplan.exporters.engine_layout import architecture, read_layout  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
-from shardplan.search.menus import MENUS, plan_for_menu  # noqa: E402
-from shardplan.search.scale import plan_training  # noqa: E402
+from shardplan.search.step.menus import MENUS, plan_for_menu  # noqa: E402
+from shardplan.search.step.search import plan_training  # noqa: E402
 
 CASES = {
     "gpt3-175b": ("gpt3-175b", {}, "128x8", 1536),
@@ -173,8 +173,8 @@ def main() -> None:
         ],
     )  # fmt: skip
     md += (
-        "\nLayouts searched within each engine's menu (search/menus.py) against the unrestricted "
-        "training search, both under 80 GB per device in bf16 on A100 meshes; exported configs in "
+        "\nLayouts searched within each engine's menu (search/step/menus.py) against the "
+        "unrestricted training search, both under 80 GB per device in bf16 on A100 meshes; exported configs in "
         "`benchmarks/results/engine_exports/`; judged by the engines' own configuration code "
         "(tests/exporters/engine_checks.py). torchtitan's batch check is inline in its Trainer "
         "and is not run (docs/engines.md).\n"

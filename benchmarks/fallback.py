@@ -27,7 +27,7 @@ from shardplan import zoo  # noqa: E402
 from shardplan.cost import CostOptions  # noqa: E402
 from shardplan.cost.evaluate import evaluate_strategies  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
-from shardplan.search.drec import drec  # noqa: E402
+from shardplan.search.drec.search import drec  # noqa: E402
 
 MESHES = ("8", "2x8", "4x8", "6", "12")
 PRESETS = ("shardplan", "mindspore")
@@ -38,7 +38,7 @@ LAYERED |= {"gpt3-175b", "gpt3", "vit-b16"}
 def cases(models: list[str], meshes: list[str]) -> list[dict[str, Any]]:
     try:
         from shardplan.search.api import plan
-        from shardplan.search.baselines import baseline_plans
+        from shardplan.search.drec.baselines import baseline_plans
     except ImportError:  # an older checkout: raw D-Rec only
         plan = baseline_plans = None  # type: ignore[assignment]
     rows = []

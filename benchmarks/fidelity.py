@@ -46,7 +46,6 @@ MODELS = (
 )
 MESHES = ("8", "2x4")
 METHODS = ("drec", "data-parallel", "megatron", "fsdp")
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 def run_one(model: str, mesh: str, method: str, train: bool, numerics: bool) -> dict:

@@ -1,7 +1,10 @@
 """How much of today's architectures the torch importer translates, weighed by FLOPs and params.
 
 Each architecture is built offline from its `transformers` config class (tiny sizes, random
-weights, eager attention, no cache) and imported with `import_torch`: first strictly
+weights, eager attention, no cache), or, for the `NAME.json` rows, from the published config
+file under tests/data/hf at full width with a few layers on the meta device (no weights; the
+causal LM traced with labels, so the loss is imported too), and imported with `import_torch`:
+first strictly
 (`unknown="error"`), then, if that fails, with `unknown="replicate"` to list the opaque ops.
 Columns: strict import, op count, % of graph FLOPs and % of parameters in opaque ops (an opaque
 op's FLOPs are one per result element: a lower bound, since the importer cannot know the kernel),
@@ -104,6 +107,22 @@ def _whisper() -> tuple[Any, tuple]:
     )
     features = torch.randn(BATCH, 16, 64)  # [batch, mel bins, frames]; frames = 2 x positions
     return T.WhisperForConditionalGeneration(cfg), (features, None, _ids(seq=8))
+
+
+def _config_file(name: str, layers: int) -> Callable[[], tuple[Any, tuple]]:
+    """A published config from tests/data/hf at full width, `layers` layers, on the meta device
+    (causal LMs traced with labels, so the loss is in the graph)."""
+
+    def build() -> tuple[Any, tuple]:
+        from shardplan.importers.hf_config import example_inputs, load_config, meta_module
+
+        path = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf" / name
+        cfg, _, arch = load_config(path, layers=layers)
+        model = meta_module(cfg, arch)
+        args, kwargs = example_inputs(model, cfg, BATCH, SEQ, None)
+        return model, args, kwargs
+
+    return build
 
 
 _MOE = {"num_experts_per_tok": 2}
@@ -216,6 +235,15 @@ ARCHITECTURES: tuple[tuple[str, str, Callable[[], tuple[Any, tuple]]], ...] = (
     ),
     ("mamba", "state-space model", _decoder("MambaConfig", state_size=8, expand=2, conv_kernel=4)),
     ("whisper", "speech encoder-decoder", _whisper),
+    # the zoo's HF twins from their published config files: full width, a few layers, no weights
+    ("llama3-8b.json", "config file, 2 layers", _config_file("llama3-8b", 2)),
+    ("llama3-70b.json", "config file, 2 layers", _config_file("llama3-70b", 2)),
+    ("llama3-405b.json", "config file, 2 layers", _config_file("llama3-405b", 2)),
+    ("qwen3-32b.json", "config file, 2 layers", _config_file("qwen3-32b", 2)),
+    ("mixtral-8x7b.json", "config file, 2 layers", _config_file("mixtral-8x7b", 2)),
+    ("mixtral-8x22b.json", "config file, 2 layers", _config_file("mixtral-8x22b", 2)),
+    ("deepseek-v3.json", "config file, 4 layers (3 dense)", _config_file("deepseek-v3", 4)),
+    ("qwen3-235b-a22b.json", "config file, 2 layers", _config_file("qwen3-235b-a22b", 2)),
 )
 
 
@@ -258,7 +286,8 @@ def measure(name: str, family: str, build: Callable[[], tuple[Any, tuple]]) -> d
     from shardplan.importers import torch as importer
 
     torch.manual_seed(0)
-    model, args = build()
+    model, args, *rest = build()  # (module, args) or, for config files, (module, args, kwargs)
+    kwargs = rest[0] if rest else None
     model.eval()
     row: dict[str, Any] = {
         "name": name,
@@ -267,7 +296,7 @@ def measure(name: str, family: str, build: Callable[[], tuple[Any, tuple]]) -> d
     }
     # import_torch = export + _translate; timed apart (translation: export's IR directly when
     # every op has a rule, else after the core-ATen decomposition, which is timed on its own too)
-    program, export_s, row["export_cpu_s"] = _cpu(lambda: torch.export.export(model, args))
+    program, export_s, row["export_cpu_s"] = _cpu(lambda: torch.export.export(model, args, kwargs))
     policy = "error"
     try:
         result, translate_s, row["translate_cpu_s"] = _cpu(
@@ -333,7 +362,8 @@ def main() -> None:
         for r in rows
     ]
     md = (
-        "# Import coverage of Hugging Face architectures (tiny configs, random weights)\n\n"
+        "# Import coverage of Hugging Face architectures (tiny configs with random weights; "
+        "NAME.json: published configs at full width, a few layers, meta device)\n\n"
         f"batch {BATCH}, seq {SEQ}; D-Rec on mesh 8. `python benchmarks/import_coverage.py`. "
         "import s: wall seconds of `import_torch` (export + translation); then CPU seconds of "
         "this process: torch.export, the translation as `import_torch` does it (export's IR "

@@ -31,8 +31,8 @@ from _report import run_info, table, write  # noqa: E402
 from shardplan import zoo  # noqa: E402
 from shardplan.cost import CostOptions  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
-from shardplan.search.recipes import megatron_recipe  # noqa: E402
-from shardplan.search.scale import plan_training  # noqa: E402
+from shardplan.search.step.recipes import megatron_recipe  # noqa: E402
+from shardplan.search.step.search import plan_training  # noqa: E402
 from shardplan.training import TrainingPlan  # noqa: E402
 
 ROWS: dict[str, dict[str, Any]] = {

@@ -39,8 +39,9 @@ from shardplan.cost import CostOptions  # noqa: E402
 from shardplan.cost.evaluate import evaluate_strategies  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
-from shardplan.search import ilp, plan  # noqa: E402
-from shardplan.search.space import build_model  # noqa: E402
+from shardplan.search import plan  # noqa: E402
+from shardplan.search.exact import ilp  # noqa: E402
+from shardplan.search.exact.space import build_model  # noqa: E402
 
 MESHES = ("8", "2x8", "4x8", "6", "12")
 QUICK_MODELS = ("mlp", "sapp-mlp", "alexnet", "wide-deep", "gpt2-small", "bert-base", "moe")
@@ -78,7 +79,8 @@ def misses(model: Any, drec_choice: list[int], ilp_choice: list[int], top: int) 
     return out[:top] if top else out
 
 
-ILP_SOURCES = ("search/ilp.py", "search/space.py", "search/round_split.py", "cost/terms.py")
+ILP_SOURCES = ("search/exact/ilp.py", "search/exact/space.py", "search/exact/round_split.py")
+ILP_SOURCES += ("cost/terms.py",)
 ILP_SOURCES += ("cost/collectives.py", "cost/presets.py", "ir", "zoo", "mesh.py", "sharding.py")
 
 

@@ -24,7 +24,7 @@ from _report import run_info, table, write  # noqa: E402
 
 import shardplan as sp  # noqa: E402
 from shardplan.cost import CostOptions, evaluate_strategies  # noqa: E402
-from shardplan.search.drec import drec  # noqa: E402
+from shardplan.search.drec.search import drec  # noqa: E402
 
 
 def gpt_module(layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int) -> Any:

@@ -3,8 +3,9 @@ algorithm (D-Rec) with a symbolic, profiling-free cost model.
 
 Public API: `zoo.build`, `Graph`/`GraphBuilder`, `Mesh`/`parse_mesh`, `plan` (the function
 `shardplan.search.plan`; the Plan value lives in `shardplan.plans`), `evaluate`, `Plan`; the
-importers `from_torch`, `from_onnx`, `from_jaxpr`; the engines `shardplan.torch.parallelize` and
-`shardplan.jax.shard`. Heavy frameworks (jax, torch, onnx) are imported only by the importers,
+importers `from_torch`, `from_onnx`, `from_jaxpr`, `from_hf` (a Hugging Face config on the meta
+device; `hf_builder` for the training-step planner); the engines `shardplan.torch.parallelize`
+and `shardplan.jax.shard`. Heavy frameworks (jax, torch, onnx) are imported only by the importers,
 exporters and engines that need them: the importer names and the `torch` / `jax` subpackages are
 loaded on first use (PEP 562 `__getattr__`), so `import shardplan` stays light.
 """
@@ -22,6 +23,8 @@ _LAZY = {
     "from_torch": "shardplan.importers.torch",
     "from_onnx": "shardplan.importers.onnx",
     "from_jaxpr": "shardplan.importers.jaxpr",
+    "from_hf": "shardplan.importers.hf_config",
+    "hf_builder": "shardplan.importers.hf_config",
 }
 
 
@@ -47,9 +50,11 @@ __all__ = [
     "__version__",
     "errors",
     "evaluate",
+    "from_hf",
     "from_jaxpr",
     "from_onnx",
     "from_torch",
+    "hf_builder",
     "parse_mesh",
     "plan",
     "zoo",

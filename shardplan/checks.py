@@ -41,7 +41,10 @@ def finite_number(value: Any, argument: str, minimum: float = 0.0, strict: bool 
     """`value` as a finite float > `minimum` (>= when not `strict`); bools and strings refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ArgumentError(f"{argument} must be a number, got {value!r} ({type(value).__name__})")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond the float range (10**400)
+        x = math.inf
     if not math.isfinite(x):
         raise ArgumentError(f"{argument} must be a finite number, got {value!r}")
     if x < minimum or (strict and x == minimum):
@@ -88,7 +91,10 @@ def memory_bytes(value: Any, argument: str = "memory size") -> float:
             f"({type(value).__name__})"
         )
     else:
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the float range (10**400): no finite size
+            number = math.inf
     if not math.isfinite(number) or number <= 0:
         raise MeshError(f"{argument} must be a positive, finite size, got {value!r}")
     return number
@@ -122,7 +128,8 @@ def model_sizes(
     model: str, sizes: Mapping[str, Any], defaults: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Zoo size overrides: each a whole number >= 1 or a tuple of them (e.g. `deep=(32, 16)`);
-    a size whose default is a float (e.g. `capacity_factor`) a positive finite number."""
+    a size whose default is a float (e.g. `capacity_factor`) a positive finite number; one whose
+    default is 0 may also be 0; a bool or str option (`qk_norm`, `router`) of the same type."""
     out: dict[str, Any] = {}
     for key, value in sizes.items():
         where = f"model {model!r} size {key}"
@@ -130,6 +137,14 @@ def model_sizes(
             if not isinstance(value, str) or not value:
                 raise ArgumentError(f"model {model!r}: name must be a non-empty string")
             out[key] = value
+        elif isinstance(defaults.get(key), (bool, str)):  # a switch (qk_norm) or a choice (router)
+            if type(value) is not type(defaults[key]):
+                raise ArgumentError(
+                    f"{where} must be a {type(defaults[key]).__name__}, got {value!r}"
+                )
+            out[key] = value
+        elif defaults.get(key) == 0 and value == 0 and not isinstance(value, bool):
+            out[key] = 0  # a size whose default 0 means "none" (dense_layers, shared experts)
         elif isinstance(defaults.get(key), float):
             out[key] = finite_number(value, where)
         elif isinstance(defaults.get(key), tuple):  # a list of sizes, e.g. deep=(32, 16)

@@ -9,22 +9,49 @@ inter-node links.
 
 The default machine is named once, `DEFAULT_MACHINE` ("a100"): mesh text given to `parse_mesh`,
 `shardplan.plan` or the CLI without a machine gets it, and the plan records it
-(`plan.mesh.machine`, and `mesh.machine` in the plan JSON). Lookups are O(1).
+(`plan.mesh.machine`, and `mesh.machine` in the plan JSON). Users describe their own machine as a
+`Machine` value (`Machine.make(name, intra_node=..., inter_node=..., memory=..., flops=...)`, or
+`Machine.from_dict` of a JSON file given to `--machine FILE.json`); a Mesh binds the Machine
+value itself (`mesh.hardware`), so nothing downstream looks a machine up by name. Lookups O(1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
+from typing import Any
 
-from shardplan.errors import MeshError
+from shardplan import checks
+from shardplan.errors import ArgumentError, MeshError
 
 _INF = float("inf")
 # meta-pytorch/autoparallel's roofline constants (module docstring): achieved fraction of peak
 # FLOP/s and of HBM bandwidth, and the per-kernel launch floor.
 _AP_EFFICIENCY = 0.70
 _AP_LAUNCH_S = 7e-6
+
+
+def _positive(x: object) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and 0 < x < _INF
+
+
+_RATE_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def _rate(x: object, what: str) -> float:
+    """A positive rate: a number, or text like "900GB/s", "50 GB/s", "989T" (decimal units)."""
+    if isinstance(x, str):
+        text = x.strip().upper().replace(" ", "").removesuffix("/S").removesuffix("B")
+        text = text.removesuffix("FLOPS").removesuffix("FLOP")
+        unit = text[-1:] if text[-1:] in _RATE_UNITS and text[-1:] else ""
+        try:
+            x = float(text[: len(text) - len(unit)]) * _RATE_UNITS[unit]
+        except ValueError:
+            raise MeshError(f"machine: {what} {x!r} is not a rate like '900GB/s'") from None
+    if not _positive(x):
+        raise MeshError(f"machine: {what} must be a positive finite number, got {x!r}")
+    return float(x)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +76,107 @@ class Machine:
     """Least time any kernel takes (launch overhead), seconds."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise MeshError(f"a machine needs a non-empty name, got {self.name!r}")
+        if not isinstance(self.flops_by_dtype, Mapping) or not all(
+            isinstance(k, str) and _positive(v) for k, v in self.flops_by_dtype.items()
+        ):
+            raise MeshError(
+                f"machine {self.name!r}: flops_by_dtype must map dtype names to positive FLOP/s"
+            )
         object.__setattr__(self, "flops_by_dtype", MappingProxyType(dict(self.flops_by_dtype)))
+        for what in ("intra_node_bytes_per_s", "inter_node_bytes_per_s", "memory_bytes"):
+            if not _positive(getattr(self, what)):
+                raise MeshError(f"machine {self.name!r}: {what} must be a positive number")
+        if isinstance(self.devices_per_node, bool) or not isinstance(self.devices_per_node, int):
+            raise MeshError(f"machine {self.name!r}: devices_per_node must be a whole number")
+        if self.devices_per_node < 1:
+            raise MeshError(f"machine {self.name!r}: devices_per_node must be >= 1")
         if self.compute_dtype not in self.flops_by_dtype:
             raise MeshError(f"machine {self.name!r}: no FLOP rate for {self.compute_dtype!r}")
         if not (self.hbm_bytes_per_s > 0 and 0 < self.flops_efficiency <= 1):
             raise MeshError(f"machine {self.name!r}: memory bandwidth and efficiency must be > 0")
         if not (0 < self.hbm_efficiency <= 1 and self.launch_s >= 0):
             raise MeshError(f"machine {self.name!r}: efficiency in (0, 1], launch floor >= 0")
+
+    @classmethod
+    def make(
+        cls,
+        name: str,
+        *,
+        intra_node: float | str,
+        inter_node: float | str,
+        memory: float | str,
+        flops: Mapping[str, float | str] | float | str,
+        devices_per_node: int = 8,
+        compute_dtype: str | None = None,
+        hbm: float | str | None = None,
+        description: str = "",
+    ) -> Machine:
+        """A user's machine from readable figures: links and HBM bandwidth in bytes/s or text
+        ("900GB/s"), memory in bytes or text ("141GB"), dense FLOP/s per dtype (a number or
+        text like "989T" means bf16). Kernel efficiencies and launch floor are the presets'
+        (autoparallel's roofline constants) when an HBM bandwidth is given, else none."""
+        rates = flops if isinstance(flops, Mapping) else {"bf16": flops}
+        table = {str(k): _rate(v, f"flops[{k!r}]") for k, v in rates.items()}
+        dtype = compute_dtype or ("bf16" if "bf16" in table else next(iter(table), "bf16"))
+        extra: dict[str, float] = {}
+        if hbm is not None:
+            extra = {
+                "hbm_bytes_per_s": _rate(hbm, "hbm"),
+                "flops_efficiency": _AP_EFFICIENCY,
+                "hbm_efficiency": _AP_EFFICIENCY,
+                "launch_s": _AP_LAUNCH_S,
+            }
+        return cls(
+            name,
+            _rate(intra_node, "intra_node"),
+            _rate(inter_node, "inter_node"),
+            checks.memory_bytes(memory),
+            table,
+            dtype,
+            devices_per_node,
+            description
+            or f"user machine: {devices_per_node} devices per node, links "
+            f"{_rate(intra_node, 'intra_node') / 1e9:g} / {_rate(inter_node, 'inter_node') / 1e9:g}"
+            " GB/s",
+            **extra,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["flops_by_dtype"] = dict(self.flops_by_dtype)
+        out["hbm_bytes_per_s"] = None if self.hbm_bytes_per_s == _INF else self.hbm_bytes_per_s
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Machine:
+        """A Machine of `to_dict`'s fields (text rates and sizes allowed, as in `make`)."""
+        if not isinstance(data, Mapping):
+            raise MeshError(f"a machine must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise MeshError(f"machine: unknown field(s) {unknown}; known: {sorted(known)}")
+        kw = dict(data)
+        try:
+            for key in ("intra_node_bytes_per_s", "inter_node_bytes_per_s"):
+                kw[key] = _rate(kw[key], key)
+            kw["memory_bytes"] = checks.memory_bytes(kw["memory_bytes"])
+            if kw.get("hbm_bytes_per_s") is None:
+                kw.pop("hbm_bytes_per_s", None)
+            else:
+                kw["hbm_bytes_per_s"] = _rate(kw["hbm_bytes_per_s"], "hbm_bytes_per_s")
+            rates = kw["flops_by_dtype"]
+            if not isinstance(rates, Mapping):
+                raise MeshError("machine: flops_by_dtype must be an object of dtype -> FLOP/s")
+            kw["flops_by_dtype"] = {str(k): _rate(v, f"flops[{k!r}]") for k, v in rates.items()}
+            kw.setdefault("description", f"user machine {kw.get('name')!r}")
+            return cls(**kw)
+        except KeyError as e:
+            raise MeshError(f"machine: missing field {e.args[0]!r}") from e
+        except (TypeError, ArgumentError) as e:
+            raise MeshError(f"machine: {e}") from e
 
     @property
     def flops_per_s(self) -> float:
@@ -147,17 +268,18 @@ DEFAULT_MACHINE = "a100"
 """The machine mesh text gets when none is named (API, CLI `--machine`)."""
 
 
-def peak_flops(machine: str, dtype: str) -> float:
+def peak_flops(machine: str | Machine, dtype: str) -> float:
     """Dense FLOP/s of one device of `machine` computing in `dtype` ("bf16", "fp16", "fp32"); a
     machine with one rate for every dtype ("any") gives it; MeshError when the datasheet has
     none (the message lists the dtypes it has)."""
-    rates = get_machine(machine).flops_by_dtype
+    spec = machine if isinstance(machine, Machine) else get_machine(machine)
+    rates = spec.flops_by_dtype
     if dtype in rates:
         return rates[dtype]
     if "any" in rates:
         return rates["any"]
     raise MeshError(
-        f"machine {machine!r} has no published {dtype} rate (it has {sorted(rates)}); "
+        f"machine {spec.name!r} has no published {dtype} rate (it has {sorted(rates)}); "
         f"pass --dtype {sorted(rates)[0]}"
     )
 

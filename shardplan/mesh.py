@@ -1,8 +1,10 @@
 """The device mesh: axes (outermost = slowest link first), their prime rounds, and a machine.
 
-Shape, axis names and rounds are the mesh's own; bandwidth per axis, FLOP rate and memory come
-from a machine preset (`shardplan.hardware`: `DEFAULT_MACHINE` unless one is named) and are kept
-on the Mesh so the cost model reads one value. `rounds` is computed once per Mesh.
+Shape, axis names and rounds are the mesh's own; bandwidth per axis and FLOP rate come from the
+Machine the mesh is bound to (`mesh.hardware`: a preset of `shardplan.hardware` named by
+`machine`, `DEFAULT_MACHINE` unless one is named, or a user's own `Machine` value) and are kept
+on the Mesh so the cost model reads one value (explicit per-axis bandwidths override the
+machine's links, for what-if studies). `rounds` is computed once per Mesh.
 
 Each axis of size n is factored into prime rounds in ascending order (8 -> 2,2,2; 6 -> 2,3;
 12 -> 2,2,3), outer axes first. A round splits every device group into q parts over that
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from shardplan import checks
 from shardplan.errors import ArgumentError, MeshError
-from shardplan.hardware import DEFAULT_MACHINE, MACHINES, get_machine
+from shardplan.hardware import DEFAULT_MACHINE, MACHINES, Machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +75,12 @@ class Mesh:
     names: tuple[str, ...] = ()
     bandwidth_bytes_per_s: tuple[float, ...] = ()
     memory_bytes: float | None = None
-    flops_per_s: float = MACHINES[DEFAULT_MACHINE].flops_per_s
-    machine: str = DEFAULT_MACHINE
+    flops_per_s: float | None = None
+    """Dense FLOP/s per device; None: the machine's rate in its compute dtype."""
+    machine: str | Machine = DEFAULT_MACHINE
+    """The machine's name (a preset, or a user's Machine given here as a value)."""
+    hardware: Machine | None = field(default=None, compare=False, repr=False)
+    """The Machine itself; None: the preset named by `machine`."""
     _rounds: tuple[Round, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,11 +94,14 @@ class Mesh:
         ):
             raise MeshError(f"mesh axis names {names} must be unique, one per axis of {shape}")
         object.__setattr__(self, "names", names)
-        if not isinstance(self.machine, str) or self.machine not in MACHINES:
-            raise MeshError(f"unknown machine {self.machine!r}; choose one of {sorted(MACHINES)}")
-        bw = _sequence(self.bandwidth_bytes_per_s, "mesh bandwidths") or get_machine(
-            self.machine
-        ).link_bandwidths(shape)
+        hardware = _bound_machine(self.machine, self.hardware)
+        object.__setattr__(self, "hardware", hardware)
+        object.__setattr__(self, "machine", hardware.name)
+        if self.flops_per_s is None:
+            object.__setattr__(self, "flops_per_s", hardware.flops_per_s)
+        bw = _sequence(self.bandwidth_bytes_per_s, "mesh bandwidths") or hardware.link_bandwidths(
+            shape
+        )
         if len(bw) != len(shape) or not all(_positive(b) for b in bw):
             raise MeshError(f"need one positive bandwidth per mesh axis {shape}, got {bw}")
         object.__setattr__(self, "bandwidth_bytes_per_s", tuple(float(b) for b in bw))
@@ -129,7 +138,7 @@ class Mesh:
         return replace(self, memory_bytes=memory_bytes)
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "shape": list(self.shape),
             "names": list(self.names),
             "bandwidth_bytes_per_s": list(self.bandwidth_bytes_per_s),
@@ -137,20 +146,42 @@ class Mesh:
             "flops_per_s": self.flops_per_s,
             "machine": self.machine,
         }
+        if MACHINES.get(self.machine) != self.hardware:  # a user's machine travels with the plan
+            assert self.hardware is not None
+            out["hardware"] = self.hardware.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Mesh:
         try:
+            hw = data.get("hardware")
+            machine = Machine.from_dict(hw) if hw is not None else str(  # type: ignore[arg-type]
+                data.get("machine", DEFAULT_MACHINE)
+            )
             return cls(
                 tuple(data["shape"]),
                 tuple(data["names"]),  # type: ignore[arg-type]
                 tuple(data["bandwidth_bytes_per_s"]),  # type: ignore[arg-type]
                 data.get("memory_bytes"),
                 float(data["flops_per_s"]),  # type: ignore
-                str(data.get("machine", DEFAULT_MACHINE)),
+                machine,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise MeshError(f"mesh JSON {repr(data)[:200]} is malformed: {e}") from e
+
+
+def _bound_machine(machine: object, hardware: Machine | None) -> Machine:
+    """The Machine a mesh is bound to: a Machine value as given, else the preset named."""
+    if isinstance(machine, Machine):
+        return machine
+    if hardware is not None and isinstance(hardware, Machine) and hardware.name == machine:
+        return hardware
+    if not isinstance(machine, str) or machine not in MACHINES:
+        raise MeshError(
+            f"unknown machine {machine!r}; choose one of {sorted(MACHINES)} or pass a "
+            "shardplan.hardware.Machine (--machine FILE.json on the command line)"
+        )
+    return MACHINES[machine]
 
 
 def default_names(rank: int) -> tuple[str, ...]:
@@ -166,7 +197,7 @@ _MESH_TEXT = re.compile(r"^\s*\d+(\s*[x×*,]\s*\d+)*\s*$")
 
 def parse_mesh(
     text: str | int | Mesh,
-    machine: str = DEFAULT_MACHINE,
+    machine: str | Machine = DEFAULT_MACHINE,
     memory_bytes: float | None = None,
     names: tuple[str, ...] = (),
 ) -> Mesh:
@@ -183,9 +214,7 @@ def parse_mesh(
             f"mesh must be a Mesh, a whole number of devices or text like '2x8', got {text!r} "
             f"({type(text).__name__})"
         )
-    if not isinstance(machine, str) or machine not in MACHINES:
-        raise MeshError(f"unknown machine {machine!r}; choose one of {sorted(MACHINES)}")
-    spec = get_machine(machine)
+    spec = _bound_machine(machine, None)
     raw = str(text)
     if len(raw) > 100 or not _MESH_TEXT.match(raw):
         raise MeshError(
@@ -195,7 +224,7 @@ def parse_mesh(
     if any(s < 1 for s in shape):
         raise MeshError(f"mesh {raw!r}: every axis size must be >= 1")
     shape = checks.mesh_shape(shape, f"mesh {raw!r}")
-    return Mesh(shape, names, spec.link_bandwidths(shape), memory_bytes, spec.flops_per_s, machine)
+    return Mesh(shape, names, spec.link_bandwidths(shape), memory_bytes, spec.flops_per_s, spec)
 
 
 def parse_bytes(text: str | float | int) -> float:

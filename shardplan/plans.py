@@ -19,6 +19,7 @@ from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
+from shardplan.problem import Problem
 from shardplan.sharding import (
     REPLICATED,
     Layout,
@@ -52,6 +53,8 @@ class Plan:
     status: str = "ok"
     notes: tuple[str, ...] = ()
     cost: CostBreakdown | None = None
+    problem: Problem | None = field(default=None, compare=False, repr=False)
+    """The Problem the plan was solved for (budget, machine, ...); None: built by hand."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategies", MappingProxyType(dict(self.strategies)))

@@ -13,6 +13,7 @@ which print themselves DTensor-style: `S(d)` split on tensor dim d, `R` replicat
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -254,3 +255,22 @@ def output_placements(op: Op, strategy: Strategy, position: int = 0) -> tuple[Pl
 def layout_text(layout: Layout, reducers: Sequence[str | None] | None = None) -> str:
     """Per round, space-separated: e.g. `S(0) S(0) R`, `S(0) P(sum)`."""
     return " ".join(str(p) for p in placements(layout, reducers))
+
+
+def check_fixed(graph: Graph, mesh: Mesh, fixed: Mapping[str, Strategy]) -> dict[str, Strategy]:
+    """The user-fixed strategies, checked: known op, one entry per round, valid cuts."""
+    out: dict[str, Strategy] = {}
+    for name, strategy in fixed.items():
+        if name not in graph.op_index:
+            near = difflib.get_close_matches(name, list(graph.op_index), n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise PlanError(f"fixed strategy for op {name!r}: no such op in {graph.name}{hint}")
+        strategy = tuple(strategy)
+        if len(strategy) != len(mesh.rounds):
+            raise PlanError(
+                f"fixed strategy {strategy} for op {name!r}: give one cut per round "
+                f"({len(mesh.rounds)} rounds on mesh {mesh.text()}; '-' for none)"
+            )
+        check_strategy(graph.op(name), strategy, mesh.rounds)
+        out[name] = strategy
+    return out

@@ -10,9 +10,11 @@ each boundary activation, parameters shared by several stages — and returns th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from shardplan.checks import MAX_SIZE
 from shardplan.cost import collectives as coll
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.step import (
@@ -28,6 +30,7 @@ from shardplan.hardware import peak_flops
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
+from shardplan.problem import Problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +63,12 @@ class TrainingPlan:
     search_seconds: float = 0.0
     notes: tuple[str, ...] = ()
     step: StepCost | None = field(default=None, compare=False)
+    problem: Problem | None = field(default=None, compare=False, repr=False)
+    """The Problem the plan was solved for (budget, machine, dtype, batch, ...)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
+        _check_fields(self)
         n = len(self.stages)
         if n < 1 or self.mesh.shape[0] % n:
             raise PlanError(
@@ -72,12 +78,78 @@ class TrainingPlan:
             raise PlanError(
                 f"batch {self.batch} is not divisible into {self.micro_batches} micro-batches"
             )
+        _check_stages(self.stages, self.mesh)
         if self.step is None:
             object.__setattr__(self, "step", evaluate_training(self))
 
     @property
     def pipeline_stages(self) -> int:
         return len(self.stages)
+
+
+def _whole(value: object, field_name: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_SIZE:
+        raise PlanError(
+            f"training plan field {field_name} must be a whole number in [{low}, 2**48], "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _check_fields(tp: TrainingPlan) -> None:
+    """Types and ranges of the scalar fields (no coercion: 1.5 or "2" micro-batches fail)."""
+    for name in ("model", "method"):
+        if not isinstance(getattr(tp, name), str):
+            raise PlanError(f"training plan field {name} must be text, got {getattr(tp, name)!r}")
+    if not isinstance(tp.mesh, Mesh):
+        raise PlanError(f"training plan mesh must be a Mesh, got {tp.mesh!r}")
+    _whole(tp.batch, "batch")
+    _whole(tp.micro_batches, "micro_batches")
+    _whole(tp.tokens_per_sample, "tokens_per_sample")
+    t = tp.search_seconds
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
+        raise PlanError(f"training plan search_seconds must be finite and >= 0, got {t!r}")
+    if not all(isinstance(s, Stage) and isinstance(s.plan, Plan) for s in tp.stages):
+        raise PlanError("training plan stages must be Stage values, each holding a Plan")
+
+
+def _check_stages(stages: Sequence[Stage], mesh: Mesh) -> None:
+    """Stages agree with each other and the mesh: each runs on its share of the outer axis,
+    no op is in two stages, no stage reads what a later stage produces, and an incoming
+    activation needs a gradient exactly when the stage producing it computes one."""
+    want = replace(mesh, shape=(mesh.shape[0] // len(stages), *mesh.shape[1:]))
+    produced: dict[str, int] = {}
+    for s, st in enumerate(stages):
+        if st.plan.mesh != want:
+            raise PlanError(
+                f"stage {s} runs on mesh {st.plan.mesh.text()} ({st.plan.mesh.machine}) but "
+                f"{len(stages)} stages of mesh {mesh.text()} ({mesh.machine}) run on "
+                f"{want.text()} each with its links; regenerate the training plan"
+            )
+        for op in st.plan.graph.ops:
+            for t in op.outputs:
+                if t in produced:
+                    raise PlanError(
+                        f"tensor {t!r} is produced by stage {produced[t]} and again by stage "
+                        f"{s} (op {op.name!r}); regenerate the training plan"
+                    )
+                produced[t] = s
+    for s, st in enumerate(stages):
+        g = st.plan.graph
+        for name, t in g.tensors.items():
+            src = produced.get(name)
+            if src is None or src == s or t.role is not Role.INPUT:
+                continue
+            if src > s:
+                raise PlanError(
+                    f"stage {s} reads {name!r}, which the later stage {src} produces: the "
+                    "stages are out of order; regenerate the training plan"
+                )
+            if (name in stages[src].plan.graph.requires_grad) != (name in g.requires_grad):
+                raise PlanError(
+                    f"stage {s}'s incoming activation {name!r} and stage {src}, which produces "
+                    "it, disagree on whether it needs a gradient; regenerate the training plan"
+                )
 
 
 def pipeline_of(stages: Sequence[Plan], mesh: Mesh, batch: int, tokens_per_sample: int) -> Pipeline:
@@ -120,7 +192,7 @@ def at_precision(mesh: Mesh, opts: CostOptions) -> Mesh:
     without one)."""
     if opts.precision is None:
         return mesh
-    return replace(mesh, flops_per_s=peak_flops(mesh.machine, opts.precision.name))
+    return replace(mesh, flops_per_s=peak_flops(mesh.hardware, opts.precision.name))
 
 
 def assemble(

@@ -30,6 +30,7 @@ def graph():
         ({"a": 1}, "must be bytes"),
         (True, "must be bytes"),
         ("lots", "cannot parse memory size 'lots'"),
+        (10**400, "positive, finite"),  # an int beyond the float range: was an OverflowError
     ],
 )
 def test_case5_bad_memory_is_a_mesh_error(graph, memory, match):
@@ -145,3 +146,8 @@ def test_bad_bandwidths_and_rates_are_mesh_errors():
     ):
         with pytest.raises(MeshError):
             Mesh((2,), **kwargs)
+
+
+def test_numbers_beyond_the_float_range_are_argument_errors():
+    with pytest.raises(ArgumentError, match="finite"):
+        checks.finite_number(10**400, "time_limit")

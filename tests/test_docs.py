@@ -21,3 +21,14 @@ def test_exports_example_runs(index, devices8, capsys):
         pytest.importorskip("torch")
     exec(compile(BLOCKS[index], f"{DOC.name}[{index}]", "exec"), {"__name__": "__docs__"})
     assert capsys.readouterr().out  # every example prints what it shows
+
+
+def test_models_page_is_generated_from_the_zoo():
+    import importlib.util
+
+    path = DOC.parent / "make_models_md.py"
+    spec = importlib.util.spec_from_file_location("make_models_md", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (DOC.parent / "models.md").read_text() == module.render(), (
+        "docs/models.md is stale: run `PYTHONPATH=$PWD python docs/make_models_md.py`")

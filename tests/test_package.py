@@ -15,6 +15,7 @@ ROOT = Path(shardplan.__file__).resolve().parent
 LAYERS = {
     "version": 0,
     "errors": 0,
+    "lazy": 0.25,
     "checks": 0.5,
     "ir": 1,
     "precision": 1,
@@ -23,7 +24,7 @@ LAYERS = {
     "mesh": 3,
     "sharding": 4,
     "cost": 5,
-    "problem": 6,
+    "problem": 5.5,
     "plans": 6,
     "training": 6.5,
     "search": 7,
@@ -37,7 +38,8 @@ LAYERS = {
     "__init__": 12,
     "__main__": 12,
 }
-"""errors -> checks -> ir/precision -> hardware/mesh -> sharding -> cost -> problem/plans ->
+"""errors -> lazy (optional frameworks on first use) -> checks -> ir/precision -> hardware/mesh ->
+sharding -> cost -> problem (what to plan) -> plans (a plan carries its Problem) ->
 training (a training step's stage plans) -> search ->
 importers/exporters -> engines -> fidelity -> torch/jax (the user-facing engines: they use
 fidelity's predictions in their checks) -> cli (docs/architecture.md). A module may import
@@ -229,7 +231,50 @@ def test_kind_branch_check_catches_planted_branches():
     assert kind_branches('table = {"relu": f}\n', kinds) == []
 
 
-OVER_600 = {"search/space.py": 650}
+# -- collective kinds are named once: shardplan.cost.collectives.CollectiveKind ------------------
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the constant nodes that are docstrings (module, class, function, attribute)."""
+    return {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+
+
+def collective_literals(source: str) -> list[int]:
+    """Lines that spell a collective kind as a string literal (docstrings aside)."""
+    from shardplan.cost.collectives import CollectiveKind
+
+    names = set(CollectiveKind)
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in names and id(node) not in docs
+    )
+
+
+def test_collective_kinds_are_the_enum_everywhere():
+    found = {
+        str(rel): lines
+        for path in sorted(ROOT.rglob("*.py"))
+        if (rel := path.relative_to(ROOT)) != Path("cost/collectives.py")
+        and (lines := collective_literals(path.read_text()))
+    }
+    assert found == {}, "use shardplan.cost.collectives.CollectiveKind"
+
+
+def test_collective_literal_check_catches_planted_literals():
+    assert collective_literals('if c.kind == "all-gather":\n    pass\n') == [1]
+    assert collective_literals('KINDS = ("x",\n         "reduce-scatter")\n') == [2]
+    assert collective_literals('table = {"all-to-all": 1}\n') == [1]
+    assert collective_literals('"""An all-reduce: "all-reduce"."""\nx = "halo"\n') == []
+
+
+OVER_600 = {"search/exact/space.py": 650}
 """Known exceptions with their ceiling: space.py is being reworked by the issue-13 D-Rec work."""
 
 

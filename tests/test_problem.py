@@ -39,3 +39,27 @@ def test_bad_graph_and_unknown_machine_are_typed_errors():
         Problem.make("mlp", "8")
     with pytest.raises(MeshError, match="unknown machine 'tpu'"):
         Problem.make(G, "8", machine="tpu")
+
+
+def test_a_builder_needs_a_batch_and_is_built_once_at_it():
+    calls = []
+
+    def build(b):
+        calls.append(b)
+        return zoo.build("mlp", small=True, batch=b)
+
+    p = Problem.make(build, "2x2", batch=8, dtype="bf16")
+    assert calls == [8] and p.global_batch == 8 and p.builder() is build
+    assert p.options.precision.name == "bf16"
+    with pytest.raises(ArgumentError, match="needs the global batch"):
+        Problem.make(build, "2x2")
+    with pytest.raises(ArgumentError, match="not a shardplan Graph"):
+        Problem.make(lambda b: None, "2x2", batch=8)
+    with pytest.raises(ArgumentError, match="dtype"):
+        Problem.make(G, "2x2", dtype="int3")
+
+
+def test_a_graph_problem_builds_only_its_own_batch():
+    p = Problem.make(G, "2x2")
+    build = p.builder()
+    assert build(p.global_batch) is G and build(p.global_batch + 1) is None

@@ -11,7 +11,7 @@ from shardplan.ir.graph import GraphBuilder
 from shardplan.mesh import parse_mesh
 from shardplan.plans import Plan
 from shardplan.search.api import plan
-from shardplan.search.space import op_strategies
+from shardplan.search.exact.space import op_strategies
 from shardplan.sharding import check_strategy, cut_problem
 
 

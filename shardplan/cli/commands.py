@@ -152,16 +152,17 @@ def check_output_path(path: str | None, flag: str = "--json") -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     from shardplan.cli.plans import plan_for
+    from shardplan.cli.training import reprint_training_plan, run_training_plan, wants_training_plan
 
     if (args.target or args.from_config) and not args.dtype:
         from shardplan.errors import SolverError
 
         raise SolverError("--target and --from-config plan a training step: add --dtype bf16")
-    if args.dtype:
-        from shardplan.cli.training import run_training_plan
-
+    if wants_training_plan(args):
         check_output_path(args.json)
         return run_training_plan(args)
+    if reprint_training_plan(args):
+        return 0
     check_output_path(args.json)
     check_output_path(args.plot, "--plot")
     progress = progress_of(args)

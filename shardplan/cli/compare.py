@@ -34,8 +34,9 @@ from shardplan.cli.options import (
 )
 from shardplan.cli.render import fmt_bytes, fmt_cost, make_console, one_line
 from shardplan.errors import InfeasibleError, ShardplanError, SolverError, UnknownModelError
-from shardplan.mesh import parse_mesh
+from shardplan.problem import Problem
 from shardplan.search import METHODS, plan
+from shardplan.search.solvers import SOLVERS
 
 DEFAULT_METHODS = ("drec", "data-parallel", "megatron", "fsdp")
 EXACT_METHODS = ("ilp", "dp")
@@ -53,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--methods",
         default=None,
-        help=f"comma-separated methods from {','.join(METHODS)} "
+        help="comma-separated SPMD methods from "
+        f"{','.join(m for m in METHODS if not SOLVERS[m].training)} "
         f"(default {','.join(DEFAULT_METHODS)})",
     )
     p.add_argument(
@@ -138,14 +140,18 @@ def run_compare(args: argparse.Namespace) -> int:
         methods = list(DEFAULT_METHODS)
     if args.exact:
         methods += [m for m in EXACT_METHODS if m not in methods]
-    unknown = [m for m in methods if m not in METHODS]
+    spmd = [m for m in METHODS if not SOLVERS[m].training]
+    unknown = [m for m in methods if m not in spmd]
     if unknown or not methods:
-        raise UnknownModelError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+        raise UnknownModelError(
+            f"unknown method(s) {unknown}; compare takes SPMD methods: choose from {spmd} "
+            "(training plans: `shardplan plan --method step|megatron-recipe`)"
+        )
     check_output_path(args.json)
     check_output_path(args.plot, "--plot")
     progress = progress_of(args)
     graph = load_graph(args, progress)
-    mesh = parse_mesh(args.mesh, machine=args.machine)
+    mesh = Problem.make(graph, args.mesh, machine=args.machine).mesh  # the one parser of text
     forced = parse_forces(graph, mesh, args.force) or None
     rows = compare_methods(
         graph, mesh, methods, args.time_limit, progress, forced, **plan_options(args)

@@ -1,6 +1,6 @@
 """`plan --target X` / `plan --from-config FILE` and `shardplan export PLAN.json --to X`.
 
-`--target`: the search within the engine's menu (search/menus.py), then the unrestricted search
+`--target`: the search within the engine's menu (search/step/menus.py), then the unrestricted search
 (search/scale.py) for the note comparing the two steps. `--from-config`: the configuration's
 knobs (importers/engine_config.py) built into the engine's layout and scored by the step model,
 then the best layout of that engine for comparison. `export`: a training plan JSON through the
@@ -21,7 +21,7 @@ from shardplan.cost import CostOptions
 from shardplan.errors import ArgumentError, PlanError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.menus import Layout
+from shardplan.search.step.menus import Layout
 from shardplan.training import TrainingPlan
 
 ENGINES = ("torchtitan", "megatron", "megatron-core", "deepspeed", "megatron-deepspeed")
@@ -47,8 +47,8 @@ def engine_plan(
     say: Callable[[str], None],
 ) -> TrainingPlan:
     """The plan of `--target` or `--from-config`, with the comparison note."""
-    from shardplan.search.menus import get_menu, layout_plan, plan_for_menu
-    from shardplan.search.scale import plan_training
+    from shardplan.search.step.menus import get_menu, layout_plan, plan_for_menu
+    from shardplan.search.step.search import plan_training
 
     if args.from_config:
         from shardplan.importers.engine_config import read_engine_config

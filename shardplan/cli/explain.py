@@ -203,8 +203,8 @@ def _candidate_dict(c: Any, replanned: dict[tuple[Any, ...], float]) -> dict[str
 
 
 def _explain_layer(console: Any, p: Any, layer: int, progress: Any) -> int:
+    from shardplan.search.drec.flex import is_transparent
     from shardplan.search.explain import candidates
-    from shardplan.search.flex import is_transparent
 
     pattern = re.compile(rf"^(.*?[._/-]){layer}[._/-]")
     ops = [op for op in p.graph.ops if pattern.match(op.name) and not is_transparent(op)]

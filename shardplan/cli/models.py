@@ -8,6 +8,7 @@ import importlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from shardplan import zoo
@@ -85,6 +86,20 @@ def _load(args: argparse.Namespace) -> Any:
         module, example = _call_torch_builder(args.torch, args.args)
         result = import_torch(module, example, unknown=args.unknown)
     return result
+
+
+def hf_rebuilder(args: argparse.Namespace) -> Callable[[int], Graph]:
+    """batch -> graph of the --hf model at that batch (the training-step planner rebuilds the
+    model at each micro-batch); a local config's module is built once, on the meta device."""
+    from shardplan.importers.hf import import_hf
+    from shardplan.importers.hf_config import config_path, hf_importer
+
+    sizes = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads}
+    seq, image = args.seq or 128, args.image or 224
+    if config_path(args.hf) is not None:
+        importer = hf_importer(args.hf, seq, image, unknown=args.unknown, **sizes)
+        return lambda b: importer(b).graph
+    return lambda b: import_hf(args.hf, b, seq, image, unknown=args.unknown, **sizes).graph
 
 
 def _call_torch_builder(target: str, shapes: str | None) -> tuple[Any, tuple[Any, ...]]:

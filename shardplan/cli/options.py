@@ -20,14 +20,27 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from shardplan.errors import PlanError
+from shardplan.errors import PlanError, ShardplanError
 from shardplan.hardware import DEFAULT_MACHINE, MACHINES
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search import METHODS
 from shardplan.sharding import Strategy
 
-SIZE_FLAGS = ("batch", "seq", "image", "layers", "hidden", "heads", "vocab", "experts", "width")
+SIZE_FLAGS = (
+    "batch",
+    "seq",
+    "image",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn",
+    "vocab",
+    "experts",
+    "top_k",
+    "width",
+)
 
 
 def source_flags() -> argparse.ArgumentParser:
@@ -67,7 +80,8 @@ def source_flags() -> argparse.ArgumentParser:
         "model size (zoo models; --hf takes batch/seq/image/layers/hidden/heads)"
     )
     for flag in SIZE_FLAGS:
-        group.add_argument(f"--{flag}", type=int, default=None, help=f"override {flag}")
+        dashed = flag.replace("_", "-")
+        group.add_argument(f"--{dashed}", type=int, default=None, help=f"override {dashed}")
     group.add_argument(
         "--small", action="store_true", help="start from the reduced sizes used in tests"
     )
@@ -89,8 +103,10 @@ def search_flags(mesh_required: bool = True, method: bool = True) -> argparse.Ar
     g.add_argument(
         "--machine",
         default=DEFAULT_MACHINE,
-        choices=sorted(MACHINES),
-        help=f"bandwidth/FLOP/memory preset of the devices (default {DEFAULT_MACHINE})",
+        type=machine_arg,
+        metavar="NAME|FILE.json",
+        help=f"the devices: a preset ({', '.join(sorted(MACHINES))}; default "
+        f"{DEFAULT_MACHINE}) or a JSON file describing your machine (docs/machines.md)",
     )
     g.add_argument(
         "--memory", default=None, help="per-device budget, e.g. 80GB; the plan fits it or fails"
@@ -123,6 +139,28 @@ def search_flags(mesh_required: bool = True, method: bool = True) -> argparse.Ar
         "h.0.mlp.fc=row or h.0.mlp.fc=b,n,- (one cut per round, '-' none)",
     )
     return p
+
+
+def machine_arg(text: str) -> Any:
+    """A preset name as it is, or the Machine a JSON file describes (`Machine.from_dict`)."""
+    if text in MACHINES:
+        return text
+    from pathlib import Path
+
+    from shardplan.hardware import Machine
+
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a machine preset ({', '.join(sorted(MACHINES))}) nor a JSON "
+            "file describing one (see docs/machines.md)"
+        )
+    try:
+        import json
+
+        return Machine.from_dict(json.loads(path.read_text()))
+    except (ValueError, RecursionError, ShardplanError) as e:
+        raise argparse.ArgumentTypeError(f"machine file {text}: {e}") from e
 
 
 def output_flags() -> argparse.ArgumentParser:
@@ -179,7 +217,7 @@ def resolve_op(graph: Graph, name: str) -> str:
     """An op name, or a module prefix (`h.0.mlp.fc`) naming exactly one heavy op under it."""
     import difflib
 
-    from shardplan.search.flex import is_transparent
+    from shardplan.search.drec.flex import is_transparent
 
     if name in graph.op_index:
         return name

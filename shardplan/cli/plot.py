@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardplan.errors import ArgumentError, MissingDependencyError, PlanError
+from shardplan.errors import ArgumentError, PlanError
+from shardplan.lazy import require
 
 COLOURS = {
     "batch": "#4e79a7",
@@ -30,16 +31,8 @@ MAX_ROWS = 60
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: never open a window
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise MissingDependencyError(
-            "--plot needs matplotlib: pip install 'shardplan[plot]'"
-        ) from e
-    return plt
+    require("matplotlib", extra="plot", user="--plot").use("Agg")  # files only: no window
+    return require("matplotlib.pyplot", extra="plot", user="--plot")
 
 
 def check_suffix(path: str) -> None:
@@ -50,7 +43,7 @@ def check_suffix(path: str) -> None:
 def plot_plan(p: Any, path: str) -> None:
     """Strategy map and cost breakdown of plan `p`, written to `path`."""
     from shardplan.cli.render import collapse, cut_kind
-    from shardplan.search.flex import is_transparent
+    from shardplan.search.drec.flex import is_transparent
 
     check_suffix(path)
     plt = _pyplot()

@@ -23,7 +23,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from shardplan.cost.zero import WHAT
-from shardplan.hardware import MACHINES
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -139,7 +138,7 @@ def strategy_text(graph: Graph, op: Op, strategy: Strategy, mesh: Mesh) -> str:
 def axis_summary(p: Any) -> list[str]:
     """What the plan is, per mesh axis: 'gpu axis (8): batch ×4 · column ×2'. Each round is named
     by the cut kind that carries most of the heavy ops' FLOPs in it."""
-    from shardplan.search.flex import is_transparent
+    from shardplan.search.drec.flex import is_transparent
 
     graph, mesh = p.graph, p.mesh
     heavy = [op for op in graph.ops if not is_transparent(op)] or list(graph.ops)
@@ -244,7 +243,7 @@ def plan_title(p: Any) -> str:
 
 def op_table(p: Any, which: str = "heavy", top: int = 0) -> tuple[Table | None, str]:
     """The per-op table and a caption saying what it shows."""
-    from shardplan.search.flex import is_transparent
+    from shardplan.search.drec.flex import is_transparent
 
     graph, mesh = p.graph, p.mesh
     costs = {c.name: c for c in p.cost.ops}
@@ -362,8 +361,10 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
     )
     if p.options.zero:
         t.add_row("ZeRO", f"stage {p.options.zero}: {WHAT[p.options.zero]}")
-    hbm = MACHINES[p.mesh.machine].memory_bytes
-    if p.mesh.memory_bytes is None and c.memory_per_device > hbm:
+    t.add_row("machine", machine_line(p.mesh))
+    hbm = p.mesh.hardware.memory_bytes
+    budget = p.problem.budget if p.problem is not None else p.mesh.memory_bytes
+    if budget is None and c.memory_per_device > hbm:
         t.add_row(
             "warning",
             f"needs more than the {p.mesh.machine}'s {fmt_bytes(hbm)} per device; pass "
@@ -374,6 +375,21 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
     for note in p.notes:
         t.add_row("note", escape(note))
     return t
+
+
+def machine_line(mesh: Any) -> str:
+    """The machine a plan is priced for, with each mesh axis's link: 'a100 (8 per node,
+    80 GB): node 25 GB/s, gpu 300 GB/s'."""
+    hw = mesh.hardware
+    links = ", ".join(
+        f"{name} {fmt_rate(bw)}"
+        for name, bw in zip(mesh.names, mesh.bandwidth_bytes_per_s, strict=True)
+    )
+    return f"{hw.name} ({hw.devices_per_node} per node, {fmt_bytes(hw.memory_bytes)}): {links}"
+
+
+def fmt_rate(bytes_per_s: float) -> str:
+    return f"{fmt_bytes(bytes_per_s)}/s"
 
 
 def print_plan(

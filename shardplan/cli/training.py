@@ -1,8 +1,12 @@
-"""`shardplan plan ... --dtype bf16`: the training-step search and its printout.
+"""`shardplan plan ... --dtype bf16` / `--method step|megatron-recipe`: the training step.
 
-With `--dtype` the plan is a TrainingPlan (search/scale.py): pipeline stages over the outermost
-mesh axis, micro-batches, per-stage recomputation and ZeRO, each stage planned by D-Rec. Zoo
-models are rebuilt at each micro-batch size; graphs from other sources run with one micro-batch.
+The plan is a TrainingPlan from the same front door as every plan (`shardplan.plan`, a
+`Problem` through the solver registry): method "step" (the search: pipeline stages over the
+outermost mesh axis, micro-batches, per-stage recomputation and ZeRO, D-Rec stage plans) or
+"megatron-recipe" (the hand recipe with `--tensor`, `--pipeline`, ... as its typed options).
+Zoo models and --hf models are rebuilt at each micro-batch size; graphs from other sources
+(--torch, --onnx) run with one micro-batch. Flags that only mean something for one SPMD plan
+(`--force`, `--plot`, `--top`, `--zero`) are refused in one line rather than ignored.
 """
 
 from __future__ import annotations
@@ -10,75 +14,119 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from shardplan import zoo
-from shardplan.cli.models import load_graph, model_label
+from shardplan.cli.models import hf_rebuilder, load_graph, model_label
 from shardplan.cli.options import SIZE_FLAGS, progress_of
-from shardplan.cost import CostOptions
 from shardplan.errors import SolverError
 from shardplan.exporters import training_json
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Role
-from shardplan.mesh import parse_bytes, parse_mesh
+from shardplan.problem import graph_batch
 from shardplan.training import TrainingPlan
 
+TRAINING_METHODS = ("step", "megatron-recipe")
+RECIPE_FLAGS = (
+    "tensor",
+    "pipeline",
+    "micro_batch_size",
+    "recompute",
+    "sequence_parallel",
+    "virtual_stages",
+    "context",
+    "distributed_optimizer",
+    "expert",
+)
 
-def graph_batch(graph: Graph) -> int:
-    """The global batch: the leading dim of the graph's first input."""
-    for t in graph.tensors.values():
-        if t.role is Role.INPUT and t.shape:
-            return t.shape[0]
-    raise SolverError(f"graph {graph.name!r} has no input to read the batch size from")
+
+def wants_training_plan(args: argparse.Namespace) -> bool:
+    """`--dtype` or a training-step method asks for a TrainingPlan."""
+    return bool(getattr(args, "dtype", None)) or args.method in TRAINING_METHODS
+
+
+def _refuse_spmd_flags(args: argparse.Namespace) -> None:
+    """One line for each flag a training plan cannot honour (never silently ignored)."""
+    if args.method not in (*TRAINING_METHODS, "drec"):
+        raise SolverError(
+            f"--dtype plans a training step (--method step or megatron-recipe), not "
+            f"--method {args.method}; drop --dtype for a single SPMD plan"
+        )
+    refused = [
+        (getattr(args, "force", None), "--force pins one op of a single SPMD plan"),
+        (getattr(args, "plot", None), "--plot draws a single SPMD plan"),
+        (getattr(args, "top", 0), "--top lists one SPMD plan's costliest ops (use --ops all)"),
+        (
+            getattr(args, "zero", None) is not None,
+            "--zero sets the ZeRO stage of a single SPMD plan (training plans choose it per "
+            "pipeline stage under --memory)",
+        ),
+        (args.train is False, "--infer: a training step has a backward pass"),
+        (args.preset != "shardplan", "--preset: the step model prices the shardplan preset"),
+    ]
+    for given_, why in refused:
+        if given_:
+            raise SolverError(f"{why}; it does not apply to a training plan: drop it")
+    if args.method != "megatron-recipe":
+        knobs = [f"--{k.replace('_', '-')}" for k in RECIPE_FLAGS if _knob(args, k) is not None]
+        if knobs:
+            raise SolverError(
+                f"{', '.join(knobs)} set the Megatron recipe's knobs: add --method "
+                "megatron-recipe (the step search chooses them itself)"
+            )
+
+
+def _knob(args: argparse.Namespace, name: str) -> Any:
+    value = getattr(args, name, None)
+    return None if value is False else value
+
+
+def builder_of(args: argparse.Namespace, graph: Graph, batch: int) -> Any:
+    """The model at each batch: zoo and --hf models are rebuilt (an --hf config re-imported on
+    the meta device); other graphs exist at one batch."""
+    if args.model and not (args.torch or args.hf or args.onnx):
+        overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
+        small = getattr(args, "small", False)
+        return lambda b: zoo.build(args.model, small=small, batch=b, **overrides)
+    if args.hf:
+        rebuild = hf_rebuilder(args)
+        return lambda b: graph if b == batch else rebuild(b)
+    return graph
 
 
 def run_training_plan(args: argparse.Namespace) -> int:
     from shardplan.cli.render import make_console, print_plan
-    from shardplan.search.scale import plan_training
+    from shardplan.search import plan
 
-    if args.method != "drec" or args.train is False or args.preset != "shardplan":
-        raise SolverError(
-            "--dtype plans a training step with method drec and the shardplan preset; drop "
-            "--method/--infer/--preset, or drop --dtype for a single SPMD plan"
-        )
-    if getattr(args, "zero", None) is not None:
-        raise SolverError(
-            "--zero sets the ZeRO stage of a single SPMD plan; --dtype plans choose it per "
-            "pipeline stage under --memory: drop one of them"
-        )
+    _refuse_spmd_flags(args)
     if args.mesh is None:
-        raise SolverError("--dtype plans need --mesh (e.g. --mesh 128x8)")
+        raise SolverError("a training plan needs --mesh (e.g. --mesh 128x8)")
+    method = args.method if args.method in TRAINING_METHODS else "step"
     progress = progress_of(args)
     graph = load_graph(args, progress)
-    mesh = parse_mesh(args.mesh, machine=args.machine)
-    opts = CostOptions.make("shardplan", True, args.optimizer, args.dtype)
     batch = graph_batch(graph)
-    overrides: dict[str, object] = {}
-    small = False
-    if args.model and not (args.torch or args.hf or args.onnx):
-        overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
-        overrides = {k: v for k, v in overrides.items() if v is not None}
-        small = getattr(args, "small", False)
-
-        def build(b: int) -> Graph | None:
-            return zoo.build(args.model, small=small, batch=b, **overrides)
+    options: dict[str, Any] = {}
+    if method == "step":
+        options["progress"] = progress.note
+        progress.note(f"searching stages x micro-batches for {graph.name} on mesh {args.mesh} ...")
     else:
-
-        def build(b: int) -> Graph | None:
-            return graph if b == batch else None  # imported graphs have one batch size
-
-    budget = parse_bytes(args.memory) if args.memory else None
+        options = {k: _knob(args, k) for k in RECIPE_FLAGS if _knob(args, k) is not None}
     if args.from_config or args.target:
-        from shardplan.cli.engines import engine_plan
-
-        tp = engine_plan(args, build, batch, mesh, opts, budget, progress.note)
+        tp = _engine_plan(args, graph, batch, progress.note)
     else:
-        progress.note(
-            f"searching stages x micro-batches for {graph.name} on mesh {mesh.text()} ..."
+        tp = plan(
+            builder_of(args, graph, batch),
+            args.mesh,
+            method,
+            memory=args.memory,
+            optimizer=args.optimizer,
+            machine=args.machine,
+            dtype=args.dtype,
+            batch=batch,
+            **options,
         )
-        tp = plan_training(build, batch, mesh, opts, budget, progress=progress.note)
     console = make_console()
     print_training_plan(console, tp)
     if args.ops == "all":
@@ -89,10 +137,68 @@ def run_training_plan(args: argparse.Namespace) -> int:
         data = training_json.to_dict(tp)
         data["model"] = model_label(args)
         if args.model and not (args.torch or args.hf or args.onnx):
-            data["model_config"] = {"name": args.model, "small": small, "overrides": overrides}
+            overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
+            data["model_config"] = {  # the exporters' model sizes (exporters/engine_layout)
+                "name": args.model,
+                "small": bool(getattr(args, "small", False)),
+                "overrides": {k: v for k, v in overrides.items() if v is not None},
+            }
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"training plan written to {args.json}")
     return 0
+
+
+def _engine_plan(args: argparse.Namespace, graph: Graph, batch: int, say: Any) -> TrainingPlan:
+    """`--target` / `--from-config` (cli/engines.py) on the Problem of these arguments."""
+    from shardplan.cli.engines import engine_plan
+    from shardplan.problem import Problem
+
+    if args.method not in ("drec", "step"):
+        raise SolverError(
+            f"--target and --from-config choose the layout: drop --method {args.method}"
+        )
+    problem = Problem.make(
+        builder_of(args, graph, batch),
+        args.mesh,
+        memory=args.memory,
+        optimizer=args.optimizer,
+        machine=args.machine,
+        dtype=args.dtype,
+        batch=batch,
+    )
+    build = problem.build
+
+    def rebuild(b: int) -> Graph | None:  # imported graphs exist at one batch only
+        return problem.graph if b == batch else build(b) if build is not None else None
+
+    return engine_plan(args, rebuild, batch, problem.mesh, problem.options, problem.budget, say)
+
+
+def reprint_training_plan(args: argparse.Namespace) -> bool:
+    """`shardplan plan train.json`: print a saved training plan (True), or False when the
+    argument is not one. Re-planning flags are refused (re-plan from the model instead)."""
+    from shardplan.cli.models import is_plan_file
+    from shardplan.cli.render import make_console
+
+    if not is_plan_file(args.model) or args.torch or args.hf or args.onnx:
+        return False
+    path = Path(args.model)
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return False  # the plan reader reports what is wrong with the file
+    if not training_json.is_training_json(data):
+        return False
+    if getattr(args, "force", None) or getattr(args, "plot", None):
+        raise SolverError(
+            f"{args.model} is a training plan: --force and --plot work on one SPMD plan; plan "
+            "the model again with --dtype to change it"
+        )
+    tp = training_json.from_json(data)
+    if args.mesh is not None and tp.mesh.text() != args.mesh.strip():
+        raise SolverError(f"{args.model} is a plan for mesh {tp.mesh.text()}, not {args.mesh}")
+    print_training_plan(make_console(), tp)
+    return True
 
 
 def _b(n: float) -> str:
@@ -140,6 +246,9 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     summary = Table(title="training step (predicted)", show_header=False)
     summary.add_column("item")
     summary.add_column("value")
+    from shardplan.cli.render import machine_line
+
+    summary.add_row("machine", machine_line(tp.mesh))
     for axis in tp.axes:
         summary.add_row("mesh", axis)
     rows = (
@@ -166,6 +275,7 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
 
 
 def add_dtype_argument(p: argparse.ArgumentParser) -> None:
+    """--dtype and the Megatron recipe's knobs (`--method megatron-recipe`)."""
     p.add_argument(
         "--dtype",
         default=None,
@@ -188,6 +298,28 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="with --dtype: score an engine configuration (torchtitan TOML, DeepSpeed JSON or "
         "Megatron flags) with the step model and compare it with the best plan of that engine",
+    )
+    g = p.add_argument_group("Megatron recipe knobs (--method megatron-recipe)")
+    for flag, kind, what in (
+        ("tensor", int, "tensor-parallel ways (default: the innermost mesh axis)"),
+        ("pipeline", int, "pipeline stages over the outermost axis (default 1)"),
+        ("micro-batch-size", int, "samples per micro-batch (default 1)"),
+        ("virtual-stages", int, "model chunks per device (interleaved 1F1B)"),
+        ("context", int, "context-parallel ways (attention split along the sequence)"),
+        ("expert", int, "expert-parallel ways (MoE)"),
+    ):
+        g.add_argument(f"--{flag}", type=kind, default=None, metavar="N", help=what)
+    g.add_argument(
+        "--recompute",
+        choices=("full", "selective", "none"),
+        default=None,
+        help="activation recomputation (default full)",
+    )
+    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    g.add_argument(
+        "--distributed-optimizer",
+        action="store_true",
+        help="optimizer state split over the data-parallel group (ZeRO-1)",
     )
 
 

@@ -1,4 +1,5 @@
-"""The only home of collective-communication formulas (ring algorithms, bandwidth term only).
+"""The only home of collective-communication formulas (ring algorithms, bandwidth term only)
+and of the collective kinds (`CollectiveKind`, which every other layer names them by).
 
 `nbytes` is the size of the whole tensor the q devices of a group share (before this round's
 split); results are seconds at `bandwidth` bytes/s per device. For q devices:
@@ -7,6 +8,19 @@ device holds S/q and keeps 1/q of it: (q-1)/q * (S/q)/B, halo exchange to two ne
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+
+class CollectiveKind(StrEnum):
+    """A collective by the name XLA's HLO gives it. str-valued, so JSON, tables and HLO text
+    keep the plain names; the engines, fidelity checks and reports all use these members."""
+
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+    COLLECTIVE_PERMUTE = "collective-permute"  # XLA's halo exchange (`halo_exchange_s`)
 
 
 def all_reduce_s(nbytes: float, q: int, bandwidth: float) -> float:

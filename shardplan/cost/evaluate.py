@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
+from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
     ZERO,
@@ -90,12 +91,13 @@ class CostBreakdown:
             "param_memory_bytes": self.param_memory,
             "activation_memory_bytes": self.activation_memory,
             "collective_bytes": {
-                "all-reduce": c.all_reduce_bytes,
-                "all-gather": c.all_gather_bytes,
-                "all-to-all": c.all_to_all_bytes,
+                CollectiveKind.ALL_REDUCE: c.all_reduce_bytes,
+                CollectiveKind.ALL_GATHER: c.all_gather_bytes,
+                CollectiveKind.ALL_TO_ALL: c.all_to_all_bytes,
                 "halo": c.halo_bytes,
                 # ZeRO's (cost/zero.py); only when used, so stage-0 breakdowns keep their keys
-                **({"reduce-scatter": c.reduce_scatter_bytes} if c.reduce_scatter_bytes else {}),
+                **({CollectiveKind.REDUCE_SCATTER: c.reduce_scatter_bytes}
+                   if c.reduce_scatter_bytes else {}),
             },
         }
         if per_op:

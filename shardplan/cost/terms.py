@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 from shardplan.cost import collectives as coll
 from shardplan.cost.presets import CostOptions, CostPreset
-from shardplan.hardware import get_machine
 from shardplan.ir.dims import DimKind
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
@@ -335,7 +334,8 @@ def compute_cost(flops_local: float, bytes_local: float, opts: CostOptions, mesh
     """
     if opts.preset.symbolic or flops_local <= 0:
         return 0.0
-    m = get_machine(mesh.machine)
+    m = mesh.hardware
+    assert m is not None  # a Mesh always binds its Machine
     t = max(
         flops_local / (mesh.flops_per_s * m.flops_efficiency),
         bytes_local / (m.hbm_bytes_per_s * m.hbm_efficiency),

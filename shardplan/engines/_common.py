@@ -8,30 +8,16 @@ and torch engines run on the same numbers.
 
 from __future__ import annotations
 
-import importlib
 import string
 import zlib
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from shardplan.errors import MissingDependencyError, UnsupportedOpError
+from shardplan.errors import UnsupportedOpError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role, Tensor
 from shardplan.ir.traits import Trait, has_trait, traits_of
-
-
-def require(module: str, extra: str, user: str) -> ModuleType:
-    """`import module`, or MissingDependencyError naming `user` and the `extra` to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(
-            f"{user} needs the `{extra}` extra, which is not installed ({e}); "
-            f"install it with: pip install 'shardplan[{extra}]'"
-        ) from e
-
 
 # -- values --------------------------------------------------------------------------------------
 

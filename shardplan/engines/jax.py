@@ -29,7 +29,6 @@ from shardplan.engines._common import (
     index_bound,
     init_inputs,
     init_params,
-    require,
 )
 from shardplan.engines._common import einsum_letters as _einsum_spec
 from shardplan.engines._common import pair as _pair
@@ -37,6 +36,7 @@ from shardplan.errors import BackendError, UnsupportedOpError
 from shardplan.exporters.jax import jax_mesh, named_sharding, shardings_for
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
+from shardplan.lazy import require
 from shardplan.mesh import Mesh, parse_mesh
 from shardplan.sharding import Layout
 
@@ -46,7 +46,7 @@ Layouts = Mapping[str, Layout]
 
 
 def _require_jax() -> Any:
-    return require("jax", "jax", "the JAX backend")
+    return require("jax", extra="jax", user="the JAX backend")
 
 
 # -- values ------------------------------------------------------------------------------------

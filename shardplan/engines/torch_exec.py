@@ -34,19 +34,19 @@ from shardplan.engines._common import (
     index_bound,
     init_inputs,
     init_params,
-    require,
 )
 from shardplan.engines._common import pair as _pair
 from shardplan.errors import BackendError, UnsupportedOpError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op
+from shardplan.lazy import require
 
 Kernel = Callable[..., Any]
 
 
 def _require_torch() -> Any:
-    return require("torch", "torch", "the torch backend")
+    return require("torch", extra="torch", user="the torch backend")
 
 
 # -- values --------------------------------------------------------------------------------------

@@ -312,12 +312,10 @@ def _worker(rank: int, world: int, port: int, job_path: str) -> None:
         )
         batch = torch.zeros(micro * m, 1)
         losses: list[Any] = []
-        if s == 0:
-            schedule.step(batch)
-        elif s == n - 1:
-            schedule.step(target=torch.zeros(m, 1), losses=losses)
-        else:
-            schedule.step()
+        # the first stage feeds the batch, the last one (the same when S = 1) takes the loss
+        args = (batch,) if s == 0 else ()
+        last = {"target": torch.zeros(m, 1), "losses": losses} if s == n - 1 else {}
+        schedule.step(*args, **last)
         grads = {}
         for name, p in zip(param_names, module.weights, strict=True):
             g = p.grad
@@ -330,7 +328,7 @@ def _worker(rank: int, world: int, port: int, job_path: str) -> None:
         if local is None or all(int(c) == 0 for c in local):
             out: dict[str, Any] = dict(grads)
             if s == n - 1:
-                out["__loss__"] = np.asarray(sum(float(x) for x in losses))
+                out["__loss__"] = np.asarray(sum(float(x.detach()) for x in losses))
             np.savez(os.path.join(job["workdir"], f"stage{s}.npz"), **out)
         dist.barrier()
     finally:

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from shardplan.cost.collectives import CollectiveKind
 from shardplan.engines.spawn import exit_fast, init_gloo
 from shardplan.engines.torch_exec import (
     Kernel,
@@ -82,9 +83,9 @@ def _transition(src: Any, dst: Any) -> str | None:
     if src == dst:
         return None
     if src.is_partial():
-        return "reduce-scatter" if dst.is_shard() else "all-reduce"
+        return CollectiveKind.REDUCE_SCATTER if dst.is_shard() else CollectiveKind.ALL_REDUCE
     if src.is_shard():
-        return "all-to-all" if dst.is_shard() else "all-gather"
+        return CollectiveKind.ALL_TO_ALL if dst.is_shard() else CollectiveKind.ALL_GATHER
     return "slice" if dst.is_shard() else "replicate-to-partial"
 
 

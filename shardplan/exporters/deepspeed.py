@@ -15,7 +15,7 @@ from typing import Any
 
 from shardplan.cost.step import Recompute
 from shardplan.exporters.engine_layout import EngineLayout, read_layout
-from shardplan.search.menus import MENUS
+from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
 
 

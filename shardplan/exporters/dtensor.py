@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from shardplan.errors import MissingDependencyError, PlanError
 from shardplan.ir.op import Role
+from shardplan.lazy import require
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.sharding import (
@@ -67,14 +68,8 @@ def layout_texts(layout: Layout, reducers: Sequence[str | None] | None = None) -
 
 
 def _require_placements() -> Any:
-    try:
-        from torch.distributed import tensor as dt
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(
-            f"DTensor placements need torch ({e}); install `shardplan[torch]`, or use "
-            "placement_texts(plan) / placements(plan, form='text'), which need no torch"
-        ) from e
-    return dt
+    hint = "or use placement_texts(plan) / placements(plan, form='text'), which need no torch"
+    return require("torch.distributed.tensor", extra="torch", user="DTensor placements", hint=hint)
 
 
 def to_placements(texts: Sequence[str]) -> tuple[Any, ...]:

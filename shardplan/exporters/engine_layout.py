@@ -1,7 +1,7 @@
 """The engine layout of a TrainingPlan: the parallel degrees and switches the engines configure.
 
 `read_layout(tp, menu)` reads off the plan, checking every construct against the engine's menu
-(`shardplan.search.menus`): each stage plan must be one of the expert layouts the engines run —
+(`shardplan.search.step.menus`): each stage plan must be one of the expert layouts the engines run —
 tensor parallelism of degree t on the innermost rounds with Megatron-style cuts
 (`experts.megatron`), data parallelism on the other ways (t = 1: `experts.data_parallel`) — with
 the same t on every stage; the same levers on every stage, allowed by the menu; stage boundaries
@@ -28,7 +28,7 @@ from shardplan.ir.op import Role, Tensor
 from shardplan.ir.segments import segments
 from shardplan.plans import Plan
 from shardplan.search import experts
-from shardplan.search.menus import Menu, graph_layers, tensor_degrees
+from shardplan.search.step.menus import Menu, graph_layers, tensor_degrees
 from shardplan.training import TrainingPlan
 
 _MAPPED_LEVERS = frozenset({"recompute", "zero"})
@@ -36,7 +36,7 @@ _MAPPED_LEVERS = frozenset({"recompute", "zero"})
 _MAPPED_PLAN = frozenset(
     {
         "model", "mesh", "batch", "micro_batches", "stages", "method", "tokens_per_sample",
-        "axes", "search_seconds", "notes", "step",
+        "axes", "search_seconds", "notes", "step", "problem",
     }
 )  # fmt: skip
 _MAPPED_STAGE = frozenset({"plan", "levers"})

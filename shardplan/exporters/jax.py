@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.errors import BackendError, MissingDependencyError, PlanError
+from shardplan.errors import BackendError, PlanError
 from shardplan.exporters.axes import collapse
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Tensor
+from shardplan.lazy import require
 from shardplan.mesh import Mesh, parse_mesh
 from shardplan.plans import Plan
 from shardplan.sharding import REPLICATED, Layout
@@ -33,13 +34,7 @@ Layouts = Mapping[str, Layout]
 
 
 def _require_jax() -> Any:
-    try:
-        import jax
-    except ImportError as e:  # only the exporter's callers need jax
-        raise MissingDependencyError(
-            "JAX shardings need jax; install it with `pip install shardplan[jax]`"
-        ) from e
-    return jax
+    return require("jax", extra="jax", user="JAX shardings")
 
 
 def _as_mesh(mesh: Mesh | str | int) -> Mesh:

@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardplan.cost.step import Recompute
-from shardplan.errors import MissingDependencyError
 from shardplan.exporters.engine_layout import EngineLayout, read_layout
-from shardplan.search.menus import MENUS
+from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
 
 _ARCH_FLAGS = (
@@ -108,13 +107,13 @@ def megatron_kwargs(layout: EngineLayout, arch: Mapping[str, int] | None = None)
 
 def transformer_config(kwargs: Mapping[str, Any]) -> Any:
     """Build megatron.core's TransformerConfig of `kwargs` (its __post_init__ validates)."""
-    try:
-        import torch
-        from megatron.core.transformer.transformer_config import TransformerConfig
-    except ImportError as e:
-        raise MissingDependencyError(
-            "megatron.core is needed to build the config: pip install 'shardplan[engines]'"
-        ) from e
+    from shardplan.lazy import require
+
+    torch = require("torch", extra="engines", user="transformer_config")
+    mc = require(
+        "megatron.core.transformer.transformer_config", extra="engines", user="transformer_config"
+    )
+    TransformerConfig = mc.TransformerConfig  # noqa: N806 - the engine's class
     kw = dict(kwargs)
     for key in ("params_dtype", "pipeline_dtype"):
         kw[key] = getattr(torch, kw[key])  # dtype by name, e.g. torch.bfloat16

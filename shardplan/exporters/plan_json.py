@@ -1,4 +1,4 @@
-"""Plans as JSON (schema "shardplan.plan/1"): `to_json` / `from_json` round-trip exactly.
+"""Plans as JSON (schema "shardplan.plan/2"): `to_json` / `from_json` round-trip exactly.
 
 The graph, the mesh, the options and the strategies are stored; the cost is stored for readers
 and recomputed on load (`Plan.__post_init__` validates and scores); `from_json` first checks the
@@ -18,12 +18,15 @@ from shardplan.cost import CostOptions, Optimizer, get_preset
 from shardplan.errors import PlanError
 from shardplan.exporters.mindspore import in_strategy
 from shardplan.exporters.plan_schema import checked_plan_data
+from shardplan.ir.graph import Graph
 from shardplan.ir.serialize import graph_from_dict, graph_to_dict
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
+from shardplan.problem import Problem
 from shardplan.sharding import local_shape, operand_layout, output_placements
 
-SCHEMA = "shardplan.plan/1"
+SCHEMA = "shardplan.plan/2"
+"""/2 (issue 22) adds `problem` (budget, ZeRO stage, batch); /1 files still read."""
 
 
 def op_rows(plan: Plan) -> list[dict[str, Any]]:
@@ -81,8 +84,25 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "notes": list(plan.notes),
         "ops": op_rows(plan),
         "param_layouts": {k: list(v) for k, v in plan.param_layouts.items()},
+        "problem": problem_to_dict(plan.problem),
         "graph": graph_to_dict(plan.graph),
     }
+
+
+def problem_to_dict(problem: Problem | None) -> dict[str, Any] | None:
+    """What a plan's Problem adds to its graph, mesh and options: budget, ZeRO stage, batch."""
+    if problem is None:
+        return None
+    return {"budget": problem.budget, "zero": problem.zero, "batch": problem.batch}
+
+
+def problem_from_dict(
+    data: dict[str, Any] | None, graph: Graph, mesh: Mesh, options: CostOptions
+) -> Problem:
+    """The Problem of a plan file (schema /1, or a plan built by hand: no budget)."""
+    data = data or {}
+    budget = data.get("budget", mesh.memory_bytes)
+    return Problem(graph, mesh, options, budget, data.get("zero"), data.get("batch"))
 
 
 def to_json(plan: Plan, indent: int | None = None) -> str:
@@ -105,6 +125,7 @@ def from_json(text: str | dict[str, Any]) -> Plan:
         )
         strategies = {row["name"]: tuple(row["strategy"]) for row in data["ops"]}
         params = {k: tuple(v) for k, v in data.get("param_layouts", {}).items()}
+        problem = problem_from_dict(data.get("problem"), graph, mesh, options)
         return Plan(
             graph,
             mesh,
@@ -115,9 +136,18 @@ def from_json(text: str | dict[str, Any]) -> Plan:
             params,
             str(data.get("status", "ok")),
             tuple(data.get("notes", ())),
+            problem=problem,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise PlanError(f"plan JSON is malformed: {e!r}") from e
 
 
-__all__ = ["SCHEMA", "from_json", "op_rows", "to_dict", "to_json"]
+__all__ = [
+    "SCHEMA",
+    "from_json",
+    "op_rows",
+    "problem_from_dict",
+    "problem_to_dict",
+    "to_dict",
+    "to_json",
+]

@@ -131,6 +131,26 @@ def _mesh(m: Any) -> None:
     _str(m.get("machine", "a100"), "mesh.machine")
 
 
+PLAN_SCHEMAS = ("shardplan.plan/1", "shardplan.plan/2")
+"""The plan schemas this reader takes: /2 adds `problem`."""
+
+
+def _problem(p: Any) -> None:
+    """The plan's Problem fields (schema /2): budget bytes, ZeRO stage, batch, each or null."""
+    if p is None:
+        return
+    p = _dict(p, "problem")
+    unknown = sorted(set(p) - {"budget", "zero", "batch"})
+    if unknown:
+        raise _fail("problem", "budget, zero and batch only", unknown)
+    if p.get("budget") is not None:
+        _num(p["budget"], "problem.budget (bytes per device)", positive=True)
+    if p.get("zero") is not None:
+        _int(p["zero"], "problem.zero (the ZeRO stage)", 0, 3)
+    if p.get("batch") is not None:
+        _int(p["batch"], "problem.batch", 1)
+
+
 def checked_plan_data(text: str | bytes | dict[str, Any]) -> dict[str, Any]:
     """The plan file's data after the schema check (see the module doc); PlanError otherwise."""
     if isinstance(text, (str, bytes)):
@@ -144,9 +164,9 @@ def checked_plan_data(text: str | bytes | dict[str, Any]) -> dict[str, Any]:
             raise PlanError(f"plan file is nested too deeply; {_FIX}") from e
     else:
         data = text
-    if not isinstance(data, dict) or data.get("schema") != "shardplan.plan/1":
+    if not isinstance(data, dict) or data.get("schema") not in PLAN_SCHEMAS:
         raise PlanError(
-            "not a shardplan plan (schema must be 'shardplan.plan/1'); "
+            f"not a shardplan plan (schema must be one of {list(PLAN_SCHEMAS)}); "
             "write plans with `shardplan plan --json FILE`"
         )
     _depth_ok(data)
@@ -159,6 +179,7 @@ def checked_plan_data(text: str | bytes | dict[str, Any]) -> dict[str, Any]:
     _str(o.get("optimizer"), "options.optimizer")
     if "zero" in o:
         _int(o["zero"], "options.zero (the ZeRO stage)", 0, 3)
+    _problem(data.get("problem"))
     _str(data.get("method"), "method")
     _num(data.get("search_seconds"), "search_seconds")
     _str(data.get("status", "ok"), "status")

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardplan.errors import MissingDependencyError, PlanError
+from shardplan.errors import PlanError
 from shardplan.ir.op import Role
+from shardplan.lazy import require
 from shardplan.plans import Plan
 from shardplan.sharding import PARTIAL, REPLICATED, operand_layout, resolved
 
@@ -155,13 +156,10 @@ def to_torch_tp(plan: Plan, axis: int | str | None = None) -> dict[str, Any]:
     """`{module path: ColwiseParallel() | RowwiseParallel()}` for `parallelize_module(module,
     device_mesh[axis_name], ...)` (see `torch_tp_styles`; needs torch)."""
     styles = torch_tp_styles(plan, axis)
-    try:
-        from torch.distributed.tensor import Replicate
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(
-            f"to_torch_tp needs torch ({e}); install shardplan[torch]"
-        ) from e
+    require("torch.distributed.tensor.parallel", extra="torch", user="to_torch_tp")
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
     kinds = {op.layer: op.kind for op in plan.graph.ops if op.layer in styles}
     out: dict[str, Any] = {}
     for path, style in styles.items():

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shardplan.exporters.engine_layout import EngineLayout, read_layout
-from shardplan.search.menus import MENUS
+from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
 
 _DTYPE = {"bf16": "bfloat16", "fp32": "float32"}

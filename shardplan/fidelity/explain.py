@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from shardplan.cost.collectives import CollectiveKind as Kind
 from shardplan.fidelity.causes import _Delta, _significant
 from shardplan.fidelity.measure import MeasuredCollective, _dims, _numel, sent_bytes
 from shardplan.fidelity.predict import OpPrediction, kind_bytes
@@ -68,7 +69,7 @@ class _Explainer:
 
     # -- excess rules ---------------------------------------------------------------------------
     def statistics(self, d: _Delta) -> None:
-        if not d.op or d.kind not in ("all-reduce", "all-gather"):
+        if not d.op or d.kind not in (Kind.ALL_REDUCE, Kind.ALL_GATHER):
             return
         op = self.graph.op(d.op)
         traits = traits_of(op.kind)
@@ -89,7 +90,7 @@ class _Explainer:
         )
 
     def shared_gradient(self, d: _Delta) -> None:
-        if d.kind != "all-reduce" or not d.op:
+        if d.kind != Kind.ALL_REDUCE or not d.op:
             return
         credit = self.pred[d.op].shared_credit_bytes
         bwd = sum(m.sent_bytes for m in self.elems[(d.op, d.kind)] if m.backward)
@@ -101,7 +102,7 @@ class _Explainer:
             )
 
     def gradient_steps(self, d: _Delta) -> None:
-        if d.kind != "all-reduce" or not d.op:
+        if d.kind != Kind.ALL_REDUCE or not d.op:
             return
         by_shape: dict[str, list[MeasuredCollective]] = defaultdict(list)
         for m in self.elems[(d.op, d.kind)]:
@@ -113,7 +114,7 @@ class _Explainer:
                 continue
             group = _numel(m.group_size for m in ms)
             extra += sum(m.sent_bytes for m in ms) - sent_bytes(
-                "all-reduce", ms[0].buffer_bytes, group
+                Kind.ALL_REDUCE, ms[0].buffer_bytes, group
             )
         if extra > 0:
             d.take(
@@ -124,7 +125,7 @@ class _Explainer:
 
     def gradient_steps_gather(self, d: _Delta) -> None:
         """An all-gather closing a stepwise all-reduce of an activation gradient (`add_any`)."""
-        if d.kind != "all-gather" or not d.op:
+        if d.kind != Kind.ALL_GATHER or not d.op:
             return
         op = self.graph.op(d.op)
         shapes = {self.graph.tensors[t].shape for t in op.inputs}
@@ -137,7 +138,7 @@ class _Explainer:
             len(
                 {
                     m.group_size
-                    for m in self.elems[(self.graph.ops[i].name, "all-reduce")]
+                    for m in self.elems[(self.graph.ops[i].name, Kind.ALL_REDUCE)]
                     if m.backward
                 }
             )
@@ -171,7 +172,7 @@ class _Explainer:
         return False
 
     def weight_regather(self, d: _Delta) -> None:
-        if d.kind != "all-gather" or not d.op:
+        if d.kind != Kind.ALL_GATHER or not d.op:
             return
         ms = [
             m
@@ -196,11 +197,11 @@ class _Explainer:
     def round_order(self, d: _Delta, late: bool = False) -> None:
         """collective-permute (early) or backward all-gather (late, after neighbour moves) next
         to an edge that splits the same tensor dim in other rounds."""
-        if not d.op or d.kind != ("all-gather" if late else "collective-permute"):
+        if not d.op or d.kind != (Kind.ALL_GATHER if late else Kind.COLLECTIVE_PERMUTE):
             return
         if self._round_permuted(d.op):
             ms = self.elems[(d.op, d.kind)]
-            if d.kind == "collective-permute":
+            if d.kind == Kind.COLLECTIVE_PERMUTE:
                 d.take(sum(m.sent_bytes for m in ms), "round-order")
             else:
                 d.take(
@@ -270,17 +271,17 @@ class _Explainer:
                 for s in shapes
             )
 
-        if d.kind == "all-gather" and d.sign > 0:
+        if d.kind == Kind.ALL_GATHER and d.sign > 0:
             d.take(
                 sum(m.sent_bytes for m in self.elems[(d.op, d.kind)] if piece(m)),
                 "all-gather-for-all-to-all",
             )
-        if d.kind == "all-to-all" and d.sign < 0:
-            if any(piece(m) for m in self.elems[(d.op, "all-gather")]):
+        if d.kind == Kind.ALL_TO_ALL and d.sign < 0:
+            if any(piece(m) for m in self.elems[(d.op, Kind.ALL_GATHER)]):
                 d.take(d.remaining, "all-gather-for-all-to-all")
 
     def gather_shortfall(self, d: _Delta) -> None:
-        if d.kind != "all-gather" or not d.op:
+        if d.kind != Kind.ALL_GATHER or not d.op:
             return
         budget = sum(m.sent_bytes for m in self.elems[(d.op, d.kind)] if m.backward)
         op = self.graph.op(d.op)
@@ -303,7 +304,7 @@ class _Explainer:
                 return
 
     def contract_split_input(self, d: _Delta) -> None:
-        if d.kind != "all-reduce" or not d.op:
+        if d.kind != Kind.ALL_REDUCE or not d.op:
             return
         op = self.graph.op(d.op)
         split_reduced = False
@@ -342,7 +343,7 @@ class _Explainer:
                 ):
                     amount += kind_bytes(e.terms, d.kind) if d.sign < 0 else float("inf")
                     break
-        if d.sign > 0 and d.kind in ("all-gather", "all-to-all", "collective-permute"):
+        if d.sign > 0 and d.kind in (Kind.ALL_GATHER, Kind.ALL_TO_ALL, Kind.COLLECTIVE_PERMUTE):
             amount = min(amount, sum(m.sent_bytes for m in self.elems[(d.op, d.kind)]))
         elif d.sign > 0:
             return
@@ -351,13 +352,13 @@ class _Explainer:
     def merged_partial_sums(self, d: _Delta) -> None:
         if not d.op:
             return
-        if d.kind == "all-reduce" and self.merged.get(d.op):
+        if d.kind == Kind.ALL_REDUCE and self.merged.get(d.op):
             d.take(
                 d.remaining,
                 "merged-partial-sums",
                 "reduced together with another operator's partial sums",
             )
-        if d.kind != "all-gather" or not self.plan.options.train:
+        if d.kind != Kind.ALL_GATHER or not self.plan.options.train:
             return
         from shardplan.cost.terms import reduces
 
@@ -388,11 +389,11 @@ class _Explainer:
         return any(
             m.backward and _dims(m.shape)[1] == tuple(shape)
             for o in ops
-            for m in self.elems[(o, "all-gather")]
+            for m in self.elems[(o, Kind.ALL_GATHER)]
         )
 
     def partial_gradient_slice(self, d: _Delta) -> None:
-        if d.kind != "all-reduce" or not d.op:
+        if d.kind != Kind.ALL_REDUCE or not d.op:
             return
         from shardplan.sharding import local_shape
 
@@ -422,7 +423,7 @@ class _Explainer:
     def replicated_compute(self, d: _Delta) -> None:
         """A deficit at an operator XLA computed whole (its per-device result is global), or the
         all-gather of its input that computing it whole takes (a top-k XLA does not split)."""
-        if not d.op or (d.sign > 0 and d.kind != "all-gather"):
+        if not d.op or (d.sign > 0 and d.kind != Kind.ALL_GATHER):
             return
         from shardplan.sharding import local_shape, operand_layout
 
@@ -498,7 +499,7 @@ class _Explainer:
 
         for op_name, ds in by_op.items():
             if not op_name or not any(
-                d.kind == "all-gather" and d.sign < 0 and not d.done() for d in ds
+                d.kind == Kind.ALL_GATHER and d.sign < 0 and not d.done() for d in ds
             ):
                 continue
             op = self.graph.op(op_name)
@@ -510,7 +511,7 @@ class _Explainer:
                 != operand_layout(op, self.plan.strategies[op_name], i)
             ]
             if stored:
-                gap = sum(d.remaining for d in ds if d.kind == "all-gather" and d.sign < 0)
+                gap = sum(d.remaining for d in ds if d.kind == Kind.ALL_GATHER and d.sign < 0)
                 reuse = self._gathered_elsewhere(op_name, stored[0], gap)
                 cause, detail = (
                     ("shared-parameter-gather", f"{stored[0]!r} gathered at {reuse!r}, reused")
@@ -529,7 +530,7 @@ class _Explainer:
         op = self.graph.op(op_name)
         want = operand_layout(op, self.plan.strategies[op_name], op.inputs.index(param))
         for other in self.graph.ops:
-            sent = sum(m.sent_bytes for m in self.elems.get((other.name, "all-gather"), ()))
+            sent = sum(m.sent_bytes for m in self.elems.get((other.name, Kind.ALL_GATHER), ()))
             if other.name == op_name or sent < gap:
                 continue
             strategy = self.plan.strategies[other.name]

@@ -12,13 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-COLLECTIVE_KINDS = (
-    "all-reduce",
-    "all-gather",
-    "reduce-scatter",
-    "all-to-all",
-    "collective-permute",
-)
+from shardplan.cost.collectives import CollectiveKind as Kind
 
 _DTYPE_BYTES = {
     "pred": 1,
@@ -54,7 +48,7 @@ _DTYPE_BYTES = {
 
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"
-    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+    rf"(?P<kind>{'|'.join(map(re.escape, Kind))})"
     r"(?P<suffix>-start|-done)?\("
 )
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
@@ -83,7 +77,7 @@ class Collective:
         instruction: the HLO instruction name, e.g. `all-reduce.3`.
     """
 
-    kind: str
+    kind: Kind
     bytes_per_device: int
     group_size: int
     op_name: str = ""
@@ -113,7 +107,7 @@ def hlo_arrays(
 
 
 def _group_size(line: str, kind: str, devices: int) -> int:
-    if kind == "collective-permute":
+    if kind == Kind.COLLECTIVE_PERMUTE:
         m = _PAIRS.search(line)
         if not m:
             return 0
@@ -159,9 +153,9 @@ def parse_collectives(
         inst = _INSTRUCTION.match(line)
         if not inst or inst.group("suffix") == "-done":
             continue
-        kind = inst.group("kind")
+        kind = Kind(inst.group("kind"))
         shape = inst.group("shape")
-        if inst.group("suffix") == "-start" and kind in ("all-gather", "collective-permute"):
+        if inst.group("suffix") == "-start" and kind in (Kind.ALL_GATHER, Kind.COLLECTIVE_PERMUTE):
             parts = _ARRAY.findall(shape)
             if shape.lstrip().startswith("(") and len(parts) >= 2:
                 dtype, dims = parts[-1]
@@ -190,7 +184,6 @@ def collective_summary(collectives: list[Collective]) -> dict[str, tuple[int, in
 
 
 __all__ = [
-    "COLLECTIVE_KINDS",
     "Collective",
     "collective_summary",
     "hlo_arrays",

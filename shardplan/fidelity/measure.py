@@ -10,26 +10,25 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from shardplan.cost.collectives import CollectiveKind as Kind
 from shardplan.errors import BackendError
 from shardplan.fidelity.hlo import hlo_arrays, parse_collectives
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-
 
 def sent_bytes(kind: str, buffer_bytes: float, group_size: int) -> float:
     """Bytes one device sends for one collective (ring algorithms), from its HLO buffer size."""
     g = max(int(group_size), 1)
-    if kind == "all-reduce":
+    if kind == Kind.ALL_REDUCE:
         return 2.0 * (g - 1) / g * buffer_bytes
-    if kind in ("all-gather", "all-to-all"):
+    if kind in (Kind.ALL_GATHER, Kind.ALL_TO_ALL):
         return (g - 1) / g * buffer_bytes
-    if kind == "reduce-scatter":
+    if kind == Kind.REDUCE_SCATTER:
         return (g - 1) * float(buffer_bytes)
-    if kind == "collective-permute":
+    if kind == Kind.COLLECTIVE_PERMUTE:
         return float(buffer_bytes)
-    raise BackendError(f"unknown collective kind {kind!r}; expected one of {KINDS}")
+    raise BackendError(f"unknown collective kind {kind!r}; expected one of {tuple(map(str, Kind))}")
 
 
 # -- measured collectives ------------------------------------------------------------------------
@@ -51,7 +50,7 @@ class MeasuredCollective:
         shape: the element's HLO shape, e.g. `f32[8,16]`.
     """
 
-    kind: str
+    kind: Kind
     sent_bytes: float
     buffer_bytes: int
     group_size: int
@@ -70,7 +69,7 @@ _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
 _GTE = re.compile(r"get-tuple-element\(%?([\w.\-]+)\),\s*index=(\d+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
-_TUPLE_KINDS = ("all-reduce", "reduce-scatter", "all-to-all")
+_TUPLE_COLLECTIVES = frozenset({Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_TO_ALL})
 
 
 class _OpNames:
@@ -125,7 +124,7 @@ def measure(
     out: list[MeasuredCollective] = []
     for c in collectives:
         arrays = hlo_arrays(shapes.get(c.instruction, ""), element_bytes)
-        if c.kind in _TUPLE_KINDS and len(arrays) > 1:
+        if c.kind in _TUPLE_COLLECTIVES and len(arrays) > 1:
             parts = []
             for i, (shape, nbytes) in enumerate(arrays):
                 args = operands.get(c.instruction, [])

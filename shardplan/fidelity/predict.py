@@ -9,18 +9,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from shardplan.cost.collectives import CollectiveKind as Kind
 from shardplan.cost.presets import CostOptions, get_preset
 from shardplan.cost.terms import CommTerms
 from shardplan.fidelity.measure import _numel
 from shardplan.ir.graph import Graph
 from shardplan.plans import Plan
 
-PREDICTED_FIELD = {
-    "all-reduce": "all_reduce_bytes",
-    "all-gather": "all_gather_bytes",
-    "reduce-scatter": None,
-    "all-to-all": "all_to_all_bytes",
-    "collective-permute": "halo_bytes",
+PREDICTED_FIELD: dict[Kind, str | None] = {
+    Kind.ALL_REDUCE: "all_reduce_bytes",
+    Kind.ALL_GATHER: "all_gather_bytes",
+    Kind.REDUCE_SCATTER: None,
+    Kind.ALL_TO_ALL: "all_to_all_bytes",
+    Kind.COLLECTIVE_PERMUTE: "halo_bytes",
 }
 """HLO collective kind -> the CommTerms field that predicts it (reduce-scatter is not modelled:
 the cost model charges an all-reduce or an all-gather where XLA may reduce-scatter)."""

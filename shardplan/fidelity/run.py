@@ -24,6 +24,7 @@ import numpy as np
 
 from shardplan.errors import BackendError
 from shardplan.ir.traits import Trait, has_trait
+from shardplan.lazy import require
 from shardplan.plans import Plan
 
 DTYPES = ("float64", "float32")
@@ -168,9 +169,7 @@ def reference(plan: Plan, train: bool, params: Any, inputs: Any) -> Any:
 
 
 def _jax() -> Any:
-    from shardplan.engines import jax as jb
-
-    return jb._require_jax()
+    return require("jax", extra="jax", user="running a plan on JAX")
 
 
 def flatten_results(result: Any, train: bool) -> dict[str, Any]:

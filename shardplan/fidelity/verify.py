@@ -43,6 +43,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from shardplan.cost.collectives import CollectiveKind as Kind
 from shardplan.errors import BackendError
 from shardplan.fidelity.causes import (
     CAUSES,
@@ -53,7 +54,6 @@ from shardplan.fidelity.causes import (
 )
 from shardplan.fidelity.explain import _Explainer
 from shardplan.fidelity.measure import (
-    KINDS,
     MeasuredCollective,
     comm_dtype,
     computed_sizes,
@@ -156,15 +156,16 @@ def compare(plan: Plan, hlo_text: str, train: bool, dtype: str = "float32") -> C
     m_bytes: dict[tuple[str, str], float] = defaultdict(float)
     for name, op_pred in pred.items():
         total = op_pred.total
-        for kind in KINDS:
+        for kind in Kind:
             b = kind_bytes(total, kind)
             if b:
                 p_bytes[(name, kind)] += b
     for m in measured:
         m_bytes[(m.op, m.kind)] += m.sent_bytes
     order = {name: i for i, name in enumerate(plan.graph.op_index)}
+    rank = {kind: i for i, kind in enumerate(Kind)}
     keys = sorted(
-        set(p_bytes) | set(m_bytes), key=lambda k: (order.get(k[0], len(order)), KINDS.index(k[1]))
+        set(p_bytes) | set(m_bytes), key=lambda k: (order.get(k[0], len(order)), rank[k[1]])
     )
     deltas = _Explainer(plan, pred, measured, computed_sizes(hlo_text, plan.graph)).run(
         keys, p_bytes, m_bytes
@@ -182,7 +183,7 @@ def compare(plan: Plan, hlo_text: str, train: bool, dtype: str = "float32") -> C
         for d in deltas
     )
     kinds = []
-    for kind in KINDS:
+    for kind in Kind:
         p = sum(v for (_, k), v in p_bytes.items() if k == kind)
         m = sum(v for (_, k), v in m_bytes.items() if k == kind)
         count = sum(1 for c in measured if c.kind == kind)
@@ -452,7 +453,6 @@ __all__ = [
     "DEFAULT_DTYPE",
     "DEFAULT_RTOL",
     "DTYPES",
-    "KINDS",
     "TOLERANCES",
     "Comparison",
     "Difference",

@@ -16,7 +16,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from shardplan.errors import ShardplanError, UnsupportedOpError
+from shardplan.errors import IRError, ShardplanError, UnsupportedOpError
 
 # Ops whose result depends only on shapes or constants, never on the values of their inputs.
 _CREATION = frozenset(
@@ -61,6 +61,7 @@ def _export(
         raise
     except Exception as e:  # torch raises many types here (UserError, DynamicOutputShape...)
         lines = str(e).strip().splitlines()
+        _fails_eagerly(torch, module, example_args, example_kwargs)
         raise UnsupportedOpError(
             f"torch.export could not trace {type(module).__name__}: {type(e).__name__}: "
             f"{lines[0] if lines else ''}. The torch importer reads what torch.export traces "
@@ -72,6 +73,29 @@ def _export(
             "module yourself and pass the ExportedProgram"
         ) from e
     return program, type(module).__name__
+
+
+def _fails_eagerly(
+    torch: Any, module: Any, example_args: Sequence[Any], example_kwargs: dict[str, Any] | None
+) -> None:
+    """IRError when the module's own forward fails on the example inputs (e.g. a config whose
+    BatchNorm size disagrees with its conv): no tracing is to blame. Buffers (running
+    statistics) are restored afterwards; runs only once export has failed."""
+    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        with torch.no_grad():
+            module(*example_args, **(example_kwargs or {}))
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise IRError(
+            f"{type(module).__name__} fails on its example inputs without shardplan (its own "
+            f"forward raised {type(e).__name__}: {first}); fix the model, its config or the "
+            "inputs first"
+        ) from e
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
 
 
 def _live(program: Any) -> set[Any]:

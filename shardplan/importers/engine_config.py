@@ -22,7 +22,7 @@ from typing import Any
 from shardplan.cost.step import Levers, Recompute
 from shardplan.errors import ArgumentError, PlanError
 from shardplan.mesh import Mesh
-from shardplan.search.menus import Layout
+from shardplan.search.step.menus import Layout
 
 
 @dataclass(frozen=True, slots=True)

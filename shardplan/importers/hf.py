@@ -12,8 +12,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardplan.errors import MissingDependencyError, UnknownModelError
+from shardplan.errors import UnknownModelError
 from shardplan.importers._build import ImportResult
+from shardplan.lazy import require
 
 
 @dataclass(frozen=True)
@@ -115,24 +116,22 @@ def import_hf(
     heads: int | None = None,
     unknown: str = "error",
 ) -> ImportResult:
-    """Build architecture `name` (a supported name, or a local folder / config.json) with random
-    weights and import it (see module docstring)."""
-    local = _local_config_path(name)
+    """Build architecture `name` (a supported name, or a local folder / config.json: then on the
+    meta device, `hf_config`) with random weights and import it (see module docstring)."""
+    from shardplan.importers.hf_config import config_path, hf_importer
+
+    local = config_path(name)
     if local is not None:
-        return _import_local(local, name, batch, seq, image, layers, hidden, heads, unknown)
+        options = {"layers": layers, "hidden": hidden, "heads": heads, "unknown": unknown}
+        return hf_importer(local, seq, image, **options)(batch)
     if name not in ARCHITECTURES:
         close = difflib.get_close_matches(name, list(ARCHITECTURES), n=3)
         raise UnknownModelError(
             f"--hf {name!r} is not supported offline; similar: {close}; "
             f"supported: {sorted(ARCHITECTURES)}, or a local folder or config.json"
         )
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise MissingDependencyError(
-            "--hf needs torch and transformers; install `shardplan[torch]`"
-        ) from e
+    torch = require("torch", extra="torch", user="--hf")
+    transformers = require("transformers", extra="torch", user="--hf")
     from shardplan.importers.torch import import_torch
 
     arch = ARCHITECTURES[name]
@@ -183,88 +182,3 @@ def import_hf(
             unknown=unknown,  # type: ignore[arg-type]
             name=name,
         )
-
-
-def _local_config_path(name: str) -> Any:
-    """`name` as a local config.json (or a folder holding one), else None."""
-    from pathlib import Path
-
-    path = Path(name)
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.is_file():
-            raise UnknownModelError(f"--hf {name!r}: the folder has no config.json")
-        return path
-    if path.suffix == ".json":
-        if not path.is_file():
-            raise UnknownModelError(f"--hf {name!r}: no such file")
-        return path
-    return None
-
-
-def _import_local(
-    path: Any,
-    name: str,
-    batch: int,
-    seq: int,
-    image: int,
-    layers: int | None,
-    hidden: int | None,
-    heads: int | None,
-    unknown: str,
-) -> ImportResult:
-    """A config.json's architecture (its `architectures[0]`, else AutoModel), random weights;
-    layers/hidden/heads override the config's standard keys."""
-    import json
-
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise MissingDependencyError(
-            "--hf needs torch and transformers; install `shardplan[torch]`"
-        ) from e
-    from shardplan.importers.torch import import_torch
-
-    try:
-        data = json.loads(path.read_text())
-        model_type = data.pop("model_type")
-    except (ValueError, KeyError) as e:
-        raise UnknownModelError(
-            f"--hf {name!r}: {path} is not a Hugging Face config (needs 'model_type'): {e!r}"
-        ) from e
-    try:
-        config = transformers.AutoConfig.for_model(model_type, **data)
-    except ValueError as e:
-        raise UnknownModelError(f"--hf {name!r}: transformers does not know {model_type!r}") from e
-    for value, key in (
-        (layers, "num_hidden_layers"),
-        (hidden, "hidden_size"),
-        (heads, "num_attention_heads"),
-    ):
-        if value is not None:
-            setattr(config, key, value)
-    if hidden is not None and hasattr(config, "intermediate_size"):
-        config.intermediate_size = 4 * hidden
-    config.use_cache = False
-    arch = (data.get("architectures") or [None])[0]
-    model_cls = getattr(transformers, arch, None) if arch else None
-    torch.manual_seed(0)
-    if model_cls is None:
-        model = transformers.AutoModel.from_config(config, attn_implementation="eager")
-    else:
-        model = model_cls._from_config(config, attn_implementation="eager")
-    model.eval()
-    vocab = int(getattr(config, "vocab_size", 2) or 2)
-    kwargs: dict[str, Any] = {}
-    if hasattr(config, "image_size") and hasattr(config, "num_channels"):
-        size = image or int(config.image_size)
-        args: tuple[Any, ...] = (torch.randn(batch, int(config.num_channels), size, size),)
-    elif getattr(config, "is_encoder_decoder", False):
-        ids = torch.randint(0, vocab, (batch, seq))
-        args, kwargs = (), {"input_ids": ids, "decoder_input_ids": ids}
-    else:
-        args = (torch.randint(0, vocab, (batch, seq)),)
-    label = path.parent.name if path.name == "config.json" else path.stem
-    with torch.no_grad():
-        return import_torch(model, args, kwargs or None, unknown=unknown, name=label)  # type: ignore[arg-type]

@@ -62,7 +62,6 @@ from typing import Any
 
 from shardplan.errors import (
     IRError,
-    MissingDependencyError,
     ShapeError,
     UnsupportedOpError,
 )
@@ -78,20 +77,11 @@ from shardplan.importers._jaxpr_rules import (
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Op, Role, Tensor
 from shardplan.ir.traits import OPAQUE_KIND
-
-_INSTALL_HINT = "install it with: pip install 'shardplan[jax]'"
+from shardplan.lazy import require
 
 
 def require_jax() -> Any:
-    try:
-        import jax
-        import jax.extend.core  # noqa: F401  (Literal, Var)
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(
-            f"the jaxpr importer needs the `jax` extra, which is not installed ({e}); "
-            f"{_INSTALL_HINT}"
-        ) from e
-    return jax
+    return require("jax", "jax.extend.core", extra="jax", user="the jaxpr importer")
 
 
 # -- the translator ------------------------------------------------------------------------------

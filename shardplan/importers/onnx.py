@@ -29,7 +29,6 @@ import numpy as np
 from shardplan.errors import (
     ArgumentError,
     IRError,
-    MissingDependencyError,
     ShapeError,
     UnsupportedOpError,
 )
@@ -45,6 +44,7 @@ from shardplan.importers._build import (
 from shardplan.importers._onnx_ops import Key, Rule, onnx_table
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
+from shardplan.lazy import require
 
 # Ops whose results depend only on shapes or attributes: always static.
 _CREATION = frozenset(
@@ -64,13 +64,7 @@ _CREATION = frozenset(
 
 
 def _onnx() -> Any:
-    try:
-        import onnx
-    except ImportError as e:
-        raise MissingDependencyError(
-            "onnx is needed to import ONNX models; install `shardplan[onnx]`"
-        ) from e
-    return onnx
+    return require("onnx", extra="onnx", user="importing ONNX models")
 
 
 def import_onnx(

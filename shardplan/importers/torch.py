@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import (
-    MissingDependencyError,
     ShapeError,
     UnsupportedOpError,
 )
@@ -55,19 +54,14 @@ from shardplan.importers._torch_export import (
 )
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
+from shardplan.lazy import require
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as e:
-        raise MissingDependencyError(
-            "torch is needed to import PyTorch models; install `shardplan[torch]`"
-        ) from e
-    return torch
+    return require("torch", extra="torch", user="importing PyTorch models")
 
 
 def import_torch(
@@ -426,7 +420,7 @@ class _Context:
     ) -> str:
         """Emit the gather-like einsum form (see `_build`) of `x[.., index, ..]` at `axis`."""
         return self.emitter.gather(
-            self.tensor(x),
+            x if isinstance(x, str) else self.tensor(x),  # a str: an earlier part of this node
             [t if isinstance(t, str) else self.tensor(t) for t in index],
             axis,
             **self.target(node, part, result),

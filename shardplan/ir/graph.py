@@ -116,6 +116,17 @@ class GraphBuilder:
             Tensor(self._qualify(name), shape, dtype_bytes or self.dtype_bytes, Role.CONSTANT)
         )
 
+    def shared_constant(
+        self, name: str, shape: tuple[int, ...], dtype_bytes: int | None = None
+    ) -> str:
+        """A graph-level constant (no scope prefix) read by many layers (RoPE tables, masks):
+        created on first use, returned by name after."""
+        if name in self._tensors:
+            if self._tensors[name].shape != shape:
+                raise IRError(f"constant {name!r} exists with shape {self._tensors[name].shape}")
+            return name
+        return self.add_tensor(Tensor(name, shape, dtype_bytes or self.dtype_bytes, Role.CONSTANT))
+
     def shape(self, tensor: str) -> tuple[int, ...]:
         if tensor not in self._tensors:
             raise IRError(f"tensor {tensor!r} is not defined yet in graph {self.name!r}")
@@ -206,8 +217,15 @@ class GraphBuilder:
         return graph
 
 
-def make_graph(name: str, tensors: dict[str, Tensor], ops: tuple[Op, ...]) -> Graph:
-    """Index an already ordered op list (used by the builder and the JSON loader)."""
+def make_graph(
+    name: str,
+    tensors: dict[str, Tensor],
+    ops: tuple[Op, ...],
+    grad_inputs: frozenset[str] = frozenset(),
+) -> Graph:
+    """Index an already ordered op list (used by the builder and the JSON loader).
+    `grad_inputs`: inputs whose gradient is needed too (a later pipeline stage's incoming
+    activations); requires_grad spreads forward from them and the parameters."""
     producer: dict[str, int] = {}
     consumers: dict[str, list[tuple[int, int]]] = {}
     for i, op in enumerate(ops):
@@ -216,6 +234,7 @@ def make_graph(name: str, tensors: dict[str, Tensor], ops: tuple[Op, ...]) -> Gr
         for pos, t in enumerate(op.inputs):
             consumers.setdefault(t, []).append((i, pos))
     grad: set[str] = {t.name for t in tensors.values() if t.role is Role.PARAMETER}
+    grad.update(t for t in grad_inputs if t in tensors)
     for op in ops:
         if any(t in grad for t in op.inputs):
             grad.update(op.outputs)

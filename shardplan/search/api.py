@@ -1,80 +1,75 @@
-"""The front door of the search: `plan(graph, mesh, method=...)` -> Plan, with the memory driver.
+"""The front door of the search: `plan(model, mesh, method=...)` -> Plan or TrainingPlan.
 
 `plan` canonicalises its arguments once into a `Problem` (`shardplan.problem`) and `solve`
-dispatches it through the solver registry (`search.solvers`: typed options per method). Methods:
-"drec" (default), "ilp", "dp", and the expert plans "data-parallel", "megatron", "fsdp".
-Whatever the method, the returned Plan is scored by the one evaluator. With a memory
-budget (bytes per device) a plan that exceeds it is never returned: D-Rec reacts by re-running
-with a growing penalty on bytes left replicated (lambda_k = 4^k * cost / budget, k = 0..7), and
-prices ZeRO stages (`cost/zero.py`) 1, 2 and 3 on the unpenalised plan (and, when no penalised
-plan fits, on the leanest one): the cheapest plan that fits wins (ties: stage 0, then the lower
-stage), with a note naming the stage and what the lower stages needed (the training-step
-planner, `search/scale.py`, chooses ZeRO per pipeline stage with micro-batches and
-recomputation). `zero=N` forces stage N: the search still prices stage 0, the stage re-prices
-its result (and the baselines). D-Rec's
-plan is then compared, by the one evaluator, with "all replicated" and every expert plan
-(baselines.py): the cheapest that fits is returned, with a note when a baseline won; if nothing
-fits it raises InfeasibleError saying by how much. Other methods raise InfeasibleError when
-over budget.
+dispatches it through the solver registry (`search.solvers`: typed options per method). SPMD
+methods ("drec" default, "ilp", "dp", the expert plans "data-parallel", "megatron", "fsdp")
+return a Plan scored by the one evaluator; the training-step methods ("step", "megatron-recipe")
+return a TrainingPlan scored by the step model. Whatever the method, a plan over the Problem's
+memory budget is never returned (InfeasibleError saying by how much): D-Rec's memory driver
+(`search.drec.driver`) penalises, adds a ZeRO stage and compares baselines; the step search
+chooses levers per stage; the other methods refuse. Every returned plan carries its Problem.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from shardplan.cost import CostOptions, ScoreCache
-from shardplan.cost.zero import WHAT, zero_layouts
-from shardplan.errors import InfeasibleError, PlanError
-from shardplan.ir.graph import Graph
+from shardplan.errors import InfeasibleError
 from shardplan.mesh import Mesh
-from shardplan.plans import Plan, scored_plan, with_status, with_zero
+from shardplan.plans import Plan, with_status, with_zero
 from shardplan.problem import Problem
 from shardplan.search import experts
-from shardplan.search.baselines import baseline_plans, cheapest
-from shardplan.search.drec import drec
 from shardplan.search.solvers import METHODS, get_solver, solver_options
-from shardplan.sharding import Strategy, check_strategy
+from shardplan.training import TrainingPlan
 
-__all__ = ["METHODS", "check_fixed", "drec_within", "plan", "solve", "unused_devices_note"]
+__all__ = ["METHODS", "plan", "solve", "unused_devices_note"]
 
 
 def plan(
-    graph: Graph,
+    model: Any,
     mesh: Mesh | str | int,
     method: str = "drec",
     train: bool = True,
     memory: float | str | None = None,
     preset: str = "shardplan",
     optimizer: str = "adam",
-    machine: str | None = None,
+    machine: Any = None,
     zero: int | None = None,
+    dtype: str | None = None,
+    batch: int | None = None,
     **options: Any,
-) -> Plan:
-    """Plan `graph` on `mesh` with `method`; raise InfeasibleError rather than exceed `memory`.
+) -> Any:
+    """Plan `model` on `mesh` with `method`; raise InfeasibleError rather than exceed `memory`.
 
     Args:
-        graph: a verified Graph (zoo.build, from_torch, from_onnx, from_jaxpr).
+        model: a verified Graph (zoo.build, from_torch, from_onnx, from_jaxpr), or for the
+            training-step methods a builder `batch -> Graph` (rebuilt at each micro-batch size).
         mesh: a Mesh or mesh text ("8", "2x8", "4x8").
         method: one of METHODS (`search.solvers.SOLVERS`).
         train: model the backward pass and optimizer state (default) or inference.
         memory: per-device budget in bytes or text ("80GB"); None: unchecked (still reported).
         preset: cost preset, "shardplan" or "mindspore".
         optimizer: optimizer state counted in memory: "adam", "sgd-momentum", "none".
-        machine: the hardware preset mesh text is bound to (`shardplan.hardware.MACHINES`);
-            None: `hardware.DEFAULT_MACHINE` ("a100"). A Mesh keeps its own machine.
+        machine: the hardware mesh text is bound to: a preset name
+            (`shardplan.hardware.MACHINES`) or a `Machine`; None: "a100". A Mesh keeps its own.
         zero: the ZeRO stage (0-3) the plan must use (`cost/zero.py`); None: drec adds one only
             when the memory budget needs it, other methods return stage 0.
-        options: the method's typed options (`search.solvers`: ilp/dp `time_limit` seconds, ...);
-            an unknown one is a SolverError. drec and ilp take `fixed`: op name -> strategy (one
-            loop dim or None per round) the plan must keep, the other ops planned around them.
+        dtype: compute precision "bf16", "fp16" (mixed, fp32 master weights) or "fp32"; None:
+            the graph's own element widths.
+        batch: the global batch (needed with a builder; else read off the graph's input).
+        options: the method's typed options (`search.solvers`: ilp/dp `time_limit` seconds,
+            drec/ilp `fixed` op -> strategy, step `stages`/`progress`, megatron-recipe
+            `tensor`, `pipeline`, `micro_batch_size`, `recompute`, ...); an unknown one is a
+            SolverError.
+    Returns:
+        a Plan, or for "step" and "megatron-recipe" a TrainingPlan; `result.problem` is the
+        Problem it was solved for.
     """
     problem = Problem.make(
-        graph,
+        model,
         mesh,
         machine=machine,
         train=train,
@@ -82,49 +77,44 @@ def plan(
         preset=preset,
         optimizer=optimizer,
         zero=zero,
+        dtype=dtype,
+        batch=batch,
     )
     return solve(problem, method, **options)
 
 
-def solve(problem: Problem, method: str = "drec", **options: Any) -> Plan:
+def solve(problem: Problem, method: str = "drec", **options: Any) -> Any:
     """Run `method` on a canonical Problem (the registry's typed options; see `plan`)."""
     solver = get_solver(method)
     typed = solver_options(method, options)
     start = time.perf_counter()
     result = solver.run(problem, typed, start)
+    if isinstance(result, TrainingPlan):
+        _check_budget(problem, method, result.step.memory_per_device if result.step else 0.0)
+        return replace(result, problem=problem, step=result.step)
     if problem.zero is not None and result.zero != problem.zero:  # searches price stage 0
         result = with_zero(result, problem.zero)
-    budget, graph, mesh = problem.budget, problem.graph, problem.mesh
-    if budget is not None and result.cost is not None and result.cost.memory_per_device > budget:
-        raise InfeasibleError(
-            f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
-            f"{result.cost.memory_per_device / 1e9:.3g} GB per device, over the "
-            f"{budget / 1e9:.3g} GB budget by {(result.cost.memory_per_device - budget) / 1e9:.3g}"
-            " GB; use more devices, a smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), "
-            "or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
-            "pipeline stages)"
-        )
+    if result.cost is not None:
+        _check_budget(problem, method, result.cost.memory_per_device)
     unused = unused_devices_note(result)
-    return with_status(result, result.status, (unused,)) if unused else result
+    if unused:
+        result = with_status(result, result.status, (unused,))
+    return replace(result, problem=problem)
 
 
-def check_fixed(graph: Graph, mesh: Mesh, fixed: Mapping[str, Strategy]) -> dict[str, Strategy]:
-    """The user-fixed strategies, checked: known op, one entry per round, valid cuts."""
-    out: dict[str, Strategy] = {}
-    for name, strategy in fixed.items():
-        if name not in graph.op_index:
-            near = difflib.get_close_matches(name, list(graph.op_index), n=3)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise PlanError(f"fixed strategy for op {name!r}: no such op in {graph.name}{hint}")
-        strategy = tuple(strategy)
-        if len(strategy) != len(mesh.rounds):
-            raise PlanError(
-                f"fixed strategy {strategy} for op {name!r}: give one cut per round "
-                f"({len(mesh.rounds)} rounds on mesh {mesh.text()}; '-' for none)"
-            )
-        check_strategy(graph.op(name), strategy, mesh.rounds)
-        out[name] = strategy
-    return out
+def _check_budget(problem: Problem, method: str, need: float) -> None:
+    """InfeasibleError when a plan needs more than the Problem's budget."""
+    budget, graph, mesh = problem.budget, problem.graph, problem.mesh
+    if budget is None or need <= budget:
+        return
+    raise InfeasibleError(
+        f"{method} plan of {graph.name!r} on mesh {mesh.text()} needs "
+        f"{need / 1e9:.3g} GB per device, over the "
+        f"{budget / 1e9:.3g} GB budget by {(need - budget) / 1e9:.3g}"
+        " GB; use more devices, a smaller batch, method 'drec'/'fsdp', a ZeRO stage (--zero), "
+        "or plan the training step with --dtype bf16 (micro-batches, recomputation, ZeRO, "
+        "pipeline stages)"
+    )
 
 
 def unused_devices_note(p: Plan) -> str | None:
@@ -174,193 +164,3 @@ def unused_devices_note(p: Plan) -> str | None:
         "splitting this model and batch over those links costs more time than it saves; a "
         "larger batch would use it (or plan on fewer devices)"
     )
-
-
-def drec_within(
-    problem: Problem, start: float, fixed: Mapping[str, Strategy] | None = None
-) -> Plan:
-    """D-Rec under the budget, then the cheapest of it and the baselines that fit (baselines.py).
-    With `fixed` ops the baselines (which would not keep them) are not compared; the plan is
-    D-Rec around the fixed ops or, when cheaper, the free plan with them swapped in."""
-    graph, mesh, opts, budget = problem.graph, problem.mesh, problem.options, problem.budget
-    # stages 1-2 split training state: inference and the symbolic preset try stage 3's storage
-    free = (1, 2, 3) if opts.train and not opts.preset.symbolic else (3,)
-    stages = free if problem.zero is None else (problem.zero,) if problem.zero else ()
-    if fixed:
-        pinned = check_fixed(graph, mesh, fixed)
-        forced = _drec_search(graph, mesh, opts, budget, start, pinned, stages=stages)
-        return _no_worse_than_swap(forced, graph, mesh, opts, budget, start, pinned, stages)
-    cache = ScoreCache(graph, mesh, opts)  # repeated layers priced once across every plan scored
-    try:
-        found: Plan | None = _drec_search(
-            graph, mesh, opts, budget, start, cache=cache, stages=stages
-        )
-        failure: InfeasibleError | None = None
-    except InfeasibleError as e:
-        found, failure = None, e
-    if found is not None and problem.zero is not None and found.zero != problem.zero:
-        found = with_zero(found, problem.zero)
-    beat = found.cost.total if found is not None and found.cost is not None else None
-    baselines = baseline_plans(graph, mesh, opts, cache, below=beat)
-    if problem.zero:  # compared at the stage asked for
-        baselines = [with_zero(b, problem.zero) for b in baselines]
-    best = cheapest(found, baselines, budget, time.perf_counter() - start)
-    if best is None:
-        assert failure is not None
-        raise failure
-    return replace(best, search_seconds=time.perf_counter() - start)  # baselines included
-
-
-def _no_worse_than_swap(
-    forced: Plan,
-    graph: Graph,
-    mesh: Mesh,
-    opts: CostOptions,
-    budget: float | None,
-    start: float,
-    fixed: Mapping[str, Strategy],
-    stages: tuple[int, ...] = (1, 2, 3),
-) -> Plan:
-    """D-Rec around fixed ops is greedy too: keep the free D-Rec plan with the fixed strategies
-    swapped in when that is cheaper (and fits), saying so."""
-    free = _drec_search(graph, mesh, opts, budget, start, stages=stages)
-    strategies = {**free.strategies, **fixed}
-    if free.zero:  # the free plan needed a ZeRO stage: compare at that stage
-        swapped = with_zero(Plan(graph, mesh, strategies, "drec", opts), free.zero)
-    else:
-        swapped = Plan(graph, mesh, strategies, "drec", opts, param_layouts=free.param_layouts)
-    assert swapped.cost is not None and forced.cost is not None
-    fits = budget is None or swapped.cost.memory_per_device <= budget
-    if not fits or swapped.cost.total >= forced.cost.total:
-        return replace(forced, search_seconds=time.perf_counter() - start)
-    return Plan(
-        graph,
-        mesh,
-        swapped.strategies,
-        "drec",
-        swapped.options,
-        time.perf_counter() - start,
-        swapped.param_layouts,
-        notes=(
-            "the unforced plan with the forced strategies swapped in was cheaper than "
-            "re-planning around them",
-        ),
-    )
-
-
-def _drec_search(
-    graph: Graph,
-    mesh: Mesh,
-    opts: CostOptions,
-    budget: float | None,
-    start: float,
-    fixed: Mapping[str, Strategy] | None = None,
-    cache: ScoreCache | None = None,
-    stages: tuple[int, ...] = (1, 2, 3),
-) -> Plan:
-    """D-Rec, then (over budget) the memory penalty, then the ZeRO `stages` (module docstring)."""
-    strategies = drec(graph, mesh, opts, fixed=fixed)
-    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
-    best = replace(
-        scored_plan(graph, mesh, strategies, "drec", opts, cache),
-        search_seconds=time.perf_counter() - start,
-    )
-    assert best.cost is not None
-    if budget is None or best.cost.memory_per_device <= budget:
-        return best
-    notes: list[str] = [
-        f"unconstrained D-Rec plan needs {best.cost.memory_per_device / 1e9:.3g}"
-        f" GB > {budget / 1e9:.3g} GB budget"
-    ]
-    base = max(best.cost.total, 1e-30)
-    leanest = best
-    for k in range(8):
-        lam = base / budget * 4.0**k
-        candidate = Plan(graph, mesh, drec(graph, mesh, opts, lam, fixed=fixed), "drec", opts)
-        assert candidate.cost is not None and leanest.cost is not None
-        if candidate.cost.memory_per_device < leanest.cost.memory_per_device:
-            leanest = candidate
-        if candidate.cost.memory_per_device <= budget:
-            notes.append(f"memory penalty lambda=4^{k}*cost/budget made it fit")
-            fit = Plan(graph, mesh, candidate.strategies, "drec", opts, notes=tuple(notes))
-            return _zero_fit(best, best, budget, start, notes, stages, fit)
-    return _zero_fit(best, leanest, budget, start, notes, stages)
-
-
-def _zero_fit(
-    best: Plan,
-    leanest: Plan,
-    budget: float,
-    start: float,
-    notes: list[str],
-    stages: tuple[int, ...],
-    penalised: Plan | None = None,
-) -> Plan:
-    """The cheapest plan that fits `budget` among `penalised` (a stage-0 plan that fits, if
-    any) and `best` (unpenalised) and `leanest` at each ZeRO stage of `stages`; ties: stage 0,
-    then the lower stage, then `best`. InfeasibleError if none fits. The highest stage is
-    priced first: a base it does not fit cannot fit a lower stage (it needs more memory)."""
-    graph, mesh = best.graph, best.mesh
-    bases = [("unpenalised", best)] + ([("leanest", leanest)] if leanest is not best else [])
-    tried: list[tuple[int, str, Plan]] = []
-    for z in sorted(stages, reverse=True):
-        at = [(z, which, _at_stage(base, z)) for which, base in bases]
-        if not tried:
-            bases = [(w, b) for (w, b), t in zip(bases, at, strict=True) if _memory(t[2]) <= budget]
-        tried += at
-    tried.sort(key=lambda t: t[0])
-    fitting = [t for t in tried if _memory(t[2]) <= budget]
-    if penalised is not None:
-        fitting.insert(0, (0, "penalised", penalised))
-    if fitting:
-        z, which, chosen = min(fitting, key=lambda t: (_total(t[2]), t[0], t[1] == "leanest"))
-        if chosen is penalised:
-            return replace(chosen, search_seconds=time.perf_counter() - start)
-        why = "".join(
-            f"; stage {lz} needs {_memory(lp) / 1e9:.3g} GB"
-            for lz, lw, lp in tried
-            if lz < z and lw == which
-        )
-        if penalised is not None:
-            why += f"; the penalised stage-0 plan that fits costs {_total(penalised):.6g}"
-        if chosen.zero != z:  # the symbolic preset: stage 3's storage, priced as edges
-            notes.append(
-                f"parameters the {which} D-Rec plan replicates are stored split over the rounds "
-                "that replicate them and all-gathered where read (ZeRO stages are priced in the "
-                f"'shardplan' preset only){why}"
-            )
-        else:
-            notes.append(
-                f"ZeRO stage {z} on the {which} D-Rec plan makes it fit "
-                f"({_memory(chosen) / 1e9:.3g} GB per device, cost {_total(chosen):.6g}): "
-                f"{WHAT[z]}{why}"
-            )
-        return replace(chosen, search_seconds=time.perf_counter() - start, notes=tuple(notes))
-    last = min((t[2] for t in tried), key=_memory, default=leanest)
-    stage = f" even at ZeRO stage {last.zero}" if last.zero else ""
-    raise InfeasibleError(
-        f"no D-Rec plan of {graph.name!r} fits {budget / 1e9:.3g} GB per device on mesh "
-        f"{mesh.text()}: the leanest needs {_memory(last) / 1e9:.3g} GB{stage} "
-        f"(over by {(_memory(last) - budget) / 1e9:.3g} GB); use more devices, "
-        "a smaller batch, a larger --memory, or plan the training step with --dtype bf16 "
-        "(micro-batches, recomputation, ZeRO, pipeline stages)"
-    )
-
-
-def _memory(p: Plan) -> float:
-    assert p.cost is not None
-    return p.cost.memory_per_device
-
-
-def _total(p: Plan) -> float:
-    assert p.cost is not None
-    return p.cost.total
-
-
-def _at_stage(p: Plan, zero: int) -> Plan:
-    """`p` at ZeRO stage `zero`; under the symbolic preset (no ZeRO prices) stage 3's storage
-    as stage-0 parameter layouts, the edges from them priced by the preset's formulas."""
-    if not p.options.preset.symbolic:
-        return with_zero(p, zero)
-    layouts = zero_layouts(p.graph, p.mesh.rounds, p.strategies)
-    return Plan(p.graph, p.mesh, p.strategies, p.method, p.options, param_layouts=layouts)

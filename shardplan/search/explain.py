@@ -169,19 +169,17 @@ def _zero_layouts(plan: Plan, strategies: Mapping[str, Strategy]) -> Mapping[str
 
 
 def replan(plan: Plan, fixed: Mapping[str, Strategy], method: str = "drec") -> Plan:
-    """`plan`'s problem searched again with `fixed` ops pinned (the `--force` what-if)."""
-    from shardplan.search.api import plan as make_plan
+    """`plan`'s Problem (its budget, machine, options) searched again with `fixed` ops pinned
+    (the `--force` what-if); a plan built by hand has the Problem of its graph, mesh, options."""
+    from dataclasses import replace
 
-    return make_plan(
-        plan.graph,
-        plan.mesh,
-        method,
-        train=plan.options.train,
-        preset=plan.options.preset.name,
-        optimizer=plan.options.optimizer.value,
-        zero=plan.zero or None,
-        fixed=fixed,
-    )
+    from shardplan.problem import Problem
+    from shardplan.search.api import solve
+
+    problem = plan.problem or Problem(plan.graph, plan.mesh, replace(plan.options, zero=0))
+    zero = problem.zero if problem.zero is not None else plan.zero or None
+    problem = replace(problem, options=replace(problem.options, zero=0), zero=zero)
+    return solve(problem, method, fixed=fixed)
 
 
 def strategy_diff(a: Plan, b: Plan) -> list[tuple[str, Strategy, Strategy, float]]:

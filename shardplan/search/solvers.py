@@ -6,15 +6,18 @@ options of `shardplan.plan` into that dataclass: an unknown method or option is 
 lists the valid ones, so nothing is passed to a solver blindly. Options left out keep the solver's
 own defaults (they are not repeated here). O(1) per lookup.
 
-Methods: "drec" (default; memory-aware driver in `search.api`), "ilp" (HiGHS), "dp" (graph
-elimination), and the expert plans "data-parallel", "megatron", "fsdp".
+Methods: "drec" (default; memory-aware driver in `search.drec.driver`), "ilp" (HiGHS), "dp"
+(graph elimination), the expert plans "data-parallel", "megatron", "fsdp" — each returns a Plan —
+and the training step: "step" (the search over pipeline stages, micro-batches, levers and stage
+plans, `search.step.search`) and "megatron-recipe" (the hand recipe with its knobs,
+`search.step.recipes`), which return a TrainingPlan.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -23,6 +26,8 @@ from shardplan.errors import SolverError
 from shardplan.plans import Plan
 from shardplan.problem import Problem
 from shardplan.search import experts
+from shardplan.sharding import check_fixed
+from shardplan.training import TrainingPlan
 
 
 class _Unset:
@@ -69,6 +74,34 @@ class DpOptions:
     max_strategies: int | None = UNSET
 
 
+@dataclass(frozen=True, slots=True)
+class StepOptions:
+    """The training-step search's options: `stages` (the pipeline depths to try; None: every
+    divisor of the outermost mesh axis the model's segments allow) and `progress` (a callable
+    that receives one line per candidate tried)."""
+
+    stages: tuple[int, ...] | None = None
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeOptions:
+    """The Megatron-LM recipe's knobs (`search.step.recipes.megatron_recipe`): tensor-parallel
+    ways (default: the innermost mesh axis, one node), pipeline stages (default 1), micro-batch
+    size, recomputation ("full", "selective", "none"); the step model's further levers where it
+    has them (sequence_parallel, virtual_stages, context, distributed_optimizer, expert)."""
+
+    tensor: int = UNSET
+    pipeline: int = UNSET
+    micro_batch_size: int = UNSET
+    recompute: str = UNSET
+    sequence_parallel: bool = UNSET
+    virtual_stages: int = UNSET
+    context: int = UNSET
+    distributed_optimizer: bool = UNSET
+    expert: int = UNSET
+
+
 def given(options: Any) -> dict[str, Any]:
     """The options a caller set (the rest keep the solver's defaults)."""
     return {
@@ -82,19 +115,20 @@ def given(options: Any) -> dict[str, Any]:
 class Solver:
     name: str
     options: type
-    run: Callable[[Problem, Any, float], Plan]
+    run: Callable[[Problem, Any, float], Plan | TrainingPlan]
     summary: str
+    training: bool = False
+    """Returns a TrainingPlan of the whole step (needs training options, a global batch)."""
 
 
 def _run_drec(problem: Problem, options: DrecOptions, start: float) -> Plan:
-    from shardplan.search.api import drec_within
+    from shardplan.search.drec.driver import drec_within
 
     return drec_within(problem, start, options.fixed)
 
 
 def _run_ilp(problem: Problem, options: IlpOptions, start: float) -> Plan:
-    from shardplan.search.api import check_fixed
-    from shardplan.search.ilp import solve_ilp
+    from shardplan.search.exact.ilp import solve_ilp
 
     p = problem
     kwargs = given(options)
@@ -104,7 +138,7 @@ def _run_ilp(problem: Problem, options: IlpOptions, start: float) -> Plan:
 
 
 def _run_dp(problem: Problem, options: DpOptions, start: float) -> Plan:
-    from shardplan.search.dp import solve_dp
+    from shardplan.search.exact.dp import solve_dp
 
     return solve_dp(problem.graph, problem.mesh, problem.options, **given(options))
 
@@ -125,6 +159,45 @@ def _expert(method: str) -> Callable[[Problem, NoOptions, float], Plan]:
     return run
 
 
+def _check_step(problem: Problem, method: str) -> None:
+    """The training-step model prices training with the shardplan preset, ZeRO per stage."""
+    opts = problem.options
+    if not opts.train or opts.preset.symbolic:
+        raise SolverError(
+            f"method {method!r} plans a training step: it needs train=True and the 'shardplan' "
+            "preset (the symbolic preset has no compute or ZeRO prices)"
+        )
+    if problem.zero is not None and method == "step":
+        raise SolverError(
+            "method 'step' chooses the ZeRO stage per pipeline stage under the memory budget; "
+            "drop zero= (or plan one SPMD plan with method 'drec' and zero=N)"
+        )
+
+
+def _run_step(problem: Problem, options: StepOptions, start: float) -> TrainingPlan:
+    from shardplan.search.step.search import search_step
+
+    _check_step(problem, "step")
+    return search_step(problem, options.progress, stages=options.stages)
+
+
+def _run_recipe(problem: Problem, options: RecipeOptions, start: float) -> TrainingPlan:
+    from shardplan.cost.step import Recompute
+    from shardplan.search.step.recipes import megatron_recipe
+
+    _check_step(problem, "megatron-recipe")
+    knobs = given(options)
+    if "recompute" in knobs:
+        knobs["recompute"] = Recompute(knobs["recompute"])
+    tensor = knobs.pop("tensor", problem.mesh.shape[-1])
+    pipeline = knobs.pop("pipeline", 1)
+    tp = megatron_recipe(
+        problem.builder(), problem.global_batch, problem.mesh, problem.options, tensor, pipeline,
+        **knobs,
+    )
+    return replace(tp, search_seconds=time.perf_counter() - start, step=tp.step)
+
+
 SOLVERS: Mapping[str, Solver] = MappingProxyType(
     {
         s.name: s
@@ -133,6 +206,20 @@ SOLVERS: Mapping[str, Solver] = MappingProxyType(
             Solver("ilp", IlpOptions, _run_ilp, "exact ILP (HiGHS), time-limited"),
             Solver("dp", DpOptions, _run_dp, "OptCNN-style DP by graph elimination"),
             *(Solver(m, NoOptions, _expert(m), f"expert plan: {m}") for m in experts.EXPERTS),
+            Solver(
+                "step",
+                StepOptions,
+                _run_step,
+                "training step: pipeline stages, micro-batches, levers, D-Rec stage plans",
+                training=True,
+            ),
+            Solver(
+                "megatron-recipe",
+                RecipeOptions,
+                _run_recipe,
+                "training step: the Megatron-LM recipe with its knobs (tensor, pipeline, ...)",
+                training=True,
+            ),
         )
     }
 )
@@ -162,6 +249,21 @@ def solver_options(method: str, options: Mapping[str, Any]) -> Any:
             checks.positive_int(options[key], key)
     if "split" in options:
         checks.choice(options["split"], "split", ["auto", "never", "always"])
+    for key in ("tensor", "pipeline", "micro_batch_size", "virtual_stages", "context", "expert"):
+        if key in options:
+            checks.positive_int(options[key], key)
+    if "recompute" in options:
+        checks.choice(options["recompute"], "recompute", ["full", "selective", "none"])
+    for key in ("sequence_parallel", "distributed_optimizer"):
+        if key in options:
+            checks.boolean(options[key], key)
+    if options.get("stages") is not None:
+        stages = options["stages"]
+        if not isinstance(stages, (tuple, list)) or not stages:
+            raise SolverError(f"stages must be a non-empty list of stage counts, got {stages!r}")
+        options = {**options, "stages": tuple(checks.positive_int(s, "stages") for s in stages)}
+    if options.get("progress") is not None and not callable(options["progress"]):
+        raise SolverError("progress must be a callable taking one line of text")
     return solver.options(**options)
 
 
@@ -172,7 +274,9 @@ __all__ = [
     "DrecOptions",
     "IlpOptions",
     "NoOptions",
+    "RecipeOptions",
     "Solver",
+    "StepOptions",
     "UNSET",
     "get_solver",
     "given",

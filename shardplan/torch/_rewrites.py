@@ -70,6 +70,98 @@ def _vocab_parallel_embedding(
     )
 
 
+def _convolution(
+    x: Any,
+    weight: Any,
+    bias: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+) -> Any:
+    """`convolution` on DTensors computed on the local pieces, per mesh dim one of: batch split
+    (input Shard(0), weight replicated), output channels split (weight and bias Shard(0), input
+    replicated -> Shard(1)), input channels split (input and weight Shard(1) -> Partial(sum),
+    bias added after); any other layout is first redistributed to replicated (or the batch
+    split). DTensor's own rule keeps the input's placements whatever the weight's, so a channel
+    split ran a local convolution of mismatched pieces."""
+    import torch
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    conv = torch.ops.aten.convolution.default
+    args = (stride, padding, dilation, transposed, output_padding, groups)
+    if not isinstance(x, DTensor) or not isinstance(weight, DTensor):
+        return conv(x, weight, bias, *args)
+    mesh = x.device_mesh
+    if bias is not None and not isinstance(bias, DTensor):
+        bias = DTensor.from_local(bias, mesh, (Replicate(),) * mesh.ndim, run_check=False)
+    plain = groups == 1 and not transposed  # channel splits need one group, weight (out, in, ...)
+    want_x, want_w, out, gx, gw = [], [], [], [], []
+    for xp, wp in zip(x.placements, weight.placements, strict=True):
+        if plain and wp.is_shard(0) and not xp.is_shard():
+            cut = (Replicate(), Shard(0), Shard(1), Partial(), Shard(0))  # output channels
+        elif plain and wp.is_shard(1) and xp.is_shard(1):
+            cut = (Shard(1), Shard(1), Partial(), Shard(1), Shard(1))  # input channels
+        elif xp.is_shard(0):
+            cut = (Shard(0), Replicate(), Shard(0), Shard(0), Partial())  # batch
+        else:
+            cut = (Replicate(),) * 3 + (Replicate(), Replicate())
+        for seq, p in zip((want_x, want_w, out, gx, gw), cut, strict=True):
+            seq.append(p)
+    x = x.redistribute(mesh, want_x)
+    weight = weight.redistribute(mesh, want_w)
+    local_bias = None
+    split_in = any(p.is_partial() for p in out)
+    if bias is not None and not split_in:
+        # the bias follows the output channels: split with them, else replicated
+        want_b = [Shard(0) if w.is_shard(0) else Replicate() for w in want_w]
+        gb = [Shard(0) if w.is_shard(0) else Partial() if o.is_shard(0) else Replicate()
+              for w, o in zip(want_w, out, strict=True)]  # fmt: skip
+        local_bias = bias.redistribute(mesh, want_b).to_local(grad_placements=gb)
+    local = conv(x.to_local(grad_placements=gx), weight.to_local(grad_placements=gw),
+                 local_bias, *args)  # fmt: skip
+    channels = weight.shape[1] * groups if transposed else weight.shape[0]
+    shape = torch.Size((x.shape[0], channels, *local.shape[2:]))
+    result = DTensor.from_local(
+        local, mesh, out, run_check=False, shape=shape, stride=_contiguous(shape)
+    )
+    if bias is not None and split_in:  # added once to the sum, not on every partial piece
+        result = result + bias.reshape(1, -1, *([1] * (local.dim() - 2)))
+    return result
+
+
+def dropout(x: Any, p: float, train: bool | None, *, training: bool, seed: int) -> Any:
+    """`native_dropout` as the plan needs it: off when the module is in eval mode (the export
+    baked `train=True` in), else one mask for the whole (global) tensor drawn from `seed`, the
+    same on every rank, each rank keeping the piece its shard covers — so the copies of a
+    replicated activation get the same mask and the shards of a split one independent parts of
+    it (Megatron-LM keeps a model-parallel RNG state for the same reason). A partial sum takes
+    the whole mask on every piece (dropout is linear in its input)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not (training and train) or p <= 0:
+        return x, torch.ones_like(x, dtype=torch.bool)
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.rand(tuple(x.shape), generator=gen) >= p  # drawn whole on every rank
+    scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
+    if not isinstance(x, DTensor):
+        return x * keep.to(x.dtype) * scale, keep
+    mesh, placements = x.device_mesh, tuple(x.placements)
+    shape, offset = compute_local_shape_and_global_offset(x.shape, mesh, placements)
+    piece = keep[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+    local = x.to_local(grad_placements=placements) * piece.to(x.dtype) * scale
+    stride = _contiguous(x.shape)
+    out = DTensor.from_local(local, mesh, placements, run_check=False, shape=x.shape, stride=stride)
+    mask_placements = tuple(Replicate() if q.is_partial() else q for q in placements)
+    mask = DTensor.from_local(piece, mesh, mask_placements, run_check=False, shape=x.shape,
+                              stride=stride)  # fmt: skip
+    return out, mask
+
+
 def _contiguous(shape: Any) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(shape):
@@ -81,5 +173,9 @@ def _contiguous(shape: Any) -> tuple[int, ...]:
 REWRITES = {
     "aten.mean.dim": _mean_as_sum,
     "aten.embedding.default": _vocab_parallel_embedding,
+    "aten.convolution.default": _convolution,
 }
 """ATen ops run in another, equivalent form on DTensors (a workaround each, named by the op)."""
+
+RANDOM = {"aten.native_dropout.default": dropout}
+"""Random ops: run with the module's train/eval mode and a seed shared by every rank."""

@@ -21,23 +21,25 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardplan.cost.collectives import CollectiveKind as Kind
 from shardplan.errors import PlanError
 
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 _FUNCOL = {
-    "all_reduce": "all-reduce",
-    "all_gather": "all-gather",
-    "reduce_scatter": "reduce-scatter",
-    "all_to_all": "all-to-all",
+    "all_reduce": Kind.ALL_REDUCE,
+    "all_gather": Kind.ALL_GATHER,
+    "reduce_scatter": Kind.REDUCE_SCATTER,
+    "all_to_all": Kind.ALL_TO_ALL,
 }
+KINDS = tuple(_FUNCOL.values())
+"""The collectives torch's functional collectives issue (no collective-permute), in table order."""
 _PREDICTED = {
-    "all-reduce": "all_reduce_bytes",
-    "all-gather": "all_gather_bytes",
-    "all-to-all": "all_to_all_bytes",
+    Kind.ALL_REDUCE: "all_reduce_bytes",
+    Kind.ALL_GATHER: "all_gather_bytes",
+    Kind.ALL_TO_ALL: "all_to_all_bytes",
 }
 
 
-def kind_of(op_name: str) -> str | None:
+def kind_of(op_name: str) -> Kind | None:
     """`c10d_functional.all_gather_into_tensor` -> `all-gather` (None: not a collective)."""
     for key, kind in _FUNCOL.items():
         if key in op_name:
@@ -131,10 +133,10 @@ class _Recorder:
 
     def add(self, kind: str, nbytes: float, q: int) -> None:
         sent = {
-            "all-reduce": 2 * (q - 1) / q * nbytes,
-            "all-gather": (q - 1) * nbytes,  # the input is the local shard: (q-1)/q of the output
-            "reduce-scatter": (q - 1) / q * nbytes,
-            "all-to-all": (q - 1) / q * nbytes,
+            Kind.ALL_REDUCE: 2 * (q - 1) / q * nbytes,
+            Kind.ALL_GATHER: (q - 1) * nbytes,  # the input is the local shard, 1/q of the output
+            Kind.REDUCE_SCATTER: (q - 1) / q * nbytes,
+            Kind.ALL_TO_ALL: (q - 1) / q * nbytes,
         }[kind]
         self.kinds[kind][0] += 1
         self.kinds[kind][1] += sent

@@ -29,33 +29,30 @@ collectives of the redistributions. Autograd records the DTensor ops, so `loss.b
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardplan.errors import MissingDependencyError, PlanError, ShardplanError
+from shardplan.errors import PlanError, ShardplanError
 from shardplan.exporters.axes import collapse_texts
 from shardplan.exporters.dtensor import placement_texts, to_placements
 from shardplan.importers.torch import CHECK_OPS
 from shardplan.ir.op import Role
+from shardplan.lazy import require
 from shardplan.mesh import Mesh, parse_mesh
 from shardplan.plans import Plan
 from shardplan.sharding import operand_layout
-from shardplan.torch._rewrites import REWRITES
+from shardplan.torch._ranks import agree, failed
+from shardplan.torch._rewrites import RANDOM, REWRITES
 
 _READ_TEXT = {-1: "R"}
 
 
 def _torch() -> Any:
-    try:
-        import torch
-        import torch.distributed.tensor  # noqa: F401
-    except ImportError as e:
-        raise MissingDependencyError(
-            f"shardplan.torch.parallelize needs torch with torch.distributed ({e}); "
-            "install `shardplan[torch]`"
-        ) from e
-    return torch
+    return require(
+        "torch", "torch.distributed.tensor", extra="torch", user="shardplan.torch.parallelize"
+    )
 
 
 @dataclass(frozen=True)
@@ -111,17 +108,22 @@ def parallelize(
     from shardplan.importers.torch import trace_torch
 
     _require_world(torch)
-    trace = trace_torch(module, example_args, example_kwargs)
-    if plan is None:
-        from shardplan.search.api import plan as make_plan
+    failure: BaseException | None = None
+    try:
+        trace = trace_torch(module, example_args, example_kwargs)
+        if plan is None:
+            from shardplan.search.api import plan as make_plan
 
-        plan = make_plan(trace.result.graph, _plan_mesh(torch, mesh, device_mesh), **plan_options)
-    elif plan_options:
-        raise PlanError(
-            f"parallelize: plan options {sorted(plan_options)} are for planning; a given "
-            "plan is used as is"
-        )
-    return parallelize_traced(module, trace, plan, device_mesh)
+            graph = trace.result.graph
+            plan = make_plan(graph, _plan_mesh(torch, mesh, device_mesh), **plan_options)
+        elif plan_options:
+            raise PlanError(
+                f"parallelize: plan options {sorted(plan_options)} are for planning; a given "
+                "plan is used as is"
+            )
+    except Exception as e:  # every rank must hear of it before any rank enters a collective
+        failure = e
+    return _set_up(torch, module, trace if failure is None else None, plan, device_mesh, failure)
 
 
 def parallelize_traced(module: Any, trace: Any, plan: Plan, device_mesh: Any = None) -> Any:
@@ -129,17 +131,37 @@ def parallelize_traced(module: Any, trace: Any, plan: Plan, device_mesh: Any = N
     its graph first without exporting twice."""
     torch = _torch()
     _require_world(torch)
-    check_same_graph(trace.result.graph, plan.graph)
-    world = torch.distributed.get_world_size()
-    if plan.mesh.size != world:
-        raise PlanError(
-            f"parallelize: the plan's mesh {plan.mesh.text()} has {plan.mesh.size} devices but "
-            f"the process group has {world} ranks"
-        )
+    return _set_up(torch, module, trace, plan, device_mesh, None)
+
+
+def _set_up(
+    torch: Any,
+    module: Any,
+    trace: Any,
+    plan: Plan | None,
+    device_mesh: Any,
+    failure: BaseException | None,
+) -> Any:
+    """Check the plan against the trace and the world, agree with every rank (`_ranks.agree`)
+    on success, the plan and a dropout seed, then distribute and install the runner."""
+    if failure is None:
+        try:
+            assert plan is not None
+            check_same_graph(trace.result.graph, plan.graph)
+            world = torch.distributed.get_world_size()
+            if plan.mesh.size != world:
+                raise PlanError(
+                    f"parallelize: the plan's mesh {plan.mesh.text()} has {plan.mesh.size} "
+                    f"devices but the process group has {world} ranks"
+                )
+        except Exception as e:
+            failure = e
+    seed = agree(torch, failure, plan)
+    assert plan is not None
     dmesh, per_round, texts = _device_mesh(torch, plan, device_mesh)
     info = ParallelInfo(plan, dmesh, per_round, texts, _unmapped(trace))
     _distribute_parameters(torch, module, trace, info)
-    runner = _Runner(torch, trace, info, module)
+    runner = _Runner(torch, trace, info, module, seed)
     # an instance attribute: nn.Module.__call__ (hooks included) calls it in place of forward
     module.forward = runner
     module.shardplan = info
@@ -278,10 +300,13 @@ def _grad_to(param: Any) -> Any:
 class _Runner:
     """The forward of a parallelized module: the decomposed program on DTensors."""
 
-    def __init__(self, torch: Any, trace: Any, info: ParallelInfo, module: Any) -> None:
+    def __init__(
+        self, torch: Any, trace: Any, info: ParallelInfo, module: Any, seed: int = 0
+    ) -> None:
         from torch.export.graph_signature import InputKind, OutputKind
 
         self.torch, self.info, self.module = torch, info, module
+        self.seed, self.calls = seed, 0  # random ops draw from (seed, call, node): same per rank
         ep = trace.program
         self.program = ep
         self.graph_module = ep.graph_module
@@ -350,6 +375,7 @@ class _Runner:
             )
         env: dict[Any, Any] = {}
         inputs = dict(zip(self.user_inputs, flat, strict=True))
+        self.calls += 1
         for node in self.nodes:
             if node.op == "placeholder":
                 env[node] = self._bind(node, inputs)
@@ -361,11 +387,7 @@ class _Runner:
                 try:
                     env[node] = self._call(node, env, torch, DTensor)
                 except Exception as e:
-                    e.add_note(
-                        f"shardplan.torch.parallelize: while running node {node.name!r} "
-                        f"({node.target}) of the module's exported program"
-                    )
-                    raise
+                    raise failed(torch, node, e) from e
             elif node.op == "output":
                 return self._outputs(node, env, DTensor, pytree)
         raise ShardplanError("the exported program has no output node")  # pragma: no cover
@@ -426,6 +448,13 @@ class _Runner:
 
             args, kwargs = map_aggregate(args, lift), map_aggregate(kwargs, lift)
         target = REWRITES.get(str(node.target), node.target) if found else node.target
+        random_op = RANDOM.get(str(node.target))
+        if random_op is not None:  # eval mode honoured; one mask per (seed, call, node)
+            key = (self.seed * 1_000_003 + self.calls * 7919 + zlib.crc32(node.name.encode())) % (
+                2**63
+            )  # crc32, not hash(): Python salts str hashes per process
+            kwargs = {**kwargs, "training": self.module.training, "seed": key}
+            target = random_op
         try:
             out = target(*args, **kwargs)
         except NotImplementedError as e:
@@ -511,14 +540,17 @@ def _reads(
         ops_of.setdefault(op.name.split("/")[0].split(":")[0], []).append(op)
     out: dict[str, dict[str, str]] = {}
     for node in nodes:
-        if node.op != "call_function" or node.name not in ops_of:
+        # ops are named after the node's tensor, which carries the module path ("emb.embedding")
+        made = values.get(node.name)
+        key = made.split("/")[0].split(":")[0] if isinstance(made, str) else node.name
+        if node.op != "call_function" or key not in ops_of:
             continue
         row: dict[str, str] = {}
         for parent in node.all_input_nodes:
             tensor = values.get(parent.name)
             if not isinstance(tensor, str) or graph.tensors[tensor].role is Role.CONSTANT:
                 continue
-            for op in ops_of[node.name]:
+            for op in ops_of[key]:
                 if tensor in op.inputs:
                     row[parent.name] = f"{op.name}@{op.inputs.index(tensor)}"
                     break

@@ -17,7 +17,8 @@ from typing import Any
 from shardplan import checks
 from shardplan.errors import ArgumentError, UnknownModelError
 from shardplan.ir.graph import Graph
-from shardplan.zoo import cnn, moe, transformer
+from shardplan.zoo import cnn, llm, moe, transformer
+from shardplan.zoo.entries_llm import llm_entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +29,14 @@ class ModelEntry:
     description: str
     published_params: float | None = None
     small: Mapping[str, Any] = field(default_factory=dict)
+    published_active: float | None = None  # MoE: parameters activated per token
+    source: str = ""  # the published configuration the defaults are read from
 
     @property
     def builder(self) -> Callable[..., Graph]:
         module, function = self.builder_path.split(".")
-        return getattr({"cnn": cnn, "moe": moe, "transformer": transformer}[module], function)
+        modules = {"cnn": cnn, "llm": llm, "moe": moe, "transformer": transformer}
+        return getattr(modules[module], function)
 
 
 def _entry(
@@ -41,6 +45,8 @@ def _entry(
     description: str,
     published: float | None = None,
     small: dict[str, Any] | None = None,
+    published_active: float | None = None,
+    source: str = "",
     **defaults: Any,
 ) -> ModelEntry:
     return ModelEntry(
@@ -50,6 +56,8 @@ def _entry(
         description,
         published,
         MappingProxyType(small or {}),
+        published_active,
+        source,
     )
 
 
@@ -221,6 +229,7 @@ MODELS: Mapping[str, ModelEntry] = MappingProxyType(
                     "expert_ffn": 16,
                 },
             ),
+            *llm_entries(_entry),
             _entry(
                 "wide-deep",
                 "transformer.wide_deep",

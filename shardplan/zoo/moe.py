@@ -38,10 +38,12 @@ def moe_block(
     capacity_factor: float = 1.0,
     gated: bool = False,
     normalize: bool = False,
+    router: str = "softmax",
 ) -> str:
     """Routed experts on `x` [batch, seq, hidden]: router, top-k, dispatch, experts, combine.
 
-    `gated`: SwiGLU experts (gate, up, down); else fc -> gelu -> proj.
+    `gated`: SwiGLU experts (gate, up, down); else fc -> gelu -> proj. `router`: the
+    elementwise-or-softmax scoring of the router logits ("softmax", or "sigmoid" as DeepSeek-V3).
     """
     batch, seq, hidden = b.shape(x)
     if not 1 <= top_k <= experts:
@@ -49,7 +51,11 @@ def moe_block(
     cap = capacity(seq, experts, top_k, capacity_factor)
     route = {"experts": experts, "capacity": cap}
     with b.scope(name):
-        probs = b.apply("softmax", dense(b, x, experts, "router", bias=False), name="probs")
+        logits = dense(b, x, experts, "router", bias=False)
+        if router == "softmax":
+            probs = b.apply("softmax", logits, name="probs")
+        else:
+            probs = b.apply(router, logits, name="probs")
         ids = b.apply("moe_topk_ids", probs, k=top_k, name="topk_ids")
         weights = b.apply(
             "moe_topk_weights", probs, k=top_k, normalize=normalize, name="topk_weights"

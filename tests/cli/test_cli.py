@@ -62,3 +62,17 @@ def test_zero_flag_errors(capsys):
     assert "inference does not have" in capsys.readouterr().err
     assert main([*args, "--zero", "1", "--dtype", "bf16"]) == 9
     assert "--zero sets the ZeRO stage of a single SPMD plan" in capsys.readouterr().err
+
+
+def test_a_plan_file_replanned_with_force_keeps_its_budget(tmp_path, capsys):
+    first, again = tmp_path / "p.json", tmp_path / "q.json"
+    args = ["plan", "gpt2-small", "--small", "--mesh", "2x4", "--memory", "30MB"]
+    assert main([*args, "--json", str(first), "-q"]) == 0
+    stored = json.loads(first.read_text())
+    assert stored["problem"]["budget"] == 30e6
+    force = ["--force", "h.0.mlp.fc=n,-,-", "--json", str(again), "-q"]
+    assert main(["plan", str(first), "--mesh", "2x4", *force]) == 0
+    replanned = json.loads(again.read_text())
+    assert replanned["problem"]["budget"] == 30e6
+    assert replanned["cost"]["memory_per_device_bytes"] <= 30e6
+    capsys.readouterr()

@@ -22,8 +22,8 @@ from shardplan.exporters import deepspeed, megatron, torchtitan, training_json
 from shardplan.exporters.engine_layout import architecture, read_layout
 from shardplan.importers.engine_config import read_engine_config
 from shardplan.mesh import parse_mesh
-from shardplan.search.menus import MENUS, Layout, layout_plan
-from shardplan.search.scale import plan_training
+from shardplan.search.step.menus import MENUS, Layout, layout_plan
+from shardplan.search.step.search import plan_training
 from shardplan.training import Stage, TrainingPlan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -242,3 +242,44 @@ def test_bad_policy_and_table_invariants():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ReplicatedOpsWarning)
         from_torch(_Det().fc, (torch.randn(3, 4),))  # nothing replicated: no warning
+
+
+class _TfSamePad(torch.nn.Module):
+    """TF-ported "same" padding: one more row and column after than before (constant_pad_nd)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, stride=2)
+
+    def forward(self, x):
+        return self.conv(torch.nn.functional.pad(x, (0, 1, 0, 1)))
+
+
+def test_asymmetric_constant_pad_of_two_axes_imports():
+    g = from_torch(_TfSamePad(), (torch.randn(2, 3, 8, 8),))
+    assert not any(op.kind == "opaque" for op in g.ops)
+    pads = [op for op in g.ops if op.name.startswith("constant_pad_nd")]
+    assert len(pads) == 2  # one gather per padded axis, the second reading the first
+    assert g.tensors[pads[-1].outputs[0]].shape == (2, 3, 9, 9)
+
+
+class _BrokenBatchNorm(torch.nn.Module):
+    """Its BatchNorm has another size than the conv's channels: the module itself fails."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+        self.bn = torch.nn.BatchNorm2d(32)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+def test_a_module_that_fails_on_its_own_inputs_is_an_ir_error_not_an_export_one():
+    from shardplan.errors import IRError
+
+    module = _BrokenBatchNorm()
+    before = module.bn.running_mean.clone()
+    with pytest.raises(IRError, match="fails on its example inputs without shardplan.*running_mean"):
+        from_torch(module, (torch.randn(2, 3, 4, 4),))
+    assert torch.equal(module.bn.running_mean, before)

@@ -22,7 +22,7 @@ from shardplan.exporters.plan_json import from_json, to_json
 from shardplan.mesh import parse_mesh
 from shardplan.plans import Plan, evaluate
 from shardplan.search.api import plan
-from shardplan.search.baselines import baseline_plans
+from shardplan.search.drec.baselines import baseline_plans
 from shardplan.sharding import operand_layout, split_counts
 
 from .strategies import MESHES, PRESETS, graphs

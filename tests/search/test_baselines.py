@@ -11,8 +11,8 @@ from shardplan.errors import InfeasibleError
 from shardplan.ir.graph import GraphBuilder
 from shardplan.mesh import parse_mesh
 from shardplan.search.api import plan
-from shardplan.search.baselines import baseline_plans
-from shardplan.search.drec import drec
+from shardplan.search.drec.baselines import baseline_plans
+from shardplan.search.drec.search import drec
 
 
 def _reshape_chain():

@@ -13,8 +13,9 @@ import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
 from shardplan.errors import SolverError
 from shardplan.mesh import parse_mesh
-from shardplan.search import dp, ilp, plan
-from shardplan.search.space import build_model, build_space
+from shardplan.search import plan
+from shardplan.search.exact import dp, ilp
+from shardplan.search.exact.space import build_model, build_space
 
 from .test_ilp import CHAIN_LAYERS, brute_force, chain_graph, mlp2, tiny_attention
 

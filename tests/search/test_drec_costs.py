@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
 from shardplan.cost.terms import compute_cost
-from shardplan.search.drec_costs import RoundCosts
+from shardplan.search.drec.costs import RoundCosts
 from shardplan.sharding import cut_problem
 from tests.search.test_tables_vs_evaluator import as_dtype
 

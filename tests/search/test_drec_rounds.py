@@ -28,7 +28,7 @@ import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
 from shardplan.cost.terms import compute_cost
 from shardplan.ir.op import Role
-from shardplan.search.drec_costs import RoundCosts
+from shardplan.search.drec.costs import RoundCosts
 from shardplan.sharding import cut_problem
 from tests.search.test_drec_costs import _bytes
 from tests.search.test_tables_vs_evaluator import GRAPHS, MODELS

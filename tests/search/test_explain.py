@@ -10,8 +10,8 @@ from shardplan import zoo
 from shardplan.cost.evaluate import evaluate_strategies
 from shardplan.errors import PlanError, SolverError
 from shardplan.search import plan
+from shardplan.search.exact.ilp import solve_ilp
 from shardplan.search.explain import candidates, strategy_diff
-from shardplan.search.ilp import solve_ilp
 
 FC = "h.0.mlp.fc.linear"
 

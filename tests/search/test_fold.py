@@ -8,9 +8,9 @@ import pytest
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
-from shardplan.search.drec import _variants, drec
-from shardplan.search.flex import build_flex_graph
-from shardplan.search.fold import find_fold
+from shardplan.search.drec.flex import build_flex_graph
+from shardplan.search.drec.fold import find_fold
+from shardplan.search.drec.search import _variants, drec
 from shardplan.sharding import cut_problem, local_extents
 
 OPTS = CostOptions.make()

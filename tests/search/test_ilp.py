@@ -17,8 +17,9 @@ from shardplan.cost.linear import memory_from_pieces, memory_piece_arrays, memor
 from shardplan.errors import InfeasibleError, PlanError, SolverError
 from shardplan.ir import GraphBuilder
 from shardplan.mesh import parse_mesh
-from shardplan.search import ilp, plan
-from shardplan.search.space import build_model, build_space, count_strategies, op_strategies
+from shardplan.search import plan
+from shardplan.search.exact import ilp
+from shardplan.search.exact.space import build_model, build_space, count_strategies, op_strategies
 from shardplan.sharding import check_strategy, operand_layout, resolved
 
 MESH8 = parse_mesh("8")

@@ -10,8 +10,8 @@ from shardplan.exporters import training_json
 from shardplan.ir.op import Role
 from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import parse_mesh
-from shardplan.search.recipes import megatron_recipe
-from shardplan.search.scale import balanced_stages, micro_batch_options, plan_training
+from shardplan.search.step.recipes import megatron_recipe
+from shardplan.search.step.search import balanced_stages, micro_batch_options, plan_training
 
 BF16 = CostOptions.make(dtype="bf16")
 

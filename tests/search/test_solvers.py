@@ -17,7 +17,10 @@ from shardplan.search.solvers import (
 
 
 def test_every_method_is_registered_once():
-    assert METHODS == tuple(SOLVERS) == ("drec", "ilp", "dp", "data-parallel", "megatron", "fsdp")
+    assert METHODS == tuple(SOLVERS) == (
+        *("drec", "ilp", "dp", "data-parallel", "megatron", "fsdp"),
+        *("step", "megatron-recipe"),
+    )
 
 
 def test_options_are_typed_and_unknown_ones_rejected():

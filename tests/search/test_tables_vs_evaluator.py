@@ -14,7 +14,7 @@ from shardplan.cost import CostOptions, evaluate_strategies
 from shardplan.cost.evaluate import memory_per_device, output_layouts, param_homes
 from shardplan.cost.linear import memory_from_pieces, memory_pieces
 from shardplan.ir.graph import make_graph
-from shardplan.search.space import build_model
+from shardplan.search.exact.space import build_model
 
 MODELS = sorted(sp.zoo.MODELS)
 

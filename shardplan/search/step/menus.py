@@ -11,8 +11,8 @@ every stage. `plan_for_menu` searches exactly that space with the step model (co
 for each S dividing the outer axis and the layer count, each allowed t and each per-rank
 micro-batch size in MICRO_BATCH_SIZES that divides the batch, the stages are planned by the
 expert (stages of one structure once), and the allowed lever with the shortest step that fits
-the budget is kept; layouts run in order of the training search's lower bound (search/scale.py)
-and the search stops when the bound reaches the best step found. `layout_plan` builds one
+the budget is kept; layouts run in order of the training search's lower bound
+(search/step/search.py) and the search stops when the bound reaches the best step found. `layout_plan` builds one
 such plan (also used to score a user's config).
 Layers are the longest periodic run of segment fingerprints (`layer_split`), so no op name is
 read. Cost: O(S-options x t-options x sizes x distinct stages x evaluator).
@@ -34,14 +34,9 @@ from shardplan.ir.segments import segments, subgraph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search import experts
-from shardplan.search.scale import (
-    LEVERS,
-    _fingerprint,
-    _tokens_per_sample,
-    axis_summary,
-    stage_mesh,
-    steps_note,
-)
+from shardplan.search.step.notes import axis_summary, steps_note
+from shardplan.search.step.search import LEVERS, _fingerprint
+from shardplan.search.step.stages import stage_mesh, tokens_per_sample
 from shardplan.training import Stage, TrainingPlan, at_precision, pipeline_of
 
 Progress = Callable[[str], None]
@@ -226,7 +221,7 @@ def layout_plan(
         plan, prof = stages.plan(sub, smesh, t)
         plans.append(plan)
         profiles.append(prof)
-    tokens = _tokens_per_sample(graph, batch // m) if batch // m else 1
+    tokens = tokens_per_sample(graph, batch // m) if batch // m else 1
     pipe = pipeline_of(plans, mesh, batch, tokens)
     choices = menu.levers(n) if menu is not None else (layout.levers,)
     best = None

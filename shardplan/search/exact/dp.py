@@ -32,7 +32,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
-from shardplan.search.space import CostModel, build_model
+from shardplan.search.exact.space import CostModel, build_model
 
 MAX_TABLE_ENTRIES = 60_000_000
 """Refuse (SolverError) models whose dense tables would exceed this many float64 entries."""

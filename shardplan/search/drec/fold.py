@@ -36,7 +36,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph, make_graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh
-from shardplan.search.flex import FlexGraph
+from shardplan.search.drec.flex import FlexGraph
 from shardplan.sharding import Strategy, check_strategy
 
 KEPT = 4

@@ -13,7 +13,7 @@ from shardplan.errors import ArgumentError, InfeasibleError
 from shardplan.exporters import training_json
 from shardplan.exporters.engine_layout import read_layout
 from shardplan.mesh import parse_mesh
-from shardplan.search.menus import MENUS, graph_layers, layer_split, plan_for_menu
+from shardplan.search.step.menus import MENUS, graph_layers, layer_split, plan_for_menu
 
 MODELS = ("gpt2-small", "bert-base", "vit-b16", "mlp", "gpt3")
 

@@ -54,7 +54,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.search.round_split import ASPLIT, RoundSplit, can_move_split, round_features
+from shardplan.search.exact.round_split import ASPLIT, RoundSplit, can_move_split, round_features
 from shardplan.sharding import (
     REPLICATED,
     Layout,

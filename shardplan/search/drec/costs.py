@@ -43,9 +43,9 @@ from shardplan.cost.terms import (
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.search.drec_ledger import RoundLedger, through_chain
-from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph
-from shardplan.search.fold import op_labels
+from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
+from shardplan.search.drec.fold import op_labels
+from shardplan.search.drec.ledger import RoundLedger, through_chain
 from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.terms import edge_redistribution, reduces
 from shardplan.ir.op import Role
-from shardplan.search.flex import FlexEdge
+from shardplan.search.drec.flex import FlexEdge
 from shardplan.sharding import REPLICATED, layout_of_cut
 
 _NONE_CHARGED: frozenset[tuple[str, int]] = frozenset()

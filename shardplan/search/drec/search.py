@@ -36,9 +36,9 @@ from typing import Any
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec_costs import CutTables, Overlay, RoundCosts
-from shardplan.search.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
-from shardplan.search.fold import Fold, find_fold, op_labels
+from shardplan.search.drec.costs import CutTables, Overlay, RoundCosts
+from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
+from shardplan.search.drec.fold import Fold, find_fold, op_labels
 from shardplan.sharding import Strategy, cut_problem
 
 

@@ -67,8 +67,8 @@ from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
-from shardplan.search.round_split import ASPLIT, BSPLIT
-from shardplan.search.space import CostModel, PairTerm, build_model
+from shardplan.search.exact.round_split import ASPLIT, BSPLIT
+from shardplan.search.exact.space import CostModel, PairTerm, build_model
 from shardplan.sharding import Strategy
 
 MAX_STRATEGIES = 2_000_000

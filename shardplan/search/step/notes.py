@@ -1,0 +1,104 @@
+"""What a training plan says about itself: per-axis summary and the notes on its levers.
+
+`axis_summary` reads, per mesh axis, what the heaviest stage's parameter ops cut on its rounds
+(data: the batch loop dim the data-parallel expert cuts; tensor: any other dim), weighted by
+FLOPs; `lever_notes` says which levers each stage needed and why. O(ops x rounds).
+"""
+
+from __future__ import annotations
+
+from shardplan.cost.step import Recompute
+from shardplan.search.experts import data_parallel
+from shardplan.training import TrainingPlan
+
+
+def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
+    """Say which levers the plan needed and why (each one is on only to meet the budget)."""
+    notes: list[str] = []
+    if tp.pipeline_stages > 1:
+        step = tp.step
+        assert step is not None
+        notes.append(
+            f"{tp.pipeline_stages} pipeline stages (1F1B) with {tp.micro_batches} micro-batches: "
+            f"bubble {step.bubble_s / step.step_s:.1%} of the step"
+        )
+    elif tp.micro_batches > 1:
+        notes.append(f"{tp.micro_batches} micro-batches (gradient accumulation)")
+    methods: dict[str, list[int]] = {}
+    for s, stage in enumerate(tp.stages):
+        methods.setdefault(stage.plan.method, []).append(s)
+    if set(methods) != {"drec"}:
+        notes.append(
+            "stage plans: "
+            + "; ".join(f"{m} on stages {_ranges(v)}" for m, v in sorted(methods.items()))
+            + " (each stage keeps the fastest of D-Rec's plan and the expert plans under the "
+            "step model)"
+        )
+    for s, stage in enumerate(tp.stages):
+        lv = stage.levers
+        used = []
+        if lv.recompute is not Recompute.NONE:
+            used.append(f"{lv.recompute.value} recomputation")
+        if lv.zero:
+            used.append(f"ZeRO-{lv.zero}")
+        if used:
+            why = f"to fit {budget / 1e9:.3g} GB per device" if budget else "faster under the model"
+            notes.append(f"stage {s}: {' and '.join(used)} {why}")
+    return tuple(notes)
+
+
+def _ranges(xs: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out: list[str] = []
+    for x in xs:
+        if out and out[-1][1] == x - 1:
+            out[-1] = (out[-1][0], x)
+        else:
+            out.append((x, x))  # type: ignore[arg-type]
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)  # type: ignore[misc]
+
+
+def axis_summary(tp: TrainingPlan) -> tuple[str, ...]:
+    """Per mesh axis: "pipeline xS", then what the stage plans' parameter ops cut on it
+    (data: the batch loop dim, which the data-parallel expert cuts; tensor: any other dim)."""
+    plan = max((s.plan for s in tp.stages), key=lambda p: p.graph.flops)
+    dp = data_parallel(plan.graph, plan.mesh)
+    param_ops = [
+        op
+        for op in plan.graph.ops
+        if any(plan.graph.tensors[t].role.value == "parameter" for t in op.inputs)
+    ]
+    out = []
+    for axis, name in enumerate(tp.mesh.names):
+        parts = []
+        if axis == 0 and tp.pipeline_stages > 1:
+            parts.append(f"pipeline x{tp.pipeline_stages}")
+        kinds: dict[str, int] = {}
+        for r in plan.mesh.rounds:
+            if r.mesh_axis != axis:
+                continue
+            weight = {"data": 0.0, "tensor": 0.0, "replicated": 0.0}
+            for op in param_ops:
+                cut = plan.strategies[op.name][r.index]
+                kind = (
+                    "replicated"
+                    if cut is None
+                    else "data"
+                    if cut == dp[op.name][r.index]
+                    else "tensor"
+                )
+                weight[kind] += op.flops
+            kind = max(weight, key=lambda k: weight[k])
+            kinds[kind] = kinds.get(kind, 1) * r.q
+        parts += [f"{k} x{v}" for k, v in kinds.items()]
+        out.append(f"{name} axis: {' + '.join(parts) or 'unused'}")
+    return tuple(out)
+
+
+def steps_note(tp: TrainingPlan) -> str:
+    step = tp.step
+    assert step is not None
+    return (
+        f"step {step.step_s:.4g} s, {step.tokens_per_s:.4g} tokens/s, "
+        f"{step.tflops_per_device:.4g} TFLOP/s per device ({step.peak_fraction:.1%} of peak)"
+    )

@@ -1,0 +1,271 @@
+"""Today's decoder LLMs: the Llama family (Llama 3, Qwen3 dense) and MoE LLMs (Mixtral,
+DeepSeek-V3, Qwen3-MoE), built from their published configuration fields.
+
+Operators are the ones the models run, each a catalogue kind:
+- RMSNorm (`rms_norm`) before attention and MLP, on the final hidden state, and on q/k per head
+  when `qk_norm` (Qwen3);
+- grouped-query attention: q has `heads` heads, k/v have `kv_heads`; the `heads // kv_heads`
+  query heads of a group are stacked along the sequence so each group's scores are one `bmm`
+  against its own K/V ([b, kv, group*s, d] x [b, kv, s, d]^T), the FLOPs of the repeated-K/V form
+  without copying K/V;
+- RoPE as elementwise work: x*cos + rotate_half(x)*sin, rotate_half an `einsum` of the head dim
+  viewed as [2, d/2] with the constant [[0, 1], [-1, 0]] (exact, slice-free);
+- SwiGLU MLPs: three matmuls (gate, up, down), silu and a product;
+- multi-head latent attention (DeepSeek-V2/V3) when `q_rank` > 0: low-rank q (hidden -> q_rank,
+  RMSNorm, -> heads x (nope + rope)) and a compressed KV (hidden -> kv_rank, RMSNorm, -> heads x
+  (nope + v)) plus one shared RoPE key (hidden -> rope_dim) added to every head; the published
+  fused projections are written as two matmuls each (same parameters and FLOPs, no slicing);
+- routed experts through `moe.moe_block` (softmax or sigmoid router, top-k, renormalised
+  weights), `shared` always-on experts as one SwiGLU MLP of width shared * expert_ffn, and the
+  first `dense_layers` layers dense with width `ffn`.
+Untied LM head (`tied` reuses the embedding table), cross-entropy loss. Building is O(layers).
+"""
+
+from __future__ import annotations
+
+from shardplan.errors import ArgumentError, IRError
+from shardplan.ir.graph import Graph, GraphBuilder
+from shardplan.zoo.layers import dense, layer_norm
+from shardplan.zoo.moe import _swiglu, moe_block
+
+
+def _rope(b: GraphBuilder, x: str, name: str) -> str:
+    """x [b, h, s, d] rotated: x * cos + rotate_half(x) * sin (cos/sin [s, d] constants)."""
+    batch, heads, seq, dim = b.shape(x)
+    if dim % 2:
+        raise IRError(f"{name}: RoPE needs an even head dim, got {dim}")
+    cos, sin = (
+        _shared_constant(b, "rope_cos", (seq, dim)),
+        _shared_constant(b, "rope_sin", (seq, dim)),
+    )
+    rot = _shared_constant(b, "rope_rotate_half", (2, 2))
+    halves = b.apply("reshape", x, shape=(batch, heads, seq, 2, dim // 2), name=f"{name}_halves")
+    turned = b.apply("einsum", halves, rot, spec="b h s t d, t u -> b h s u d", name=f"{name}_rot")
+    turned = b.apply("reshape", turned, shape=(batch, heads, seq, dim), name=f"{name}_rotated")
+    return b.apply(
+        "add",
+        b.apply("mul", x, cos, name=f"{name}_cos"),
+        b.apply("mul", turned, sin, name=f"{name}_sin"),
+        name=f"{name}_rope",
+    )
+
+
+def _shared_constant(b: GraphBuilder, name: str, shape: tuple[int, ...]) -> str:
+    """One graph-level constant per name and shape, read by every layer."""
+    return b.shared_constant(f"{name}_{'x'.join(map(str, shape))}", shape)
+
+
+def _heads(b: GraphBuilder, x: str, heads: int, dim: int, name: str) -> str:
+    """[b, s, heads*dim] -> [b, heads, s, dim]."""
+    batch, seq, _ = b.shape(x)
+    x = b.apply("reshape", x, shape=(batch, seq, heads, dim), name=f"{name}_split")
+    return b.apply("transpose", x, perm=(0, 2, 1, 3), name=f"{name}_heads")
+
+
+def _attend(b: GraphBuilder, q: str, k: str, v: str, hidden: int) -> str:
+    """Causal softmax attention of q [b, H, s, dqk] over k/v [b, KV, s, d*] (H = KV * group),
+    projected back to `hidden` by `o`."""
+    batch, heads, seq, dqk = b.shape(q)
+    kv, dv = b.shape(k)[1], b.shape(v)[-1]
+    group = heads // kv
+    q = b.apply("reshape", q, shape=(batch, kv, group * seq, dqk), name="q_groups")
+    scores = b.apply("bmm", q, k, transpose_b=True, name="scores")
+    scores = b.apply("scale", scores, value=dqk**-0.5, name="scale")
+    mask = _shared_constant(b, "causal_mask", (group * seq, seq))
+    probs = b.apply("softmax", b.apply("add", scores, mask, name="mask"), axis=-1, name="softmax")
+    ctx = b.apply("bmm", probs, v, name="context")
+    ctx = b.apply("reshape", ctx, shape=(batch, heads, seq, dv), name="ungroup")
+    ctx = b.apply("transpose", ctx, perm=(0, 2, 1, 3), name="merge_t")
+    ctx = b.apply("reshape", ctx, shape=(batch, seq, heads * dv), name="merge")
+    return dense(b, ctx, hidden, "o", bias=False)
+
+
+def gqa_attention(
+    b: GraphBuilder, x: str, heads: int, kv_heads: int, head_dim: int, qk_norm: bool, name: str
+) -> str:
+    """Grouped-query attention with RoPE (module docstring)."""
+    hidden = b.shape(x)[-1]
+    with b.scope(name):
+        q = _heads(b, dense(b, x, heads * head_dim, "q", bias=False), heads, head_dim, "q")
+        k = _heads(b, dense(b, x, kv_heads * head_dim, "k", bias=False), kv_heads, head_dim, "k")
+        v = _heads(b, dense(b, x, kv_heads * head_dim, "v", bias=False), kv_heads, head_dim, "v")
+        if qk_norm:
+            q, k = layer_norm(b, q, "q_norm", rms=True), layer_norm(b, k, "k_norm", rms=True)
+        return _attend(b, _rope(b, q, "q"), _rope(b, k, "k"), v, hidden)
+
+
+def mla_attention(
+    b: GraphBuilder,
+    x: str,
+    heads: int,
+    q_rank: int,
+    kv_rank: int,
+    nope_dim: int,
+    rope_dim: int,
+    v_dim: int,
+    name: str,
+) -> str:
+    """Multi-head latent attention (DeepSeek-V2/V3; module docstring)."""
+    batch, seq, hidden = b.shape(x)
+    with b.scope(name):
+        cq = layer_norm(b, dense(b, x, q_rank, "q_a", bias=False), "q_a_norm", rms=True)
+        q_nope = _heads(
+            b, dense(b, cq, heads * nope_dim, "q_b_nope", bias=False), heads, nope_dim, "q_nope"
+        )
+        q_pe = _heads(
+            b, dense(b, cq, heads * rope_dim, "q_b_rope", bias=False), heads, rope_dim, "q_pe"
+        )
+        q = b.apply("concat", q_nope, _rope(b, q_pe, "q"), axis=3, name="q_cat")
+        ckv = layer_norm(b, dense(b, x, kv_rank, "kv_a", bias=False), "kv_a_norm", rms=True)
+        k_pe = _heads(b, dense(b, x, rope_dim, "k_rope", bias=False), 1, rope_dim, "k_pe")
+        k_pe = _rope(b, k_pe, "k")
+        zeros = _shared_constant(b, "zeros", (batch, heads, seq, rope_dim))
+        k_pe = b.apply("add", zeros, k_pe, name="k_pe_every_head")  # one RoPE key for every head
+        k_nope = _heads(
+            b, dense(b, ckv, heads * nope_dim, "kv_b_k", bias=False), heads, nope_dim, "k_nope"
+        )
+        k = b.apply("concat", k_nope, k_pe, axis=3, name="k_cat")
+        v = _heads(b, dense(b, ckv, heads * v_dim, "kv_b_v", bias=False), heads, v_dim, "v")
+        return _attend(b, q, k, v, hidden)
+
+
+def _embed(b: GraphBuilder, batch: int, seq: int, vocab: int, hidden: int) -> tuple[str, str, str]:
+    ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
+    labels = b.input("labels", (batch, seq), dtype_bytes=4)
+    table = b.param("embed", (vocab, hidden))
+    return b.apply("embedding", table, ids, name="lookup"), labels, table
+
+
+def _head(b: GraphBuilder, x: str, labels: str, table: str, vocab: int, tied: bool) -> Graph:
+    x = layer_norm(b, x, "norm", rms=True)
+    if tied:
+        logits = b.apply("linear", x, table, name="lm_head")
+    else:
+        logits = dense(b, x, vocab, "lm_head", bias=False)
+    b.apply("cross_entropy", logits, labels, name="loss")
+    return b.build()
+
+
+def _check(name: str, heads: int, kv_heads: int) -> None:
+    if heads % kv_heads:
+        raise IRError(f"{name}: {heads} query heads are not a multiple of kv_heads={kv_heads}")
+
+
+def llama(
+    batch: int = 8,
+    seq: int = 8192,
+    layers: int = 32,
+    hidden: int = 4096,
+    heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int = 0,
+    ffn: int = 14336,
+    vocab: int = 128256,
+    qk_norm: bool = False,
+    tied: bool = False,
+    name: str = "llama",
+) -> Graph:
+    """Llama-style decoder: RMSNorm, GQA + RoPE, SwiGLU (module docstring). `head_dim` 0 means
+    hidden // heads (Qwen3 sets it apart from hidden)."""
+    _check(name, heads, kv_heads)
+    head_dim = head_dim or hidden // heads
+    b = GraphBuilder(name)
+    x, labels, table = _embed(b, batch, seq, vocab, hidden)
+    for i in range(layers):
+        with b.scope(f"layers.{i}"):
+            y = layer_norm(b, x, "attn_norm", rms=True)
+            x = b.apply(
+                "add",
+                x,
+                gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn"),
+                name="residual_1",
+            )
+            y = _swiglu(b, layer_norm(b, x, "mlp_norm", rms=True), ffn, "mlp")
+            x = b.apply("add", x, y, name="residual_2")
+    return _head(b, x, labels, table, vocab, tied)
+
+
+def moe_llm(
+    batch: int = 8,
+    seq: int = 4096,
+    layers: int = 32,
+    hidden: int = 4096,
+    heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int = 0,
+    ffn: int = 14336,
+    experts: int = 8,
+    top_k: int = 2,
+    expert_ffn: int = 14336,
+    shared: int = 0,
+    dense_layers: int = 0,
+    vocab: int = 32000,
+    router: str = "softmax",
+    qk_norm: bool = False,
+    q_rank: int = 0,
+    kv_rank: int = 512,
+    nope_dim: int = 128,
+    rope_dim: int = 64,
+    v_dim: int = 128,
+    capacity_factor: float = 1.0,
+    name: str = "moe-llm",
+) -> Graph:
+    """MoE decoder: GQA (or MLA when `q_rank` > 0), the first `dense_layers` layers a SwiGLU of
+    width `ffn`, the rest `experts` routed SwiGLU experts of width `expert_ffn` (top_k, weights
+    renormalised; `router` softmax or sigmoid) plus `shared` shared experts (module docstring)."""
+    if router not in ("softmax", "sigmoid"):
+        raise ArgumentError(
+            f"model {name!r}: router must be 'softmax' or 'sigmoid', got {router!r}"
+        )
+    _check(name, heads, kv_heads)
+    head_dim = head_dim or hidden // heads
+    b = GraphBuilder(name)
+    x, labels, table = _embed(b, batch, seq, vocab, hidden)
+    for i in range(layers):
+        with b.scope(f"layers.{i}"):
+            y = layer_norm(b, x, "attn_norm", rms=True)
+            if q_rank:
+                h = mla_attention(b, y, heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim, "attn")
+            else:
+                h = gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn")
+            x = b.apply("add", x, h, name="residual_1")
+            y = layer_norm(b, x, "mlp_norm", rms=True)
+            if i < dense_layers:
+                out = _swiglu(b, y, ffn, "mlp")
+            else:
+                out = moe_block(
+                    b,
+                    y,
+                    experts,
+                    top_k,
+                    expert_ffn,
+                    "experts",
+                    capacity_factor,
+                    gated=True,
+                    normalize=True,
+                    router=router,
+                )
+                if shared:
+                    out = b.apply(
+                        "add", out, _swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
+                    )
+            x = b.apply("add", x, out, name="residual_2")
+    return _head(b, x, labels, table, vocab, tied=False)
+
+
+def activated_params(graph: Graph) -> int:
+    """Parameters a token uses: every parameter, except that an expert weight read by
+    `expert_matmul` counts k/E of its size (k, E from the layer's `moe_topk_ids`/`moe_route`)."""
+    routing: dict[str, list[int]] = {}
+    for op in graph.ops:
+        attrs = dict(op.attrs)
+        if op.kind == "moe_topk_ids":
+            routing.setdefault(op.layer, [0, 0])[0] = attrs["k"]
+        elif op.kind == "moe_route":
+            routing.setdefault(op.layer, [0, 0])[1] = attrs["experts"]
+    idle = 0.0
+    for op in graph.ops:
+        if op.kind == "expert_matmul":
+            k, experts = routing[op.layer]
+            idle += graph.tensors[op.inputs[1]].numel * (1 - k / experts)
+    return graph.num_params - round(idle)

@@ -1,0 +1,68 @@
+"""Hugging Face configs planned without weights: the meta-device import of the published configs
+in tests/data/hf equals the zoo's twin (a few layers), at any batch, with clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import shardplan as sp  # noqa: E402
+from shardplan.errors import ArgumentError, UnknownModelError  # noqa: E402
+from shardplan.zoo import build  # noqa: E402
+
+HF = Path(__file__).resolve().parents[1] / "data" / "hf"
+
+
+@pytest.mark.parametrize(("name", "layers"), [("llama3-8b", 1), ("mixtral-8x7b", 1),
+                                               ("deepseek-v3", 4), ("qwen3-32b", 1)])
+def test_published_config_imports_like_the_zoo_twin(name, layers):
+    graph = sp.from_hf(HF / name, batch=2, seq=16, layers=layers)
+    twin = build(name, batch=2, seq=16, layers=layers)
+    assert graph.num_params == twin.num_params
+    assert graph.flops == pytest.approx(twin.flops, rel=0.01)
+    assert {"linear", "bmm", "embedding"} <= {op.kind for op in graph.ops}
+
+
+def test_full_size_config_has_the_published_parameter_count():
+    # all 80 layers on the meta device: no weights are allocated
+    graph = sp.from_hf(HF / "llama3-70b" / "config.json", batch=1, seq=8)
+    assert graph.num_params == pytest.approx(70.6e9, rel=0.01)
+    assert graph.num_params == build("llama3-70b", batch=1, seq=8).num_params
+
+
+def test_builder_rebuilds_at_each_batch():
+    builder = sp.hf_builder(HF / "llama3-8b", seq=8, layers=1)
+    one, four = builder(1), builder(4)
+    assert one.tensor("input_ids").shape == (1, 8)
+    assert four.tensor("input_ids").shape == (4, 8)
+    assert four.flops == pytest.approx(4 * one.flops, rel=1e-9)
+
+
+def test_config_as_dict_and_as_transformers_object():
+    import transformers
+
+    data = json.loads((HF / "llama3-8b" / "config.json").read_text())
+    from_dict = sp.from_hf(data, batch=1, seq=8, layers=1)
+    config = transformers.AutoConfig.for_model(**data)
+    from_object = sp.from_hf(config, batch=1, seq=8, layers=1)
+    assert from_dict.num_params == from_object.num_params
+
+
+def test_bad_configs_are_named(tmp_path):
+    with pytest.raises(UnknownModelError, match="has no config.json"):
+        sp.from_hf(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(UnknownModelError, match="no 'model_type'"):
+        sp.from_hf(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-a-model"}))
+    with pytest.raises(UnknownModelError, match="does not know model_type 'not-a-model'"):
+        sp.from_hf(tmp_path)
+    with pytest.raises(ArgumentError, match="must be a path, a dict or a transformers config"):
+        sp.from_hf(42)
+    with pytest.raises(ArgumentError, match="batch must be between 1"):
+        sp.from_hf(HF / "llama3-8b", batch=0, seq=8, layers=1)
