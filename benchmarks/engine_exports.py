@@ -174,7 +174,8 @@ def main() -> None:
     )  # fmt: skip
     md += (
         "\nLayouts searched within each engine's menu (search/step/menus.py) against the "
-        "unrestricted training search, both under 80 GB per device in bf16 on A100 meshes; exported configs in "
+        "unrestricted training search, both under 80 GB per device in bf16 on A100 meshes; "
+        "exported configs in "
         "`benchmarks/results/engine_exports/`; judged by the engines' own configuration code "
         "(tests/exporters/engine_checks.py). torchtitan's batch check is inline in its Trainer "
         "and is not run (docs/engines.md).\n"

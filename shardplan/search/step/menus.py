@@ -12,8 +12,8 @@ for each S dividing the outer axis and the layer count, each allowed t and each 
 micro-batch size in MICRO_BATCH_SIZES that divides the batch, the stages are planned by the
 expert (stages of one structure once), and the allowed lever with the shortest step that fits
 the budget is kept; layouts run in order of the training search's lower bound
-(search/step/search.py) and the search stops when the bound reaches the best step found. `layout_plan` builds one
-such plan (also used to score a user's config).
+(search/step/search.py) and the search stops when the bound reaches the best step found.
+`layout_plan` builds one such plan (also used to score a user's config).
 Layers are the longest periodic run of segment fingerprints (`layer_split`), so no op name is
 read. Cost: O(S-options x t-options x sizes x distinct stages x evaluator).
 """
