@@ -1,17 +1,16 @@
-"""Engine exports at scale: GPT-3 175B on 128x8 and a Llama-3-70B-sized stand-in on 64x8.
+"""Engine exports at scale: GPT-3 175B on 128x8 (batch 1536) and Llama 3 70B on 64x8 (batch 512).
 
 For each model and each engine (torchtitan, Megatron-LM, DeepSpeed): the search within the
 engine's menu (`plan --target X`, search/step/menus.py) and the unrestricted training search
-(search/scale.py), both under 80 GB per device in bf16; the plan written as training JSON and
+(search/step/search.py), both under 80 GB per device in bf16; the plan written as training JSON and
 exported (`shardplan export --to X`); then the engine's own configuration code judges the
 export at the plan's world size, and at a wrong world size and batch
 (tests/exporters/engine_checks.py: torchtitan's ConfigManager + ParallelDims, megatron-core's
 TransformerConfig + parallel_state + micro-batch calculator, DeepSpeedConfig; fake process
-group, no devices). The stand-in is the zoo's GPT-3-style decoder at Llama 3 70B's layers,
-hidden size, heads and vocabulary (Llama 3 paper, Table 3: 80 layers, 8192, 64 heads, vocab
-128K) with GPT-3's MLP and sequence 2048 - the zoo has no Llama yet.
+group, no devices). Llama 3 70B is the zoo's entry (80 layers, hidden 8192, 64 heads with 8 KV
+heads, FFN 28672, vocabulary 128,256, sequence 8192); batch 512 sequences is 4.2M tokens.
 
-Run: python benchmarks/engine_exports.py [--models gpt3-175b,llama3-70b-standin]
+Run: python benchmarks/engine_exports.py [--models gpt3-175b,llama3-70b]
 Writes benchmarks/results/engine_exports.{json,md} and the configs under
 benchmarks/results/engine_exports/ (with the Megatron-core kwargs and Megatron-DeepSpeed flags
 that go with the Megatron and DeepSpeed configs).
@@ -44,12 +43,7 @@ from shardplan.search.step.search import plan_training  # noqa: E402
 
 CASES = {
     "gpt3-175b": ("gpt3-175b", {}, "128x8", 1536),
-    "llama3-70b-standin": (
-        "gpt3",
-        {"layers": 80, "hidden": 8192, "heads": 64, "vocab": 128256},
-        "64x8",
-        1024,
-    ),
+    "llama3-70b": ("llama3-70b", {}, "64x8", 512),
 }
 SUFFIX = {"torchtitan": "toml", "megatron": "sh", "deepspeed": "json"}
 CHECKS = Path(__file__).resolve().parent.parent / "tests" / "exporters" / "engine_checks.py"

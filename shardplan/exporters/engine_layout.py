@@ -258,11 +258,23 @@ def architecture(
     if small:
         values.update(entry.small)
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    keys = ("layers", "hidden", "heads", "seq", "vocab", "max_positions")
+    keys = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "max_positions")
     out = {k: int(values[k]) for k in keys if isinstance(values.get(k), int)}
     if "max_positions" not in out and "seq" in out:
         out["max_positions"] = out["seq"]
     return out
 
 
-__all__ = ["EngineLayout", "architecture", "read_layout"]
+FAMILIES: Mapping[str, str] = {"llm.llama": "llama", "transformer.gpt": "gpt"}
+"""Zoo builders whose architecture the engines name (gated MLP, RMSNorm, RoPE for "llama")."""
+
+
+def family(name: str) -> str | None:
+    """The architecture family of a zoo model ("llama", "gpt"), None when not mapped."""
+    from shardplan import zoo
+
+    entry = zoo.MODELS.get(name)
+    return FAMILIES.get(entry.builder_path) if entry is not None else None
+
+
+__all__ = ["FAMILIES", "EngineLayout", "architecture", "family", "read_layout"]

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardplan.cost.step import Recompute
-from shardplan.exporters.engine_layout import EngineLayout, read_layout
+from shardplan.exporters.engine_layout import EngineLayout, family, read_layout
 from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
 
@@ -26,6 +26,7 @@ _ARCH_FLAGS = (
     ("heads", "--num-attention-heads"),
     ("seq", "--seq-length"),
     ("max_positions", "--max-position-embeddings"),
+    ("ffn", "--ffn-hidden-size"),
 )
 
 
@@ -61,7 +62,22 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
     for key, flag in _ARCH_FLAGS:
         if key in arch:
             flags += [flag, str(arch[key])]
-    return flags
+    if "kv_heads" in arch and arch["kv_heads"] != arch.get("heads"):
+        flags += ["--group-query-attention", "--num-query-groups", str(arch["kv_heads"])]
+    return flags + list(_FAMILY_FLAGS.get(family(layout.model) or "", ()))
+
+
+_FAMILY_FLAGS = {
+    # Llama: gated SiLU MLP, RMSNorm, rotary positions, no biases, untied head (Megatron-LM's
+    # Llama recipes)
+    "llama": (
+        "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+        "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+    ),
+}  # fmt: skip
+_FAMILY_KWARGS: dict[str, dict[str, Any]] = {
+    "llama": {"gated_linear_unit": True, "normalization": "RMSNorm", "add_bias_linear": False},
+}
 
 
 def _uneven(layers: tuple[int, ...]) -> tuple[int | None, int | None]:
@@ -98,6 +114,11 @@ def megatron_kwargs(layout: EngineLayout, arch: Mapping[str, int] | None = None)
         kw["hidden_size"] = arch["hidden"]
     if "heads" in arch:
         kw["num_attention_heads"] = arch["heads"]
+    if "kv_heads" in arch:
+        kw["num_query_groups"] = arch["kv_heads"]
+    if "ffn" in arch:
+        kw["ffn_hidden_size"] = arch["ffn"]
+    kw.update(_FAMILY_KWARGS.get(family(layout.model) or "", {}))
     if layout.recompute is Recompute.SELECTIVE:
         kw["recompute_granularity"] = "selective"
     elif layout.recompute is Recompute.FULL:

@@ -15,11 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shardplan.exporters.engine_layout import EngineLayout, read_layout
+from shardplan.exporters.engine_layout import EngineLayout, architecture, read_layout
 from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
 
 _DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
+_MODELS = {
+    "llama3-8b": ("llama3", "8B"),
+    "llama3-70b": ("llama3", "70B"),
+    "llama3-405b": ("llama3", "405B"),
+}
+"""Zoo models torchtitan ships (torchtitan/models/llama3: its flavors 8B, 70B, 405B)."""
 
 
 def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = None) -> dict:
@@ -40,7 +46,11 @@ def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = N
         parallelism["pipeline_parallel_microbatch_size"] = layout.micro_batch_size
         parallelism["module_fqns_per_model_part"] = _modules(layout.layers)
     seq = (arch or {}).get("seq", layout.seq_len)
+    # torchtitan's flavor holds the published sizes: named only for the zoo model at those sizes
+    full = arch is not None and dict(arch) == architecture(layout.model)
+    model = _MODELS.get(layout.model) if full else None
     return {
+        **({"model": {"name": model[0], "flavor": model[1]}} if model else {}),
         "job": {
             "description": f"shardplan: {layout.model} on {layout.world} devices, predicted step "
             f"{layout.step_s:.4g} s",
@@ -90,9 +100,11 @@ def to_toml(sections: Mapping[str, Mapping[str, object]]) -> str:
 def to_torchtitan(tp: TrainingPlan, arch: Mapping[str, int] | None = None) -> str:
     """`tp` as a torchtitan job TOML; PlanError naming what torchtitan cannot express."""
     layout = read_layout(tp, MENUS["torchtitan"])
+    known = tp.model in _MODELS and arch is not None and dict(arch) == architecture(tp.model)
     head = (
-        "# torchtitan job config written by `shardplan export --to torchtitan`; add [model] "
-        "name/flavor\n# (a registered TrainSpec) and your [job] dump_folder, then run\n"
+        "# torchtitan job config written by `shardplan export --to torchtitan`; "
+        + ("add" if not known else "check")
+        + " [model] name/flavor\n# (a registered TrainSpec) and your [job] dump_folder, then run\n"
         "# torchrun --nproc_per_node=<gpus per node> --nnodes=<nodes> -m torchtitan.train "
         "--job.config_file FILE\n"
     )

@@ -148,8 +148,10 @@ def _check_top(data: dict[str, Any]) -> None:
                 f"training plan field {p}.first_index is {s['first_index']}, but the stages "
                 f"before it hold ops 0..{n - 1}: a stage is missing or out of order; {_FIX}"
             )
-        ops = _list(_dict(_dict(s.get("plan"), f"{p}.plan").get("graph"), f"{p}.plan.graph")
-                    .get("ops"), f"{p}.plan.graph.ops")
+        ops = _list(
+            _dict(_dict(s.get("plan"), f"{p}.plan").get("graph"), f"{p}.plan.graph").get("ops"),
+            f"{p}.plan.graph.ops",
+        )
         if not ops:
             raise _fail(f"{p}.plan.graph.ops", "a stage of at least one op", ops)
         for key, op in (("first_op", ops[0]), ("last_op", ops[-1])):
