@@ -155,6 +155,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from shardplan.cli.plans import plan_for
     from shardplan.cli.training import reprint_training_plan, run_training_plan, wants_training_plan
 
+    if (args.target or args.from_config) and not args.dtype:
+        from shardplan.errors import SolverError
+
+        raise SolverError("--target and --from-config plan a training step: add --dtype bf16")
     if wants_training_plan(args):
         check_output_path(args.json)
         return run_training_plan(args)

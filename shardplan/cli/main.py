@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from shardplan.cli import commands, compare, explain, verify
+    from shardplan.cli import commands, compare, engines, explain, verify
     from shardplan.version import __version__
 
     parser = _Parser(
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.register(sub)
     compare.register(sub)
+    engines.register(sub)
     explain.register(sub)
     verify.register(sub)
     return parser

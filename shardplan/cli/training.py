@@ -113,17 +113,20 @@ def run_training_plan(args: argparse.Namespace) -> int:
         progress.update(f"searching stages x micro-batches for {graph.name} on {args.mesh} ...")
     else:
         options = {k: _knob(args, k) for k in RECIPE_FLAGS if _knob(args, k) is not None}
-    tp = plan(
-        builder_of(args, graph, batch),
-        args.mesh,
-        method,
-        memory=args.memory,
-        optimizer=args.optimizer,
-        machine=args.machine,
-        dtype=args.dtype,
-        batch=batch,
-        **options,
-    )
+    if args.from_config or args.target:
+        tp = _engine_plan(args, graph, batch, progress.note)
+    else:
+        tp = plan(
+            builder_of(args, graph, batch),
+            args.mesh,
+            method,
+            memory=args.memory,
+            optimizer=args.optimizer,
+            machine=args.machine,
+            dtype=args.dtype,
+            batch=batch,
+            **options,
+        )
     console = make_console()
     print_training_plan(console, tp)
     if args.ops == "all":
@@ -133,9 +136,42 @@ def run_training_plan(args: argparse.Namespace) -> int:
     if args.json:
         data = training_json.to_dict(tp)
         data["model"] = model_label(args)
+        if args.model and not (args.torch or args.hf or args.onnx):
+            overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
+            data["model_config"] = {  # the exporters' model sizes (exporters/engine_layout)
+                "name": args.model,
+                "small": bool(getattr(args, "small", False)),
+                "overrides": {k: v for k, v in overrides.items() if v is not None},
+            }
         Path(args.json).write_text(json.dumps(data, indent=1))
         console.print(f"training plan written to {args.json}")
     return 0
+
+
+def _engine_plan(args: argparse.Namespace, graph: Graph, batch: int, say: Any) -> TrainingPlan:
+    """`--target` / `--from-config` (cli/engines.py) on the Problem of these arguments."""
+    from shardplan.cli.engines import engine_plan
+    from shardplan.problem import Problem
+
+    if args.method not in ("drec", "step"):
+        raise SolverError(
+            f"--target and --from-config choose the layout: drop --method {args.method}"
+        )
+    problem = Problem.make(
+        builder_of(args, graph, batch),
+        args.mesh,
+        memory=args.memory,
+        optimizer=args.optimizer,
+        machine=args.machine,
+        dtype=args.dtype,
+        batch=batch,
+    )
+    build = problem.build
+
+    def rebuild(b: int) -> Graph | None:  # imported graphs exist at one batch only
+        return problem.graph if b == batch else build(b) if build is not None else None
+
+    return engine_plan(args, rebuild, batch, problem.mesh, problem.options, problem.budget, say)
 
 
 def reprint_training_plan(args: argparse.Namespace) -> bool:
@@ -244,6 +280,21 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         "master weights): pipeline stages, micro-batches, recomputation and ZeRO chosen to fit "
         "--memory (see docs/scale.md)",
     )
+    p.add_argument(
+        "--target",
+        default=None,
+        choices=("torchtitan", "megatron", "deepspeed"),
+        help="with --dtype: search only the layouts this engine can run (one tensor x pipeline x "
+        "data layout, even layers per stage, the engine's recomputation and ZeRO), compared "
+        "with the unrestricted plan; export it with `shardplan export` (docs/engines.md)",
+    )
+    p.add_argument(
+        "--from-config",
+        default=None,
+        metavar="FILE",
+        help="with --dtype: score an engine configuration (torchtitan TOML, DeepSpeed JSON or "
+        "Megatron flags) with the step model and compare it with the best plan of that engine",
+    )
     g = p.add_argument_group("Megatron recipe knobs (--method megatron-recipe)")
     for flag, kind, what in (
         ("tensor", int, "tensor-parallel ways (default: the innermost mesh axis)"),
@@ -260,9 +311,7 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         default=None,
         help="activation recomputation (default full)",
     )
-    g.add_argument(
-        "--sequence-parallel", action="store_true", help="Megatron sequence parallelism"
-    )
+    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     g.add_argument(
         "--distributed-optimizer",
         action="store_true",

@@ -137,7 +137,10 @@ def test_placement_values_print_and_parse():
     from shardplan.sharding import PARTIAL, REPLICATED, Placement, placements
 
     assert [str(p) for p in placements((1, REPLICATED, PARTIAL), (None, None, "max"))] == [
-        "S(1)", "R", "P(max)"]
+        "S(1)",
+        "R",
+        "P(max)",
+    ]
     assert str(Placement.partial()) == "P(sum)" and Placement.parse("P") == Placement.partial()
     assert Placement.parse("S(3)") == Placement.shard(3) and Placement.parse("R").is_replicate
     with pytest.raises(PlanError, match="not a placement"):

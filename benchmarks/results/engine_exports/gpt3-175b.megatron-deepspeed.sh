@@ -1,0 +1,13 @@
+--tensor-model-parallel-size 4 \
+--pipeline-model-parallel-size 4 \
+--micro-batch-size 1 \
+--global-batch-size 1536 \
+--zero-stage 1 \
+--num-layers 96 \
+--hidden-size 12288 \
+--num-attention-heads 96 \
+--seq-length 2048 \
+--bf16 \
+--checkpoint-activations \
+--deepspeed \
+--deepspeed_config ds_config.json

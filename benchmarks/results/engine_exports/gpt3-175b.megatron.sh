@@ -1,0 +1,12 @@
+--tensor-model-parallel-size 8 \
+--pipeline-model-parallel-size 4 \
+--micro-batch-size 1 \
+--global-batch-size 1536 \
+--bf16 \
+--recompute-granularity selective \
+--use-distributed-optimizer \
+--num-layers 96 \
+--hidden-size 12288 \
+--num-attention-heads 96 \
+--seq-length 2048 \
+--max-position-embeddings 2048

@@ -1,0 +1,13 @@
+--tensor-model-parallel-size 1 \
+--pipeline-model-parallel-size 1 \
+--micro-batch-size 1 \
+--global-batch-size 512 \
+--zero-stage 3 \
+--num-layers 80 \
+--hidden-size 8192 \
+--num-attention-heads 64 \
+--seq-length 8192 \
+--bf16 \
+--checkpoint-activations \
+--deepspeed \
+--deepspeed_config ds_config.json

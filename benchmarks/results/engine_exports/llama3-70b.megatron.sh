@@ -1,0 +1,22 @@
+--tensor-model-parallel-size 4 \
+--pipeline-model-parallel-size 2 \
+--micro-batch-size 1 \
+--global-batch-size 512 \
+--bf16 \
+--recompute-granularity full \
+--recompute-method uniform \
+--recompute-num-layers 1 \
+--use-distributed-optimizer \
+--num-layers 80 \
+--hidden-size 8192 \
+--num-attention-heads 64 \
+--seq-length 8192 \
+--max-position-embeddings 8192 \
+--ffn-hidden-size 28672 \
+--group-query-attention \
+--num-query-groups 8 \
+--swiglu \
+--normalization RMSNorm \
+--position-embedding-type rope \
+--disable-bias-linear \
+--untie-embeddings-and-output-weights

@@ -1,0 +1,151 @@
+"""`plan --target X` / `plan --from-config FILE` and `shardplan export PLAN.json --to X`.
+
+`--target`: the search within the engine's menu (search/step/menus.py), then the unrestricted search
+(search/scale.py) for the note comparing the two steps. `--from-config`: the configuration's
+knobs (importers/engine_config.py) built into the engine's layout and scored by the step model,
+then the best layout of that engine for comparison. `export`: a training plan JSON through the
+engine's exporter (exporters/torchtitan.py, megatron.py, deepspeed.py). Costs: one or two
+training searches; export O(stages x expert pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from shardplan.cost import CostOptions
+from shardplan.errors import ArgumentError, PlanError
+from shardplan.ir.graph import Graph
+from shardplan.mesh import Mesh
+from shardplan.search.step.menus import Layout
+from shardplan.training import TrainingPlan
+
+ENGINES = ("torchtitan", "megatron", "megatron-core", "deepspeed", "megatron-deepspeed")
+
+
+def _compare(tp: TrainingPlan, other: TrainingPlan, what: str) -> str:
+    assert tp.step is not None and other.step is not None
+    ratio = tp.step.step_s / other.step.step_s
+    return (
+        f"{what}: step {other.step.step_s:.4g} s "
+        f"({other.step.memory_per_device / 1e9:.3g} GB/device); this plan's step is "
+        f"{ratio:.3f}x of it"
+    )
+
+
+def engine_plan(
+    args: argparse.Namespace,
+    build: Callable[[int], Graph | None],
+    batch: int,
+    mesh: Mesh,
+    opts: CostOptions,
+    budget: float | None,
+    say: Callable[[str], None],
+) -> TrainingPlan:
+    """The plan of `--target` or `--from-config`, with the comparison note."""
+    from shardplan.search.step.menus import get_menu, layout_plan, plan_for_menu
+    from shardplan.search.step.search import plan_training
+
+    if args.from_config:
+        from shardplan.importers.engine_config import read_engine_config
+
+        try:
+            text = Path(args.from_config).read_text()
+        except OSError as e:
+            raise ArgumentError(f"--from-config {args.from_config}: {e.strerror}") from e
+        cfg = read_engine_config(text)
+        if cfg.batch is not None and cfg.batch != batch:
+            say(f"the config's global batch {cfg.batch} replaces the model's {batch}")
+            batch = cfg.batch
+        layout = cfg.layout(mesh, batch)
+        graph = build(batch // layout.micro_batches)
+        if graph is None:
+            raise PlanError("--from-config needs a zoo model (rebuilt at the micro-batch size)")
+        say(f"scoring the {cfg.engine} config on mesh {mesh.text()} ...")
+        tp = layout_plan(graph, batch, mesh, opts, layout)
+        assert tp is not None and tp.step is not None
+        notes = [f"{cfg.engine} config {args.from_config}: {_layout_text(layout)}", *cfg.notes]
+        if cfg.ignored:
+            notes.append(f"flags not modelled: {' '.join(cfg.ignored)}")
+        if budget is not None and tp.step.memory_per_device > budget:
+            notes.append(
+                f"does not fit --memory: needs {tp.step.memory_per_device / 1e9:.3g} GB/device"
+            )
+        say(f"searching the best {cfg.engine} layout for comparison ...")
+        best = plan_for_menu(build, batch, mesh, opts, budget, get_menu(cfg.engine), say)
+        notes.append(_compare(tp, best, f"best {cfg.engine} layout ({best.notes[0]})"))
+        return replace(tp, method=f"config-{cfg.engine}", notes=tuple(notes), step=tp.step)
+    menu = get_menu(args.target)
+    say(f"searching {menu.engine} layouts on mesh {mesh.text()} ...")
+    tp = plan_for_menu(build, batch, mesh, opts, budget, menu, say)
+    say("searching the unrestricted plan for comparison ...")
+    free = plan_training(build, batch, mesh, opts, budget, progress=say)
+    notes = (*tp.notes, _compare(tp, free, "unrestricted plan"))
+    return replace(tp, notes=notes, step=tp.step)
+
+
+def _layout_text(layout: Layout) -> str:
+    lv = layout.levers
+    return (
+        f"tensor x{layout.tensor}, pipeline x{layout.pipeline}, {layout.micro_batches} "
+        f"micro-batches, {lv.recompute.value} recomputation, ZeRO-{lv.zero}"
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "export",
+        help="write a training plan as a torchtitan, Megatron or DeepSpeed configuration",
+        description="Write a training plan (`plan --dtype ... --json FILE`) as an engine's "
+        "configuration: torchtitan job TOML, Megatron-LM flags, Megatron-core TransformerConfig "
+        "arguments (JSON), DeepSpeed config JSON, or Megatron-DeepSpeed flags. A plan the engine "
+        "cannot express is an error naming the stage, op and construct (plan with --target).",
+    )
+    p.add_argument("plan", metavar="PLAN.json", help="a training plan written by plan --json")
+    p.add_argument("--to", required=True, choices=ENGINES, help="the engine configuration")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    p.set_defaults(run=run_export)
+
+
+def export_text(data: dict, engine: str) -> str:
+    """The configuration text of a parsed training plan JSON for `engine`."""
+    from shardplan.exporters import deepspeed, megatron, torchtitan, training_json
+    from shardplan.exporters.engine_layout import architecture
+
+    tp = training_json.from_json(data)
+    cfg = data.get("model_config") or {"name": data.get("model", "")}
+    arch = architecture(str(cfg.get("name", "")), bool(cfg.get("small")), cfg.get("overrides"))
+    if engine == "torchtitan":
+        return torchtitan.to_torchtitan(tp, arch)
+    if engine == "megatron":
+        return megatron.to_megatron(tp, arch)
+    if engine == "megatron-core":
+        kw = megatron.megatron_kwargs(megatron.megatron_layout(tp), arch)
+        return json.dumps(kw, indent=2) + "\n"
+    if engine == "deepspeed":
+        return deepspeed.to_deepspeed(tp)
+    flags = deepspeed.megatron_deepspeed_flags(deepspeed.deepspeed_layout(tp), arch)
+    return megatron.flag_block(flags)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from shardplan.cli.inputs import output_path
+
+    output_path(args.output, "-o")
+    try:
+        data = json.loads(Path(args.plan).read_text())
+    except OSError as e:
+        raise ArgumentError(f"{args.plan}: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{args.plan} is not JSON: {e}") from e
+    text = export_text(data, args.to)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"{args.to} configuration written to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,75 @@
+"""A training plan as a DeepSpeed config JSON (Megatron-DeepSpeed style runs).
+
+Read off `engine_layout.read_layout` with the DeepSpeed menu: `train_batch_size` (the global
+batch), `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` (= the micro-batches,
+which DeepSpeed's pipeline engine also runs per step), `zero_optimization.stage`, bf16 / fp16,
+`activation_checkpointing` under full recomputation and the `pipeline` stage count. Tensor and
+pipeline sizes go on the Megatron-DeepSpeed command line (`megatron_deepspeed_flags`). O(1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from shardplan.cost.step import Recompute
+from shardplan.exporters.engine_layout import EngineLayout, read_layout
+from shardplan.search.step.menus import MENUS
+from shardplan.training import TrainingPlan
+
+
+def deepspeed_layout(tp: TrainingPlan) -> EngineLayout:
+    return read_layout(tp, MENUS["deepspeed"])
+
+
+def deepspeed_config(layout: EngineLayout) -> dict[str, Any]:
+    """The config dict (see the module docstring)."""
+    full = layout.recompute is Recompute.FULL
+    cfg: dict[str, Any] = {
+        "train_batch_size": layout.batch,
+        "train_micro_batch_size_per_gpu": layout.micro_batch_size,
+        "gradient_accumulation_steps": layout.micro_batches,
+        "zero_optimization": {"stage": layout.zero},
+        "bf16": {"enabled": layout.precision == "bf16"},
+        "fp16": {"enabled": layout.precision == "fp16"},
+        "pipeline": {"stages": layout.pipeline, "activation_checkpoint_interval": int(full)},
+    }
+    if full:
+        cfg["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+    return cfg
+
+
+def megatron_deepspeed_flags(
+    layout: EngineLayout, arch: Mapping[str, int] | None = None
+) -> list[str]:
+    """Megatron-DeepSpeed `pretrain_gpt.py` flags that go with the config."""
+    arch = arch or {}
+    flags = [
+        "--tensor-model-parallel-size", str(layout.tensor),
+        "--pipeline-model-parallel-size", str(layout.pipeline),
+        "--micro-batch-size", str(layout.micro_batch_size),
+        "--global-batch-size", str(layout.batch),
+        "--zero-stage", str(layout.zero),
+        "--num-layers", str(sum(layout.layers)),
+    ]  # fmt: skip
+    for key, flag in (("hidden", "--hidden-size"), ("heads", "--num-attention-heads")):
+        if key in arch:
+            flags += [flag, str(arch[key])]
+    flags += ["--seq-length", str(arch.get("seq", layout.seq_len))]
+    if layout.precision in ("bf16", "fp16"):
+        flags.append(f"--{layout.precision}")
+    if layout.recompute is Recompute.FULL:
+        flags.append("--checkpoint-activations")
+    return flags + ["--deepspeed", "--deepspeed_config", "ds_config.json"]
+
+
+def to_deepspeed(tp: TrainingPlan) -> str:
+    return json.dumps(deepspeed_config(deepspeed_layout(tp)), indent=2) + "\n"
+
+
+__all__ = ["deepspeed_config", "deepspeed_layout", "megatron_deepspeed_flags", "to_deepspeed"]

@@ -1,0 +1,167 @@
+"""A training plan as Megatron-LM `pretrain_gpt.py` flags and Megatron-core config arguments.
+
+Read off `engine_layout.read_layout` with the Megatron menu: tensor / pipeline parallel sizes
+(data parallelism is the rest of the world), micro and global batch, precision, recomputation
+(selective: `--recompute-granularity selective`; full: granularity full, method uniform, one
+layer per checkpoint), ZeRO-1 as `--use-distributed-optimizer`, uneven first / last stages as
+`--decoder-first/last-pipeline-num-layers`; sequence, context and virtual pipeline parallelism
+are off because no plan has them yet. Model sizes come from the zoo (`architecture`).
+`megatron_kwargs` are the same choices as `TransformerConfig` keyword arguments (dtype names as
+strings; `transformer_config` builds the object with megatron.core, imported lazily). O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shardplan.cost.step import Recompute
+from shardplan.exporters.engine_layout import EngineLayout, family, read_layout
+from shardplan.search.step.menus import MENUS
+from shardplan.training import TrainingPlan
+
+_ARCH_FLAGS = (
+    ("layers", "--num-layers"),
+    ("hidden", "--hidden-size"),
+    ("heads", "--num-attention-heads"),
+    ("seq", "--seq-length"),
+    ("max_positions", "--max-position-embeddings"),
+    ("ffn", "--ffn-hidden-size"),
+)
+
+
+def megatron_layout(tp: TrainingPlan) -> EngineLayout:
+    return read_layout(tp, MENUS["megatron"])
+
+
+def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) -> list[str]:
+    """The command-line flags (each flag and its value as separate items)."""
+    flags = [
+        "--tensor-model-parallel-size", str(layout.tensor),
+        "--pipeline-model-parallel-size", str(layout.pipeline),
+        "--micro-batch-size", str(layout.micro_batch_size),
+        "--global-batch-size", str(layout.batch),
+    ]  # fmt: skip
+    first, last = _uneven(layout.layers)
+    if first is not None:
+        flags += ["--decoder-first-pipeline-num-layers", str(first)]
+    if last is not None:
+        flags += ["--decoder-last-pipeline-num-layers", str(last)]
+    if layout.precision in ("bf16", "fp16"):
+        flags.append(f"--{layout.precision}")
+    if layout.recompute is Recompute.SELECTIVE:
+        flags += ["--recompute-granularity", "selective"]
+    elif layout.recompute is Recompute.FULL:
+        flags += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+        flags += ["--recompute-num-layers", "1"]
+    if layout.zero == 1:
+        flags.append("--use-distributed-optimizer")
+    arch = dict(arch or {})
+    arch.setdefault("layers", sum(layout.layers))
+    arch.setdefault("seq", layout.seq_len)
+    for key, flag in _ARCH_FLAGS:
+        if key in arch:
+            flags += [flag, str(arch[key])]
+    if "kv_heads" in arch and arch["kv_heads"] != arch.get("heads"):
+        flags += ["--group-query-attention", "--num-query-groups", str(arch["kv_heads"])]
+    return flags + list(_FAMILY_FLAGS.get(family(layout.model) or "", ()))
+
+
+_FAMILY_FLAGS = {
+    # Llama: gated SiLU MLP, RMSNorm, rotary positions, no biases, untied head (Megatron-LM's
+    # Llama recipes)
+    "llama": (
+        "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+        "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+    ),
+}  # fmt: skip
+_FAMILY_KWARGS: dict[str, dict[str, Any]] = {
+    "llama": {"gated_linear_unit": True, "normalization": "RMSNorm", "add_bias_linear": False},
+}
+
+
+def _uneven(layers: tuple[int, ...]) -> tuple[int | None, int | None]:
+    """First / last stage layer counts when they differ from the (even) middle."""
+    if len(set(layers)) <= 1:
+        return None, None
+    middle = layers[1:-1] or (None,)
+    first = layers[0] if layers[0] != middle[0] else None
+    last = layers[-1] if layers[-1] != middle[0] else None
+    return first, last
+
+
+def megatron_kwargs(layout: EngineLayout, arch: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """`megatron.core.transformer.TransformerConfig` keyword arguments (dtypes by name)."""
+    arch = arch or {}
+    dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[layout.precision]
+    kw: dict[str, Any] = {
+        "tensor_model_parallel_size": layout.tensor,
+        "pipeline_model_parallel_size": layout.pipeline,
+        "sequence_parallel": False,
+        "context_parallel_size": 1,
+        "bf16": layout.precision == "bf16",
+        "fp16": layout.precision == "fp16",
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
+        "num_layers": sum(layout.layers),
+    }
+    first, last = _uneven(layout.layers)
+    if first is not None:
+        kw["num_layers_in_first_pipeline_stage"] = first
+    if last is not None:
+        kw["num_layers_in_last_pipeline_stage"] = last
+    if "hidden" in arch:
+        kw["hidden_size"] = arch["hidden"]
+    if "heads" in arch:
+        kw["num_attention_heads"] = arch["heads"]
+    if "kv_heads" in arch:
+        kw["num_query_groups"] = arch["kv_heads"]
+    if "ffn" in arch:
+        kw["ffn_hidden_size"] = arch["ffn"]
+    kw.update(_FAMILY_KWARGS.get(family(layout.model) or "", {}))
+    if layout.recompute is Recompute.SELECTIVE:
+        kw["recompute_granularity"] = "selective"
+    elif layout.recompute is Recompute.FULL:
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return kw
+
+
+def transformer_config(kwargs: Mapping[str, Any]) -> Any:
+    """Build megatron.core's TransformerConfig of `kwargs` (its __post_init__ validates)."""
+    from shardplan.lazy import require
+
+    torch = require("torch", extra="engines", user="transformer_config")
+    mc = require(
+        "megatron.core.transformer.transformer_config", extra="engines", user="transformer_config"
+    )
+    TransformerConfig = mc.TransformerConfig  # noqa: N806 - the engine's class
+    kw = dict(kwargs)
+    for key in ("params_dtype", "pipeline_dtype"):
+        kw[key] = getattr(torch, kw[key])  # dtype by name, e.g. torch.bfloat16
+    return TransformerConfig(**kw)
+
+
+def to_megatron(tp: TrainingPlan, arch: Mapping[str, int] | None = None) -> str:
+    """The flags as a shell continuation block for `pretrain_gpt.py`."""
+    return flag_block(megatron_flags(megatron_layout(tp), arch))
+
+
+def flag_block(flags: list[str]) -> str:
+    """Flags one per line (a flag with its value), joined by shell continuations."""
+    pairs: list[str] = []
+    for f in flags:
+        if f.startswith("--") or not pairs:
+            pairs.append(f)
+        else:
+            pairs[-1] += f" {f}"
+    return " \\\n".join(pairs) + "\n"
+
+
+__all__ = [
+    "flag_block",
+    "megatron_flags",
+    "megatron_kwargs",
+    "megatron_layout",
+    "to_megatron",
+    "transformer_config",
+]

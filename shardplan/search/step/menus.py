@@ -1,0 +1,368 @@
+"""Engine menus: the training plans torchtitan, Megatron-LM and DeepSpeed can express, searched.
+
+A `Menu` is data: the recomputation modes and ZeRO stages an engine's configuration can say
+(with and without pipeline stages), the precisions, and whether its tensor parallelism needs a
+sequence-parallel lever the step model does not have yet. Every engine configures one layout for
+the whole run: a tensor-parallel degree t (the innermost rounds of the mesh, Megatron-style cuts,
+`experts.megatron`), a pipeline degree S over the outermost axis with an equal number of
+transformer layers per stage (the embedding on the first stage, the head on the last), data
+parallelism on the remaining ways, m micro-batches, and one recomputation mode and ZeRO stage on
+every stage. `plan_for_menu` searches exactly that space with the step model (cost/step.py):
+for each S dividing the outer axis and the layer count, each allowed t and each per-rank
+micro-batch size in MICRO_BATCH_SIZES that divides the batch, the stages are planned by the
+expert (stages of one structure once), and the allowed lever with the shortest step that fits
+the budget is kept; layouts run in order of the training search's lower bound
+(search/step/search.py) and the search stops when the bound reaches the best step found.
+`layout_plan` builds one such plan (also used to score a user's config).
+Layers are the longest periodic run of segment fingerprints (`layer_split`), so no op name is
+read. Cost: O(S-options x t-options x sizes x distinct stages x evaluator).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from shardplan.cost import CostOptions
+from shardplan.cost.evaluate import op_bytes
+from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, step_cost
+from shardplan.cost.terms import compute_cost
+from shardplan.errors import ArgumentError, InfeasibleError, PlanError, SolverError
+from shardplan.ir.graph import Graph
+from shardplan.ir.segments import segments, subgraph
+from shardplan.mesh import Mesh
+from shardplan.plans import Plan
+from shardplan.search import experts
+from shardplan.search.step.notes import axis_summary, steps_note
+from shardplan.search.step.search import LEVERS, _fingerprint
+from shardplan.search.step.stages import stage_mesh, tokens_per_sample
+from shardplan.training import Stage, TrainingPlan, at_precision, pipeline_of
+
+Progress = Callable[[str], None]
+
+MICRO_BATCH_SIZES = (1, 2, 4, 8)
+"""Per-rank micro-batch sizes tried (powers of two, as the engines' example configs use)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Menu:
+    """What one engine's configuration can express (see the module docstring)."""
+
+    engine: str
+    recompute: tuple[Recompute, ...]
+    zero: tuple[int, ...]
+    zero_with_pipeline: tuple[int, ...]
+    precisions: tuple[str, ...]
+    stage_layers: str = "even"
+    """How layers may split over pipeline stages: "even", "first-last" (first and last stage
+    apart from an even middle), "any" (a module list per stage)."""
+    tensor_needs_sequence_parallel: bool = False
+    """The engine's tensor parallelism always shards the norms over the sequence (torchtitan);
+    the step model has no such lever yet, so such a menu keeps tensor degree 1."""
+
+    def levers(self, stages: int) -> tuple[Levers, ...]:
+        """The allowed levers for a plan of `stages` pipeline stages, least intrusive first."""
+        zs = self.zero if stages == 1 else self.zero_with_pipeline
+        return tuple(lv for lv in LEVERS if lv.recompute in self.recompute and lv.zero in zs)
+
+    def tensor_degrees(self, mesh: Mesh) -> tuple[int, ...]:
+        """The tensor degrees this engine can run on `mesh` (`tensor_degrees`)."""
+        return (1,) if self.tensor_needs_sequence_parallel else tensor_degrees(mesh)
+
+
+def tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
+    """Tensor-parallel degrees on `mesh`: products of its innermost rounds (1 first); a
+    one-axis mesh has only 1 (its axis is also the pipeline's)."""
+    out = [1]
+    if len(mesh.shape) > 1:
+        inner, ways = len(mesh.shape) - 1, 1
+        for r in reversed(mesh.rounds):
+            if r.mesh_axis != inner:
+                break
+            ways *= r.q
+            out.append(ways)
+    return tuple(out)
+
+
+_N, _S, _F = Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL
+
+MENUS: Mapping[str, Menu] = {
+    # torchtitan 0.2 (docs/engines.md): activation_checkpoint.mode none/full (its "selective"
+    # keeps matmul outputs, not the step model's selective set); DDP (ZeRO-0) or FSDP (ZeRO-3);
+    # its tensor parallelism always shards norms over the sequence (SequenceParallel)
+    "torchtitan": Menu("torchtitan", (_N, _F), (0, 3), (0, 3), ("bf16", "fp32"), "any", True),
+    # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1)
+    "megatron": Menu(
+        "megatron", (_N, _S, _F), (0, 1), (0, 1), ("bf16", "fp16", "fp32"), "first-last"
+    ),
+    # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
+    # pipeline parallelism (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
+    # --checkpoint-activations is full recomputation
+    "deepspeed": Menu("deepspeed", (_N, _F), (0, 1, 2, 3), (0, 1), ("bf16", "fp16", "fp32")),
+}
+
+
+def get_menu(engine: str) -> Menu:
+    if engine not in MENUS:
+        raise ArgumentError(f"unknown engine {engine!r}; pick one of {', '.join(sorted(MENUS))}")
+    return MENUS[engine]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSplit:
+    """Segments [0, first) are the prologue (embeddings), then `layers` layers of `period`
+    segments each, then the epilogue (final norm, head, loss)."""
+
+    first: int
+    period: int
+    layers: int
+    segments: int
+
+    def layer_start(self, i: int) -> int:
+        """Segment index where layer i starts (layer `layers` is the epilogue's start)."""
+        return self.first + i * self.period
+
+
+def layer_split(fingerprints: Sequence[object]) -> LayerSplit:
+    """The longest run of repeats with the shortest period (O(K^2) over K segments); a model
+    without repeats is one layer spanning every segment."""
+    k = len(fingerprints)
+    best, covered = LayerSplit(0, k, 1, k), 0
+    for p in range(1, k // 2 + 1):
+        i = 0
+        while i + p < k:
+            j = i
+            while j + p < k and fingerprints[j] == fingerprints[j + p]:
+                j += 1
+            count = (j - i) // p + 1
+            if count >= 2 and count * p > covered:
+                best, covered = LayerSplit(i, p, count, k), count * p
+            i = max(j, i + 1)
+    return best
+
+
+def graph_layers(graph: Graph) -> LayerSplit:
+    segs = segments(graph)
+    return layer_split([_fingerprint(subgraph(graph, s.start, s.stop)) for s in segs])
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One engine layout: tensor degree, pipeline stages, micro-batches, levers."""
+
+    tensor: int
+    pipeline: int
+    micro_batches: int
+    levers: Levers = Levers()
+
+
+class _Stages:
+    """Expert stage plans and their profiles, cached by (structure, stage mesh, t)."""
+
+    def __init__(self, opts: CostOptions) -> None:
+        self.opts = opts
+        self.cache: dict[tuple[object, ...], tuple[str, tuple[object, ...], StageProfile]] = {}
+
+    def plan(self, sub: Graph, mesh: Mesh, tensor: int) -> tuple[Plan, StageProfile]:
+        key = (mesh.shape, tensor, _fingerprint(sub))
+        hit = self.cache.get(key)
+        if hit is None:
+            if tensor == 1:
+                method, st = "data-parallel", experts.data_parallel(sub, mesh)
+            else:
+                method, st = "megatron", experts.megatron(sub, mesh, tensor)
+            prof = profile_stage(sub, mesh, st, self.opts)
+            hit = self.cache[key] = (method, tuple(st[op.name] for op in sub.ops), prof)
+        method, cuts, prof = hit
+        mapped = {op.name: s for op, s in zip(sub.ops, cuts, strict=True)}  # type: ignore[misc]
+        return Plan(sub, mesh, mapped, method, self.opts, cost=prof.breakdown), prof
+
+
+def layout_plan(
+    graph: Graph,
+    batch: int,
+    mesh: Mesh,
+    opts: CostOptions,
+    layout: Layout,
+    menu: Menu | None = None,
+    budget: float | None = None,
+    cache: _Stages | None = None,
+    split: LayerSplit | None = None,
+) -> TrainingPlan | None:
+    """The plan of `layout` with `graph` built at the micro-batch size; with `menu`, the
+    allowed lever with the shortest step fitting `budget` replaces `layout.levers` (None when
+    none fits). `split`: the graph's layers when known (the same at every batch size).
+    Raises PlanError when the layout does not divide the mesh, batch or layers."""
+    mesh = at_precision(mesh, opts)
+    t, n, m = layout.tensor, layout.pipeline, layout.micro_batches
+    if mesh.shape[0] % n or mesh.size % (t * n):
+        raise PlanError(
+            f"tensor {t} x pipeline {n} does not divide mesh {mesh.text()} (pipeline stages "
+            "split the outermost axis)"
+        )
+    data = mesh.size // (t * n)
+    if batch % m or (batch // m) % data:
+        raise PlanError(
+            f"batch {batch} is not {m} micro-batches of a multiple of the {data} data-parallel ways"
+        )
+    split = split or graph_layers(graph)
+    if split.layers % n:
+        raise PlanError(f"{split.layers} layers do not split evenly over {n} pipeline stages")
+    segs = segments(graph)
+    per = split.layers // n
+    starts = [0] + [segs[split.layer_start(s * per)].start for s in range(1, n)]
+    bounds = [*starts, len(graph.ops)]
+    smesh = stage_mesh(mesh, n)
+    stages = cache or _Stages(opts)
+    plans, profiles = [], []
+    for s in range(n):
+        sub = subgraph(graph, bounds[s], bounds[s + 1], f"{graph.name}.stage{s}")
+        plan, prof = stages.plan(sub, smesh, t)
+        plans.append(plan)
+        profiles.append(prof)
+    tokens = tokens_per_sample(graph, batch // m) if batch // m else 1
+    pipe = pipeline_of(plans, mesh, batch, tokens)
+    choices = menu.levers(n) if menu is not None else (layout.levers,)
+    best = None
+    for lv in choices:
+        step = step_cost(profiles, [lv] * n, m, pipe)
+        if budget is not None and step.memory_per_device > budget:
+            continue
+        if best is None or step.step_s < best[0].step_s * (1 - 1e-9):
+            best = (step, lv)
+    if best is None:
+        return None
+    step, lv = best
+    name = graph.name
+    tp = TrainingPlan(
+        name,
+        mesh,
+        batch,
+        m,
+        tuple(Stage(p, lv) for p in plans),
+        "engine-layout",
+        tokens,
+        step=step,
+    )
+    return replace(tp, axes=axis_summary(tp), step=step)
+
+
+def plan_for_menu(
+    build: Callable[[int], Graph | None],
+    batch: int,
+    mesh: Mesh,
+    opts: CostOptions,
+    budget: float | None,
+    menu: Menu,
+    progress: Progress | None = None,
+) -> TrainingPlan:
+    """The fastest plan `menu`'s engine can express that fits `budget` (module docstring)."""
+    say = progress or (lambda _msg: None)
+    start = time.perf_counter()
+    if opts.precision is not None and opts.precision.name not in menu.precisions:
+        raise ArgumentError(
+            f"{menu.engine} trains in {', '.join(menu.precisions)}, not {opts.precision.name}; "
+            "pick another --dtype"
+        )
+    probe = build(batch)
+    if probe is None:
+        raise SolverError(f"the model builder returned no graph at the global batch {batch}")
+    split = graph_layers(probe)
+    candidates = _candidates(probe, split, batch, at_precision(mesh, opts), opts, menu)
+    best: tuple[TrainingPlan, int] | None = None
+    cache = _Stages(opts)
+    built: dict[int, Graph | None] = {batch: probe}
+    tried = 0
+    # in order of the bound; stop at the first that cannot beat the best found
+    for bound, n, t, m in candidates:
+        if best is not None and best[0].step is not None and bound >= best[0].step.step_s:
+            say(f"  the remaining {menu.engine} layouts cannot beat {best[0].step.step_s:.4g} s")
+            break
+        b = batch // m
+        if b not in built:
+            built[b] = build(b)
+        graph = built[b]
+        if graph is None:
+            continue
+        tried += 1
+        tp = layout_plan(graph, batch, mesh, opts, Layout(t, n, m), menu, budget, cache, split)
+        data = mesh.size // (n * t)
+        label = f"pipeline {n} x tensor {t} x data {data}, micro-batch {b // data} (m={m})"
+        if tp is None or tp.step is None:
+            say(f"  {menu.engine}: {label}: does not fit")
+            continue
+        say(f"  {menu.engine}: {label}: step {tp.step.step_s:.4g} s")
+        if best is None or _faster(tp, best[0]):
+            best = (tp, t)
+    if best is None:
+        raise InfeasibleError(
+            f"no {menu.engine} layout of {probe.name!r} fits "
+            f"{(budget or 0) / 1e9:.3g} GB per device on mesh {mesh.text()} ({tried} layouts "
+            f"of tensor x pipeline x data x micro-batch size with {menu.engine}'s recomputation "
+            "and ZeRO); use more devices, a larger --memory, or drop --target"
+        )
+    plan, t = best
+    lv = plan.stages[0].levers
+    note = (
+        f"{menu.engine} layout: tensor x{t}, pipeline x{plan.pipeline_stages}, "
+        f"{plan.micro_batches} micro-batches, {lv.recompute.value} recomputation, ZeRO-{lv.zero} "
+        f"on every stage; {steps_note(plan)}"
+    )
+    return replace(
+        plan,
+        method=f"target-{menu.engine}",
+        search_seconds=time.perf_counter() - start,
+        notes=(note,),
+        step=plan.step,
+    )
+
+
+def _candidates(
+    probe: Graph, split: LayerSplit, batch: int, mesh: Mesh, opts: CostOptions, menu: Menu
+) -> list[tuple[float, int, int, int]]:
+    """(lower bound of the step, S, t, m) of every layout, by bound: m + S - 1 slots of the
+    heaviest stage's compute with every op split ideally over m x the stage's devices (the
+    training search's bound, search/scale.py), stages of even layers as `layout_plan` cuts."""
+    segs = segments(probe)
+    sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
+    out = []
+    outer = mesh.shape[0]
+    for n in (s for s in range(1, outer + 1) if outer % s == 0 and split.layers % s == 0):
+        smesh = stage_mesh(mesh, n)
+        per = split.layers // n
+        bounds = [0] + [segs[split.layer_start(s * per)].start for s in range(1, n)]
+        bounds.append(len(probe.ops))
+        for t in menu.tensor_degrees(smesh):
+            data = smesh.size // t
+            for mbs in MICRO_BATCH_SIZES:
+                if batch % (data * mbs):
+                    continue
+                m = batch // (data * mbs)
+                k = m * smesh.size
+                slot = max(
+                    sum(compute_cost(f / k, b / k, opts, smesh) for f, b in sizes[a:e])
+                    for a, e in zip(bounds, bounds[1:], strict=False)
+                )
+                out.append(((m + n - 1) * slot, n, t, m))
+    return sorted(out)
+
+
+def _faster(a: TrainingPlan, b: TrainingPlan) -> bool:
+    assert a.step is not None and b.step is not None
+    return a.step.step_s < b.step.step_s * (1 - 1e-9)
+
+
+__all__ = [
+    "MENUS",
+    "MICRO_BATCH_SIZES",
+    "Layout",
+    "LayerSplit",
+    "Menu",
+    "get_menu",
+    "graph_layers",
+    "layer_split",
+    "layout_plan",
+    "plan_for_menu",
+    "tensor_degrees",
+]

@@ -1,0 +1,82 @@
+"""`plan --target`, `plan --from-config` and `shardplan export --to` on the command line."""
+
+import json
+import tomllib
+
+from shardplan.cli.main import main
+
+PLAN = ["plan", "gpt2-small", "--small", "--layers", "4", "--batch", "32", "--mesh", "4x4"]
+PLAN += ["--dtype", "bf16", "-q"]
+
+
+def test_target_plan_exports_to_each_engine(tmp_path, capsys):
+    for engine in ("megatron", "deepspeed", "torchtitan"):
+        plan = tmp_path / f"{engine}.json"
+        assert main([*PLAN, "--target", engine, "--json", str(plan)]) == 0
+        out = capsys.readouterr().out
+        assert f"{engine} layout: tensor x" in out
+        assert "unrestricted plan: step" in out  # the step against the unrestricted search's
+        data = json.loads(plan.read_text())
+        assert data["method"] == f"target-{engine}"
+        assert data["model_config"] == {
+            "name": "gpt2-small",
+            "small": True,
+            "overrides": {"layers": 4},
+        }
+        conf = tmp_path / f"{engine}.conf"
+        assert main(["export", str(plan), "--to", engine, "-o", str(conf)]) == 0
+        text = conf.read_text()
+        if engine == "megatron":
+            assert "--global-batch-size 32" in text and "--num-layers 4" in text
+        elif engine == "deepspeed":
+            assert json.loads(text)["train_batch_size"] == 32
+        else:
+            assert tomllib.loads(text)["training"]["global_batch_size"] == 32
+
+
+def test_export_to_stdout_and_megatron_core_kwargs(tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert main([*PLAN, "--target", "megatron", "--json", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "megatron-core"]) == 0
+    kw = json.loads(capsys.readouterr().out)
+    assert kw["num_layers"] == 4 and kw["hidden_size"] == 64 and kw["num_attention_heads"] == 4
+    assert main(["export", str(plan), "--to", "megatron-deepspeed"]) == 0
+    assert "--deepspeed_config ds_config.json" in capsys.readouterr().out
+
+
+def test_exporting_an_unrestricted_plan_names_the_construct(tmp_path, capsys):
+    plan = tmp_path / "free.json"
+    assert main([*PLAN, "--json", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "megatron"]) == 5
+    err = capsys.readouterr().err
+    assert "PlanError: megatron cannot express stage" in err and "--target megatron" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_from_config_scores_a_megatron_flag_file(tmp_path, capsys):
+    flags = tmp_path / "flags.sh"
+    flags.write_text(
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \\\n"
+        "--micro-batch-size 1 --global-batch-size 32 --recompute-granularity full --bf16 \\\n"
+        "--lr 1e-4\n"
+    )
+    plan = tmp_path / "scored.json"
+    assert main([*PLAN, "--from-config", str(flags), "--json", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "tensor x2, pipeline x2, 8 micro-batches, full" in out
+    assert "flags not modelled: --lr" in out and "best megatron layout" in out
+    data = json.loads(plan.read_text())
+    assert data["method"] == "config-megatron" and data["micro_batches"] == 8
+
+
+def test_target_needs_dtype_and_a_known_engine(tmp_path, capsys):
+    args = ["plan", "gpt2-small", "--small", "--mesh", "2x2"]
+    assert main([*args, "--target", "megatron"]) == 9
+    assert "add --dtype bf16" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "missing.json"), "--to", "megatron"]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["export", str(bad), "--to", "deepspeed"]) == 5
+    assert "not a shardplan training plan" in capsys.readouterr().err

@@ -1,0 +1,4 @@
+--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+--micro-batch-size 1 --global-batch-size 32 \
+--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \
+--bf16 --lr 1e-4 --train-iters 1000
