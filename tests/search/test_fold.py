@@ -8,7 +8,6 @@ import pytest
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
-from shardplan.search.drec.flex import build_flex_graph
 from shardplan.search.drec.fold import find_fold
 from shardplan.search.drec.search import _variants, drec
 from shardplan.sharding import cut_problem, local_extents
@@ -42,7 +41,7 @@ def test_a_residual_stream_through_many_blocks_is_not_folded():
     graph = sp.zoo.build("resnet152", small=True)
     fold = find_fold(graph)
     assert fold is not None
-    assert not fold.local(build_flex_graph(fold.reduced))
+    assert fold.flex_graph() is None
 
 
 def _random_plan(graph, mesh, rng):
@@ -96,8 +95,8 @@ def test_folded_search_finds_the_full_search_plan(model, layers, mesh):
     mesh = sp.parse_mesh(mesh)
     fold = find_fold(graph)
     assert fold is not None
-    flex = build_flex_graph(fold.reduced)
-    assert fold.local(flex)
+    flex = fold.flex_graph()
+    assert flex is not None
     assert _variants(fold.reduced, mesh, OPTS, 0.0, fold, flex) is not None  # the fold is used
     assert drec(graph, mesh, OPTS) == drec(graph, mesh, OPTS, fold=False)
 

@@ -352,8 +352,8 @@ def drec(
     decision; otherwise (or with `fold=False`) the full graph is searched.
     """
     repeats = find_fold(graph) if fold and not fixed else None
-    flex = build_flex_graph(repeats.reduced) if repeats is not None else None
-    if repeats is not None and flex is not None and repeats.local(flex):
+    flex = repeats.flex_graph() if repeats is not None else None
+    if repeats is not None and flex is not None:
         plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
         if plan is not None:
             return repeats.expand(plan)
