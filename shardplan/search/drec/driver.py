@@ -26,7 +26,7 @@ from shardplan.mesh import Mesh
 from shardplan.plans import Plan, scored_plan, with_zero
 from shardplan.problem import Problem
 from shardplan.search.drec.baselines import baseline_plans, cheapest
-from shardplan.search.drec.search import drec
+from shardplan.search.drec.search import drec, drec_folded
 from shardplan.sharding import Strategy, check_fixed
 
 __all__ = ["drec_within"]
@@ -115,19 +115,21 @@ def _drec_search(
     stages: tuple[int, ...] = (1, 2, 3),
 ) -> Plan:
     """D-Rec, then (over budget) the memory penalty, then the ZeRO `stages` (module docstring)."""
-    strategies = drec(graph, mesh, opts, fixed=fixed)
+    strategies, folded = drec_folded(graph, mesh, opts, fixed=fixed)
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    notes: list[str] = [folded.note()] if folded is not None else []
     best = replace(
         scored_plan(graph, mesh, strategies, "drec", opts, cache),
         search_seconds=time.perf_counter() - start,
+        notes=tuple(notes),
     )
     assert best.cost is not None
     if budget is None or best.cost.memory_per_device <= budget:
         return best
-    notes: list[str] = [
+    notes.append(
         f"unconstrained D-Rec plan needs {best.cost.memory_per_device / 1e9:.3g}"
         f" GB > {budget / 1e9:.3g} GB budget"
-    ]
+    )
     base = max(best.cost.total, 1e-30)
     leanest = best
     for k in range(8):

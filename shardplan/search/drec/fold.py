@@ -146,6 +146,15 @@ class Fold:
         """Block (0, 1, 2 or count-1) of a reduced-graph op, -1 outside the run."""
         return self._block(self.full.op_index[name])
 
+    def note(self) -> str:
+        """What the plan's notes say about the fold."""
+        first, end = self.start, self.start + self.count * self.period - 1
+        return (
+            f"repeated blocks folded: {self.count} identical blocks of {self.period} ops (ops "
+            f"{self.full.ops[first].name} .. {self.full.ops[end].name}) searched as blocks 0, 1, "
+            f"2 and {self.count - 1}; blocks 3-{self.count - 2} take block 2's decisions"
+        )
+
     def round_weights(self) -> list[float]:
         """Per reduced op: how many full-graph ops it stands for (in a round's total, and in the
         score): block 2 and its incoming edges stand for blocks 2..n-2, exactly so when blocks 1

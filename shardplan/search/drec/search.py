@@ -322,7 +322,20 @@ def drec(
     fold: bool = True,
     fixed: Mapping[str, Strategy] | None = None,
 ) -> dict[str, Strategy]:
-    """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
+    """Strategies of every op by D-Rec (`drec_folded` without the fold it used)."""
+    return drec_folded(graph, mesh, opts, memory_lambda, fold, fixed)[0]
+
+
+def drec_folded(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float = 0.0,
+    fold: bool = True,
+    fixed: Mapping[str, Strategy] | None = None,
+) -> tuple[dict[str, Strategy], Fold | None]:
+    """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the
+    full graph was searched); `memory_lambda` (cost units per byte) penalises cuts that
     keep tensors replicated, used by the memory-aware driver in `search.api`. `fixed` (op name ->
     strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
     so their neighbours plan around them; variants that would override them are skipped and the
@@ -356,11 +369,11 @@ def drec(
     if repeats is not None and flex is not None:
         plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
         if plan is not None:
-            return repeats.expand(plan)
+            return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
     plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned)
     assert plan is not None
-    return plan
+    return plan, None
 
 
 def _variants(
