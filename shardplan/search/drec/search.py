@@ -2,7 +2,7 @@
 
 Outer recursion over the devices: one round per prime factor q of the mesh (outermost axis
 first); in each round every operator cuts one loop dim q ways or none, and local sizes shrink.
-Inner pass over the graph, per round r (prices: `drec_costs.RoundCosts`):
+Inner pass over the graph, per round r (prices: `costs.RoundCosts`):
   1. heavy operators (see flex.py), heaviest first — weight = the largest cost among their valid
      cuts, ties by graph index — each pick the cut c minimising
         own(c) + sum over flex neighbours decided in round r of redist(c) + lookahead(c)
@@ -36,9 +36,10 @@ from typing import Any
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.costs import CutTables, Overlay, RoundCosts
+from shardplan.search.drec.costs import Overlay, RoundCosts
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.drec.fold import Fold, find_fold, op_labels
+from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
 
 
@@ -336,7 +337,7 @@ def drec_folded(
 ) -> tuple[dict[str, Strategy], Fold | None]:
     """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the
     full graph was searched); `memory_lambda` (cost units per byte) penalises cuts that
-    keep tensors replicated, used by the memory-aware driver in `search.api`. `fixed` (op name ->
+    keep tensors replicated, used by the memory-aware driver (`driver.py`). `fixed` (op name ->
     strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
     so their neighbours plan around them; variants that would override them are skipped and the
     graph is not folded (a pinned op makes its layer unlike the others).
@@ -360,7 +361,7 @@ def drec_folded(
     That is at most 2 * (3 + mesh axes) linear searches; the unused-axis ones are shorter. With the
     symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
-    A run of >= 6 identical blocks (layers) is folded (`search.fold`): the variants search blocks
+    A run of >= 6 identical blocks (layers) is folded (`fold.py`): the variants search blocks
     0, 1, 2 and the last, and when blocks 1 and 2 decide alike every interior block takes that
     decision; otherwise (or with `fold=False`) the full graph is searched.
     """
@@ -403,7 +404,7 @@ def _variants(
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
-    tables = CutTables.of(graph)  # shared by the variants: it depends on the graph alone
+    tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
     cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
     while runs:
