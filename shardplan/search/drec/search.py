@@ -52,6 +52,7 @@ class _Search(RoundCosts):
         defer_ties: bool = False,
         lightest_cut_order: bool = False,
         fixed: Mapping[int, Strategy] | None = None,
+        rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
@@ -61,6 +62,13 @@ class _Search(RoundCosts):
         """Order heavy ops by their cheapest cut (MindSpore 2020) instead of their dearest."""
         self.fixed = dict(fixed or {})
         """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
+        self.rounds_seen = rounds_seen if rounds_seen is not None else {}
+        """(pricing, the rounds done, the greedy pass's decisions) -> the round's decisions and
+        whether pricing them after the greedy pass hit a binding assumption: shared by the
+        variants of one call (`run_round`)."""
+        self.pricing = (tuple(self.compute_divisor), self.hopeful)
+        self.history: tuple[tuple[str | None, ...], ...] = ()
+        """Every op's cut in each round done: with `pricing`, it determines the state."""
 
     def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
         costs = super()._own_costs(i, r, charged)
@@ -69,14 +77,20 @@ class _Search(RoundCosts):
             return {cut: costs[cut]}
         return costs
 
-    def _greedy(self, r: int) -> dict[int, str | None]:
-        """Heavy ops, heaviest first, each against the flex neighbours decided before it."""
+    def _order(self, r: int) -> tuple[dict[int, dict[str | None, float]], list[int]]:
+        """The heavy ops' own costs in round r, and the order they decide in: heaviest first
+        (by their dearest cut, or their cheapest), ties by graph index."""
+        own = {i: self._own_costs(i, r, set()) for i in self.heavy}
+        weight = min if self.lightest_cut_order else max
+        return own, sorted(self.heavy, key=lambda i: (-weight(own[i].values()), i))
+
+    def _greedy(
+        self, r: int, own: dict[int, dict[str | None, float]], order: list[int]
+    ) -> dict[int, str | None]:
+        """Heavy ops in `order`, each against the flex neighbours decided before it."""
         rnd = self.rounds[r]
         decided: dict[int, str | None] = {}
         charged: set[tuple[str, int]] = set()
-        own = {i: self._own_costs(i, r, charged) for i in self.heavy}
-        weight = min if self.lightest_cut_order else max
-        order = sorted(self.heavy, key=lambda i: (-weight(own[i].values()), i))
         deferred: set[int] = set()
         queue = deque(order)
         memo: dict[int, dict[str | None, float]] = {}
@@ -275,13 +289,33 @@ class _Search(RoundCosts):
 
     def run_round(self, r: int) -> None:
         """Greedy D-Rec assignment, checked against the whole-round alternatives; the cheapest
-        (by the round's full cost) is then locally improved, one op at a time."""
+        (by the round's full cost) is then locally improved, one op at a time. A variant that
+        prices alike, with the same rounds done, whose greedy pass decides alike, ends the round
+        alike: the end another variant reached from there is reused (`rounds_seen`)."""
         self.begin_round(r)
         if r < self.unused_rounds:
-            self.apply_round(r, dict.fromkeys(range(len(self.states))))
+            self._done(r, dict.fromkeys(range(len(self.states))))
             return
+        decided = self._greedy(r, *self._order(r))
+        key = (self.pricing, self.history, tuple(decided.get(i) for i in range(len(self.states))))
+        seen = self.rounds_seen.get(key)
+        if seen is not None:
+            self.binding = self.binding or seen[1]
+            self._done(r, dict(seen[0]))
+            return
+        binding, self.binding = self.binding, False  # whether the rest of the round binds
+        decided = self._finish(r, decided)
+        self.rounds_seen[key] = (dict(decided), self.binding)
+        self.binding = binding or self.binding
+        self._done(r, decided)
+
+    def _done(self, r: int, decided: dict[int, str | None]) -> None:
+        self.apply_round(r, decided)
+        self.history += (tuple(decided.get(i) for i in range(len(self.states))),)
+
+    def _finish(self, r: int, decided: dict[int, str | None]) -> dict[int, str | None]:
+        """Round r's decisions from the greedy pass's (`run_round`)."""
         light = [i for i in range(len(self.states)) if i not in self.heavy]
-        decided = self._greedy(r)
         self._settle(r, decided, light)
         best = self.round_cost(r, decided)
         tried: list[dict[int, str | None]] = []
@@ -307,7 +341,7 @@ class _Search(RoundCosts):
         if improved == decided or self.round_cost(r, improved) <= best:  # its per-op view
             # can miss shared-parameter edges: keep it only when the round's cost agrees
             decided = improved
-        self.apply_round(r, decided)
+        return decided
 
     def run(self) -> dict[str, Strategy]:
         for r in range(len(self.rounds)):
@@ -407,6 +441,7 @@ def _variants(
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
     cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
+    rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     while runs:
         unused, final_compute, defer, by_min, hopeful = runs.popleft()
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
@@ -427,6 +462,7 @@ def _variants(
                 defer_ties=defer,
                 lightest_cut_order=by_min,
                 fixed=pinned,
+                rounds_seen=rounds_seen,
             )
             strategies = search.run()
             if search.binding and not (unused or final_compute):  # a round could not cut some op
