@@ -113,3 +113,23 @@ def test_folded_search_matches_under_other_presets_and_memory_pressure(preset, t
     assert drec(graph, mesh, opts, memory_lambda) == drec(
         graph, mesh, opts, memory_lambda, fold=False
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh", "train"), [("gpt3", "4x8", True), ("bert-base", "12", False)]
+)
+def test_the_folded_total_with_parameter_layouts_is_the_evaluator(model, mesh, train):
+    """FSDP's parameter storage (a layout from the shape alone) on the reduced graph: the
+    weighted rows are the evaluator's total of the expanded plan stored the same way."""
+    from shardplan.search import experts
+
+    graph, m = _deep(model, 8), sp.parse_mesh(mesh)
+    opts = CostOptions.make(train=train)
+    fold = find_fold(graph)
+    assert fold is not None
+    reduced = experts.data_parallel(fold.reduced, m)
+    assert fold.uniform(reduced)
+    layouts = experts.fsdp_param_layouts(graph, m)
+    want = evaluate_strategies(graph, m, fold.expand(reduced), opts, layouts).total
+    got = fold.total(m, reduced, opts, experts.fsdp_param_layouts(fold.reduced, m))
+    assert got == pytest.approx(want, rel=1e-12)

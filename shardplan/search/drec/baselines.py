@@ -41,7 +41,7 @@ def baseline_plans(
     With `fold` (repeated blocks of `graph`, `fold.py`) the expert plans are propagated on its
     reduced graph and expanded — exact when blocks 1 and 2 decide alike: the experts are
     forward passes, so every later block then sees what block 2 saw — and, with `below`, one
-    whose exact total on the reduced graph (`Fold.score`) reaches it is left out unscored."""
+    whose exact total on the reduced graph (`Fold.total`) reaches it is left out unscored."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     rounds = len(mesh.rounds)
     replicated = {op.name: (None,) * rounds for op in graph.ops}
@@ -61,10 +61,13 @@ def baseline_plans(
     for method, strategies, layouts in candidates:
         if below is not None and _compute(graph, strategies, cache) >= below:
             continue
-        if reduced_cache is not None and method in folded and layouts is None:
-            assert fold is not None
-            total = fold.score(mesh, folded[method][1], opts, cache=reduced_cache)
-            if total >= below * (1 + 1e-9) + 1e-30:  # type: ignore[operator]
+        base = "data-parallel" if method == "fsdp" else method  # fsdp: dp's cuts
+        if reduced_cache is not None and base in folded:
+            assert fold is not None and below is not None
+            reduced = folded[base][1]
+            params = layouts(fold.reduced, mesh) if layouts is not None else None
+            total = fold.total(mesh, reduced, opts, params, reduced_cache)
+            if total >= below * (1 + 1e-9) + 1e-30:
                 continue  # the evaluator's total is this one's up to rounding: it cannot win
         params = layouts(graph, mesh) if layouts is not None else None
         plans.append(scored_plan(graph, mesh, strategies, method, opts, cache, params))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from shardplan.cost.evaluate import (
     ScoreCache,
+    evaluate_strategies,
     op_terms,
     output_layouts,
     param_homes,
@@ -45,7 +46,7 @@ from shardplan.search.drec.flex import (
     heavy_sources,
     sibling_sources,
 )
-from shardplan.sharding import Strategy, check_strategy
+from shardplan.sharding import Layout, Strategy, check_strategy
 
 KEPT = 4
 """Blocks the reduced graph keeps: 0, 1, 2 and the last."""
@@ -196,6 +197,21 @@ class Fold:
     def expand(self, plan: Mapping[str, Strategy]) -> dict[str, Strategy]:
         """The full graph's strategies from a uniform reduced plan."""
         return {op.name: plan[self._stand_in(i)] for i, op in enumerate(self.full.ops)}
+
+    def total(
+        self,
+        mesh: Mesh,
+        plan: Mapping[str, Strategy],
+        opts: CostOptions,
+        param_layouts: Mapping[str, Layout] | None = None,
+        cache: ScoreCache | None = None,
+    ) -> float:
+        """The evaluator's total of `expand(plan)` with parameters stored as `param_layouts` (of
+        the reduced graph's parameters; a layout depends on the shape alone, e.g. FSDP's),
+        from the evaluator's rows of the reduced graph, block 2's counted n-3 times (its
+        parameters' storage collectives sit on their readers' rows)."""
+        rows = evaluate_strategies(self.reduced, mesh, plan, opts, param_layouts, cache).ops
+        return sum(w * row.total for w, row in zip(self.round_weights(), rows, strict=True))
 
     def score(
         self,

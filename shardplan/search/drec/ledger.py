@@ -1,8 +1,8 @@
 """What D-Rec carries from one round to the next, so that its rounds add up to the evaluator.
 
-`RoundLedger` is the state of one D-Rec run that the rounds done leave (the base of `costs.RoundCosts`,
-which prices the current round's cuts on it; `tables.SearchTables` holds what the graph alone
-decides). Per op, `_OpState`; per round:
+`RoundLedger` is the state the rounds done leave in one D-Rec run (the base of
+`costs.RoundCosts`, which prices the current round's cuts on it; `tables.SearchTables` holds what
+the graph alone decides). Per op, `_OpState`; per round:
   * every operand's layout in the rounds done, and per edge its "context": per earlier round how
     its two layouts relate (`relation`: same split, both replicated, all-to-all, gather, slice).
     An edge's price in round r is its MARGINAL cost, `cost.terms.edge_redistribution` over rounds
