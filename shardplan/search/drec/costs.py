@@ -118,7 +118,11 @@ class RoundCosts(RoundLedger):
         """Intra + compute + memory terms of every valid candidate of op i in round r (cached per
         round: they change only with which inputs' gradients another consumer already reduces)."""
         st = self.states[i]
-        shared = tuple(pos for pos, name in enumerate(st.op.inputs) if (name, r) in charged)
+        shared = (
+            tuple(pos for pos, name in enumerate(st.op.inputs) if (name, r) in charged)
+            if charged
+            else ()
+        )
         key = (r, st.kind, shared)
         cached = self._cache.get(key)
         if cached is None:
