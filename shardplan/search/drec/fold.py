@@ -148,12 +148,11 @@ class Fold:
         return self._block(self.full.op_index[name])
 
     def note(self) -> str:
-        """What the plan's notes say about the fold."""
-        first, end = self.start, self.start + self.count * self.period - 1
+        """What the plan's notes say about the fold (two lines of the CLI's table)."""
         return (
-            f"repeated blocks folded: {self.count} identical blocks of {self.period} ops (ops "
-            f"{self.full.ops[first].name} .. {self.full.ops[end].name}) searched as blocks 0, 1, "
-            f"2 and {self.count - 1}; blocks 3-{self.count - 2} take block 2's decisions"
+            f"repeated blocks folded: 4 of {self.count} identical blocks of {self.period} ops "
+            f"searched (0, 1, 2, {self.count - 1}), blocks 3-{self.count - 2} took block 2's "
+            f"decisions (first op {self.full.ops[self.start].name})"
         )
 
     def round_weights(self) -> list[float]:
