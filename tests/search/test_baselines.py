@@ -83,3 +83,32 @@ def test_case4_unused_parameter_with_a_memory_budget():
     assert any("ZeRO" in n for n in p.notes)
     with pytest.raises(InfeasibleError, match="fits 1.2 KB per device"):
         plan(graph, "4", memory=1200)
+
+
+@pytest.mark.parametrize(("model", "mesh"), [("gpt3", "2x4"), ("bert-base", "12")])
+def test_expert_plans_through_the_fold_are_the_full_graphs(model, mesh):
+    """The experts are forward passes: propagated on the reduced graph and expanded, they are
+    the full graph's plans; the folded baselines are the full ones, scored alike."""
+    from shardplan.search import experts
+    from shardplan.search.drec.baselines import _folded_experts
+    from shardplan.search.drec.fold import find_fold
+
+    graph, m = zoo.build(model, small=True, layers=8), parse_mesh(mesh)
+    fold = find_fold(graph)
+    assert fold is not None
+    folded = _folded_experts(fold, m)
+    assert folded["data-parallel"][0] == experts.data_parallel(graph, m)
+    assert folded["megatron"][0] == experts.megatron(graph, m)
+    opts = CostOptions.make()
+    full = {b.method: b.cost.total for b in baseline_plans(graph, m, opts)}
+    through = {b.method: b.cost.total for b in baseline_plans(graph, m, opts, fold=fold)}
+    assert through == full
+    # with a cost to beat, every one that beats it is kept and fewer are scored
+    for beat in sorted(full.values()):
+        kept = {b.method for b in baseline_plans(graph, m, opts, below=beat, fold=fold)}
+        assert {k for k, v in full.items() if v < beat} <= kept
+        assert all(full[k] >= beat for k in full.keys() - kept)
+    below = sorted(full.values())[1]  # the fold's exact totals leave out more than compute
+    assert len(baseline_plans(graph, m, opts, below=below, fold=fold)) < len(
+        baseline_plans(graph, m, opts, below=below)
+    )

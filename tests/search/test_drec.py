@@ -115,3 +115,27 @@ def test_unused_mesh_axis_is_explained():
     assert idle == bool(notes)
     assert notes and "'node'" in notes[0]
     assert not [n for n in plan(sp.zoo.build("gpt2-small", batch=256), "8").notes if "unused" in n]
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh"), [("gpt3", "2x4"), ("bert-base", "12"), ("alexnet", "8")]
+)
+def test_variants_sharing_rounds_decide_as_alone(model, mesh):
+    """A variant that reuses the rounds another variant (pricing alike) ended from the same
+    greedy decisions plans exactly as it does alone, binding flag included."""
+    from shardplan.cost import CostOptions
+    from shardplan.search.drec.search import _Search
+
+    graph, m, opts = sp.zoo.build(model, small=True), sp.parse_mesh(mesh), CostOptions.make()
+    shared: dict = {}
+    first = _Search(graph, m, opts, 0.0, rounds_seen=shared)
+    first.run()
+    recorded = len(shared)
+    assert recorded  # the first search recorded its rounds
+    for by_min in (False, True):
+        alone = _Search(graph, m, opts, 0.0, lightest_cut_order=by_min)
+        sharing = _Search(graph, m, opts, 0.0, lightest_cut_order=by_min, rounds_seen=shared)
+        assert sharing.run() == alone.run()
+        assert sharing.binding == alone.binding
+        if not by_min:  # the same search again: every round was reused, none recorded
+            assert len(shared) == recorded

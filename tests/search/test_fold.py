@@ -8,7 +8,6 @@ import pytest
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
-from shardplan.search.drec.flex import build_flex_graph
 from shardplan.search.drec.fold import find_fold
 from shardplan.search.drec.search import _variants, drec
 from shardplan.sharding import cut_problem, local_extents
@@ -42,7 +41,7 @@ def test_a_residual_stream_through_many_blocks_is_not_folded():
     graph = sp.zoo.build("resnet152", small=True)
     fold = find_fold(graph)
     assert fold is not None
-    assert not fold.local(build_flex_graph(fold.reduced))
+    assert fold.flex_graph() is None
 
 
 def _random_plan(graph, mesh, rng):
@@ -96,8 +95,8 @@ def test_folded_search_finds_the_full_search_plan(model, layers, mesh):
     mesh = sp.parse_mesh(mesh)
     fold = find_fold(graph)
     assert fold is not None
-    flex = build_flex_graph(fold.reduced)
-    assert fold.local(flex)
+    flex = fold.flex_graph()
+    assert flex is not None
     assert _variants(fold.reduced, mesh, OPTS, 0.0, fold, flex) is not None  # the fold is used
     assert drec(graph, mesh, OPTS) == drec(graph, mesh, OPTS, fold=False)
 
@@ -114,3 +113,23 @@ def test_folded_search_matches_under_other_presets_and_memory_pressure(preset, t
     assert drec(graph, mesh, opts, memory_lambda) == drec(
         graph, mesh, opts, memory_lambda, fold=False
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh", "train"), [("gpt3", "4x8", True), ("bert-base", "12", False)]
+)
+def test_the_folded_total_with_parameter_layouts_is_the_evaluator(model, mesh, train):
+    """FSDP's parameter storage (a layout from the shape alone) on the reduced graph: the
+    weighted rows are the evaluator's total of the expanded plan stored the same way."""
+    from shardplan.search import experts
+
+    graph, m = _deep(model, 8), sp.parse_mesh(mesh)
+    opts = CostOptions.make(train=train)
+    fold = find_fold(graph)
+    assert fold is not None
+    reduced = experts.data_parallel(fold.reduced, m)
+    assert fold.uniform(reduced)
+    layouts = experts.fsdp_param_layouts(graph, m)
+    want = evaluate_strategies(graph, m, fold.expand(reduced), opts, layouts).total
+    got = fold.total(m, reduced, opts, experts.fsdp_param_layouts(fold.reduced, m))
+    assert got == pytest.approx(want, rel=1e-12)

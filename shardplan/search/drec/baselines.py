@@ -23,6 +23,7 @@ from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan, scored_plan
 from shardplan.search import experts
+from shardplan.search.drec.fold import Fold
 from shardplan.sharding import Strategy
 
 
@@ -32,27 +33,61 @@ def baseline_plans(
     opts: CostOptions,
     cache: ScoreCache | None = None,
     below: float | None = None,
+    fold: Fold | None = None,
 ) -> list[Plan]:
     """All-replicated, data-parallel, megatron and fsdp plans of `graph`, each scored (sharing
     `cache` with the search's own scoring when given). With `below` (the cost a baseline must
     beat), one whose compute alone reaches it is left out unscored: every other term of a plan
-    is >= 0 (a share credit only returns part of its own op's terms), so it cannot win."""
+    is >= 0 (a share credit only returns part of its own op's terms), so it cannot win.
+    With `fold` (repeated blocks of `graph`, `fold.py`) the expert plans are propagated on its
+    reduced graph and expanded — exact when blocks 1 and 2 decide alike: the experts are
+    forward passes, so every later block then sees what block 2 saw — and, with `below`, one
+    whose exact total on the reduced graph (`Fold.total`) reaches it is left out unscored."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     rounds = len(mesh.rounds)
     replicated = {op.name: (None,) * rounds for op in graph.ops}
-    dp = experts.data_parallel(graph, mesh, cache.classes)
+    folded = _folded_experts(fold, mesh) if fold is not None else {}
+    dp = folded["data-parallel"][0] if "data-parallel" in folded else None
+    dp = dp or experts.data_parallel(graph, mesh, cache.classes)
+    mega = folded["megatron"][0] if "megatron" in folded else None
+    mega = mega or experts.megatron(graph, mesh, classes=cache.classes)
     candidates = [
         ("all-replicated", replicated, None),
         ("data-parallel", dp, None),
-        ("megatron", experts.megatron(graph, mesh, classes=cache.classes), None),
-        ("fsdp", dp, experts.fsdp_param_layouts(graph, mesh)),
+        ("megatron", mega, None),
+        ("fsdp", dp, experts.fsdp_param_layouts),
     ]
     plans = []
+    reduced_cache = ScoreCache(fold.reduced, mesh, opts) if folded and below is not None else None
     for method, strategies, layouts in candidates:
         if below is not None and _compute(graph, strategies, cache) >= below:
             continue
-        plans.append(scored_plan(graph, mesh, strategies, method, opts, cache, layouts))
+        base = "data-parallel" if method == "fsdp" else method  # fsdp: dp's cuts
+        if reduced_cache is not None and base in folded:
+            assert fold is not None and below is not None
+            reduced = folded[base][1]
+            params = layouts(fold.reduced, mesh) if layouts is not None else None
+            total = fold.total(mesh, reduced, opts, params, reduced_cache)
+            if total >= below * (1 + 1e-9) + 1e-30:
+                continue  # the evaluator's total is this one's up to rounding: it cannot win
+        params = layouts(graph, mesh) if layouts is not None else None
+        plans.append(scored_plan(graph, mesh, strategies, method, opts, cache, params))
     return plans
+
+
+def _folded_experts(
+    fold: Fold, mesh: Mesh
+) -> dict[str, tuple[dict[str, Strategy], dict[str, Strategy]]]:
+    """Expert plan -> (its strategies of the full graph, of the reduced one), for each expert
+    whose blocks 1 and 2 decide alike on the reduced graph (the others: computed in full)."""
+    reduced = fold.reduced
+    rounds = len(mesh.rounds)
+    plans = {
+        "all-replicated": {op.name: (None,) * rounds for op in reduced.ops},
+        "data-parallel": experts.data_parallel(reduced, mesh),
+        "megatron": experts.megatron(reduced, mesh),
+    }
+    return {name: (fold.expand(plan), plan) for name, plan in plans.items() if fold.uniform(plan)}
 
 
 def _compute(graph: Graph, strategies: dict[str, Strategy], cache: ScoreCache) -> float:

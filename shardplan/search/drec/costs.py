@@ -1,7 +1,8 @@
-"""What D-Rec's rounds cost: the per-round pricing of cuts and edges, and the search state.
+"""What D-Rec's rounds cost: the per-round pricing of cuts and edges.
 
-`RoundCosts` holds one D-Rec call's state (per op: local extents and sizes, the cuts of the rounds
-done, flex edges to other heavy ops) and prices, for one round r with its bandwidth and the local
+`RoundCosts` prices, on the state the rounds done left (`ledger.RoundLedger`, its base: per op
+local extents and sizes, the cuts so far, flex edges to other heavy ops; edge contexts) and from
+the graph's tables (`tables.SearchTables`), for one round r with its bandwidth and the local
 sizes left by rounds < r, every candidate cut of an op:
   * own terms: intra-operator collectives (`cost.terms.intra_terms`; gradient all-reduces shrunk
     by the faster rounds that will reduce them first), the extra compute of "no cut", the
@@ -25,15 +26,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from dataclasses import replace as dataclass_replace
 
-from shardplan.cost.evaluate import previous_consumer
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
     OperandInfo,
     compute_cost,
-    faster,
     intra_terms,
     param_bytes,
     piece_compute,
@@ -41,38 +39,13 @@ from shardplan.cost.terms import (
     replicate_symbolic,
 )
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Op, Role
+from shardplan.ir.op import Role
 from shardplan.mesh import Mesh, Round
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
 from shardplan.search.drec.fold import op_labels
 from shardplan.search.drec.ledger import RoundLedger, through_chain
-from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
-
-
-@dataclass(slots=True)
-class _OpState:
-    """Mutable per-search state of one op (local to one `drec` call)."""
-
-    op: Op
-    extents: dict[str, int]
-    in_numel: list[float]
-    out_numel: list[float]
-    cuts: list[str | None] = field(default_factory=list)
-    preds: list[FlexEdge] = field(default_factory=list)
-    succs: list[FlexEdge] = field(default_factory=list)
-    siblings: list[tuple[int, int, int, dict[int, int]]] = field(default_factory=list)
-    """(other heavy op, my output position, its output position, my dim -> its dim)."""
-    ar_history: dict[tuple[bool, int], list[tuple[int, float, int]]] = field(default_factory=dict)
-    """(is_output, position) -> [(round, all-reduce cost charged then, bit mask of the later
-    rounds that price assumed would shrink the operand first)]."""
-    credits: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
-    """Input position -> [(round, all-reduce cost the previous reader paid for it then, mask)]: owed
-    back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
-    kind: tuple[object, ...] = ()
-    """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
-    in_layouts: list[tuple[int, ...]] = field(default_factory=list)
-    out_layouts: list[tuple[int, ...]] = field(default_factory=list)
-    """Each operand's layout in the rounds done (outputs resolved: partial sums replicated)."""
+from shardplan.search.drec.tables import SearchTables, layout
+from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
 
 
 class Overlay:
@@ -98,49 +71,6 @@ Charges = set[tuple[str, int]] | frozenset[tuple[str, int]] | Overlay
 """Which inputs' gradients another reader already all-reduces in this round."""
 
 
-def layout(op: Op, cut: str | None, pos: int, is_output: bool) -> int:
-    dims = (op.signature.outputs if is_output else op.signature.inputs)[pos]
-    value = layout_of_cut(dims, cut, is_output, op)
-    return REPLICATED if value == PARTIAL else value
-
-
-def _candidate_order(op: Op) -> list[str | None]:
-    """Tie order: dims of the result in its order (batch, rows, columns), then the other
-    splittable dims (reductions), then "no cut"."""
-    names: list[str | None] = []
-    for dims in op.signature.outputs:
-        for group in dims:
-            for name in group:
-                if name not in names and op.signature.loop_dim(name).splittable:
-                    names.append(name)
-    names += [d.name for d in op.signature.loop_dims if d.splittable and d.name not in names]
-    return names + [None]
-
-
-@dataclass(frozen=True, slots=True)
-class CutTables:
-    """Per op: its candidate cuts in tie order and each cut's operand layouts in one round —
-    a function of the graph alone, built once per `drec` call and shared by its variants."""
-
-    candidates: list[list[str | None]]
-    layouts: list[dict[str | None, tuple[tuple[int, ...], tuple[int, ...]]]]
-
-    @staticmethod
-    def of(graph: Graph) -> CutTables:
-        candidates = [_candidate_order(op) for op in graph.ops]
-        layouts = [
-            {
-                cut: (
-                    tuple(layout(op, cut, p, False) for p in range(len(op.inputs))),
-                    tuple(layout(op, cut, p, True) for p in range(len(op.outputs))),
-                )
-                for cut in cuts
-            }
-            for op, cuts in zip(graph.ops, candidates, strict=True)
-        ]
-        return CutTables(candidates, layouts)
-
-
 class RoundCosts(RoundLedger):
     """One D-Rec call's state and per-round prices (no module state)."""
 
@@ -156,15 +86,12 @@ class RoundCosts(RoundLedger):
         weights: Sequence[float] | None = None,
         labels: Sequence[int] | None = None,
         hopeful: bool = False,
-        tables: CutTables | None = None,
+        tables: SearchTables | None = None,
     ) -> None:
-        self.graph, self.mesh, self.opts = graph, mesh, opts
-        self.hopeful = hopeful
-        """Assume every faster later round shrinks an all-reduce, even one that cannot cut the op
-        (MindSpore's hierarchical pricing; `_assumed`)."""
-        self.binding = False
-        """Whether some price assumed fewer later rounds than `hopeful` would (set as it runs)."""
         flex = flex or build_flex_graph(graph)
+        tables = tables or SearchTables.of(graph, flex)
+        labels = list(labels) if labels is not None else op_labels(graph)
+        super().__init__(graph, mesh, opts, flex, tables, labels, hopeful)  # the rounds done
         # Price "no cut" by what it adds to the final compute if later rounds cut (telescopes
         # to the exact extra over all rounds) instead of by the local compute of this round.
         self.compute_divisor = [
@@ -174,170 +101,28 @@ class RoundCosts(RoundLedger):
         self.unused_rounds = unused_rounds
         self.weights = list(weights) if weights is not None else [1.0] * len(graph.ops)
         """How many ops of the searched model each op stands for in a round's total (folding)."""
-        self.rounds = mesh.rounds
         self.memory_lambda = memory_lambda
-        self.labels = list(labels) if labels is not None else op_labels(graph)
-        """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
-        self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
-        self._edge_cache: dict[tuple[int, int, int, str], float] = {}
-        self._edge_kinds: dict[tuple[int, int, float, int, bool], float] = {}
-        self._r = 0
-        self._ctx_ids: dict[tuple[int, ...], int] = {}
-        self._ctxs: list[tuple[int, ...]] = []
-        self._ctx_moves: list[bool] = []
-        self._prev_price: dict[tuple[int, float, int, bool], float] = {}
-        self._in_ctx: list[list[int]] = []
-        """Per op, per input: the context of the edge into it (producer or parameter home)."""
-        self._flex_ctx: dict[int, int] = {}
-        self._sib_ctx: dict[tuple[int, int], int] = {}
-        self._param_ctx: dict[tuple[int, int, int, int], int] = {}
-        self._grad = graph.requires_grad
-        self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
-        self._assumed_cache: dict[tuple[object, ...], int] = {}
-        self.faster_than = [
-            [(j, other.q) for j, other in enumerate(self.rounds) if j != r and faster(other, rnd)]
-            for r, rnd in enumerate(self.rounds)
-        ]
-        self.states = [
-            _OpState(
-                op,
-                op.signature.extents,
-                [float(graph.tensors[t].numel) for t in op.inputs],
-                [float(graph.tensors[t].numel) for t in op.outputs],
-            )
-            for op in graph.ops
-        ]
-        for label, st in zip(self.labels, self.states, strict=True):
-            st.kind = (label,)
-            st.in_layouts = [()] * len(st.op.inputs)
-            st.out_layouts = [()] * len(st.op.outputs)
         self.heavy = flex.heavy
-        for sib in flex.siblings:
-            self.states[sib.a].siblings.append((sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b)))
-            back = {b: a for a, b in sib.a_to_b}
-            self.states[sib.b].siblings.append((sib.a, sib.b_pos, sib.a_pos, back))
-        for edge in flex.edges:
-            self.states[edge.consumer].preds.append(edge)
-            self.states[edge.producer].succs.append(edge)
-        tables = tables or CutTables.of(graph)
-        self.candidates = tables.candidates
-        readers: dict[str, list[int]] = {}
-        for i in sorted(self.heavy):
-            for name in dict.fromkeys(graph.ops[i].inputs):
-                if graph.tensors[name].role is Role.ACTIVATION:
-                    readers.setdefault(name, []).append(i)
-        self.group_of: dict[int, list[int]] = {}
-        for group in (g for g in readers.values() if len(g) > 1):
-            same = all(self.candidates[j] == self.candidates[group[0]] for j in group)
-            for j in group if same else ():
-                self.group_of.setdefault(j, group)
-        self.layouts = tables.layouts
-        self.out_pos = {t: op.outputs.index(t) for op in graph.ops for t in op.outputs}
-        self._in_adj = [
-            [
-                (pos, t, graph.producer[t], self.out_pos[t])
-                for pos, t in enumerate(op.inputs)
-                if t in graph.producer
-            ]
-            for op in graph.ops
-        ]
-        """Per op: (input position, tensor, producer, producer's output position)."""
-        self._out_adj = [
-            [(pos, t, graph.consumers.get(t, ())) for pos, t in enumerate(op.outputs)]
-            for op in graph.ops
-        ]
-        """Per op: (output position, tensor, its readers (op, position))."""
+        self.candidates, self.layouts = tables.candidates, tables.layouts
+        self.group_of, self.param_positions = tables.group_of, tables.param_positions
+        self._flex_nbrs = tables.flex_nbrs
+        self._in_adj, self._out_adj = tables.in_adj, tables.out_adj
+        self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
+        """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
         self._reduced_inputs: list[dict[str | None, tuple[str, ...]]] = [{} for _ in graph.ops]
-        self.param_positions = [
-            [p for p, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
-            for op in graph.ops
-        ]
-        self._prev_reader: list[list[tuple[int, int] | None]] = [
-            [previous_consumer(graph, name, i, pos) for pos, name in enumerate(op.inputs)]
-            for i, op in enumerate(graph.ops)
-        ]
-        """Per op input: the reader of the same tensor just before it (graph order), if any."""
-        self._flex_nbrs: list[set[int]] = []
-        """Per op: the ops its `_flex_costs` read (flex, sibling and shared-parameter edges)."""
-        for i, st in enumerate(self.states):
-            nbrs = {e.producer for e in st.preds} | {e.consumer for e in st.succs}
-            nbrs |= {sib[0] for sib in st.siblings}
-            for pos in self.param_positions[i]:
-                nbrs |= {w for w, _ in graph.consumers[st.op.inputs[pos]]}
-            nbrs.discard(i)
-            self._flex_nbrs.append(nbrs)
-        self._no_prev_reader = [all(p is None for p in prevs) for prevs in self._prev_reader]
-        self._next_readers: list[list[int]] = [[] for _ in graph.ops]
-        """Per op: the ops whose previous reader of some input it is (their credits follow it)."""
-        for j, prevs in enumerate(self._prev_reader):
-            for prev in prevs:
-                if prev is not None and j not in self._next_readers[prev[0]]:
-                    self._next_readers[prev[0]].append(j)
+        """Per op, per cut: the inputs whose gradient the cut all-reduces."""
         self.begin_round(0)
 
     # -- per-round helpers --------------------------------------------------------------------
-    def _assumed(self, i: int, r: int) -> int:
-        """Bit mask of the later, faster rounds that round r's all-reduce prices of op i assume
-        will shrink the operand first (hierarchical reduction): those where op i still has a
-        valid cut. A round that cannot cut the op (no loop dim divisible by its q) never shrinks
-        anything, so counting it would price round r's all-reduces q times too cheap; `hopeful`
-        counts it anyway (the rounds still add up: the backlog repays it)."""
-        st = self.states[i]
-        key = (r, st.kind)
-        mask = self._assumed_cache.get(key)
-        if mask is None:
-            mask = 0
-            for j, q in self.faster_than[r]:
-                if j <= r:
-                    continue
-                if self.hopeful or any(
-                    c is not None and cut_problem(st.op, c, st.extents[c], q) is None
-                    for c in self.candidates[i]
-                ):
-                    mask |= 1 << j
-                else:
-                    self.binding = True
-            self._assumed_cache[key] = mask
-        return mask
-
-    def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
-        """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
-        already done count when they reduced the operand, faster later rounds that can cut the
-        op are assumed to (`_assumed`)."""
-        key = (r, self.states[i].kind)
-        cached = self._info_cache.get(key)
-        if cached is not None:
-            return cached
-        st = self.states[i]
-        op, graph, train = st.op, self.graph, self.opts.train
-        out: list[list[OperandInfo]] = [[], []]
-        assumed = self._assumed(i, r)
-        for side, names, groups, sizes in (
-            (0, op.inputs, op.signature.inputs, st.in_numel),
-            (1, op.outputs, op.signature.outputs, st.out_numel),
-        ):
-            for pos, name in enumerate(names):
-                t = graph.tensors[name]
-                grad = name in graph.requires_grad
-                divisor = 1.0
-                for j, q in self.faster_than[r]:
-                    if j > r:
-                        divisor *= q if assumed >> j & 1 else 1
-                    elif layout_of_cut(groups[pos], st.cuts[j], bool(side), op) < 0 and reduces(
-                        op, st.cuts[j], groups[pos], bool(side), grad, train
-                    ):
-                        divisor *= q
-                out[side].append(
-                    OperandInfo(sizes[pos], self.opts.element_bytes(t), t.role, grad, divisor)
-                )
-        result = self._info_cache[key] = (out[0], out[1])
-        return result
-
     def _own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         """Intra + compute + memory terms of every valid candidate of op i in round r (cached per
         round: they change only with which inputs' gradients another consumer already reduces)."""
         st = self.states[i]
-        shared = tuple(pos for pos, name in enumerate(st.op.inputs) if (name, r) in charged)
+        shared = (
+            tuple(pos for pos, name in enumerate(st.op.inputs) if (name, r) in charged)
+            if charged
+            else ()
+        )
         key = (r, st.kind, shared)
         cached = self._cache.get(key)
         if cached is None:
@@ -427,12 +212,6 @@ class RoundCosts(RoundLedger):
                 if layout(st.op, cut, pos, True) < 0:
                     kept += st.out_numel[pos] * opts.element_bytes(graph.tensors[name])
         return kept * (rnd.q - 1) / rnd.q
-
-    def _in(self, i: int, cut: str | None, pos: int) -> int:
-        return self.layouts[i][cut][0][pos]
-
-    def _out(self, i: int, cut: str | None, pos: int) -> int:
-        return self.layouts[i][cut][1][pos]
 
     def _flex_costs(
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
@@ -568,6 +347,11 @@ class RoundCosts(RoundLedger):
             charged.add((name, r))
 
     # -- the double recursion -----------------------------------------------------------------
+    def begin_round(self, r: int) -> None:
+        """The ledger's new round, and no own cost of the last one."""
+        self._cache.clear()
+        super().begin_round(r)
+
     def round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""
         graph = self.graph

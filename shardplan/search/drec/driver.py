@@ -27,7 +27,8 @@ from shardplan.mesh import Mesh
 from shardplan.plans import Plan, scored_plan, with_zero
 from shardplan.problem import Problem
 from shardplan.search.drec.baselines import baseline_plans, cheapest
-from shardplan.search.drec.search import drec
+from shardplan.search.drec.fold import Fold
+from shardplan.search.drec.search import drec, drec_folded
 from shardplan.sharding import Strategy, check_fixed
 
 __all__ = ["drec_within"]
@@ -45,20 +46,21 @@ def drec_within(
     stages = free if problem.zero is None else (problem.zero,) if problem.zero else ()
     if fixed:
         pinned = check_fixed(graph, mesh, fixed)
-        forced = _drec_search(graph, mesh, opts, budget, start, pinned, stages=stages)
+        forced = _drec_search(graph, mesh, opts, budget, start, pinned, stages=stages)[0]
         return _no_worse_than_swap(forced, graph, mesh, opts, budget, start, pinned, stages)
     cache = ScoreCache(graph, mesh, opts)  # repeated layers priced once across every plan scored
+    fold: Fold | None = None  # D-Rec's fold of repeated blocks: the baselines use it too
     try:
-        found: Plan | None = _drec_search(
-            graph, mesh, opts, budget, start, cache=cache, stages=stages
-        )
+        found: Plan | None
+        found, fold = _drec_search(graph, mesh, opts, budget, start, cache=cache, stages=stages)
         failure: InfeasibleError | None = None
     except InfeasibleError as e:
         found, failure = None, e
     if found is not None and problem.zero is not None and found.zero != problem.zero:
         found = with_zero(found, problem.zero)
     beat = found.cost.total if found is not None and found.cost is not None else None
-    baselines = baseline_plans(graph, mesh, opts, cache, below=beat)
+    exact = problem.zero is None or problem.zero == 0  # baselines compared at stage 0
+    baselines = baseline_plans(graph, mesh, opts, cache, beat, fold if exact else None)
     if problem.zero:  # compared at the stage asked for
         baselines = [with_zero(b, problem.zero) for b in baselines]
     best = cheapest(found, baselines, budget, time.perf_counter() - start)
@@ -80,7 +82,7 @@ def _no_worse_than_swap(
 ) -> Plan:
     """D-Rec around fixed ops is greedy too: keep the free D-Rec plan with the fixed strategies
     swapped in when that is cheaper (and fits), saying so."""
-    free = _drec_search(graph, mesh, opts, budget, start, stages=stages)
+    free = _drec_search(graph, mesh, opts, budget, start, stages=stages)[0]
     strategies = {**free.strategies, **fixed}
     if free.zero:  # the free plan needed a ZeRO stage: compare at that stage
         swapped = with_zero(Plan(graph, mesh, strategies, "drec", opts), free.zero)
@@ -114,21 +116,24 @@ def _drec_search(
     fixed: Mapping[str, Strategy] | None = None,
     cache: ScoreCache | None = None,
     stages: tuple[int, ...] = (1, 2, 3),
-) -> Plan:
-    """D-Rec, then (over budget) the memory penalty, then the ZeRO `stages` (module docstring)."""
-    strategies = drec(graph, mesh, opts, fixed=fixed)
+) -> tuple[Plan, Fold | None]:
+    """D-Rec, then (over budget) the memory penalty, then the ZeRO `stages` (module docstring);
+    and the fold of repeated blocks D-Rec searched (None: the full graph)."""
+    strategies, folded = drec_folded(graph, mesh, opts, fixed=fixed)
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    notes: list[str] = [folded.note()] if folded is not None else []
     best = replace(
         scored_plan(graph, mesh, strategies, "drec", opts, cache),
         search_seconds=time.perf_counter() - start,
+        notes=tuple(notes),
     )
     assert best.cost is not None
     if budget is None or best.cost.memory_per_device <= budget:
-        return best
-    notes: list[str] = [
+        return best, folded
+    notes.append(
         f"unconstrained D-Rec plan needs {units.nbytes(best.cost.memory_per_device)}"
         f" > {units.nbytes(budget)} budget"
-    ]
+    )
     base = max(best.cost.total, 1e-30)
     leanest = best
     for k in range(8):
@@ -140,8 +145,8 @@ def _drec_search(
         if candidate.cost.memory_per_device <= budget:
             notes.append(f"memory penalty lambda=4^{k}*cost/budget made it fit")
             fit = Plan(graph, mesh, candidate.strategies, "drec", opts, notes=tuple(notes))
-            return _zero_fit(best, best, budget, start, notes, stages, fit)
-    return _zero_fit(best, leanest, budget, start, notes, stages)
+            return _zero_fit(best, best, budget, start, notes, stages, fit), folded
+    return _zero_fit(best, leanest, budget, start, notes, stages), folded
 
 
 def _zero_fit(

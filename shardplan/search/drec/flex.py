@@ -119,30 +119,39 @@ class SiblingEdge:
 
 def build_sibling_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -> list[SiblingEdge]:
     """Sibling edges of every transparent op with two or more activation inputs: O(|V| * budget)."""
-    edges: list[SiblingEdge] = []
-    for t, op in enumerate(graph.ops):
-        if t in heavy:
-            continue
-        inputs = [
-            (k, name)
-            for k, name in enumerate(op.inputs)
-            if graph.tensors[name].role is Role.ACTIVATION
-        ]
-        if len(inputs) < 2:
-            continue
-        sources = []
-        for k, name in inputs:
-            to_out = dim_map(op, k, 0)
-            for u, pos, mapping in heavy_sources(graph, heavy, name, to_out, budget):
-                sources.append((k, u, pos, mapping))
-        for x, (ka, a, a_pos, a_map) in enumerate(sources):
-            for kb, b, b_pos, b_map in sources[x + 1 :]:
-                if ka == kb or a == b:
-                    continue
-                at_out = {out: dim for dim, out in b_map.items()}
-                pairs = tuple(sorted((d, at_out[o]) for d, o in a_map.items() if o in at_out))
-                edges.append(SiblingEdge(a, a_pos, b, b_pos, pairs))
-    return edges
+    return [
+        SiblingEdge(*found)
+        for t in range(len(graph.ops))
+        if t not in heavy
+        for found in sibling_sources(graph, heavy, t, budget)
+    ]
+
+
+def sibling_sources(
+    graph: Graph, heavy: frozenset[int], t: int, budget: int = 16
+) -> list[tuple[int, int, int, int, tuple[tuple[int, int], ...]]]:
+    """(a, a_pos, b, b_pos, a_to_b) of each pair of heavy ops whose outputs meet at transparent
+    op t through different activation inputs of it (none when it has fewer than two)."""
+    op = graph.ops[t]
+    inputs = [
+        (k, name) for k, name in enumerate(op.inputs) if graph.tensors[name].role is Role.ACTIVATION
+    ]
+    if len(inputs) < 2:
+        return []
+    sources = []
+    for k, name in inputs:
+        to_out = dim_map(op, k, 0)
+        for u, pos, mapping in heavy_sources(graph, heavy, name, to_out, budget):
+            sources.append((k, u, pos, mapping))
+    found = []
+    for x, (ka, a, a_pos, a_map) in enumerate(sources):
+        for kb, b, b_pos, b_map in sources[x + 1 :]:
+            if ka == kb or a == b:
+                continue
+            at_out = {out: dim for dim, out in b_map.items()}
+            pairs = tuple(sorted((d, at_out[o]) for d, o in a_map.items() if o in at_out))
+            found.append((a, a_pos, b, b_pos, pairs))
+    return found
 
 
 @dataclass(frozen=True, slots=True)

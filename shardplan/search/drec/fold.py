@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from shardplan.cost.evaluate import (
     ScoreCache,
+    evaluate_strategies,
     op_terms,
     output_layouts,
     param_homes,
@@ -36,8 +37,16 @@ from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph, make_graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh
-from shardplan.search.drec.flex import FlexGraph
-from shardplan.sharding import Strategy, check_strategy
+from shardplan.search.drec.flex import (
+    FlexEdge,
+    FlexGraph,
+    SiblingEdge,
+    build_flex_graph,
+    heavy_ops,
+    heavy_sources,
+    sibling_sources,
+)
+from shardplan.sharding import Layout, Strategy, check_strategy
 
 KEPT = 4
 """Blocks the reduced graph keeps: 0, 1, 2 and the last."""
@@ -70,9 +79,81 @@ class Fold:
             index -= (k - 2) * self.period
         return self.full.ops[index].name
 
+    def _reduced_index(self, index: int) -> int | None:
+        """The reduced-graph op in the place of full-graph op `index` as a neighbour of the
+        last block or the suffix: blocks n-2, n-3 and n-4 are blocks 2, 1 and 0 there (the
+        last block reads block 2 for n-2); None further back (the reduced graph has no such
+        place: behind block 0 it keeps the prefix instead)."""
+        k = self._block(index)
+        if 3 <= k <= self.count - 2:
+            if k < self.count - KEPT:
+                return None
+            index -= (self.count - KEPT) * self.period
+        elif index < self.start and self.count > KEPT:
+            return None  # the prefix: only reached from the kept blocks 0-2 (never mapped)
+        return self.reduced.op_index[self.full.ops[index].name]
+
+    def flex_graph(self, budget: int = 16) -> FlexGraph | None:
+        """The reduced graph's flex graph, or None when folding would change what an op sees.
+
+        The reduced graph's own walks, when no flex or sibling edge joins the suffix with block
+        0 or the prefix (`local`). Otherwise the walks of the last block and the suffix run
+        again in the full graph (`flex.heavy_sources`, the same budget) and the ops they reach
+        are put in their reduced places (`_reduced_index`): reduced walks run past the 4 kept
+        blocks into the prefix where the full graph's stop inside the run (an imported GPT
+        whose embedding is one op, so that the head's walk meets it). A full walk reaching
+        further back than block n-4 makes it None: the reduced graph has no place for what it
+        sees (a residual stream of transparent add/relu chains spanning many blocks:
+        ResNet-152's last stage then decides differently). O(|reduced| * budget)."""
+        own = build_flex_graph(self.reduced)
+        if self.local(own):
+            return own
+        placed = self._placed_flex_graph(budget)
+        return placed if placed is not None and self.local(placed) else None
+
+    def _placed_flex_graph(self, budget: int) -> FlexGraph | None:
+        """`flex_graph` from walks in the full graph (None: one reaches past block n-4)."""
+        full, reduced = self.full, self.reduced
+        heavy = heavy_ops(full)
+        kept = [full.op_index[op.name] for op in reduced.ops]
+        late = self.start + 3 * self.period  # kept ops from here on are the last block, suffix
+        edges: list[FlexEdge] = []
+        siblings: list[SiblingEdge] = []
+        for v, x in enumerate(kept):
+            place = self._reduced_index if x >= late else self._same
+            op = full.ops[x]
+            if x not in heavy:
+                for a, a_pos, b, b_pos, pairs in sibling_sources(full, heavy, x, budget):
+                    ra, rb = place(a), place(b)
+                    if ra is None or rb is None:
+                        return None
+                    siblings.append(SiblingEdge(ra, a_pos, rb, b_pos, pairs))
+                continue
+            for in_pos, tensor in enumerate(op.inputs):
+                identity = {d: d for d in range(len(full.tensors[tensor].shape))}
+                for u, out_pos, mapping in heavy_sources(full, heavy, tensor, identity, budget):
+                    ru = place(u)
+                    if ru is None:
+                        return None
+                    edges.append(FlexEdge(ru, out_pos, v, in_pos, tuple(sorted(mapping.items()))))
+        heavy_kept = frozenset(v for v, x in enumerate(kept) if x in heavy)
+        return FlexGraph(heavy_kept, tuple(edges), tuple(siblings))
+
+    def _same(self, index: int) -> int:
+        """The reduced index of a kept full-graph op."""
+        return self.reduced.op_index[self.full.ops[index].name]
+
     def _reduced_block(self, name: str) -> int:
         """Block (0, 1, 2 or count-1) of a reduced-graph op, -1 outside the run."""
         return self._block(self.full.op_index[name])
+
+    def note(self) -> str:
+        """What the plan's notes say about the fold (two lines of the CLI's table)."""
+        return (
+            f"repeated blocks folded: 4 of {self.count} identical blocks of {self.period} ops "
+            f"searched (0, 1, 2, {self.count - 1}), blocks 3-{self.count - 2} took block 2's "
+            f"decisions (first op {self.full.ops[self.start].name})"
+        )
 
     def round_weights(self) -> list[float]:
         """Per reduced op: how many full-graph ops it stands for (in a round's total, and in the
@@ -115,6 +196,21 @@ class Fold:
     def expand(self, plan: Mapping[str, Strategy]) -> dict[str, Strategy]:
         """The full graph's strategies from a uniform reduced plan."""
         return {op.name: plan[self._stand_in(i)] for i, op in enumerate(self.full.ops)}
+
+    def total(
+        self,
+        mesh: Mesh,
+        plan: Mapping[str, Strategy],
+        opts: CostOptions,
+        param_layouts: Mapping[str, Layout] | None = None,
+        cache: ScoreCache | None = None,
+    ) -> float:
+        """The evaluator's total of `expand(plan)` with parameters stored as `param_layouts` (of
+        the reduced graph's parameters; a layout depends on the shape alone, e.g. FSDP's),
+        from the evaluator's rows of the reduced graph, block 2's counted n-3 times (its
+        parameters' storage collectives sit on their readers' rows)."""
+        rows = evaluate_strategies(self.reduced, mesh, plan, opts, param_layouts, cache).ops
+        return sum(w * row.total for w, row in zip(self.round_weights(), rows, strict=True))
 
     def score(
         self,

@@ -1,6 +1,8 @@
 """What D-Rec carries from one round to the next, so that its rounds add up to the evaluator.
 
-`RoundLedger` is the part of `drec_costs.RoundCosts` that remembers the rounds done:
+`RoundLedger` is the state the rounds done leave in one D-Rec run (the base of
+`costs.RoundCosts`, which prices the current round's cuts on it; `tables.SearchTables` holds what
+the graph alone decides). Per op, `_OpState`; per round:
   * every operand's layout in the rounds done, and per edge its "context": per earlier round how
     its two layouts relate (`relation`: same split, both replicated, all-to-all, gather, slice).
     An edge's price in round r is its MARGINAL cost, `cost.terms.edge_redistribution` over rounds
@@ -11,7 +13,9 @@
     the operand): such a round that neither splits nor reduces it charges the backlog and grows
     the pieces;
   * the gradient all-reduces another reader paid for an op (the evaluator's share credit: the
-    previous reader, same layout, both reduce): owed back in the round where their layouts part.
+    previous reader, same layout, both reduce): owed back in the round where their layouts part;
+  * each operand's size before round r and the hierarchical all-reduce divisor (`_infos`: the
+    faster rounds done that reduced it, the faster later ones assumed to, `_assumed`).
 `begin_round` computes the round's contexts in O(|E| * r); `apply_round` records a decided round
 in O(|V| * operands); a marginal price costs O(r ** 2) once per (relation, context, tensor kind).
 """
@@ -19,12 +23,17 @@ in O(|V| * operands); a marginal price costs O(r ** 2) once per (relation, conte
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 from shardplan.cost.collectives import all_reduce_s
-from shardplan.cost.terms import edge_redistribution, reduces
-from shardplan.ir.op import Role
-from shardplan.search.drec.flex import FlexEdge
-from shardplan.sharding import REPLICATED, layout_of_cut
+from shardplan.cost.presets import CostOptions
+from shardplan.cost.terms import OperandInfo, edge_redistribution, faster, reduces
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.mesh import Mesh
+from shardplan.search.drec.flex import FlexEdge, FlexGraph
+from shardplan.search.drec.tables import SearchTables
+from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
 
 _NONE_CHARGED: frozenset[tuple[str, int]] = frozenset()
 
@@ -78,9 +87,169 @@ def _trials(decided: dict[int, str | None], i: int, cuts: list[str | None]) -> I
             decided.pop(i, None)
 
 
+@dataclass(slots=True)
+class _OpState:
+    """Mutable per-search state of one op (local to one `drec` call)."""
+
+    op: Op
+    extents: dict[str, int]
+    in_numel: list[float]
+    out_numel: list[float]
+    cuts: list[str | None] = field(default_factory=list)
+    preds: list[FlexEdge] = field(default_factory=list)
+    succs: list[FlexEdge] = field(default_factory=list)
+    siblings: list[tuple[int, int, int, dict[int, int]]] = field(default_factory=list)
+    """(other heavy op, my output position, its output position, my dim -> its dim)."""
+    ar_history: dict[tuple[bool, int], list[tuple[int, float, int]]] = field(default_factory=dict)
+    """(is_output, position) -> [(round, all-reduce cost charged then, bit mask of the later
+    rounds that price assumed would shrink the operand first)]."""
+    credits: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
+    """Input position -> [(round, all-reduce cost the previous reader paid for it then, mask)]: owed
+    back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
+    kind: tuple[object, ...] = ()
+    """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
+    in_layouts: list[tuple[int, ...]] = field(default_factory=list)
+    out_layouts: list[tuple[int, ...]] = field(default_factory=list)
+    """Each operand's layout in the rounds done (outputs resolved: partial sums replicated)."""
+
+    @staticmethod
+    def of(graph: Graph, op: Op, label: int) -> _OpState:
+        """Op's state before the first round (`label`: its `fold.op_labels` label)."""
+        return _OpState(
+            op,
+            op.signature.extents,
+            [float(graph.tensors[t].numel) for t in op.inputs],
+            [float(graph.tensors[t].numel) for t in op.outputs],
+            kind=(label,),
+            in_layouts=[()] * len(op.inputs),
+            out_layouts=[()] * len(op.outputs),
+        )
+
+
 class RoundLedger:
-    """The rounds-done state and marginal prices of `RoundCosts` (a mixin: it reads the
-    attributes `RoundCosts.__init__` sets)."""
+    """The rounds done of one D-Rec run: per op its state (`_OpState`), per edge its context,
+    and the marginal prices that follow from them. `RoundCosts` prices the round's cuts on
+    top of it (its subclass: one pricer, split by concern)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        opts: CostOptions,
+        flex: FlexGraph,
+        tables: SearchTables,
+        labels: Sequence[int],
+        hopeful: bool,
+    ) -> None:
+        self.graph, self.mesh, self.opts, self.rounds = graph, mesh, opts, mesh.rounds
+        self.hopeful = hopeful
+        """Assume every faster later round shrinks an all-reduce, even one that cannot cut the op
+        (MindSpore's hierarchical pricing; `_assumed`)."""
+        self.binding = False
+        """Whether some price assumed fewer later rounds than `hopeful` would (set as it runs)."""
+        self.labels = list(labels)
+        """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
+        self.layouts, self.out_pos = tables.layouts, tables.out_pos
+        self._candidates = tables.candidates
+        self._prev_reader, self._next_readers = tables.prev_reader, tables.next_readers
+        self._no_prev_reader = tables.no_prev_reader
+        self._grad = graph.requires_grad
+        self.faster_than = [
+            [(j, other.q) for j, other in enumerate(self.rounds) if j != r and faster(other, rnd)]
+            for r, rnd in enumerate(self.rounds)
+        ]
+        """Per round: (round, q) of every faster other round (hierarchical all-reduces)."""
+        self.states = [
+            _OpState.of(graph, op, label) for op, label in zip(graph.ops, labels, strict=True)
+        ]
+        for sib in flex.siblings:
+            self.states[sib.a].siblings.append((sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b)))
+            back = {b: a for a, b in sib.a_to_b}
+            self.states[sib.b].siblings.append((sib.a, sib.b_pos, sib.a_pos, back))
+        for edge in flex.edges:
+            self.states[edge.consumer].preds.append(edge)
+            self.states[edge.producer].succs.append(edge)
+        self._r = 0
+        # contexts: per earlier round how an edge's layouts relate, as small ids
+        self._ctx_ids: dict[tuple[int, ...], int] = {}
+        self._ctxs: list[tuple[int, ...]] = []
+        self._ctx_moves: list[bool] = []
+        self._in_ctx: list[list[int]] = []
+        """Per op, per input: the context of the edge into it (producer or parameter home)."""
+        self._flex_ctx: dict[int, int] = {}
+        self._sib_ctx: dict[tuple[int, int], int] = {}
+        self._param_ctx: dict[tuple[int, int, int, int], int] = {}
+        # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
+        self._edge_cache: dict[tuple[int, int, int, str], float] = {}
+        self._edge_kinds: dict[tuple[int, int, float, int, bool], float] = {}
+        self._prev_price: dict[tuple[int, float, int, bool], float] = {}
+        self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
+        self._assumed_cache: dict[tuple[object, ...], int] = {}
+
+    def _in(self, i: int, cut: str | None, pos: int) -> int:
+        """Op i's layout of input `pos` under `cut` (one round)."""
+        return self.layouts[i][cut][0][pos]
+
+    def _out(self, i: int, cut: str | None, pos: int) -> int:
+        """Op i's layout of output `pos` under `cut` (one round)."""
+        return self.layouts[i][cut][1][pos]
+
+    def _assumed(self, i: int, r: int) -> int:
+        """Bit mask of the later, faster rounds that round r's all-reduce prices of op i assume
+        will shrink the operand first (hierarchical reduction): those where op i still has a
+        valid cut. A round that cannot cut the op (no loop dim divisible by its q) never shrinks
+        anything, so counting it would price round r's all-reduces q times too cheap; `hopeful`
+        counts it anyway (the rounds still add up: the backlog repays it)."""
+        st = self.states[i]
+        key = (r, st.kind)
+        mask = self._assumed_cache.get(key)
+        if mask is None:
+            mask = 0
+            for j, q in self.faster_than[r]:
+                if j <= r:
+                    continue
+                if self.hopeful or any(
+                    c is not None and cut_problem(st.op, c, st.extents[c], q) is None
+                    for c in self._candidates[i]
+                ):
+                    mask |= 1 << j
+                else:
+                    self.binding = True
+            self._assumed_cache[key] = mask
+        return mask
+
+    def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
+        """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds
+        already done count when they reduced the operand, faster later rounds that can cut the
+        op are assumed to (`_assumed`)."""
+        key = (r, self.states[i].kind)
+        cached = self._info_cache.get(key)
+        if cached is not None:
+            return cached
+        st = self.states[i]
+        op, graph, train = st.op, self.graph, self.opts.train
+        out: list[list[OperandInfo]] = [[], []]
+        assumed = self._assumed(i, r)
+        for side, names, groups, sizes in (
+            (0, op.inputs, op.signature.inputs, st.in_numel),
+            (1, op.outputs, op.signature.outputs, st.out_numel),
+        ):
+            for pos, name in enumerate(names):
+                t = graph.tensors[name]
+                grad = name in graph.requires_grad
+                divisor = 1.0
+                for j, q in self.faster_than[r]:
+                    if j > r:
+                        divisor *= q if assumed >> j & 1 else 1
+                    elif layout_of_cut(groups[pos], st.cuts[j], bool(side), op) < 0 and reduces(
+                        op, st.cuts[j], groups[pos], bool(side), grad, train
+                    ):
+                        divisor *= q
+                out[side].append(
+                    OperandInfo(sizes[pos], self.opts.element_bytes(t), t.role, grad, divisor)
+                )
+        result = self._info_cache[key] = (out[0], out[1])
+        return result
 
     def _grow_backlog(self, i: int, r: int, cut: str | None) -> None:
         """Round r's cut neither splits nor reduces an operand: the earlier, slower rounds' pieces
@@ -249,7 +418,7 @@ class RoundLedger:
     def begin_round(self, r: int) -> None:
         """Clear the round's caches and compute every edge's context (O(|E| * r))."""
         self._r = r
-        for cache in (self._cache, self._edge_cache, self._edge_kinds, self._info_cache):
+        for cache in (self._edge_cache, self._edge_kinds, self._info_cache):
             cache.clear()
         self._prev_price.clear()
         self._param_ctx.clear()

@@ -2,7 +2,7 @@
 
 Outer recursion over the devices: one round per prime factor q of the mesh (outermost axis
 first); in each round every operator cuts one loop dim q ways or none, and local sizes shrink.
-Inner pass over the graph, per round r (prices: `drec_costs.RoundCosts`):
+Inner pass over the graph, per round r (prices: `costs.RoundCosts`):
   1. heavy operators (see flex.py), heaviest first — weight = the largest cost among their valid
      cuts, ties by graph index — each pick the cut c minimising
         own(c) + sum over flex neighbours decided in round r of redist(c) + lookahead(c)
@@ -36,9 +36,10 @@ from typing import Any
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.costs import CutTables, Overlay, RoundCosts
+from shardplan.search.drec.costs import Overlay, RoundCosts
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.drec.fold import Fold, find_fold, op_labels
+from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
 
 
@@ -51,6 +52,7 @@ class _Search(RoundCosts):
         defer_ties: bool = False,
         lightest_cut_order: bool = False,
         fixed: Mapping[int, Strategy] | None = None,
+        rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
@@ -60,6 +62,13 @@ class _Search(RoundCosts):
         """Order heavy ops by their cheapest cut (MindSpore 2020) instead of their dearest."""
         self.fixed = dict(fixed or {})
         """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
+        self.rounds_seen = rounds_seen if rounds_seen is not None else {}
+        """(pricing, the rounds done, the greedy pass's decisions) -> the round's decisions and
+        whether pricing them after the greedy pass hit a binding assumption: shared by the
+        variants of one call (`run_round`)."""
+        self.pricing = (tuple(self.compute_divisor), self.hopeful)
+        self.history: tuple[tuple[str | None, ...], ...] = ()
+        """Every op's cut in each round done: with `pricing`, it determines the state."""
 
     def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
         costs = super()._own_costs(i, r, charged)
@@ -68,14 +77,20 @@ class _Search(RoundCosts):
             return {cut: costs[cut]}
         return costs
 
-    def _greedy(self, r: int) -> dict[int, str | None]:
-        """Heavy ops, heaviest first, each against the flex neighbours decided before it."""
+    def _order(self, r: int) -> tuple[dict[int, dict[str | None, float]], list[int]]:
+        """The heavy ops' own costs in round r, and the order they decide in: heaviest first
+        (by their dearest cut, or their cheapest), ties by graph index."""
+        own = {i: self._own_costs(i, r, set()) for i in self.heavy}
+        weight = min if self.lightest_cut_order else max
+        return own, sorted(self.heavy, key=lambda i: (-weight(own[i].values()), i))
+
+    def _greedy(
+        self, r: int, own: dict[int, dict[str | None, float]], order: list[int]
+    ) -> dict[int, str | None]:
+        """Heavy ops in `order`, each against the flex neighbours decided before it."""
         rnd = self.rounds[r]
         decided: dict[int, str | None] = {}
         charged: set[tuple[str, int]] = set()
-        own = {i: self._own_costs(i, r, charged) for i in self.heavy}
-        weight = min if self.lightest_cut_order else max
-        order = sorted(self.heavy, key=lambda i: (-weight(own[i].values()), i))
         deferred: set[int] = set()
         queue = deque(order)
         memo: dict[int, dict[str | None, float]] = {}
@@ -274,13 +289,33 @@ class _Search(RoundCosts):
 
     def run_round(self, r: int) -> None:
         """Greedy D-Rec assignment, checked against the whole-round alternatives; the cheapest
-        (by the round's full cost) is then locally improved, one op at a time."""
+        (by the round's full cost) is then locally improved, one op at a time. A variant that
+        prices alike, with the same rounds done, whose greedy pass decides alike, ends the round
+        alike: the end another variant reached from there is reused (`rounds_seen`)."""
         self.begin_round(r)
         if r < self.unused_rounds:
-            self.apply_round(r, dict.fromkeys(range(len(self.states))))
+            self._done(r, dict.fromkeys(range(len(self.states))))
             return
+        decided = self._greedy(r, *self._order(r))
+        key = (self.pricing, self.history, tuple(decided.get(i) for i in range(len(self.states))))
+        seen = self.rounds_seen.get(key)
+        if seen is not None:
+            self.binding = self.binding or seen[1]
+            self._done(r, dict(seen[0]))
+            return
+        binding, self.binding = self.binding, False  # whether the rest of the round binds
+        decided = self._finish(r, decided)
+        self.rounds_seen[key] = (dict(decided), self.binding)
+        self.binding = binding or self.binding
+        self._done(r, decided)
+
+    def _done(self, r: int, decided: dict[int, str | None]) -> None:
+        self.apply_round(r, decided)
+        self.history += (tuple(decided.get(i) for i in range(len(self.states))),)
+
+    def _finish(self, r: int, decided: dict[int, str | None]) -> dict[int, str | None]:
+        """Round r's decisions from the greedy pass's (`run_round`)."""
         light = [i for i in range(len(self.states)) if i not in self.heavy]
-        decided = self._greedy(r)
         self._settle(r, decided, light)
         best = self.round_cost(r, decided)
         tried: list[dict[int, str | None]] = []
@@ -306,7 +341,7 @@ class _Search(RoundCosts):
         if improved == decided or self.round_cost(r, improved) <= best:  # its per-op view
             # can miss shared-parameter edges: keep it only when the round's cost agrees
             decided = improved
-        self.apply_round(r, decided)
+        return decided
 
     def run(self) -> dict[str, Strategy]:
         for r in range(len(self.rounds)):
@@ -322,8 +357,21 @@ def drec(
     fold: bool = True,
     fixed: Mapping[str, Strategy] | None = None,
 ) -> dict[str, Strategy]:
-    """Strategies of every op by D-Rec; `memory_lambda` (cost units per byte) penalises cuts that
-    keep tensors replicated, used by the memory-aware driver in `search.api`. `fixed` (op name ->
+    """Strategies of every op by D-Rec (`drec_folded` without the fold it used)."""
+    return drec_folded(graph, mesh, opts, memory_lambda, fold, fixed)[0]
+
+
+def drec_folded(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float = 0.0,
+    fold: bool = True,
+    fixed: Mapping[str, Strategy] | None = None,
+) -> tuple[dict[str, Strategy], Fold | None]:
+    """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the
+    full graph was searched); `memory_lambda` (cost units per byte) penalises cuts that
+    keep tensors replicated, used by the memory-aware driver (`driver.py`). `fixed` (op name ->
     strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
     so their neighbours plan around them; variants that would override them are skipped and the
     graph is not folded (a pinned op makes its layer unlike the others).
@@ -347,20 +395,20 @@ def drec(
     That is at most 2 * (3 + mesh axes) linear searches; the unused-axis ones are shorter. With the
     symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
-    A run of >= 6 identical blocks (layers) is folded (`search.fold`): the variants search blocks
+    A run of >= 6 identical blocks (layers) is folded (`fold.py`): the variants search blocks
     0, 1, 2 and the last, and when blocks 1 and 2 decide alike every interior block takes that
     decision; otherwise (or with `fold=False`) the full graph is searched.
     """
     repeats = find_fold(graph) if fold and not fixed else None
-    flex = build_flex_graph(repeats.reduced) if repeats is not None else None
-    if repeats is not None and flex is not None and repeats.local(flex):
+    flex = repeats.flex_graph() if repeats is not None else None
+    if repeats is not None and flex is not None:
         plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
         if plan is not None:
-            return repeats.expand(plan)
+            return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
     plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned)
     assert plan is not None
-    return plan
+    return plan, None
 
 
 def _variants(
@@ -390,9 +438,10 @@ def _variants(
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
-    tables = CutTables.of(graph)  # shared by the variants: it depends on the graph alone
+    tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
     cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
+    rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     while runs:
         unused, final_compute, defer, by_min, hopeful = runs.popleft()
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
@@ -413,6 +462,7 @@ def _variants(
                 defer_ties=defer,
                 lightest_cut_order=by_min,
                 fixed=pinned,
+                rounds_seen=rounds_seen,
             )
             strategies = search.run()
             if search.binding and not (unused or final_compute):  # a round could not cut some op

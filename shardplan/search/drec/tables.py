@@ -1,0 +1,147 @@
+"""What D-Rec's round pricer reads from the graph alone: built once per `drec` call, shared.
+
+`SearchTables.of(graph, flex)` gathers, per op: its candidate cuts in tie order and each cut's
+operand layouts in one round; its producers and readers (positions and tensors); its parameter
+inputs; per input the previous reader of the same tensor (the evaluator's gradient-share credit)
+and the later readers whose credits follow it; the ops its flex costs read; and the heavy
+readers of one activation that decide together. None of it changes with the rounds, the prices
+or the variant of the search, so the variants of one call share one copy.
+Cost: O(|V| + |E| + flex edges), once per `drec` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardplan.cost.evaluate import previous_consumer
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Role
+from shardplan.search.drec.flex import FlexGraph
+from shardplan.sharding import PARTIAL, REPLICATED, layout_of_cut
+
+Cut = str | None
+"""A loop dim cut in one round, or None (no cut)."""
+
+
+def layout(op: Op, cut: Cut, pos: int, is_output: bool) -> int:
+    """The tensor dim `cut` splits operand `pos` of `op` along (REPLICATED: none; partial sums
+    count as replicated once resolved)."""
+    dims = (op.signature.outputs if is_output else op.signature.inputs)[pos]
+    value = layout_of_cut(dims, cut, is_output, op)
+    return REPLICATED if value == PARTIAL else value
+
+
+def candidate_order(op: Op) -> list[Cut]:
+    """Tie order: dims of the result in its order (batch, rows, columns), then the other
+    splittable dims (reductions), then "no cut"."""
+    names: list[Cut] = []
+    for dims in op.signature.outputs:
+        for group in dims:
+            for name in group:
+                if name not in names and op.signature.loop_dim(name).splittable:
+                    names.append(name)
+    names += [d.name for d in op.signature.loop_dims if d.splittable and d.name not in names]
+    return names + [None]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchTables:
+    """Per-op tables of one graph and its flex graph (module docstring), indexed by op."""
+
+    candidates: list[list[Cut]]
+    layouts: list[dict[Cut, tuple[tuple[int, ...], tuple[int, ...]]]]
+    """Per op, per cut: (input layouts, output layouts) in one round."""
+    out_pos: dict[str, int]
+    """Tensor -> its position among its producer's outputs."""
+    in_adj: list[list[tuple[int, str, int, int]]]
+    """Per op: (input position, tensor, producer, producer's output position)."""
+    out_adj: list[list[tuple[int, str, tuple[tuple[int, int], ...]]]]
+    """Per op: (output position, tensor, its readers (op, position))."""
+    param_positions: list[list[int]]
+    prev_reader: list[list[tuple[int, int] | None]]
+    """Per op input: the reader of the same tensor just before it (graph order), if any."""
+    no_prev_reader: list[bool]
+    next_readers: list[list[int]]
+    """Per op: the ops whose previous reader of some input it is (their credits follow it)."""
+    flex_nbrs: list[set[int]]
+    """Per op: the ops its flex costs read (flex, sibling and shared-parameter edges)."""
+    group_of: dict[int, list[int]]
+    """Heavy readers of one activation with the same candidates: they decide together."""
+
+    @staticmethod
+    def of(graph: Graph, flex: FlexGraph) -> SearchTables:
+        ops = graph.ops
+        candidates = [candidate_order(op) for op in ops]
+        layouts = [
+            {
+                cut: (
+                    tuple(layout(op, cut, p, False) for p in range(len(op.inputs))),
+                    tuple(layout(op, cut, p, True) for p in range(len(op.outputs))),
+                )
+                for cut in cuts
+            }
+            for op, cuts in zip(ops, candidates, strict=True)
+        ]
+        out_pos = {t: op.outputs.index(t) for op in ops for t in op.outputs}
+        in_adj = [
+            [(p, t, graph.producer[t], out_pos[t]) for p, t in enumerate(op.inputs) if t in out_pos]
+            for op in ops
+        ]
+        out_adj = [
+            [(p, t, graph.consumers.get(t, ())) for p, t in enumerate(op.outputs)] for op in ops
+        ]
+        params = [
+            [p for p, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
+            for op in ops
+        ]
+        prev = [
+            [previous_consumer(graph, name, i, pos) for pos, name in enumerate(op.inputs)]
+            for i, op in enumerate(ops)
+        ]
+        following: list[list[int]] = [[] for _ in ops]
+        for j, prevs in enumerate(prev):
+            for p in prevs:
+                if p is not None and j not in following[p[0]]:
+                    following[p[0]].append(j)
+        return SearchTables(
+            candidates,
+            layouts,
+            out_pos,
+            in_adj,
+            out_adj,  # type: ignore[arg-type]
+            params,
+            prev,
+            [all(p is None for p in prevs) for prevs in prev],
+            following,
+            _flex_neighbours(graph, flex, params),
+            _groups(graph, flex, candidates),
+        )
+
+
+def _flex_neighbours(graph: Graph, flex: FlexGraph, params: list[list[int]]) -> list[set[int]]:
+    nbrs: list[set[int]] = [set() for _ in graph.ops]
+    for e in flex.edges:
+        nbrs[e.consumer].add(e.producer)
+        nbrs[e.producer].add(e.consumer)
+    for sib in flex.siblings:
+        nbrs[sib.a].add(sib.b)
+        nbrs[sib.b].add(sib.a)
+    for i, op in enumerate(graph.ops):
+        for pos in params[i]:
+            nbrs[i] |= {w for w, _ in graph.consumers[op.inputs[pos]]}
+        nbrs[i].discard(i)
+    return nbrs
+
+
+def _groups(graph: Graph, flex: FlexGraph, candidates: list[list[Cut]]) -> dict[int, list[int]]:
+    readers: dict[str, list[int]] = {}
+    for i in sorted(flex.heavy):
+        for name in dict.fromkeys(graph.ops[i].inputs):
+            if graph.tensors[name].role is Role.ACTIVATION:
+                readers.setdefault(name, []).append(i)
+    group_of: dict[int, list[int]] = {}
+    for group in (g for g in readers.values() if len(g) > 1):
+        if all(candidates[j] == candidates[group[0]] for j in group):
+            for j in group:
+                group_of.setdefault(j, group)
+    return group_of
