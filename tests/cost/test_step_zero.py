@@ -15,7 +15,7 @@ from shardplan.cost import CostOptions, evaluate_strategies
 from shardplan.cost.step import Levers, profile_stage, stage_cost
 from shardplan.cost.zero import zero_layouts, zero_params, zero_terms
 from shardplan.ir.segments import segments, subgraph
-from shardplan.search.exact.space import build_model
+from shardplan.search.exact.model import build_model
 
 MODELS = ["gpt2-small", "mlp", "gpt3"]
 GRAPHS = {m: sp.zoo.build(m, small=True) for m in MODELS}
