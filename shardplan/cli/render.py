@@ -24,6 +24,7 @@ from rich.table import Table
 
 from shardplan import units
 from shardplan.cost.zero import WHAT
+from shardplan.hardware import DEFAULT_MACHINE
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -329,7 +330,8 @@ def summary_table(p: Any, baseline: Any = None) -> Table:
     )
     if p.options.zero:
         t.add_row("ZeRO", f"stage {p.options.zero}: {WHAT[p.options.zero]}")
-    t.add_row("machine", machine_line(p.mesh))
+    if p.mesh.machine != DEFAULT_MACHINE:  # the default's links already head the plan
+        t.add_row("machine", machine_line(p.mesh))
     hbm = p.mesh.hardware.memory_bytes
     budget = p.problem.budget if p.problem is not None else p.mesh.memory_bytes
     if budget is None and c.memory_per_device > hbm:

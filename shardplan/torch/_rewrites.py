@@ -162,6 +162,44 @@ def dropout(x: Any, p: float, train: bool | None, *, training: bool, seed: int) 
     return out, mask
 
 
+def _dims(value: Any, n: int) -> list[int]:
+    """A conv argument (an int or a list of 1 or n) as a list of n."""
+    if isinstance(value, (list, tuple)):
+        return list(value) * n if len(value) == 1 else list(value)
+    return [value] * n
+
+
+def _conv_nd(n: int) -> Any:
+    """`conv1d` / `conv2d` (export's own forms, kept by the one import path) as `convolution`."""
+
+    def run(x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
+            dilation: Any = 1, groups: int = 1) -> Any:  # fmt: skip
+        return _convolution(x, weight, bias, _dims(stride, n), _dims(padding, n),
+                            _dims(dilation, n), False, [0] * n, groups)  # fmt: skip
+
+    return run
+
+
+def _pad(x: Any, pad: Any, mode: str = "constant", value: Any = None) -> Any:
+    """`pad` on a DTensor: gathered whole, padded, replicated (DTensor has no pad rule; the
+    planned layout of the reader is applied after it)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate
+
+    pad_op = torch.ops.aten.pad.default
+    if not isinstance(x, DTensor):
+        return pad_op(x, pad, mode, value)
+    mesh = x.device_mesh
+    whole = x.redistribute(mesh, (Replicate(),) * mesh.ndim).to_local()
+    out = pad_op(whole, pad, mode, value)
+    return DTensor.from_local(out, mesh, (Replicate(),) * mesh.ndim, run_check=False)
+
+
+def _dropout_one(x: Any, p: float, train: bool | None, *, training: bool, seed: int) -> Any:
+    """`dropout` (export's own form: the result only) as `dropout` above."""
+    return dropout(x, p, train, training=training, seed=seed)[0]
+
+
 def _contiguous(shape: Any) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(shape):
@@ -174,8 +212,11 @@ REWRITES = {
     "aten.mean.dim": _mean_as_sum,
     "aten.embedding.default": _vocab_parallel_embedding,
     "aten.convolution.default": _convolution,
+    "aten.conv1d.default": _conv_nd(1),
+    "aten.conv2d.default": _conv_nd(2),
+    "aten.pad.default": _pad,
 }
 """ATen ops run in another, equivalent form on DTensors (a workaround each, named by the op)."""
 
-RANDOM = {"aten.native_dropout.default": dropout}
+RANDOM = {"aten.native_dropout.default": dropout, "aten.dropout.default": _dropout_one}
 """Random ops: run with the module's train/eval mode and a seed shared by every rank."""

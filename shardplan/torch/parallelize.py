@@ -392,7 +392,10 @@ class _Runner:
                 except Exception as e:
                     raise failed(torch, node, e) from e
             elif node.op == "output":
-                return self._outputs(node, env, DTensor, pytree)
+                try:  # gathering the outputs is a collective too: a peer's failure ends it here
+                    return self._outputs(node, env, DTensor, pytree)
+                except Exception as e:
+                    raise failed(torch, node, e) from e
         raise ShardplanError("the exported program has no output node")  # pragma: no cover
 
     def _bind(self, node: Any, inputs: Mapping[str, Any]) -> Any:

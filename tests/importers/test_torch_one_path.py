@@ -54,5 +54,8 @@ def test_every_import_coverage_model_plans_and_runs_one_graph(index):
         pytest.skip("fewer architectures")
     name, _, build = archs[index]
     torch.manual_seed(0)
-    module, args = build()
+    built = build()
+    if len(built) == 3:  # a published config on the meta device (issue 25): nothing to run
+        pytest.skip(f"{name} is built on the meta device from its config file")
+    module, args = built
     _same(module.eval(), args)

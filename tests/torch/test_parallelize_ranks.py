@@ -206,7 +206,7 @@ def _fail_entry(rank, world, port, out_dir, where):
             real = runner._call
 
             def fail(node, *rest):
-                if node.name.startswith("convolution"):
+                if node.name.startswith(("convolution", "conv1d")):
                     raise RuntimeError("injected failure on rank 1")
                 return real(node, *rest)
 

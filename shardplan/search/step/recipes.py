@@ -259,6 +259,9 @@ def megatron_recipe(
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh` and the
     published knobs (module docstring); PlanError for a knob that is unknown or does not fit."""
+    tensor = checks.positive_int(tensor, "Megatron recipe tensor degree")
+    pipeline = checks.positive_int(pipeline, "Megatron recipe pipeline degree")
+    micro_batch_size = checks.positive_int(micro_batch_size, "Megatron recipe micro-batch size")
     batch = checks.positive_int(batch, "global batch")
     mesh = at_precision(mesh, opts)
     rec = _recompute(recompute)
