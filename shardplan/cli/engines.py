@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from shardplan import units
 from shardplan.cost import CostOptions
 from shardplan.errors import ArgumentError, PlanError
 from shardplan.ir.graph import Graph
@@ -31,8 +32,8 @@ def _compare(tp: TrainingPlan, other: TrainingPlan, what: str) -> str:
     assert tp.step is not None and other.step is not None
     ratio = tp.step.step_s / other.step.step_s
     return (
-        f"{what}: step {other.step.step_s:.4g} s "
-        f"({other.step.memory_per_device / 1e9:.3g} GB/device); this plan's step is "
+        f"{what}: step {units.seconds(other.step.step_s)} "
+        f"({units.nbytes(other.step.memory_per_device)}/device); this plan's step is "
         f"{ratio:.3f}x of it"
     )
 
