@@ -133,15 +133,23 @@ def _check_knobs(
 def _context_rounds(mesh: Mesh, strategies: dict[str, Strategy], graph: Graph, c: int) -> list[int]:
     """The innermost rounds outside tensor parallelism whose q multiply to `c` (context
     parallelism next to tensor parallelism, as Megatron-LM orders its ranks); PlanError if none."""
+    return _free_rounds(mesh, strategies, graph, c, "context")
+
+
+def _free_rounds(
+    mesh: Mesh, strategies: dict[str, Strategy], graph: Graph, ways: int, knob: str
+) -> list[int]:
+    """The innermost rounds no op splits a parameter in whose q multiply to `ways` (the fast
+    links first); PlanError naming `knob` when they do not."""
     tensor = set(tensor_rounds(graph, mesh, strategies))
-    rounds, ways = [], 1
+    rounds, got = [], 1
     for r in reversed(mesh.rounds):
-        if r.index not in tensor and ways < c and r.q > 1:
+        if r.index not in tensor and got < ways and r.q > 1:
             rounds.append(r.index)
-            ways *= r.q
-    if ways != c:
+            got *= r.q
+    if got != ways:
         raise PlanError(
-            f"megatron-recipe: context={c} is not a product of the data-parallel rounds "
+            f"megatron-recipe: {knob}={ways} is not a product of the data-parallel rounds "
             f"{[r.q for r in mesh.rounds if r.index not in tensor]} of the stage mesh"
         )
     return rounds
@@ -158,17 +166,7 @@ def expert_parallel(
     it is. PlanError when the rounds or the model do not allow it."""
     if expert == 1:
         return strategies
-    tensor = set(tensor_rounds(graph, mesh, strategies))
-    rounds, ways = [], 1
-    for r in reversed(mesh.rounds):
-        if r.index not in tensor and ways < expert and r.q > 1:
-            rounds.append(r.index)
-            ways *= r.q
-    if ways != expert:
-        raise PlanError(
-            f"megatron-recipe: expert={expert} is not a product of the data-parallel rounds "
-            f"{[r.q for r in mesh.rounds if r.index not in tensor]} of the stage mesh"
-        )
+    rounds = _free_rounds(mesh, strategies, graph, expert, "expert")
     out, found = dict(strategies), False
     split_at: dict[str, int] = {}  # tensor -> the dim the experts split it along
     for op in graph.ops:
