@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
+from shardplan.cost.backward import Piece, backward_bytes
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
@@ -206,9 +207,27 @@ def unary_terms(
     for r, cut in zip(mesh.rounds, strategy, strict=True):
         if cut is not None:
             parts *= r.q
-    nbytes = op_bytes(graph, op, strategy, mesh.rounds, opts)
-    compute = compute_cost(op.flops / parts, nbytes, opts, mesh)
+    ins, outs = op_pieces(graph, op, strategy, mesh.rounds, opts)
+    nbytes = sum(p.nbytes for p in (*ins, *outs))
+    bwd = backward_bytes(op.kind, ins, outs)
+    compute = compute_cost(op.flops / parts, nbytes, opts, mesh, bwd)
     return op_intra(graph, op, strategy, mesh.rounds, opts), compute
+
+
+def op_pieces(
+    graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round], opts: CostOptions
+) -> tuple[list[Piece], list[Piece]]:
+    """(inputs, results) of an op as one device holds them under `strategy` (`cost.backward`)."""
+    out: tuple[list[Piece], list[Piece]] = ([], [])
+    for is_output, names in ((False, op.inputs), (True, op.outputs)):
+        for i, name in enumerate(names):
+            t = graph.tensors[name]
+            lay = operand_layout(op, strategy, i, is_output)
+            nbytes = local_bytes(graph, name, lay, rounds, opts)
+            grad = name in graph.requires_grad
+            piece = Piece(nbytes, t.numel, opts.element_bytes(t), t.role is Role.PARAMETER, grad)
+            out[is_output].append(piece)
+    return out
 
 
 def op_bytes(
@@ -220,6 +239,18 @@ def op_bytes(
         for is_output, names in ((False, op.inputs), (True, op.outputs))
         for i, name in enumerate(names)
     )
+
+
+def forward_compute(
+    graph: Graph, op: Op, strategy: Strategy, mesh: Mesh, opts: CostOptions
+) -> float:
+    """The forward part of an op's compute (`compute_cost` of its forward alone)."""
+    parts = 1
+    for r, cut in zip(mesh.rounds, strategy, strict=True):
+        if cut is not None:
+            parts *= r.q
+    nbytes = op_bytes(graph, op, strategy, mesh.rounds, opts)
+    return compute_cost(op.flops / parts, nbytes, dataclass_replace(opts, train=False), mesh)
 
 
 def edge_terms(

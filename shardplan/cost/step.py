@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from shardplan.cost.evaluate import (
     CostBreakdown,
     evaluate_strategies,
+    forward_compute,
     output_layouts,
     round_numels,
 )
@@ -133,8 +134,10 @@ def profile_stage(
         strategies = sequence_parallel_strategies(graph, mesh, strategies)
         cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
     rounds = mesh.rounds
-    factor = opts.preset.training_flops_factor
-    fwd = cost.compute / factor
+    op_compute = {
+        op.name: forward_compute(graph, op, strategies[op.name], mesh, opts) for op in graph.ops
+    }
+    fwd = sum(op_compute.values())
     c = plain.comm
     fwd_comm = c.intra_fwd + c.redistribution_fwd
     bwd_comm = c.intra_bwd + c.redistribution_bwd + c.halo
@@ -142,7 +145,6 @@ def profile_stage(
         ring = ring_terms(graph, mesh, stored, opts)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
         bwd_comm += ring.exposed_bwd_s - ring.scatter_s
-    op_compute = {o.name: o.compute / factor for o in cost.ops}
     act = _activations(graph, strategies, rounds, opts, op_compute)
     return StageProfile(
         fwd_compute_s=fwd,
