@@ -55,6 +55,9 @@ class OpCost:
     intra: float
     redistribution: float
     activation_bytes: float
+    intra_fwd: float = 0.0
+    """The forward and backward parts of `intra` (what the step model overlaps)."""
+    intra_bwd: float = 0.0
 
     @property
     def total(self) -> float:
@@ -542,7 +545,10 @@ def evaluate_strategies(
         if t.index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
             redis = redis + zero.by_reader[t.index]
         act = sum(cache.local_bytes(name, out_layout[name]) for name in t.op.outputs)
-        rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
+        i = t.intra
+        rows.append(
+            OpCost(t.op.name, t.compute, i.total, redis.total, act, i.intra_fwd, i.intra_bwd)
+        )
         for k, (a, b) in enumerate(zip(t.intra.values(), redis.values(), strict=True)):
             comm[k] = comm[k] + a + b
         compute += t.compute

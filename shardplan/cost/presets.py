@@ -80,6 +80,15 @@ class CostOptions:
         master = self.precision.master_bytes if self.precision is not None else 0
         return 2 * width + master + self.optimizer.state_bytes_per_param
 
+    def update_bytes_for(self, width: int) -> float:
+        """Bytes the optimizer step reads and writes per parameter element stored `width` bytes
+        wide: its fp32 state (master copy, optimizer state) read and written, the gradient read,
+        the weight written (and read, when it is its own master). PyTorch's Adam/SGD and Apex's
+        FusedAdam (Megatron-LM's optimizer) are element-wise passes over these tensors."""
+        master = self.precision.master_bytes if self.precision is not None else 0
+        fp32_state = master + self.optimizer.state_bytes_per_param
+        return 2 * fp32_state + width + (width if master else 2 * width)
+
     def state_bytes(self, t: Tensor) -> float:
         """Bytes per element of parameter `t`: `state_bytes_for` its width in training, the
         weight alone in inference."""

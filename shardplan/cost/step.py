@@ -42,6 +42,7 @@ from shardplan.cost.evaluate import (
     output_layouts,
     round_numels,
 )
+from shardplan.cost.overlap import exposed_backward
 from shardplan.cost.pipeline import (
     Pipeline,
     interleaved_bubble_slots,
@@ -49,7 +50,7 @@ from shardplan.cost.pipeline import (
 )
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
-from shardplan.cost.zero import ZeroStep, check_stage, zero_steps
+from shardplan.cost.zero import ZeroStep, check_stage, update_bytes, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
@@ -106,6 +107,9 @@ class StageProfile:
     param_bytes: float
     zero: tuple[ZeroStep, ...]
     """ZeRO stages 1, 2, 3 of this stage's parameters (`cost.zero.zero_steps`)."""
+    update_s: tuple[float, float]
+    """The optimizer step's seconds: without ZeRO, and with ZeRO 1-3 (each device updates its
+    shard; `cost.zero.update_bytes` over the HBM bandwidth)."""
     flops: float
     breakdown: CostBreakdown
     sequence_parallel: bool = False
@@ -140,7 +144,8 @@ def profile_stage(
     fwd = sum(op_compute.values())
     c = plain.comm
     fwd_comm = c.intra_fwd + c.redistribution_fwd
-    bwd_comm = c.intra_bwd + c.redistribution_bwd + c.halo
+    exposed = exposed_backward(graph, plain.ops, op_compute, sequence_parallel)
+    bwd_comm = exposed + c.redistribution_bwd + c.halo
     if context_parallel:  # the exchange's exposed part replaces its all-gather terms
         ring = ring_terms(graph, mesh, stored, opts)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
@@ -163,11 +168,25 @@ def profile_stage(
         segment_peak_bytes=act.segment_peak,
         param_bytes=cost.param_memory,
         zero=zero_steps(graph, rounds, strategies, opts),
+        update_s=_update_seconds(graph, mesh, strategies, opts),
         flops=graph.flops,
         breakdown=plain,
         sequence_parallel=sequence_parallel,
         context_parallel=context_parallel,
     )
+
+
+def _update_seconds(
+    graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy], opts: CostOptions
+) -> tuple[float, float]:
+    """The optimizer step is element-wise: its bytes at the machine's achieved HBM bandwidth
+    (the roofline's memory side; a machine without an HBM rate prices none)."""
+    m = mesh.hardware
+    if opts.preset.symbolic or m is None:
+        return 0.0, 0.0
+    rate = m.hbm_bytes_per_s * m.hbm_efficiency
+    plain, sharded = update_bytes(graph, mesh.rounds, strategies, opts)
+    return plain / rate, sharded / rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +326,8 @@ class StageCost:
     """Activations kept per micro-batch for the backward (under the recomputation lever)."""
     rebuilt_bytes: float = 0.0
     """The recomputation working set during one backward."""
+    optimizer_s: float = 0.0
+    """The optimizer step once per training step, after the pipeline has drained."""
 
     @property
     def memory_bytes(self) -> float:
@@ -327,6 +348,7 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
     else:  # ZeRO's collectives and state split: cost/zero.py alone prices them
         zs = p.zero[z - 1]
         zfwd, zbwd, sync, param_bytes = zs.fwd_s, zs.bwd_s, zs.step_s, zs.param_bytes
+    update = p.update_s[0 if z == 0 else 1]
     per_mb = zfwd + zbwd
     if levers.recompute is Recompute.FULL:
         recompute = p.fwd_compute_s + p.fwd_comm_s
@@ -350,6 +372,7 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
         in_flight=in_flight,
         kept_bytes=kept,
         rebuilt_bytes=rebuilt,
+        optimizer_s=update,
     )
 
 
@@ -370,6 +393,7 @@ def _device_cost(chunks: Sequence[StageCost], in_flight: float) -> StageCost:
         in_flight=in_flight,
         kept_bytes=kept,
         rebuilt_bytes=rebuilt,
+        optimizer_s=sum(c.optimizer_s for c in chunks),
     )
 
 
@@ -392,6 +416,8 @@ class StepCost:
     tflops_per_device: float
     hardware_tflops_per_device: float
     peak_fraction: float
+    optimizer_s: float = 0.0
+    """The slowest device's optimizer step (`StageCost.optimizer_s`)."""
 
     @property
     def memory_per_device(self) -> float:
@@ -404,6 +430,7 @@ class StepCost:
             "bubble_s": self.bubble_s,
             "p2p_s": self.p2p_s,
             "sync_s": self.sync_s,
+            "optimizer_s": self.optimizer_s,
             "recompute_s": self.recompute_s,
             "micro_batches": self.micro_batches,
             "samples_per_s": self.samples_per_s,
@@ -468,7 +495,8 @@ def step_cost(
     bubble_slots = interleaved_bubble_slots(n_stages, v)
     pipeline = (m + bubble_slots) * slot
     sync = max(s.sync_s for s in stages) + pipe.shared_sync_s
-    step = pipeline + sync
+    optimizer = max(s.optimizer_s for s in stages)
+    step = pipeline + sync + optimizer
     model_flops = pipe.training_flops_factor * m * sum(p.flops for p in profiles)
     recompute_flops = m * sum(
         p.flops
@@ -496,4 +524,5 @@ def step_cost(
         tflops_per_device=per_device / 1e12,
         hardware_tflops_per_device=hardware / step / pipe.devices / 1e12,
         peak_fraction=per_device / pipe.peak_flops_per_s,
+        optimizer_s=optimizer,
     )
