@@ -5,7 +5,9 @@ tools/autograd/derivatives.yaml gives one formula per differentiable input; a no
 backward computes the weight and bias gradients together): one for each non-parameter input that
 needs a gradient, and one for all its parameters. Each kernel reads the result's gradient; the
 backward as a whole reads what autograd kept for it once (`ir.traits.SAVED_FOR_BACKWARD`: the
-inputs, the results, or a one-byte mask per result element) and writes each gradient once:
+inputs, the results, or a one-byte mask per result element; a parameter only when an input
+gradient is computed, as dX = dY W reads W while an embedding's table gradient does not read the
+table) and writes each gradient once:
 
   bytes = kernels x |grad of results| + |saved| + |gradients written|
 
@@ -44,16 +46,14 @@ def backward_bytes(kind: str, inputs: Sequence[Piece], outputs: Sequence[Piece])
         return 0.0
     passes = has_trait(kind, Trait.PASSES_GRADIENT)
     size = max((p.numel for p in outputs), default=0.0)
-    grads = [
-        p for p in inputs if p.grad and not p.parameter and not (passes and p.numel >= size)
-    ]
+    grads = [p for p in inputs if p.grad and not p.parameter and not (passes and p.numel >= size)]
     params = [p for p in inputs if p.grad and p.parameter]
     kernels = len(grads) + (1 if params else 0)
     if kernels == 0:
         return 0.0
     rule = saved_for_backward(kind)
-    if rule is Saved.INPUTS:
-        saved = sum(p.nbytes for p in inputs)
+    if rule is Saved.INPUTS:  # parameters are read by the input gradients' formulas (dY W)
+        saved = sum(p.nbytes for p in inputs if grads or not p.parameter)
     elif rule is Saved.OUTPUTS:
         saved = sum(p.nbytes for p in outputs)
     elif rule is Saved.MASK:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
-from shardplan.cost.backward import Piece, backward_bytes
+from shardplan.cost.backward import backward_bytes
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
@@ -27,10 +27,13 @@ from shardplan.cost.terms import (
     edge_sizes,
     faster,
     intra_terms,
+    local_bytes,
     param_bytes,
     reduces,
     replicate_symbolic,
+    round_numels,
 )
+from shardplan.cost.work import op_pieces
 from shardplan.cost.zero import ZeroParam, zero_bytes, zero_pricing
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -117,12 +120,6 @@ class CostBreakdown:
         return out
 
 
-def round_numels(numel: float, layout: Layout, rounds: Sequence[Round]) -> list[float]:
-    """Local size before each round, and after the last: [n_0, ..., n_R]."""
-    sizes = [float(numel)]
-    for r, s in zip(rounds, layout, strict=True):
-        sizes.append(sizes[-1] / r.q if s >= 0 else sizes[-1])
-    return sizes
 
 
 def operand_infos(
@@ -217,20 +214,6 @@ def unary_terms(
     return op_intra(graph, op, strategy, mesh.rounds, opts), compute
 
 
-def op_pieces(
-    graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round], opts: CostOptions
-) -> tuple[list[Piece], list[Piece]]:
-    """(inputs, results) of an op as one device holds them under `strategy` (`cost.backward`)."""
-    out: tuple[list[Piece], list[Piece]] = ([], [])
-    for is_output, names in ((False, op.inputs), (True, op.outputs)):
-        for i, name in enumerate(names):
-            t = graph.tensors[name]
-            lay = operand_layout(op, strategy, i, is_output)
-            nbytes = local_bytes(graph, name, lay, rounds, opts)
-            grad = name in graph.requires_grad
-            piece = Piece(nbytes, t.numel, opts.element_bytes(t), t.role is Role.PARAMETER, grad)
-            out[is_output].append(piece)
-    return out
 
 
 def op_bytes(
@@ -244,16 +227,6 @@ def op_bytes(
     )
 
 
-def forward_compute(
-    graph: Graph, op: Op, strategy: Strategy, mesh: Mesh, opts: CostOptions
-) -> float:
-    """The forward part of an op's compute (`compute_cost` of its forward alone)."""
-    parts = 1
-    for r, cut in zip(mesh.rounds, strategy, strict=True):
-        if cut is not None:
-            parts *= r.q
-    nbytes = op_bytes(graph, op, strategy, mesh.rounds, opts)
-    return compute_cost(op.flops / parts, nbytes, dataclass_replace(opts, train=False), mesh)
 
 
 def edge_terms(
@@ -569,17 +542,6 @@ def evaluate_strategies(
     )
 
 
-def local_bytes(
-    graph: Graph,
-    name: str,
-    layout: Layout,
-    rounds: Sequence[Round],
-    opts: CostOptions | None = None,
-) -> float:
-    """Bytes of tensor `name` on one device in `layout` (at `opts`' precision when given)."""
-    t = graph.tensors[name]
-    width = opts.element_bytes(t) if opts is not None else t.dtype_bytes
-    return round_numels(t.numel, layout, rounds)[-1] * width
 
 
 def memory_per_device(

@@ -32,8 +32,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shardplan.cost.evaluate import edge_terms, forward_compute, output_layouts, unary_terms
+from shardplan.cost.evaluate import edge_terms, output_layouts, unary_terms
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.work import forward_compute
 from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph

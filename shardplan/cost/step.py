@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from shardplan.cost.evaluate import (
     CostBreakdown,
     evaluate_strategies,
-    forward_compute,
     output_layouts,
     round_numels,
 )
@@ -50,6 +49,7 @@ from shardplan.cost.pipeline import (
 )
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
+from shardplan.cost.work import forward_compute
 from shardplan.cost.zero import ZeroStep, check_stage, update_bytes, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph

@@ -43,9 +43,10 @@ from shardplan.cost import collectives as coll
 from shardplan.cost.backward import Piece, backward_bytes
 from shardplan.cost.presets import CostOptions, CostPreset
 from shardplan.ir.dims import DimKind
+from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.sharding import REPLICATED, layout_of_cut
+from shardplan.sharding import REPLICATED, Layout, layout_of_cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +322,27 @@ def param_bytes(numel: float, dtype_bytes: int, opts: CostOptions) -> float:
     if not opts.train:
         return numel * dtype_bytes
     return numel * opts.state_bytes_for(dtype_bytes)
+
+
+def round_numels(numel: float, layout: Layout, rounds: Sequence[Round]) -> list[float]:
+    """Local size before each round, and after the last: [n_0, ..., n_R]."""
+    sizes = [float(numel)]
+    for r, s in zip(rounds, layout, strict=True):
+        sizes.append(sizes[-1] / r.q if s >= 0 else sizes[-1])
+    return sizes
+
+
+def local_bytes(
+    graph: Graph,
+    name: str,
+    layout: Layout,
+    rounds: Sequence[Round],
+    opts: CostOptions | None = None,
+) -> float:
+    """Bytes of tensor `name` on one device in `layout` (at `opts`' precision when given)."""
+    t = graph.tensors[name]
+    width = opts.element_bytes(t) if opts is not None else t.dtype_bytes
+    return round_numels(t.numel, layout, rounds)[-1] * width
 
 
 def compute_cost(
