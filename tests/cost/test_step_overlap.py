@@ -1,8 +1,9 @@
 """The step model's optimizer step and its backward collectives under the weight-gradient GEMMs
 (`cost.zero.update_bytes`, `cost/overlap.py`), with figures worked by hand.
 
-Attention-input graph: x [2, 8, 16] -> layer_norm (gain, bias [16]) -> q, k, v linears (w [16, 16]
-each, column-parallel over 4 devices) -> add(q, k) -> add(., v); fp32 on a 1 byte/s link and 1e6 FLOP/s (seconds = bytes).
+Attention-input graph: x [2, 8, 16] -> layer_norm (gain, bias [16]) -> q, k, v linears (w [16,
+16] each, column-parallel over 4 devices) -> add(q, k) -> add(., v); fp32 on a 1 byte/s link and
+1e6 FLOP/s (seconds = bytes).
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def test_three_readers_of_one_input_hide_its_gradient_all_reduce():
     g = _qkv()
     mesh = Mesh((4,), bandwidth_bytes_per_s=(1.0,), flops_per_s=RATE, machine="uniform")
     tp = megatron(g, mesh, 4)
-    assert [has_weight_gradient_gemm(g, op) for op in g.ops] == [False, True, True, True, False, False]
+    gemms = [has_weight_gradient_gemm(g, op) for op in g.ops]
+    assert gemms == [False, True, True, True, False, False]
     prof = profile_stage(g, mesh, tp, CostOptions())
-    # the norm's result's gradient: partial sums over the 4 devices, one ring all-reduce 2 x 3/4 x 1024 B = 1536
-    # s (charged once: the three readers share it). Window: q, k and v's weight-gradient GEMMs,
+    # the norm result's gradient: partial sums over the 4 devices, one ring all-reduce 2 x 3/4 x
+    # 1024 B = 1536 s (charged once: the three readers share it). Window: q, k and v's
+    # weight-gradient GEMMs,
     # each 2 x 16 x 16 x 16 / 4 = 2048 FLOPs = 2.048e-3 s
     assert prof.breakdown.comm.intra_bwd == pytest.approx(1536)
     assert prof.bwd_comm_s == pytest.approx(1536 - 3 * 2048 / RATE)
