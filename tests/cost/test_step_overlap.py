@@ -41,8 +41,7 @@ def test_three_readers_of_one_input_hide_its_gradient_all_reduce():
     prof = profile_stage(g, mesh, tp, CostOptions())
     # the norm result's gradient: partial sums over the 4 devices, one ring all-reduce 2 x 3/4 x
     # 1024 B = 1536 s (charged once: the three readers share it). Window: q, k and v's
-    # weight-gradient GEMMs,
-    # each 2 x 16 x 16 x 16 / 4 = 2048 FLOPs = 2.048e-3 s
+    # weight-gradient GEMMs, each 2 x 16 x 16 x 16 / 4 = 2048 FLOPs = 2.048e-3 s
     assert prof.breakdown.comm.intra_bwd == pytest.approx(1536)
     assert prof.bwd_comm_s == pytest.approx(1536 - 3 * 2048 / RATE)
 
