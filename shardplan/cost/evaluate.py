@@ -120,8 +120,6 @@ class CostBreakdown:
         return out
 
 
-
-
 def operand_infos(
     graph: Graph,
     op: Op,
@@ -214,8 +212,6 @@ def unary_terms(
     return op_intra(graph, op, strategy, mesh.rounds, opts), compute
 
 
-
-
 def op_bytes(
     graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round], opts: CostOptions
 ) -> float:
@@ -225,8 +221,6 @@ def op_bytes(
         for is_output, names in ((False, op.inputs), (True, op.outputs))
         for i, name in enumerate(names)
     )
-
-
 
 
 def edge_terms(
@@ -540,8 +534,6 @@ def evaluate_strategies(
         "elements" if opts.preset.symbolic else "s",
         tuple(rows),
     )
-
-
 
 
 def memory_per_device(

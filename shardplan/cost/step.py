@@ -3,8 +3,11 @@ and context parallelism, and (interleaved) 1F1B.
 
 Input: per pipeline stage (per model chunk when interleaved), the evaluator's terms of its SPMD
 plan at the micro-batch size (`profile_stage`), and the levers. Per stage s and micro-batch
-(F = forward compute, B the backward compute at the preset's training-FLOPs factor, F x (3 - 1),
-c_f / c_b the forward / backward collectives; z_f / z_b / z_step ZeRO's, `cost.zero.zero_steps`):
+(F = forward compute, the ops' forward rooflines (`cost.work.forward_compute`); B the backward
+compute, each op's own backward (`cost.backward`: a GEMM's twice its forward FLOPs, an
+element-wise op's the bytes its backward moves); c_f / c_b the forward / backward collectives,
+c_b less what runs under the weight-gradient GEMMs (`cost.overlap`); z_f / z_b / z_step ZeRO's,
+`cost.zero.zero_steps`):
   fwd_s = F + c_f + z_f            (ZeRO-3: all-gather of the parameters)
   bwd_s = B + c_b + recompute + z_b (ZeRO-2: reduce-scatter of gradients; ZeRO-3: all-gather
           again + reduce-scatter)
@@ -12,14 +15,16 @@ c_f / c_b the forward / backward collectives; z_f / z_b / z_step ZeRO's, `cost.z
   parameter op's result in their segment (attention scores, softmax); full: F + c_f (one more
   forward of the stage).
 Sequence parallelism (`cost.sequence`) takes F, B, the activations and the gradient sync of the
-plan's sequence-split layout, the collectives of the tensor-parallel plan (reduce-scatter +
-all-gather move what the all-reduce did); context parallelism replaces the plan's activation
-all-gathers by the K/V ring's exposed part (`cost.sequence.ring_terms`).
+plan's sequence-split layout, the collectives of the tensor-parallel plan (forward: the
+reduce-scatter + all-gather move what the all-reduce did; backward: `cost.overlap`); context
+parallelism replaces the plan's activation all-gathers by the K/V ring's exposed part
+(`cost.sequence.ring_terms`).
 1F1B over S stages and m micro-batches (Narayanan et al., SC'21), v model chunks per device
 (`cost.pipeline`): slot = max_s(fwd_s + bwd_s) + 2 v p2p; pipeline = (m + (S - 1)/v) slot, of
 which the bubble (S - 1)/v slot. Then once per step: the data-parallel gradient sync (ZeRO-0:
-the evaluator's all-reduce; ZeRO 1-2: z_step) and the all-reduce of parameters shared by two
-stages (a tied embedding).
+the evaluator's all-reduce; ZeRO 1-2: z_step), the all-reduce of parameters shared by two
+stages (a tied embedding) and the optimizer step (the slowest device's update bytes over its
+HBM bandwidth, `cost.zero.update_bytes`; ZeRO 1-3 update a 1/ways shard).
 Memory of stage s: parameter state (ZeRO z: `cost.zero.zero_steps`, the plain plan's formulas),
 plus its in-flight micro-batches of kept activations (1F1B: min(S - s, m); interleaved: the
 warm-up count of `cost.pipeline.interleaved_in_flight`) and the block being rebuilt during

@@ -2,7 +2,9 @@
 
 `op_pieces`: its operands and results as `cost.backward.Piece`s (local bytes, element count,
 width, parameter, needs a gradient); `forward_compute`: the roofline of its forward alone, the
-part of `cost.terms.compute_cost` the step model puts in the forward. O(operands x rounds).
+part of `cost.terms.compute_cost` the step model puts in the forward; `ideal_compute`: the price
+of an op's ideal 1/k piece (FLOPs and forward and backward bytes all divided by k), a lower bound
+of any real piece's (each holds at least 1/k of every operand). O(operands x rounds).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from shardplan.cost.backward import Piece
+from shardplan.cost.backward import Piece, backward_bytes
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import compute_cost, local_bytes
 from shardplan.ir.graph import Graph
@@ -48,4 +50,19 @@ def forward_compute(
     return compute_cost(op.flops / parts, nbytes, replace(opts, train=False), mesh)
 
 
-__all__ = ["forward_compute", "op_pieces"]
+def whole_op_bytes(graph: Graph, op: Op, opts: CostOptions) -> tuple[float, float]:
+    """(forward, backward) bytes of the whole, unsplit op (`ideal_compute`'s sizes)."""
+    ins, outs = op_pieces(graph, op, (), (), opts)
+    return sum(p.nbytes for p in (*ins, *outs)), backward_bytes(op.kind, ins, outs)
+
+
+def ideal_compute(
+    flops: float, sizes: tuple[float, float], k: float, opts: CostOptions, mesh: Mesh
+) -> float:
+    """`compute_cost` of the op's 1/k piece with everything split: FLOPs, and the forward and
+    backward bytes `sizes` of `whole_op_bytes`."""
+    fwd, bwd = sizes
+    return compute_cost(flops / k, fwd / k, opts, mesh, bwd / k)
+
+
+__all__ = ["forward_compute", "ideal_compute", "op_pieces", "whole_op_bytes"]

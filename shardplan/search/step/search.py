@@ -30,7 +30,6 @@ from dataclasses import replace
 
 from shardplan import checks, units
 from shardplan.cost import CostOptions
-from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import (
     Levers,
@@ -39,7 +38,7 @@ from shardplan.cost.step import (
     profile_stage,
     stage_cost,
 )
-from shardplan.cost.terms import compute_cost
+from shardplan.cost.work import ideal_compute, whole_op_bytes
 from shardplan.errors import InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
@@ -279,7 +278,7 @@ def _candidates(
     s_options = [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
     if stages is not None:
         s_options = [checks.positive_int(s, "pipeline stages") for s in stages]
-    sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
+    sizes = [(op.flops, whole_op_bytes(probe, op, opts)) for op in probe.ops]
     candidates = []
     for n_stages in s_options:
         if outer % n_stages:
@@ -293,7 +292,7 @@ def _candidates(
             k = m * smesh.size
             slot = max(
                 sum(
-                    compute_cost(f / k, b / k, opts, smesh)
+                    ideal_compute(f, b, k, opts, smesh)
                     for f, b in sizes[segs[a].start : segs[e - 1].stop]
                 )
                 for a, e in zip(starts, ends, strict=True)
