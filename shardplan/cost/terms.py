@@ -395,19 +395,24 @@ def piece_compute(
     outputs: Sequence[OperandInfo],
     opts: CostOptions,
     mesh: Mesh,
+    ideal: bool = False,
 ) -> float:
     """`compute_cost` of one device's piece of `op` after cutting `loop_dim` q ways (None: uncut),
     from its FLOPs and operand sizes before the round: an operand the cut does not split (a
-    weight under a batch cut) is read whole; the backward by its own bytes (`cost.backward`)."""
+    weight under a batch cut) is read whole; the backward by its own bytes (`cost.backward`).
+    `ideal`: the ideal 1/q piece instead (FLOPs and every operand split q ways)."""
     sig = op.signature
     pieces: tuple[list[Piece], list[Piece]] = ([], [])
     for is_output, infos, groups in ((False, inputs, sig.inputs), (True, outputs, sig.outputs)):
         for info, dims in zip(infos, groups, strict=True):
-            split = loop_dim is not None and layout_of_cut(dims, loop_dim, is_output, op) >= 0
+            split = ideal or (
+                loop_dim is not None and layout_of_cut(dims, loop_dim, is_output, op) >= 0
+            )
             nbytes = info.numel * info.dtype_bytes / (q if split else 1)
             parameter = info.role is Role.PARAMETER
             piece = Piece(nbytes, info.numel, info.dtype_bytes, parameter, info.requires_grad)
             pieces[is_output].append(piece)
     nbytes = sum(p.nbytes for side in pieces for p in side)
     bwd = backward_bytes(op.kind, *pieces)
-    return compute_cost(flops / q if loop_dim is not None else flops, nbytes, opts, mesh, bwd)
+    cut = ideal or loop_dim is not None
+    return compute_cost(flops / q if cut else flops, nbytes, opts, mesh, bwd)

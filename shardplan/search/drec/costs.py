@@ -31,7 +31,6 @@ from dataclasses import replace as dataclass_replace
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
     OperandInfo,
-    compute_cost,
     intra_terms,
     param_bytes,
     piece_compute,
@@ -175,8 +174,7 @@ class RoundCosts(RoundLedger):
         ins = [dataclass_replace(x, numel=x.numel / div) for x in ins]
         outs = [dataclass_replace(x, numel=x.numel / div) for x in outs]
         mesh, opts, q = self.mesh, self.opts, rnd.q
-        nbytes = sum(x.numel * x.dtype_bytes for x in (*ins, *outs))
-        base = compute_cost(flops / q, nbytes / q, opts, mesh)
+        base = piece_compute(st.op, None, q, flops, ins, outs, opts, mesh, ideal=True)
         for cut in costs:
             costs[cut] += piece_compute(st.op, cut, q, flops, ins, outs, opts, mesh) - base
 
