@@ -1,9 +1,10 @@
 """Tensor-parallel collectives of the backward that run under the weight-gradient GEMMs.
 
 Megatron-LM's column-parallel linear (megatron/core/tensor_parallel/layers.py,
-`LinearWithGradAccumulationAndAsyncCommunication.backward`, asynchronous since 2021) computes the
-input gradient dX = dY W, starts its all-reduce over the tensor-parallel group asynchronously and
-computes the weight gradient dW = dY^T X while it runs; under sequence parallelism it re-gathers
+`LinearWithGradAccumulationAndAsyncCommunication.backward`; on by default, Megatron-LM's
+`--no-async-tensor-model-parallel-allreduce` turned it off) computes the input gradient
+dX = dY W, starts its all-reduce over the tensor-parallel group asynchronously and computes the
+weight gradient dW = dY^T X while it runs; under sequence parallelism it re-gathers
 the input asynchronously while computing dX, and reduce-scatters dX while computing dW. The
 row-parallel linear's forward reduce-scatter becomes, in the backward, an all-gather of the
 result's gradient that nothing hides.
