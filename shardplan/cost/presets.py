@@ -1,7 +1,8 @@
 """Cost presets: the general "shardplan" model and D-Rec's published "mindspore" constants.
 
 "shardplan": costs in seconds — bytes over the round's link bandwidth with ring collectives, plus
-compute (FLOPs over the cuts, x3 in training for the backward pass) at the mesh's FLOP rate.
+compute (a roofline of FLOPs and bytes over the cuts; in training plus each op's own backward,
+`cost/backward.py`) at the mesh's FLOP rate.
 "mindspore": D-Rec/SAPP as in reference-drec.md §3.8 — costs in elements, (q-1)/q of the tensor a
 cut does not index, mu = 0.25 on parameter tensors (MATMUL_MEM_COEF), any layout mismatch costs
 REDIS_COEF = 16 x the local tensor size, "no cut" costs (1.5 * cheapest cut)^2 / 350, no compute.
