@@ -374,6 +374,7 @@ class _Search:
                 self.planner,
                 self.drec_cache,
                 self.drec_runs,
+                self.problem.global_batch // b,
             )
         return self.profilers[key]
 
