@@ -60,7 +60,7 @@ from shardplan.search.step.stages import (
 )
 from shardplan.search.step.structure import LayerSplit, fingerprint, layer_split, segment_prints
 from shardplan.sharding import Strategy
-from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_for
+from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_cut
 
 Progress = Callable[[str], None]
 Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
@@ -388,16 +388,10 @@ class _Search:
             return None
         starts = self.chunk_starts(n * v)
         ranges = list(zip(starts, [*starts[1:], len(prof.segs)], strict=True))
-        graphs = stage_graphs(prof.graph, starts)
-        opts = self.problem.options
-        pipe = pipeline_for(
-            graphs,
-            [opts] * len(graphs),
-            self.mesh,
-            self.problem.global_batch,
-            tokens_per_sample(self.problem.graph, self.problem.global_batch),
-            v,
-        )
+        bounds = [prof.segs[a].start for a in starts] + [len(prof.graph.ops)]
+        batch = self.problem.global_batch
+        tokens = tokens_per_sample(self.problem.graph, batch)
+        pipe = pipeline_cut(prof.graph, bounds, self.problem.options, self.mesh, batch, tokens, v)
         table: dict[Family, list[StageProfile | None]] = {
             f: [prof.profile(a, e, f) for a, e in ranges] for f in prof.families()
         }
