@@ -19,25 +19,17 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
     if tp.pipeline_stages > 1:
         step = tp.step
         assert step is not None
+        schedule = (
+            f"interleaved 1F1B, {tp.virtual_stages} chunks per device"
+            if tp.virtual_stages > 1
+            else "1F1B"
+        )
         notes.append(
-            f"{tp.pipeline_stages} pipeline stages (1F1B) with {tp.micro_batches} micro-batches: "
-            f"bubble {step.bubble_s / step.step_s:.1%} of the step"
+            f"{tp.pipeline_stages} pipeline stages ({schedule}) with {tp.micro_batches} "
+            f"micro-batches: bubble {step.bubble_s / step.step_s:.1%} of the step"
         )
     elif tp.micro_batches > 1:
         notes.append(f"{tp.micro_batches} micro-batches (gradient accumulation)")
-    methods: dict[str, list[int]] = {}
-    for s, stage in enumerate(tp.stages):
-        methods.setdefault(stage.plan.method, []).append(s)
-    if set(methods) != {"drec"}:
-        notes.append(
-            "stage plans: "
-            + "; ".join(
-                f"{m} on stage{'s' if len(v) > 1 else ''} {_ranges(v)}"
-                for m, v in sorted(methods.items())
-            )
-            + " (each stage keeps the fastest of D-Rec's plan and the expert plans under the "
-            "step model)"
-        )
     for s, stage in enumerate(tp.stages):
         lv = stage.levers
         used = []

@@ -225,12 +225,17 @@ def _search_note(best: Choice, tried: int, total: int) -> str:
     for c, (family, _) in enumerate(best.assignment):
         families.setdefault(family.text(), []).append(c)
     won = "; ".join(
-        f"{f} on chunk{'s' if len(v) > 1 else ''} {_span(v)}" for f, v in families.items()
+        f"{f} on {'chunks' if len(v) > 1 else 'chunk'} {_span(v)}" for f, v in families.items()
     )
-    how = "one plan and lever on every stage" if best.uniform else "each stage its own best"
+    how = (
+        "one plan and lever on every stage, as an engine configures"
+        if best.uniform
+        else "each stage its own fastest plan and lever"
+    )
     return (
-        f"search: {tried} of {total} layouts evaluated (the rest bounded out); won {won} "
-        f"({how}), against D-Rec, data-parallel and Megatron plans at every tensor degree"
+        f"stage plans: {won} ({how}); D-Rec, data-parallel and Megatron at every tensor degree "
+        f"were priced on every stage under the step model; {tried} of {total} layouts evaluated, "
+        "the rest bounded out"
     )
 
 
