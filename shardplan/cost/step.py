@@ -112,9 +112,11 @@ class StageProfile:
     param_bytes: float
     zero: tuple[ZeroStep, ...]
     """ZeRO stages 1, 2, 3 of this stage's parameters (`cost.zero.zero_steps`)."""
-    update_s: tuple[float, float]
-    """The optimizer step's seconds: without ZeRO, and with ZeRO 1-3 (each device updates its
-    shard; `cost.zero.update_bytes` over the HBM bandwidth)."""
+    update_s: float
+    """The optimizer step's seconds without ZeRO (`cost.zero.update_bytes` over the HBM
+    bandwidth)."""
+    update_sharded_s: float
+    """... and with ZeRO 1-3 (each device updates its shard)."""
     flops: float
     breakdown: CostBreakdown
     sequence_parallel: bool = False
@@ -156,6 +158,7 @@ def profile_stage(
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
         bwd_comm += ring.exposed_bwd_s - ring.scatter_s
     act = _activations(graph, strategies, rounds, opts, op_compute)
+    update = _update_seconds(graph, mesh, strategies, opts)
     return StageProfile(
         fwd_compute_s=fwd,
         bwd_compute_s=cost.compute - fwd,
@@ -173,7 +176,8 @@ def profile_stage(
         segment_peak_bytes=act.segment_peak,
         param_bytes=cost.param_memory,
         zero=zero_steps(graph, rounds, strategies, opts),
-        update_s=_update_seconds(graph, mesh, strategies, opts),
+        update_s=update[0],
+        update_sharded_s=update[1],
         flops=graph.flops,
         breakdown=plain,
         sequence_parallel=sequence_parallel,
@@ -353,7 +357,7 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
     else:  # ZeRO's collectives and state split: cost/zero.py alone prices them
         zs = p.zero[z - 1]
         zfwd, zbwd, sync, param_bytes = zs.fwd_s, zs.bwd_s, zs.step_s, zs.param_bytes
-    update = p.update_s[0 if z == 0 else 1]
+    update = p.update_s if z == 0 else p.update_sharded_s
     per_mb = zfwd + zbwd
     if levers.recompute is Recompute.FULL:
         recompute = p.fwd_compute_s + p.fwd_comm_s
