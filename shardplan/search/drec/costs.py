@@ -229,28 +229,42 @@ class RoundCosts(RoundLedger):
                 continue
             src = self._out(e.producer, decided[e.producer], e.out_pos)
             ctx, name = self._flex_ctx[id(e)], op.inputs[e.in_pos]
+            priced: dict[int, float] = {}  # cuts with one layout on the edge price alike
             for cut in cuts:
-                costs[cut] += edge(*through_chain(e, src, lay[cut][0][e.in_pos], True), ctx, name)
+                mine = lay[cut][0][e.in_pos]
+                c = priced.get(mine)
+                if c is None:
+                    c = priced[mine] = edge(*through_chain(e, src, mine, True), ctx, name)
+                costs[cut] += c
         for e in st.succs:
             if e.consumer not in decided:
                 continue
             dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
             ctx, name = self._flex_ctx[id(e)], op.outputs[e.out_pos]
+            priced = {}
             for cut in cuts:
-                costs[cut] += edge(*through_chain(e, lay[cut][1][e.out_pos], dst, False), ctx, name)
+                mine = lay[cut][1][e.out_pos]
+                c = priced.get(mine)
+                if c is None:
+                    c = priced[mine] = edge(*through_chain(e, mine, dst, False), ctx, name)
+                costs[cut] += c
         for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
             if other not in decided:
                 continue
             theirs = self._out(other, decided[other], other_pos)
             ctx, name = self._sib_ctx[i, k], self.states[other].op.outputs[other_pos]
+            priced = {}
             for cut in cuts:
                 mine = lay[cut][1][pos]
-                if mine >= 0:
-                    mine = to_other.get(mine, REPLICATED)  # a split that cannot meet theirs
-                costs[cut] += edge(mine, theirs, ctx, name)
-        shared = self._shared_param_costs(i, cuts, rnd, decided)
-        for cut in cuts:
-            costs[cut] += shared[cut]
+                c = priced.get(mine)
+                if c is None:
+                    met = to_other.get(mine, REPLICATED) if mine >= 0 else mine  # or cannot meet
+                    c = priced[mine] = edge(met, theirs, ctx, name)
+                costs[cut] += c
+        if self.param_positions[i]:
+            shared = self._shared_param_costs(i, cuts, rnd, decided)
+            for cut in cuts:
+                costs[cut] += shared[cut]
         return costs
 
     def _pair_cost(
@@ -299,22 +313,35 @@ class RoundCosts(RoundLedger):
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
     ) -> dict[str | None, float]:
         """Redistribution of each candidate against the immediate neighbours decided so far."""
-        lay, edge = self.layouts[i], self._edge
-        costs = self._shared_param_costs(i, cuts, rnd, decided)
-        in_ctx = self._in_ctx
+        lay, edge, layouts = self.layouts[i], self._edge, self.layouts
+        costs = self._shared_param_costs(i, cuts, rnd, decided) if self.param_positions[i] else (
+            dict.fromkeys(cuts, 0.0)
+        )
+        in_ctx, moves, known = self._in_ctx, self._ctx_moves, self._edge_cache
+        # the edge price inlined: a still edge is free, a priced one a look-up (hot loop)
         for pos, name, p, p_pos in self._in_adj[i]:
             if p in decided:
-                src = self.layouts[p][decided[p]][1][p_pos]
+                src = layouts[p][decided[p]][1][p_pos]
                 ctx = in_ctx[i][pos]
+                still = src < 0 or not moves[ctx]
                 for cut in cuts:
-                    costs[cut] += edge(src, lay[cut][0][pos], ctx, name)
+                    dst = lay[cut][0][pos]
+                    if src == dst and still:
+                        continue
+                    c = known.get((src, dst, ctx, name))
+                    costs[cut] += edge(src, dst, ctx, name) if c is None else c
         for pos, name, users in self._out_adj[i]:
             for w, w_pos in users:
                 if w in decided:
-                    dst = self.layouts[w][decided[w]][0][w_pos]
+                    dst = layouts[w][decided[w]][0][w_pos]
                     ctx = in_ctx[w][w_pos]
+                    still = dst < 0 or not moves[ctx]
                     for cut in cuts:
-                        costs[cut] += edge(lay[cut][1][pos], dst, ctx, name)
+                        src = lay[cut][1][pos]
+                        if src == dst and still:
+                            continue
+                        c = known.get((src, dst, ctx, name))
+                        costs[cut] += edge(src, dst, ctx, name) if c is None else c
         return costs
 
     @staticmethod

@@ -67,6 +67,9 @@ class _Search(RoundCosts):
         whether pricing them after the greedy pass hit a binding assumption: shared by the
         variants of one call (`run_round`)."""
         self.pricing = (tuple(self.compute_divisor), self.hopeful)
+        self._flex_pair_cache: dict[int, list[int]] = {}
+        self._pair_views: dict[tuple[int, int], Any] = {}
+        """(i, j) -> `_pair_view` (static: the graph's layouts per cut)."""
         self.history: tuple[tuple[str | None, ...], ...] = ()
         """Every op's cut in each round done: with `pricing`, it determines the state."""
 
@@ -176,29 +179,28 @@ class _Search(RoundCosts):
         The largest regret counts, not the sum: neighbours reached through one shared chain
         (q, k and v after a norm) pay one redistribution, not one each. Returns the regret as a
         function of the cut, so the caller prices only the cuts that can still win."""
-        st = self.states[i]
         rnd = self.rounds[self._r]
-        neighbours = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
         pairs = []
-        for j in sorted(neighbours - decided.keys() - {i}):
-            sj = self.states[j]
+        for j in self._flex_pairs(i):
+            if j in decided:
+                continue
             flex = flex_of(j)
-            base = {cj: c + flex[cj] for cj, c in own[j].items()}
-            preds = [e for e in sj.preds if e.producer == i]
-            succs = [e for e in sj.succs if e.consumer == i]
+            preds, succs, keys, views = self._pair_view(i, j)
             # the pair's edges see only the layouts on them: price each distinct pair once
             answers: dict[tuple[int, ...], tuple[float, str | None]] = {}
-            for cj, c in base.items():
-                key = self._pair_key(j, cj, preds, succs)
-                if c < answers.get(key, (float("inf"), None))[0]:
+            floor = math.inf
+            for cj, c in own[j].items():
+                c += flex[cj]
+                floor = min(floor, c)
+                key = keys[cj]
+                if c < answers.get(key, (math.inf, None))[0]:
                     answers[key] = (c, cj)
-            pairs.append((j, preds, succs, answers, min(base.values()), {}))
+            pairs.append((j, preds, succs, answers, floor, {}, views))
 
         def regret(cut: str | None) -> float:
             worst = 0.0
-            for j, preds, succs, answers, floor, forced_by in pairs:
-                mine = tuple(self._out(i, cut, e.out_pos) for e in preds)
-                mine += tuple(self._in(i, cut, e.in_pos) for e in succs)
+            for j, preds, succs, answers, floor, forced_by, views in pairs:
+                mine = views[cut]
                 forced = forced_by.get(mine)
                 if forced is None:
                     forced = forced_by[mine] = min(
@@ -210,12 +212,44 @@ class _Search(RoundCosts):
 
         return regret
 
-    def _pair_key(
-        self, j: int, cj: str | None, preds: list[FlexEdge], succs: list[FlexEdge]
-    ) -> tuple[int, ...]:
-        """Op j's layouts on its edges to one neighbour (inputs from it, outputs to it)."""
-        key = tuple(self._in(j, cj, e.in_pos) for e in preds)
-        return key + tuple(self._out(j, cj, e.out_pos) for e in succs)
+    def _flex_pairs(self, i: int) -> list[int]:
+        """Op i's flex neighbours (consumers and producers), in graph order (cached: static)."""
+        out = self._flex_pair_cache.get(i)
+        if out is None:
+            st = self.states[i]
+            nbrs = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
+            out = self._flex_pair_cache[i] = sorted(nbrs - {i})
+        return out
+
+    def _pair_view(
+        self, i: int, j: int
+    ) -> tuple[
+        list[FlexEdge],
+        list[FlexEdge],
+        dict[str | None, tuple[int, ...]],
+        dict[str | None, tuple[int, ...]],
+    ]:
+        """Op j's flex edges from and to op i, and per cut the layouts on them: op j's (inputs
+        from i, outputs to i) and op i's (its outputs into j, its inputs from j). Layouts per cut
+        are the graph's, so this is computed once per pair and search."""
+        view = self._pair_views.get((i, j))
+        if view is None:
+            sj = self.states[j]
+            preds = [e for e in sj.preds if e.producer == i]
+            succs = [e for e in sj.succs if e.consumer == i]
+            lay_j, lay_i = self.layouts[j], self.layouts[i]
+            keys = {
+                cj: tuple(lay_j[cj][0][e.in_pos] for e in preds)
+                + tuple(lay_j[cj][1][e.out_pos] for e in succs)
+                for cj in self.candidates[j]
+            }
+            views = {
+                c: tuple(lay_i[c][1][e.out_pos] for e in preds)
+                + tuple(lay_i[c][0][e.in_pos] for e in succs)
+                for c in self.candidates[i]
+            }
+            view = self._pair_views[i, j] = (preds, succs, keys, views)
+        return view
 
     def _settle(self, r: int, decided: dict[int, str | None], ops: list[int]) -> None:
         """Each op of `ops` (forward, then backward) re-picks against its decided neighbours."""
