@@ -214,18 +214,24 @@ class RoundCosts(RoundLedger):
         return kept * (rnd.q - 1) / rnd.q
 
     def _flex_costs(
-        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+        self,
+        i: int,
+        cuts: list[str | None],
+        rnd: Round,
+        decided: dict[int, str | None],
+        only: int | None = None,
     ) -> dict[str | None, float]:
         """Redistribution of each of `cuts` against the decided heavy neighbours: flex edges (a
         split a chain cannot carry gathers on the way), sibling edges (splits must meet on the
         shared op's dims) and other readers of a shared parameter; the neighbours' side is looked
-        up once per edge."""
+        up once per edge. `only`: the edges to that one decided neighbour alone (the greedy adds
+        them to a neighbour's prices when it decides, instead of pricing all edges again)."""
         st = self.states[i]
         op, lay = st.op, self.layouts[i]
         costs = dict.fromkeys(cuts, 0.0)
         edge = self._edge
         for e in st.preds:
-            if e.producer not in decided:
+            if e.producer not in decided or (only is not None and e.producer != only):
                 continue
             src = self._out(e.producer, decided[e.producer], e.out_pos)
             ctx, name = self._flex_ctx[id(e)], op.inputs[e.in_pos]
@@ -237,7 +243,7 @@ class RoundCosts(RoundLedger):
                     c = priced[mine] = edge(*through_chain(e, src, mine, True), ctx, name)
                 costs[cut] += c
         for e in st.succs:
-            if e.consumer not in decided:
+            if e.consumer not in decided or (only is not None and e.consumer != only):
                 continue
             dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
             ctx, name = self._flex_ctx[id(e)], op.outputs[e.out_pos]
@@ -249,7 +255,7 @@ class RoundCosts(RoundLedger):
                     c = priced[mine] = edge(*through_chain(e, mine, dst, False), ctx, name)
                 costs[cut] += c
         for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
-            if other not in decided:
+            if other not in decided or (only is not None and other != only):
                 continue
             theirs = self._out(other, decided[other], other_pos)
             ctx, name = self._sib_ctx[i, k], self.states[other].op.outputs[other_pos]
@@ -262,7 +268,7 @@ class RoundCosts(RoundLedger):
                     c = priced[mine] = edge(met, theirs, ctx, name)
                 costs[cut] += c
         if self.param_positions[i]:
-            shared = self._shared_param_costs(i, cuts, rnd, decided)
+            shared = self._shared_param_costs(i, cuts, rnd, decided, only)
             for cut in cuts:
                 costs[cut] += shared[cut]
         return costs
@@ -294,15 +300,21 @@ class RoundCosts(RoundLedger):
         return cost
 
     def _shared_param_costs(
-        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+        self,
+        i: int,
+        cuts: list[str | None],
+        rnd: Round,
+        decided: dict[int, str | None],
+        only: int | None = None,
     ) -> dict[str | None, float]:
-        """Redistribution between this op's reading of a shared parameter and other readers'."""
+        """Redistribution between this op's reading of a shared parameter and other readers'
+        (`only`: that reader's alone)."""
         st, graph = self.states[i], self.graph
         costs = dict.fromkeys(cuts, 0.0)
         for pos in self.param_positions[i]:
             name = st.op.inputs[pos]
             for other, other_pos in graph.consumers[name]:
-                if other != i and other in decided:
+                if other != i and other in decided and (only is None or other == only):
                     src = self._in(other, decided[other], other_pos)
                     ctx = self._shared_ctx(other, other_pos, i, pos)
                     for cut in cuts:

@@ -455,11 +455,12 @@ class RoundLedger:
             self._contexts(r - 1 if r == self._ctx_round + 1 and r > 0 else None)
             self._ctx_round = r
 
-    def _edge_pairs(self) -> Iterator[tuple[Sequence[int], Sequence[int]]]:
-        """Every edge's layouts in the rounds done, in the order of the contexts' tables: inputs
-        of each op (from the producer or the parameter's first reader), flex edges (through
-        their chains), sibling edges."""
+    def _edge_pairs(self, last: int | None) -> Iterator[tuple[Sequence[int], Sequence[int]]]:
+        """Every edge's layouts in the rounds done (only round `last`'s, when given), in the
+        order of the contexts' tables: inputs of each op (from the producer or the parameter's
+        first reader), flex edges (through their chains), sibling edges."""
         graph, states = self.graph, self.states
+        pick = slice(None) if last is None else slice(last, last + 1)
         for st in states:
             for pos, name in enumerate(st.op.inputs):
                 p = graph.producer.get(name)
@@ -470,18 +471,22 @@ class RoundLedger:
                     src = states[first].in_layouts[first_pos]
                 else:
                     src = st.in_layouts[pos]
-                yield src, st.in_layouts[pos]
+                yield src[pick], st.in_layouts[pos][pick]
         for st in states:
             for e in st.preds:
                 pairs = zip(
-                    states[e.producer].out_layouts[e.out_pos], st.in_layouts[e.in_pos], strict=True
+                    states[e.producer].out_layouts[e.out_pos][pick],
+                    st.in_layouts[e.in_pos][pick],
+                    strict=True,
                 )
                 chained = [through_chain(e, a, b, True) for a, b in pairs]
                 yield [a for a, _ in chained], [b for _, b in chained]
         for st in states:
             for other, pos, other_pos, to_other in st.siblings:
-                mine = [to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos]]
-                yield mine, states[other].out_layouts[other_pos]
+                mine = [
+                    to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos][pick]
+                ]
+                yield mine, states[other].out_layouts[other_pos][pick]
 
     def _contexts(self, last: int | None) -> None:
         """Every edge's context from its layouts (`_edge_pairs`): all rounds done (`last`
@@ -489,11 +494,11 @@ class RoundLedger:
         ids = iter(self._ctx_list) if last is not None else None
         out: list[int] = []
         extend = self._extend
-        for src, dst in self._edge_pairs():
+        for src, dst in self._edge_pairs(last):
             if ids is None:
                 out.append(self._ctx(src, dst))
             else:
-                out.append(extend(next(ids), relation(src[last], dst[last])))
+                out.append(extend(next(ids), relation(src[0], dst[0])))
         self._ctx_list = out
         k = 0
         self._in_ctx = []

@@ -98,11 +98,18 @@ class _Search(RoundCosts):
         queue = deque(order)
         memo: dict[int, dict[str | None, float]] = {}
 
+        pending: dict[int, list[int]] = {}
+
         def flex_of(j: int) -> dict[str | None, float]:
-            """`_flex_costs` of op j, kept until one of the ops it reads is decided."""
+            """`_flex_costs` of op j, kept; the edges to flex neighbours decided since are
+            added when it is asked for again (incremental prices)."""
             costs = memo.get(j)
             if costs is None:
                 costs = memo[j] = self._flex_costs(j, list(own[j]), rnd, decided)
+                pending.pop(j, None)
+            for k in pending.pop(j, ()):
+                delta = self._flex_costs(j, list(costs), rnd, decided, only=k)
+                costs = memo[j] = {c: v + delta[c] for c, v in costs.items()}
             return costs
 
         while queue:
@@ -153,8 +160,9 @@ class _Search(RoundCosts):
             for j in group:
                 decided[j] = cut
                 self._charge(j, cut, r, charged)
-                for k in self._flex_nbrs[j]:
-                    memo.pop(k, None)
+                for k in self._flex_nbrs[j]:  # k's prices now owe the edges to j
+                    if k in memo:
+                        pending.setdefault(k, []).append(j)
         return decided
 
     @staticmethod
