@@ -87,6 +87,7 @@ class RoundCosts(RoundLedger):
         labels: Sequence[int] | None = None,
         hopeful: bool = False,
         tables: SearchTables | None = None,
+        shared_prices: dict[tuple[object, ...], dict[str | None, float]] | None = None,
     ) -> None:
         flex = flex or build_flex_graph(graph)
         tables = tables or SearchTables.of(graph, flex)
@@ -109,6 +110,10 @@ class RoundCosts(RoundLedger):
         self._in_adj, self._out_adj = tables.in_adj, tables.out_adj
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
+        self._shared_prices = shared_prices if shared_prices is not None else {}
+        """The same, for every search of one call that prices alike (an op's kind holds its
+        whole state: searches that reach it price it alike)."""
+        self._price_key = (tuple(self.compute_divisor), hopeful, memory_lambda)
         self._reduced_inputs: list[dict[str | None, tuple[str, ...]]] = [{} for _ in graph.ops]
         """Per op, per cut: the inputs whose gradient the cut all-reduces."""
         self.begin_round(0)
@@ -126,7 +131,14 @@ class RoundCosts(RoundLedger):
         key = (r, st.kind, shared)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._compute_own_costs(i, r, charged)
+            cached = self._shared_prices.get((self._price_key, *key))
+            if cached is not None:
+                self._assumed(i, r)  # flags `binding` as computing the prices here would
+            else:
+                cached = self._shared_prices[self._price_key, *key] = self._compute_own_costs(
+                    i, r, charged
+                )
+            self._cache[key] = cached
         return cached  # shared: callers copy before changing it
 
     def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:

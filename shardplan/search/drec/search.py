@@ -484,6 +484,7 @@ def _variants(
     cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
+    prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
     while runs:
         unused, final_compute, defer, by_min, hopeful = runs.popleft()
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
@@ -505,6 +506,7 @@ def _variants(
                 lightest_cut_order=by_min,
                 fixed=pinned,
                 rounds_seen=rounds_seen,
+                shared_prices=prices,
             )
             strategies = search.run()
             if search.binding and not (unused or final_compute):  # a round could not cut some op
