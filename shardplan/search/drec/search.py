@@ -99,6 +99,7 @@ class _Search(RoundCosts):
         memo: dict[int, dict[str | None, float]] = {}
 
         pending: dict[int, list[int]] = {}
+        shared = self._group_shares(r, own)
 
         def flex_of(j: int) -> dict[str | None, float]:
             """`_flex_costs` of op j, kept; the edges to flex neighbours decided since are
@@ -141,7 +142,7 @@ class _Search(RoundCosts):
                 totals = dict(self._own_costs(i, r, charged))
                 for cut in totals:
                     totals[cut] += flex[i][cut]
-            ahead = [self._lookahead(j, decided, own, flex_of) for j in group]
+            ahead = [self._lookahead(j, decided, shared, flex_of) for j in group]
             # regrets are >= 0: a cut whose own total exceeds the cheapest cut's total plus
             # regret cannot win (nor tie), so its regret is never priced
             first = min(totals, key=totals.__getitem__)
@@ -164,6 +165,33 @@ class _Search(RoundCosts):
                     if k in memo:
                         pending.setdefault(k, []).append(j)
         return decided
+
+    def _group_shares(
+        self, r: int, own: dict[int, dict[str | None, float]]
+    ) -> dict[int, dict[str | None, float]]:
+        """The own costs the lookahead sees: a reader of a shared activation (q, k, v) decides
+        with the others, so each common cut is priced at its share of the group's total (the
+        input's gradient all-reduced once for all), as the group will pay it."""
+        out = dict(own)
+        for i in own:
+            group = self.group_of.get(i, [i])
+            if len(group) < 2 or i != group[0] or any(j not in own for j in group):
+                continue
+            shares: dict[str | None, float] = {}
+            for cut in own[i]:
+                trial = Overlay(set())
+                total = 0.0
+                for j in group:
+                    costs = self._own_costs(j, r, trial)
+                    if cut not in costs:
+                        break
+                    total += costs[cut]
+                    self._charge(j, cut, r, trial)
+                else:
+                    shares[cut] = total / len(group)
+            for j in group:
+                out[j] = {c: shares.get(c, v) for c, v in own[j].items()}
+        return out
 
     @staticmethod
     def _indifferent(
