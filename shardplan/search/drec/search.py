@@ -9,8 +9,10 @@ Inner pass over the graph, per round r (prices: `costs.RoundCosts`):
      where own = intra-op collectives + extra compute of "no cut" + backlog [+ lambda * bytes
      kept replicated, under a memory budget], and lookahead(c) is the largest extra cost c
      forces on an undecided flex neighbour (its best answer given c and its own decided
-     neighbours, over its best without c). Heavy readers of one activation (q, k, v) decide
-     together, since only a common cut lets them share their input's gradient all-reduce;
+     neighbours, over its best without c; a neighbour that decides with other readers of its
+     input is priced at its share of their total, as they will pay it). Heavy readers of one
+     activation (q, k, v) decide together, since only a common cut lets them share their
+     input's gradient all-reduce;
   2. layout-transparent operators then take their cut from their immediate neighbours: a forward
      pass in topological order, then a backward pass (reverse order) against all neighbours, so a
      chain between two heavy ops carries one layout unless the chain itself forces a change;
@@ -18,10 +20,10 @@ Inner pass over the graph, per round r (prices: `costs.RoundCosts`):
      op continuing its previous cut, every one cutting its result's leading dim, and the round
      left unused (all replicated); the cheapest is locally improved op by op (bounded worklist).
 `drec()` runs this for a few variants (how "no cut" is priced, which heavy ops go first, leading
-mesh axes left unused, how hopefully all-reduces are priced) and keeps the plan the evaluator
-scores lowest.
+mesh axes left unused, how hopefully all-reduces are priced, whether heavy ops see the next
+round) and keeps the plan the evaluator scores lowest.
 Cost: per round O(|V| log |V| + |E| * budget) — a sort plus dictionary look-ups — so the search is
-O((|V| log |V| + |E|) * rounds * variants), variants <= 2 * (3 + mesh axes): linear in the
+O((|V| log |V| + |E|) * rounds * variants), variants <= 2 * (3 + mesh axes) + 1: linear in the
 graph, logarithmic in the devices.
 """
 
@@ -36,7 +38,7 @@ from typing import Any
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.costs import Overlay, RoundCosts
+from shardplan.search.drec.costs import Overlay, RoundCosts, differs
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.drec.fold import Fold, find_fold, op_labels
 from shardplan.search.drec.tables import SearchTables
@@ -66,7 +68,7 @@ class _Search(RoundCosts):
         """(pricing, the rounds done, the greedy pass's decisions) -> the round's decisions and
         whether pricing them after the greedy pass hit a binding assumption: shared by the
         variants of one call (`run_round`)."""
-        self.pricing = (tuple(self.compute_divisor), self.hopeful)
+        self.pricing = (tuple(self.compute_divisor), self.hopeful, self.next_round)
         self._flex_pair_cache: dict[int, list[int]] = {}
         self._pair_views: dict[tuple[int, int], Any] = {}
         """(i, j) -> `_pair_view` (static: the graph's layouts per cut)."""
@@ -461,9 +463,16 @@ def drec_folded(
         should follow;
       * all-reduces priced assuming the faster later rounds shrink them only where those rounds
         can cut the op, and (rerun only when that changed a price: a round of 3 on models sized
-        in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere.
-    That is at most 2 * (3 + mesh axes) linear searches; the unused-axis ones are shorter. With the
-    symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
+        in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere;
+      * when some round differs from the one after it (its q or its links: mesh 12 = 2 x 2 x 3,
+        or an inter-node round before intra-node ones), heavy ops' cuts also priced by their
+        cheapest own price in that next round (`RoundCosts._add_next_round`): a tensor-parallel
+        cut before a round of 3 leaves it all-reducing whole logits where a batch cut would have
+        halved them (GPT-3's tied output layer on mesh 12: 1.121 -> 1.014 of the ILP optimum).
+        Rounds alike can trade their cuts, so no lookahead runs between them; and it is a variant,
+        not the pricing: it over-weighs the next round where edges decide (an MoE layer on 12).
+    That is at most 2 * (3 + mesh axes) + 1 linear searches; the unused-axis ones are shorter. With
+    the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
     A run of >= 6 identical blocks (layers) is folded (`fold.py`): the variants search blocks
     0, 1, 2 and the last, and when blocks 1 and 2 decide alike every interior block takes that
@@ -510,11 +519,13 @@ def _variants(
     scored: list[tuple[dict[str, Strategy], float]] = []
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
     cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
-    runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
+    runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
+    if not opts.preset.symbolic and any(map(differs, rounds, rounds[1:])):
+        runs.append((0, False, False, False, False, True))  # the next-round lookahead
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
     while runs:
-        unused, final_compute, defer, by_min, hopeful = runs.popleft()
+        unused, final_compute, defer, by_min, hopeful, ahead = runs.popleft()
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
@@ -535,11 +546,12 @@ def _variants(
                 fixed=pinned,
                 rounds_seen=rounds_seen,
                 shared_prices=prices,
+                next_round=ahead,
             )
             strategies = search.run()
-            if search.binding and not (unused or final_compute):  # a round could not cut some op
+            if search.binding and not (unused or final_compute or ahead):  # a round could not cut
                 # where the first variants assumed it would: price them hopefully too
-                runs.appendleft((unused, final_compute, defer, by_min, True))
+                runs.appendleft((unused, final_compute, defer, by_min, True, ahead))
         if any(strategies == plan for plan, _ in scored):
             continue  # another variant found the same plan: it is scored already
         if fold is not None:
