@@ -86,8 +86,10 @@ def solved_row(name: str, mesh_text: str, sizes: dict[str, int], limit: float) -
     graph, mesh, opts = zoo.build(name, **sizes), parse_mesh(mesh_text), CostOptions.make()
     start = time.perf_counter()
     model = build_ilp_model(graph, mesh, opts, start, limit)
-    result = ilp.solve_model(model, opts, time_limit=max(1.0, limit - (time.perf_counter() - start)))
-    row.update(ilp_status=result.status, ilp_cost=result.objective, ilp_s=time.perf_counter() - start)
+    left = max(1.0, limit - (time.perf_counter() - start))
+    result = ilp.solve_model(model, opts, time_limit=left)
+    seconds = time.perf_counter() - start
+    row.update(ilp_status=result.status, ilp_cost=result.objective, ilp_s=seconds)
     return row
 
 
@@ -137,9 +139,11 @@ def main() -> None:
     stored, same, higher = stored_rows(args.against)
     s_stored = summary(stored)
     stored_source = json.loads(args.against.read_text()).get("source")
-    solved = [] if args.only_stored else [
-        solved_row(n, m, k, args.time_limit) for n, m, k in HIDDEN_STYLE
-    ]
+    solved = (
+        []
+        if args.only_stored
+        else [solved_row(n, m, k, args.time_limit) for n, m, k in HIDDEN_STYLE]
+    )
     s_solved = summary(solved) if solved else None
     md = f"# D-Rec quality now\n\nCommand: `{info['command']}` (source {info['source']}).\n\n"
     md += section(

@@ -237,7 +237,7 @@ class RoundCosts(RoundLedger):
                     continue
                 price = intra_terms(op, c, nxt, ins, outs, extents.get(c, 1), opts).total
                 price += piece_compute(op, c, nxt.q, flops, c_ins, c_outs, opts, mesh) - base
-                for is_output, pos, info, backlog in operands:
+                for is_output, pos, _, backlog in operands:
                     if backlog and not self._shrinks(i, c, pos, is_output):
                         price += backlog
                 best = min(best, price)
@@ -251,7 +251,7 @@ class RoundCosts(RoundLedger):
         and hierarchical all-reduce divisor as `_infos` would give them, the backlog round r + 1
         charges a cut that keeps the operand whole: the pieces assumed to shrink in it, grown by
         round r when `cut` keeps it whole too, and the all-reduce `cut` itself adds)."""
-        st, rnd, opts = self.states[i], self.rounds[r], self.opts
+        st, rnd = self.states[i], self.rounds[r]
         ins, outs = self._infos(i, r)
         now, after = self._assumed(i, r), self._assumed(i, r + 1)
         out = []
@@ -434,8 +434,10 @@ class RoundCosts(RoundLedger):
         edge's prices over op i's cuts, given its neighbour's layout, are kept for the round
         (settling revisits the same pairs), and added in edge order as before."""
         layouts = self.layouts
-        costs = self._shared_param_costs(i, cuts, rnd, decided) if self.param_positions[i] else (
-            dict.fromkeys(cuts, 0.0)
+        costs = (
+            self._shared_param_costs(i, cuts, rnd, decided)
+            if self.param_positions[i]
+            else (dict.fromkeys(cuts, 0.0))
         )
         known = self._near_cache
         for pos, name, p, p_pos in self._in_adj[i]:
@@ -445,7 +447,7 @@ class RoundCosts(RoundLedger):
                 prices = known.get(key)
                 if prices is None:
                     prices = known[key] = self._edge_prices(i, cuts, pos, src, True, i, pos, name)
-                for cut, c in zip(cuts, prices):
+                for cut, c in zip(cuts, prices, strict=True):
                     costs[cut] += c
         for pos, name, users in self._out_adj[i]:
             for w, w_pos in users:
@@ -457,7 +459,7 @@ class RoundCosts(RoundLedger):
                         prices = known[key] = self._edge_prices(
                             i, cuts, pos, dst, False, w, w_pos, name
                         )
-                    for cut, c in zip(cuts, prices):
+                    for cut, c in zip(cuts, prices, strict=True):
                         costs[cut] += c
         return costs
 
