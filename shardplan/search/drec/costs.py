@@ -50,8 +50,9 @@ from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
 
 
 def differs(a: Round, b: Round) -> bool:
-    """Whether two rounds differ in ways (q) or links (bandwidth)."""
-    return a.q != b.q or a.bandwidth_bytes_per_s != b.bandwidth_bytes_per_s
+    """Whether two rounds cut different ways (q): what one leaves decides what the other can cut
+    (a round of 3 after rounds of 2), while rounds of one q can trade their cuts."""
+    return a.q != b.q
 
 
 class Overlay:
@@ -207,7 +208,7 @@ class RoundCosts(RoundLedger):
 
     def _add_next_round(self, i: int, r: int, costs: dict[str | None, float]) -> None:
         """Remaining-rounds-aware price (the lookahead variant): where the next round differs
-        (its q or its links), each cut of op i also pays op i's cheapest own price in that round
+        (its q: `differs`), each cut of op i also pays op i's cheapest own price in that round
         on what the cut leaves: operand sizes, the all-reduce pieces it adds, and the backlog a
         next cut that neither splits nor reduces an operand then pays. A tensor-parallel cut
         keeps activations (logits) whole, so a round of 3 after it all-reduces them at twice the

@@ -464,8 +464,8 @@ def drec_folded(
       * all-reduces priced assuming the faster later rounds shrink them only where those rounds
         can cut the op, and (rerun only when that changed a price: a round of 3 on models sized
         in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere;
-      * when some round differs from the one after it (its q or its links: mesh 12 = 2 x 2 x 3,
-        or an inter-node round before intra-node ones), heavy ops' cuts also priced by their
+      * when some round cuts another number of ways than the one after it (mesh 12 = 2 x 2 x 3,
+        20 = 2 x 2 x 5), heavy ops' cuts also priced by their
         cheapest own price in that next round (`RoundCosts._add_next_round`): a tensor-parallel
         cut before a round of 3 leaves it all-reducing whole logits where a batch cut would have
         halved them (GPT-3's tied output layer on mesh 12: 1.121 -> 1.014 of the ILP optimum).
