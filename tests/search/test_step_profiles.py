@@ -51,3 +51,21 @@ def test_a_reduced_chunk_keeps_its_ends_and_one_period():
     assert prints == segment_prints(g, segs)[: split.first + split.period] + segment_prints(
         g, segs
     )[split.stop :]
+
+
+@pytest.mark.parametrize(("chunks", "virtual"), [(1, 1), (2, 1), (4, 1), (4, 2), (6, 3)])
+def test_pipeline_terms_read_off_the_cut_equal_those_of_the_stage_graphs(chunks, virtual):
+    from shardplan.cost import CostOptions
+    from shardplan.mesh import parse_mesh
+    from shardplan.search.step.stages import stage_graphs, stage_starts
+    from shardplan.training import pipeline_cut, pipeline_for
+
+    g = zoo.build("gpt2-small", small=True, batch=8, layers=3)  # tied embedding: a shared sync
+    opts = CostOptions.make(dtype="bf16")
+    mesh = parse_mesh("6x2")
+    starts = stage_starts(g, chunks)
+    graphs = stage_graphs(g, starts)
+    segs = segments(g)
+    bounds = [segs[a].start for a in starts] + [len(g.ops)]
+    want = pipeline_for(graphs, [opts] * len(graphs), mesh, 8, 16, virtual)
+    assert pipeline_cut(g, bounds, opts, mesh, 8, 16, virtual) == want

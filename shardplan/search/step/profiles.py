@@ -134,10 +134,12 @@ class StageProfiler:
         planner: Planner,
         drec_cache: dict[tuple[object, ...], tuple[Strategy, ...]],
         counter: list[int],
+        micro_batches: int = 1,
     ) -> None:
         self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
+        self.micro_batches = micro_batches
         self.cache: dict[tuple[object, ...], StageProfile | None] = {}
         self.increments: dict[Family, tuple[StageProfile, StageProfile] | None] = {}
 
@@ -159,12 +161,14 @@ class StageProfiler:
         out: dict[str, Strategy] = {}
         for k in seg_range:
             seg = self.segs[k]
-            key = (self.mesh.shape, self.prints[k])
+            key = (self.mesh.shape, self.prints[k], self.micro_batches)
             cached = self.drec_cache.get(key)
             ops = self.graph.ops[seg.start : seg.stop]
             if cached is None:
                 piece = subgraph(self.graph, seg.start, seg.stop)
-                found = self.planner(piece, self.mesh, self.opts)
+                # priced as the step pays: the gradient sync once per m micro-batches
+                weighted = replace(self.opts, grad_sync_weight=1.0 / self.micro_batches)
+                found = self.planner(piece, self.mesh, weighted)
                 cached = self.drec_cache[key] = tuple(found[op.name] for op in ops)
                 self.counter[0] += 1
             out.update((op.name, s) for op, s in zip(ops, cached, strict=True))

@@ -60,7 +60,7 @@ from shardplan.search.step.stages import (
 )
 from shardplan.search.step.structure import LayerSplit, fingerprint, layer_split, segment_prints
 from shardplan.sharding import Strategy
-from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_for
+from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_cut
 
 Progress = Callable[[str], None]
 Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
@@ -225,12 +225,17 @@ def _search_note(best: Choice, tried: int, total: int) -> str:
     for c, (family, _) in enumerate(best.assignment):
         families.setdefault(family.text(), []).append(c)
     won = "; ".join(
-        f"{f} on chunk{'s' if len(v) > 1 else ''} {_span(v)}" for f, v in families.items()
+        f"{f} on {'chunks' if len(v) > 1 else 'chunk'} {_span(v)}" for f, v in families.items()
     )
-    how = "one plan and lever on every stage" if best.uniform else "each stage its own best"
+    how = (
+        "one plan and lever on every stage, as an engine configures"
+        if best.uniform
+        else "each stage its own fastest plan and lever"
+    )
     return (
-        f"search: {tried} of {total} layouts evaluated (the rest bounded out); won {won} "
-        f"({how}), against D-Rec, data-parallel and Megatron plans at every tensor degree"
+        f"stage plans: {won} ({how}); D-Rec, data-parallel and Megatron at every tensor degree "
+        f"were priced on every stage under the step model; {tried} of {total} layouts evaluated, "
+        "the rest bounded out"
     )
 
 
@@ -374,6 +379,7 @@ class _Search:
                 self.planner,
                 self.drec_cache,
                 self.drec_runs,
+                self.problem.global_batch // b,
             )
         return self.profilers[key]
 
@@ -387,16 +393,10 @@ class _Search:
             return None
         starts = self.chunk_starts(n * v)
         ranges = list(zip(starts, [*starts[1:], len(prof.segs)], strict=True))
-        graphs = stage_graphs(prof.graph, starts)
-        opts = self.problem.options
-        pipe = pipeline_for(
-            graphs,
-            [opts] * len(graphs),
-            self.mesh,
-            self.problem.global_batch,
-            tokens_per_sample(self.problem.graph, self.problem.global_batch),
-            v,
-        )
+        bounds = [prof.segs[a].start for a in starts] + [len(prof.graph.ops)]
+        batch = self.problem.global_batch
+        tokens = tokens_per_sample(self.problem.graph, batch)
+        pipe = pipeline_cut(prof.graph, bounds, self.problem.options, self.mesh, batch, tokens, v)
         table: dict[Family, list[StageProfile | None]] = {
             f: [prof.profile(a, e, f) for a, e in ranges] for f in prof.families()
         }
