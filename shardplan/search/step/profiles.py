@@ -158,6 +158,7 @@ class StageProfiler:
         self.micro_batches = micro_batches
         self.cache: dict[tuple[object, ...], StageProfile | None] = {}
         self.increments: dict[Family, tuple[StageProfile, StageProfile] | None] = {}
+        self.reduced: dict[tuple[object, ...], tuple[Graph | None, list[int]]] = {}
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -239,8 +240,12 @@ class StageProfiler:
         kept = [*range(shape.a, keep), *range(shape.run_stop, shape.e)]
         key = (family, "reduced", tuple(self.prints[k] for k in kept), shape.run_start - shape.a)
         if key not in self.cache:
-            sub = reduced_chunk(self.graph, self.segs, shape, j, f"{self.graph.name}.reduced")
-            self.cache[key] = None if sub is None else self._exact(sub, family, kept)
+            shared = key[1:]  # one reduced graph for every family (with the segments it keeps)
+            if shared not in self.reduced:
+                name = f"{self.graph.name}.reduced"
+                self.reduced[shared] = (reduced_chunk(self.graph, self.segs, shape, j, name), kept)
+            sub, its_segments = self.reduced[shared]
+            self.cache[key] = None if sub is None else self._exact(sub, family, its_segments)
         return self.cache[key]
 
     def plan(self, sub: Graph, a: int, e: int, family: Family) -> tuple[Plan, StageProfile]:
