@@ -4,9 +4,9 @@ A position i of the topological order (between ops i-1 and i) is a cut point whe
 activation produced before i is still read at or after i — the residual stream between two
 transformer half-layers, the feature map between two CNN blocks. Graph inputs, constants and
 parameters do not count: every stage can read them; a stage's incoming activations do (live
-from its first op), so a stage's segments are the model's.  Segments are the units that pipeline stages
-are made of (contiguous runs of segments) and the checkpoints of full activation recomputation
-(only a segment's input is kept; the segment is re-run in backward). One sweep with a difference
+from its first op), so a stage's segments are the model's. Segments are the units that pipeline
+stages are made of (contiguous runs of segments) and the checkpoints of full activation
+recomputation (only a segment's input is kept; the segment is re-run in backward). One sweep with a difference
 array: O(|V| + |E|).
 """
 

@@ -4,8 +4,9 @@ For random small models, meshes (1-D, 2-D, factors 3), batches and budgets, ever
 recipe — tensor degree t a product of the stage mesh's innermost rounds (any divisor of the
 innermost axis the expert accepts), pipeline degree p dividing the outer axis, every per-rank
 micro-batch size, recomputation none/selective/full, with and without sequence parallelism and
-the distributed optimizer (one drawn per example) — is scored by the same step model; the search's plan must be at
-least as fast as each one that fits the same budget, and must exist when one does.
+the distributed optimizer (one drawn per example) — is scored by the same step model; the
+search's plan must be at least as fast as each one that fits the same budget, and must exist
+when one does.
 """
 
 from __future__ import annotations
