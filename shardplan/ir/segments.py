@@ -6,8 +6,8 @@ transformer half-layers, the feature map between two CNN blocks. Graph inputs, c
 parameters do not count: every stage can read them; a stage's incoming activations do (live
 from its first op), so a stage's segments are the model's. Segments are the units that pipeline
 stages are made of (contiguous runs of segments) and the checkpoints of full activation
-recomputation (only a segment's input is kept; the segment is re-run in backward). One sweep with a difference
-array: O(|V| + |E|).
+recomputation (only a segment's input is kept; the segment is re-run in backward). One sweep
+with a difference array: O(|V| + |E|).
 """
 
 from __future__ import annotations
