@@ -254,10 +254,13 @@ def moe_llm(
     return _head(b, x, labels, table, vocab, tied=False)
 
 
-def activated_params(graph: Graph) -> int:
+def activated_params(graph: Graph, embedding: bool = True) -> int:
     """Parameters a token uses: every parameter, except that a stacked expert weight
     [experts, out, in] of a routed layer counts k/E of its size. A routed layer is one whose
-    routing ops carry `k` and `experts` attributes (`shardplan.ir.catalogue_moe`)."""
+    routing ops carry `k` and `experts` attributes (`shardplan.ir.catalogue_moe`). With
+    `embedding=False` the tables read only by `embedding` lookups are left out too (a token reads
+    one row of them; DeepSeek counts its activated parameters this way, Mistral and Qwen do
+    not: `shardplan.zoo.entries_llm`). O(ops)."""
     routing: dict[str, dict[str, int]] = {}
     for op in graph.ops:
         attrs = dict(op.attrs)
@@ -275,4 +278,12 @@ def activated_params(graph: Graph) -> int:
                 if name not in seen:
                     seen.add(name)
                     idle += t.numel * (1 - route["k"] / route["experts"])
-    return graph.num_params - round(idle)
+    lookups = 0 if embedding else sum(graph.tensors[n].numel for n in _lookup_tables(graph))
+    return graph.num_params - round(idle) - lookups
+
+
+def _lookup_tables(graph: Graph) -> set[str]:
+    """Parameters read by `embedding` lookups (as the table) and by no other op."""
+    tables = {op.inputs[0] for op in graph.ops if op.kind == "embedding"}
+    others = {n for op in graph.ops if op.kind != "embedding" for n in op.inputs}
+    return {n for n in tables - others if graph.tensors[n].role is Role.PARAMETER}
