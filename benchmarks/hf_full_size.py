@@ -23,7 +23,9 @@ try the script); `--more` adds the other big zoo LLMs on the 405B command's mesh
 
 Run: python benchmarks/hf_full_size.py [--only NAME,NAME] [--no-imports] [--no-plans] [--quick]
      [--more] [--timeout S]
-Writes benchmarks/results/hf_full_size.{json,md} (hf_full_size_quick.* with --quick).
+Writes benchmarks/results/hf_full_size.{json,md} (hf_full_size_quick.* with --quick); a section
+skipped with --no-imports / --no-plans is kept from the last results file, with the command and
+source commit of the run that produced it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import run_info, table, write  # noqa: E402
+from _report import RESULTS, run_info, table, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HF = ROOT / "tests" / "data" / "hf"
@@ -179,79 +181,107 @@ def quick(args: list[str]) -> list[str]:
     return out + [x for kv in QUICK_SIZES.items() for x in kv]
 
 
-def markdown(info: dict[str, Any], imports: list[dict], plans: list[dict]) -> str:
-    batch, seq = info["import_batch"], info["import_seq"]
+def markdown(imports: dict[str, Any] | None, plans: dict[str, Any] | None) -> str:
     md = (
         "# Today's LLMs at full size: imports without weights and training plans\n\n"
-        f"`{info['command']}` (source {info['source']}). Each row is one child process; wall "
-        "time is measured around it, CPU seconds and peak RSS (`ru_maxrss`, interpreter, torch "
-        "and transformers included) are that process's own (`os.wait4`). The machine runs "
-        "other jobs, so wall time includes waiting for a core; CPU seconds do not.\n\n"
+        "Each row is one child process; wall time is measured around it, CPU seconds and peak "
+        "RSS (`ru_maxrss`, interpreter, torch and transformers included) are that process's own "
+        "(`os.wait4`). The machine runs other jobs, so wall time includes waiting for a core; "
+        "CPU seconds do not.\n"
     )
     if imports:
-        md += f"## Imports at batch {batch}, seq {seq} (meta device)\n\n" + table(
-            ["config", "parameters", "ops", "import wall s", "import CPU s", "process peak RSS MB"],
-            [
-                [r["config"], r["error"], "", "", "", f"{r['peak_rss_mb']:.0f}"]
-                if "error" in r
-                else [
-                    r["config"],
-                    f"{r['params'] / 1e9:.2f}B",
-                    r["ops"],
-                    f"{r['import_s']:.1f}",
-                    f"{r['import_cpu_s']:.1f}",
-                    f"{r['peak_rss_mb']:.0f}",
-                ]
-                for r in imports
-            ],
-        )
-    for r in plans:
-        md += f"\n## {r['name']}\n\n`{r['command']}`\n\n"
-        if "error" in r:
-            md += f"failed after {r['wall_s']:.0f} s wall: {r['error']}\n"
-            continue
-        steps = ", ".join(f"{what} {s:.1f} s" for what, s in r["imports"])
-        imported = (
-            f"config imports {r['import_s']:.1f} s wall (first import "
-            f"{r['first_import_s']:.1f} s; {steps})"
-            if steps
-            else "a zoo model (built in the process, no config import)"
-        )
-        tflops = f"{r['tflops_per_gpu']:.0f}" if r["tflops_per_gpu"] is not None else "not printed"
+        run = imports["run"]
         md += (
-            f"exit code {r['exit_code']}; wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s, peak "
-            f"RSS {r['peak_rss_mb']:.0f} MB; {imported}; predicted model TFLOP/s per GPU: "
-            f"{tflops}.\n\n```text\n{r['stdout'].rstrip()}\n```\n"
+            f"\n## Imports at batch {run['import_batch']}, seq {run['import_seq']} (meta device)"
+            f"\n\n`{run['command']}` (source {run['source']})\n\n"
         )
+        md += table(
+            ["config", "parameters", "ops", "import wall s", "import CPU s", "process peak RSS MB"],
+            [_import_cells(r) for r in imports["rows"]],
+        )
+    if plans:
+        run = plans["run"]
+        md += f"\n## Training plans\n\n`{run['command']}` (source {run['source']})\n"
+        md += "".join(_plan_section(r) for r in plans["rows"])
     return md
+
+
+def _import_cells(r: dict[str, Any]) -> list[Any]:
+    if "error" in r:
+        return [r["config"], r["error"], "", "", "", f"{r['peak_rss_mb']:.0f}"]
+    return [
+        r["config"],
+        f"{r['params'] / 1e9:.2f}B",
+        r["ops"],
+        f"{r['import_s']:.1f}",
+        f"{r['import_cpu_s']:.1f}",
+        f"{r['peak_rss_mb']:.0f}",
+    ]
+
+
+def _plan_section(r: dict[str, Any]) -> str:
+    md = f"\n### {r['name']}\n\n`{r['command']}`\n\n"
+    if "error" in r:
+        return md + f"failed after {r['wall_s']:.0f} s wall, CPU {r['cpu_s']:.0f} s: {r['error']}\n"
+    steps = ", ".join(f"{what} {s:.1f} s" for what, s in r["imports"])
+    imported = (
+        f"config imports {r['import_s']:.1f} s wall (first import {r['first_import_s']:.1f} s; "
+        f"{steps})"
+        if steps
+        else "a zoo model (built in the process, no config import)"
+    )
+    tflops = f"{r['tflops_per_gpu']:.0f}" if r["tflops_per_gpu"] is not None else "not printed"
+    return md + (
+        f"exit code {r['exit_code']}; wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s, peak "
+        f"RSS {r['peak_rss_mb']:.0f} MB; {imported}; predicted model TFLOP/s per GPU: "
+        f"{tflops}.\n\n```text\n{r['stdout'].rstrip()}\n```\n"
+    )
+
+
+def _earlier(name: str, section: str) -> dict[str, Any] | None:
+    """A section of the last results file, kept when this run skips it (each section names the
+    command and source commit that produced it)."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return None
+    found = json.loads(path.read_text()).get(section)
+    return found if isinstance(found, dict) and "rows" in found else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", default="", help="comma-separated config / plan names")
-    parser.add_argument("--no-imports", action="store_true", help="skip the import rows")
-    parser.add_argument("--no-plans", action="store_true", help="skip the plan commands")
+    parser.add_argument("--no-imports", action="store_true", help="keep the last import rows")
+    parser.add_argument("--no-plans", action="store_true", help="keep the last plan rows")
     parser.add_argument("--quick", action="store_true", help="2-layer versions, small meshes")
     parser.add_argument("--more", action="store_true", help="also plan " + ", ".join(MORE))
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per process")
     args = parser.parse_args()
     only = {n for n in args.only.split(",") if n}
     batch, seq = QUICK_IMPORT if args.quick else (BATCH, SEQ)
-    info = run_info(__file__, import_batch=batch, import_seq=seq, quick=args.quick)
-    imports, plans = [], []
-    for path in [] if args.no_imports else sorted(HF.iterdir()):
-        if not only or path.name in only:
-            imports.append(import_row(path, batch, seq, args.timeout))
-            print({k: v for k, v in imports[-1].items()}, file=sys.stderr)
-    commands = dict(PLANS)
-    if args.more:
-        commands.update({n: ["plan", n, *PLANS["llama3-405b"][2:]] for n in MORE})
-    for name, argv in [] if args.no_plans else commands.items():
-        if not only or name in only or name.split()[0] in only:
-            plans.append(plan_row(name, quick(argv) if args.quick else argv, args.timeout))
-            print({k: v for k, v in plans[-1].items() if k != "stdout"}, file=sys.stderr)
     name = "hf_full_size_quick" if args.quick else "hf_full_size"
-    write(name, {"run": info, "imports": imports, "plans": plans}, markdown(info, imports, plans))
+    info = run_info(__file__, import_batch=batch, import_seq=seq, quick=args.quick)
+    imports, plans = _earlier(name, "imports"), _earlier(name, "plans")
+    if not args.no_imports:
+        imports = {"run": info, "rows": []}
+        for path in sorted(HF.iterdir()):
+            if not only or path.name in only:
+                imports["rows"].append(import_row(path, batch, seq, args.timeout))
+                print(imports["rows"][-1], file=sys.stderr)
+    if not args.no_plans:
+        commands = dict(PLANS)
+        if args.more:
+            commands.update({n: ["plan", n, *PLANS["llama3-405b"][2:]] for n in MORE})
+        plans = {"run": info, "rows": []}
+        for key, argv in commands.items():
+            if not only or key in only or key.split()[0] in only:
+                plans["rows"].append(
+                    plan_row(key, quick(argv) if args.quick else argv, args.timeout)
+                )
+                print(
+                    {k: v for k, v in plans["rows"][-1].items() if k != "stdout"}, file=sys.stderr
+                )
+    write(name, {"imports": imports, "plans": plans}, markdown(imports, plans))
 
 
 if __name__ == "__main__":
