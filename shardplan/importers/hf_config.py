@@ -140,6 +140,11 @@ def example_inputs(
         size = image or int(cfg.image_size)
         return (torch.empty(batch, int(cfg.num_channels), size, size, device=meta),), {}
     ids = torch.zeros((batch, seq), dtype=torch.long, device=meta)
+    if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_source_positions"):
+        # speech (Whisper): log-mel frames, twice the encoder positions (its conv stride is 2)
+        frames = 2 * int(cfg.max_source_positions)
+        features = torch.empty(batch, int(cfg.num_mel_bins), frames, device=meta)
+        return (), {"input_features": features, "decoder_input_ids": ids}
     if getattr(cfg, "is_encoder_decoder", False):
         return (), {"input_ids": ids, "decoder_input_ids": ids}
     if type(model).__name__.endswith("ForCausalLM"):
