@@ -18,11 +18,12 @@ per device is read from the printed report.
 
 Every child is measured from outside: wall time around it, and its CPU seconds and peak RSS
 (`ru_maxrss`, which includes the interpreter, torch and transformers) from `os.wait4`'s resource
-usage of that one process. `--quick` runs the same commands cut to 2 layers on small meshes (to
-try the script); `--more` adds the other big zoo LLMs on the 405B command's mesh.
+usage of that one process. The other big zoo LLMs (Mixtral 8x22B, DeepSeek-V3, Qwen3-235B-A22B)
+are planned with the 405B command's mesh, machine and sizes too. `--quick` runs the same
+commands cut to 2 layers on small meshes (to try the script).
 
 Run: python benchmarks/hf_full_size.py [--only NAME,NAME] [--no-imports] [--no-plans] [--quick]
-     [--more] [--timeout S]
+     [--timeout S]
 Writes benchmarks/results/hf_full_size.{json,md} (hf_full_size_quick.* with --quick); a section
 skipped with --no-imports / --no-plans is kept from the last results file, with the command and
 source commit of the run that produced it.
@@ -56,7 +57,7 @@ PLANS = {  # the two commands of issue 25's "Must show"
     "llama3-405b": ["plan", "llama3-405b", "--mesh", "1024x8", "--machine", "h100"]
     + ["--batch", "2048", *TRAIN],
 }
-MORE = ("mixtral-8x22b", "deepseek-v3", "qwen3-235b-a22b")  # --more: on the 405B command's mesh
+MORE = ("mixtral-8x22b", "deepseek-v3", "qwen3-235b-a22b")  # on the 405B command's mesh
 QUICK_SIZES = {"--layers": "2", "--mesh": "2x8", "--batch": "32", "--seq": "1024"}
 QUICK_IMPORT = (8, 1024)
 
@@ -254,7 +255,6 @@ def main() -> None:
     parser.add_argument("--no-imports", action="store_true", help="keep the last import rows")
     parser.add_argument("--no-plans", action="store_true", help="keep the last plan rows")
     parser.add_argument("--quick", action="store_true", help="2-layer versions, small meshes")
-    parser.add_argument("--more", action="store_true", help="also plan " + ", ".join(MORE))
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per process")
     args = parser.parse_args()
     only = {n for n in args.only.split(",") if n}
@@ -269,9 +269,7 @@ def main() -> None:
                 imports["rows"].append(import_row(path, batch, seq, args.timeout))
                 print(imports["rows"][-1], file=sys.stderr)
     if not args.no_plans:
-        commands = dict(PLANS)
-        if args.more:
-            commands.update({n: ["plan", n, *PLANS["llama3-405b"][2:]] for n in MORE})
+        commands = {**PLANS, **{n: ["plan", n, *PLANS["llama3-405b"][2:]] for n in MORE}}
         plans = {"run": info, "rows": []}
         for key, argv in commands.items():
             if not only or key in only or key.split()[0] in only:
