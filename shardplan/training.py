@@ -27,6 +27,7 @@ from shardplan.cost.step import (
 )
 from shardplan.errors import PlanError
 from shardplan.hardware import peak_flops
+from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
@@ -217,12 +218,24 @@ def pipeline_of(
 ) -> Pipeline:
     """The step model's non-stage inputs, read off the stage (chunk) plans and priced by
     `cost.pipeline`."""
-    devices = mesh.size
-    per_stage = devices // (len(stages) // virtual_stages)
     graphs = [p.graph for p in stages]
     opts = [p.options for p in stages]
+    return pipeline_for(graphs, opts, mesh, batch, tokens_per_sample, virtual_stages)
+
+
+def pipeline_for(
+    graphs: Sequence[Graph],
+    opts: Sequence[CostOptions],
+    mesh: Mesh,
+    batch: int,
+    tokens_per_sample: int,
+    virtual_stages: int = 1,
+) -> Pipeline:
+    """`pipeline_of` from the chunk graphs and their options (before any plan exists)."""
+    devices = mesh.size
+    per_stage = devices // (len(graphs) // virtual_stages)
     bw = mesh.bandwidth_bytes_per_s[0]
-    peak = at_precision(mesh, stages[0].options).flops_per_s
+    peak = at_precision(mesh, opts[0]).flops_per_s
     return Pipeline(
         boundary_bytes(graphs, opts, per_stage),
         bw,
@@ -231,7 +244,7 @@ def pipeline_of(
         batch,
         tokens_per_sample,
         peak,
-        stages[0].options.preset.training_flops_factor,
+        opts[0].preset.training_flops_factor,
         virtual_stages,
     )
 

@@ -21,7 +21,7 @@ read. Cost: O(S-options x t-options x sizes x distinct stages x evaluator).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from shardplan.cost import CostOptions
@@ -35,8 +35,10 @@ from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search import experts
 from shardplan.search.step.notes import axis_summary, steps_note
-from shardplan.search.step.search import LEVERS, _fingerprint
+from shardplan.search.step.profiles import LEVERS
 from shardplan.search.step.stages import stage_mesh, tokens_per_sample
+from shardplan.search.step.structure import LayerSplit, graph_layers, layer_split
+from shardplan.search.step.structure import fingerprint as _fingerprint
 from shardplan.training import Stage, TrainingPlan, at_precision, pipeline_of
 
 Progress = Callable[[str], None]
@@ -107,44 +109,6 @@ def get_menu(engine: str) -> Menu:
     if engine not in MENUS:
         raise ArgumentError(f"unknown engine {engine!r}; pick one of {', '.join(sorted(MENUS))}")
     return MENUS[engine]
-
-
-@dataclass(frozen=True, slots=True)
-class LayerSplit:
-    """Segments [0, first) are the prologue (embeddings), then `layers` layers of `period`
-    segments each, then the epilogue (final norm, head, loss)."""
-
-    first: int
-    period: int
-    layers: int
-    segments: int
-
-    def layer_start(self, i: int) -> int:
-        """Segment index where layer i starts (layer `layers` is the epilogue's start)."""
-        return self.first + i * self.period
-
-
-def layer_split(fingerprints: Sequence[object]) -> LayerSplit:
-    """The longest run of repeats with the shortest period (O(K^2) over K segments); a model
-    without repeats is one layer spanning every segment."""
-    k = len(fingerprints)
-    best, covered = LayerSplit(0, k, 1, k), 0
-    for p in range(1, k // 2 + 1):
-        i = 0
-        while i + p < k:
-            j = i
-            while j + p < k and fingerprints[j] == fingerprints[j + p]:
-                j += 1
-            count = (j - i) // p + 1
-            if count >= 2 and count * p > covered:
-                best, covered = LayerSplit(i, p, count, k), count * p
-            i = max(j, i + 1)
-    return best
-
-
-def graph_layers(graph: Graph) -> LayerSplit:
-    segs = segments(graph)
-    return layer_split([_fingerprint(subgraph(graph, s.start, s.stop)) for s in segs])
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,186 +1,104 @@
-"""The training-step search: pipeline stages S, micro-batches m, stage boundaries and per-stage
-recomputation and ZeRO stage, with D-Rec planning each stage's sub-graph on the stage's devices.
+"""The training-step search: the step model's whole menu, chosen jointly, pruned by a bound.
 
-For each S dividing the outermost mesh axis (at most one stage per two segments) and a few m
-(divisors of the global batch, largest first, keeping at least one sample per way of the stage's
-outer axis):
-  1. build the graph at the micro-batch size (batch / m) and cut it into segments (ir/segments);
-  2. stage boundaries: a DP over segment prefixes minimising the largest stage's FLOPs,
-     f[s][j] = min_i max(f[s-1][i], F[j] - F[i]) — O(K^2 S) with numpy over i;
-  3. each stage's sub-graph is planned by D-Rec on the stage mesh (outer axis / S x the rest);
-     sub-graphs of the same structure (the middle stages of a uniform model) are planned once
-     and the strategies mapped by op position, so a candidate costs at most a few D-Rec runs;
-  4. per stage, the levers (recomputation none/selective/full x ZeRO 0-3, and sequence
-     parallelism for a stage plan with tensor-parallel rounds, `cost/sequence.py`) with the
-     shortest step share that fits the budget, preferring the least intrusive among equals — so
-     a lever is on only where memory or time needs it;
-  5. the step model (cost/step.py) scores the candidate; the fastest that fits wins.
-Each candidate's step is bounded below by m + S - 1 slots of its heaviest stage's compute with
-every op split ideally (its FLOPs and bytes at the global batch divided by m x the stage's
-devices, priced by the roofline: a real piece moves and computes at least that much); candidates
-run in order of that bound and the search stops when it reaches the best step found.
-Progress goes to `progress` (the CLI prints it on stderr).
+A candidate layout is (S pipeline stages on the outermost axis, v model chunks per device,
+b samples per micro-batch, m = batch / b micro-batches). Per layout, every chunk (the model cut
+into S x v FLOP-balanced runs of whole segments, `stages.stage_starts`, chunk c on device group
+c mod S) is planned by every family of `profiles.Family` — D-Rec's free per-op cuts, the data-
+parallel expert, the Megatron expert at each tensor degree, each with and without sequence
+parallelism — and priced per micro-batch by the step model (`cost.step`, chunks of one shape once,
+long runs of layers extrapolated from two). Then the levers (recomputation none/selective/full x
+ZeRO 0-3):
+  - uniform: one family and one lever on every chunk (what an engine configures: every Megatron
+    recipe with tensor t, pipeline S, v chunks, micro-batch size b / data ways is one of these);
+  - per stage (v = 1): each stage's family and lever with its shortest (m + S - 1) slot + sync
+    within the budget (D-Rec where its plan is faster, an expert where not);
+and `cost.step.step_cost` scores each assignment exactly; the fastest that fits wins, ties going
+to the simpler layout. Because every recipe is a uniform assignment of some layout, the result
+is never slower than a Megatron recipe that fits the same budget under the same model.
+Layouts: S divides the outer axis (at most one stage per segment); v > 1 when the layer count is
+a multiple of S x v (as Megatron-LM requires) and m a multiple of S; b a multiple of the data
+ways of each tensor degree (every micro-batch size per rank) or one of `micro_batch_options`.
+Bound (proven): a device computes at least its chunks' ops split ideally over m x its stage's
+devices (FLOPs and bytes at the global batch / (m n), roofline without the launch floor, which
+only adds), and the step is at least (m + (S - 1) / v) such slots; layouts run in order of the
+bound and the search stops when the bound reaches the best step found. The graph at a micro-batch
+size is built only when a layout needs it. Deterministic. Progress goes to `progress`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from shardplan import checks, units
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import op_bytes
-from shardplan.cost.sequence import tensor_rounds
-from shardplan.cost.step import (
-    Levers,
-    Recompute,
-    StageProfile,
-    profile_stage,
-    stage_cost,
-)
-from shardplan.cost.terms import compute_cost
+from shardplan.cost.step import Levers, StageProfile, step_cost
 from shardplan.errors import InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
-from shardplan.ir.segments import segments, subgraph
+from shardplan.ir.segments import Segment, segments
 from shardplan.mesh import Mesh
-from shardplan.plans import Plan
 from shardplan.problem import Problem
-from shardplan.search import experts
 from shardplan.search.drec.search import drec
 from shardplan.search.step.notes import axis_summary, lever_notes
+from shardplan.search.step.profiles import (
+    LEVERS,
+    Family,
+    StageProfiler,
+    choose_levers,
+    stage_tensor_degrees,
+)
 from shardplan.search.step.stages import (
     stage_graphs,
     stage_mesh,
     stage_starts,
     tokens_per_sample,
 )
+from shardplan.search.step.structure import LayerSplit, fingerprint, layer_split, segment_prints
 from shardplan.sharding import Strategy
-from shardplan.training import TrainingPlan, assemble, at_precision
+from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_for
 
 Progress = Callable[[str], None]
 Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
 
-LEVERS: tuple[Levers, ...] = tuple(
-    Levers(r, z)
-    for z in (0, 1, 2, 3)
-    for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-)
-"""Every lever combination, least intrusive first (ties go to the earlier one)."""
+_fingerprint = fingerprint  # the name the engine menus import
 
 
-def _fingerprint(graph: Graph) -> tuple[object, ...]:
-    """Structure of a graph up to names: equal fingerprints get equal D-Rec strategies."""
-    seen: dict[str, int] = {}
-    out: list[object] = []
-    for i, op in enumerate(graph.ops):
-        refs: list[object] = []
-        for name in op.inputs:
-            t = graph.tensors[name]
-            p = graph.producer.get(name)
-            if p is not None:
-                refs.append(("op", i - p, graph.ops[p].outputs.index(name)))
-            else:
-                refs.append(("t", t.shape, t.role.value, t.dtype_bytes, seen.setdefault(name, i)))
-        out.append((op.kind, op.signature.text(), op.flops, op.attrs, tuple(refs)))
-    return tuple(out)
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One candidate: S stages, v chunks per device, b samples per micro-batch (m of them)."""
+
+    bound: float
+    stages: int
+    virtual: int
+    micro_batches: int
+    sample: int
+
+    def text(self) -> str:
+        v = f" v={self.virtual}" if self.virtual > 1 else ""
+        return f"S={self.stages}{v} m={self.micro_batches} (micro-batch {self.sample})"
 
 
-class _StagePlanner:
-    """D-Rec per distinct segment of a stage (cached by fingerprint and stage mesh); the stage's
-    strategies are its segments' strategies side by side, scored by the evaluator as a whole
-    (the redistributions between segments included)."""
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A layout's best assignment: per chunk (family, levers), its step and memory."""
 
-    def __init__(self, opts: CostOptions, planner: Planner) -> None:
-        self.opts, self.planner = opts, planner
-        self.cache: dict[tuple[object, ...], tuple[Strategy, ...]] = {}
-        self.stages: dict[
-            tuple[object, ...], list[tuple[str, tuple[Strategy, ...], StageProfile]]
-        ] = {}
-        self.runs = 0
-
-    def strategies(self, graph: Graph, mesh: Mesh) -> dict[str, Strategy]:
-        key = (mesh.shape, _fingerprint(graph))
-        cached = self.cache.get(key)
-        if cached is None:
-            found = self.planner(graph, mesh, self.opts)
-            cached = self.cache[key] = tuple(found[op.name] for op in graph.ops)
-            self.runs += 1
-        return {op.name: s for op, s in zip(graph.ops, cached, strict=True)}
-
-    def plan(self, graph: Graph, mesh: Mesh, whole: bool = False) -> Plan:
-        """`whole`: one D-Rec run on the stage; else one per distinct segment."""
-        if whole:
-            strategies = self.strategies(graph, mesh)
-        else:
-            strategies = {}
-            for seg in segments(graph):
-                strategies.update(self.strategies(subgraph(graph, seg.start, seg.stop), mesh))
-        return Plan(graph, mesh, strategies, "drec", self.opts)
-
-    def stage(self, graph: Graph, mesh: Mesh) -> list[tuple[Plan, StageProfile]]:
-        """Candidate plans of a stage with their profiles: D-Rec (per segment), and the
-        data-parallel and Megatron expert plans (whole-plan alternatives, as D-Rec compares
-        its rounds with). Stages of one structure (the middle stages of a uniform model) are
-        planned and evaluated once."""
-        key = (mesh.shape, _fingerprint(graph))
-        hit = self.stages.get(key)
-        if hit is None:
-            strategies: dict[str, Strategy] = {}
-            for seg in segments(graph):
-                strategies.update(self.strategies(subgraph(graph, seg.start, seg.stop), mesh))
-            found = [("drec", strategies)]
-            found.append(("data-parallel", experts.data_parallel(graph, mesh)))
-            if mesh.shape[-1] > 1:  # tensor parallelism on the innermost axis (1-D meshes too)
-                found.append(("megatron", experts.megatron(graph, mesh)))
-            hit = self.stages[key] = [
-                (
-                    method,
-                    tuple(st[op.name] for op in graph.ops),
-                    profile_stage(graph, mesh, st, self.opts, sequence_parallel=sp),
-                    tuple(op.name for op in graph.ops),
-                )
-                for method, st in found
-                # a tensor-parallel plan is also tried with sequence parallelism
-                for sp in ((False, True) if tensor_rounds(graph, mesh, st) else (False,))
-            ]
-        out = []
-        for method, cached, prof, names in hit:
-            mapped = {op.name: s for op, s in zip(graph.ops, cached, strict=True)}
-            # the per-op rows were priced on the first stage of this structure: same position,
-            # same cost, under this stage's own op names
-            rename = {old: op.name for old, op in zip(names, graph.ops, strict=True)}
-            rows = tuple(replace(c, name=rename.get(c.name, c.name)) for c in prof.breakdown.ops)
-            cost = replace(prof.breakdown, ops=rows)
-            out.append((Plan(graph, mesh, mapped, method, self.opts, cost=cost), prof))
-        return out
-
-
-def choose_levers(
-    profile: StageProfile, m: int, in_flight: int, slots: int, budget: float | None
-) -> tuple[float, Levers] | None:
-    """The levers giving this stage the shortest (slots x slot share + sync) within `budget`,
-    with that time; None when no combination fits."""
-    best: tuple[float, Levers] | None = None
-    for lv in LEVERS:
-        lv = replace(lv, sequence_parallel=profile.sequence_parallel)
-        c = stage_cost(profile, lv, m, in_flight)
-        if budget is not None and c.memory_bytes > budget:
-            continue
-        t = slots * (c.fwd_s + c.bwd_s) + c.sync_s
-        if best is None or t < best[0] * (1 - 1e-9):
-            best = (t, lv)
-    return best
+    layout: Layout
+    assignment: tuple[tuple[Family, Levers], ...]
+    step_s: float
+    memory: float
+    uniform: bool
+    bubble_s: float = 0.0
 
 
 def micro_batch_options(batch: int, stage: Mesh) -> list[int]:
-    """Values of m, largest first: micro-batches of one sample per device of the stage (data
-    parallelism can use every device), per way of its outermost axis and per way of all axes
-    but the innermost (the rest is left to tensor parallelism), when they divide the batch, and
-    m = 1 when the stage has more devices than the batch has samples; else the largest m that
-    keeps one sample per way of the outermost axis."""
-    # per device; per way of the outer axis; per data-parallel way with the innermost axis
-    # tensor-parallel (the Megatron recipe's micro-batch of one sample)
+    """Values of m, largest first: micro-batches of one sample per device of the stage, per way
+    of its outermost axis and per way of all axes but the innermost, when they divide the batch,
+    and m = 1 when the stage has more devices than the batch has samples; else the largest m
+    that keeps one sample per way of the outermost axis."""
     sizes = {
         stage.size,
         stage.shape[0] if len(stage.shape) > 1 else stage.size,
@@ -192,9 +110,19 @@ def micro_batch_options(batch: int, stage: Mesh) -> list[int]:
     if ms:
         return sorted(ms, reverse=True)
     need = stage.shape[0] if len(stage.shape) > 1 else 1
-    # a batch smaller than the outer axis (batch 1 on 2x4): one micro-batch, the batch unsplit
     fits = [m for m in range(1, batch + 1) if batch % m == 0 and batch // m >= need]
     return [max(fits, default=1)]
+
+
+def sample_options(batch: int, stage: Mesh) -> list[int]:
+    """Samples per micro-batch tried on a stage mesh: every multiple of the data ways of each
+    tensor degree (1 and `stage_tensor_degrees`) dividing the batch — every per-rank micro-batch
+    size of every recipe — and those of `micro_batch_options`; ascending."""
+    out = {batch // m for m in micro_batch_options(batch, stage)}
+    for t in (1, *stage_tensor_degrees(stage)):
+        data = stage.size // t
+        out.update(b for b in range(data, batch + 1, data) if batch % b == 0)
+    return sorted(out)
 
 
 def plan_training(
@@ -222,132 +150,327 @@ def search_step(
     planner: Planner | None = None,
     stages: Sequence[int] | None = None,
 ) -> TrainingPlan:
-    """Search S, m, boundaries and levers (module docstring) for `problem` (its builder gives
-    the model at each micro-batch size). InfeasibleError naming the leanest candidate when
-    nothing fits the budget."""
+    """Search the layouts, families and levers (module docstring) for `problem` (its builder
+    gives the model at each micro-batch size). InfeasibleError naming the leanest candidate
+    when nothing fits the budget."""
     opts, budget, batch = problem.options, problem.budget, problem.global_batch
     if budget is not None:
         checks.memory_bytes(budget, "training memory budget")  # NaN, inf, <= 0: MeshError
     mesh = at_precision(problem.mesh, opts)
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
-    search = _StepSearch(problem, mesh, _StagePlanner(opts, planner or _drec_planner))
-    best: TrainingPlan | None = None
+    search = _Search(problem, mesh, planner or _drec_planner)
+    layouts = _layouts(
+        problem.graph, search.probe_split, mesh, batch, opts, stages, search.chunk_starts
+    )
+    say(f"  {len(layouts)} layouts (stages x chunks x micro-batch size), in order of their bound")
+    best: Choice | None = None
     tried = 0
-    # candidates in order of their bound; stop at the first that cannot beat the best found
-    for bound, n_stages, m, starts in _candidates(problem.graph, mesh, batch, opts, stages):
-        if best is not None and best.step is not None and bound >= best.step.step_s:
-            say(f"  the remaining candidates cannot beat {units.seconds(best.step.step_s)} (bound)")
+    flat: dict[tuple[int, int], Choice | None] = {}  # (S, m) -> its v = 1 result
+    twins = {(c.stages, c.micro_batches): c.bound for c in layouts if c.virtual == 1}
+
+    def flat_bound(c: Layout) -> float:
+        return twins[c.stages, c.micro_batches]
+
+    for layout in layouts:
+        if best is not None and flat_bound(layout) >= best.step_s:
+            say(f"  the remaining layouts cannot beat {units.seconds(best.step_s)} (bound)")
             break
-        tried += 1
-        label = f"S={n_stages} m={m} (micro-batch {batch // m})"
-        tp = search.candidate(n_stages, m, starts, say)
-        elapsed = time.perf_counter() - start
-        if tp is None:
-            say(f"  {label}: does not fit ({elapsed:.1f} s)")
+        key = (layout.stages, layout.micro_batches)
+        if layout.virtual > 1 and not _worth_interleaving(layout, flat.get(key), best):
             continue
-        assert tp.step is not None
+        tried += 1
+        choice = search.evaluate(layout, say)
+        if layout.virtual == 1:
+            flat[key] = choice
+        elapsed = time.perf_counter() - start
+        if choice is None:
+            say(f"  {layout.text()}: does not fit ({elapsed:.1f} s)")
+            continue
         say(
-            f"  {label}: step {units.seconds(tp.step.step_s)}, "
-            f"{units.nbytes(tp.step.memory_per_device)}/device, "
-            f"{search.stage_planner.runs} D-Rec runs so far ({elapsed:.1f} s)"
+            f"  {layout.text()}: step {units.seconds(choice.step_s)}, "
+            f"{units.nbytes(choice.memory)}/device, {search.drec_runs[0]} D-Rec runs so far "
+            f"({elapsed:.1f} s)"
         )
-        if best is None or _better(tp, best):
-            best = tp
+        if best is None or _better(choice, best):
+            best = choice
     if best is None:
         raise search.infeasible(tried)
+    tp = search.materialize(best)
+    notes = (*lever_notes(tp, budget), _search_note(best, tried, len(layouts)))
     return replace(
-        best,
-        axes=axis_summary(best),
+        tp,
+        axes=axis_summary(tp),
         search_seconds=time.perf_counter() - start,
-        notes=lever_notes(best, budget),
-        step=best.step,
+        notes=notes,
+        step=tp.step,
     )
+
+
+def _worth_interleaving(layout: Layout, flat: Choice | None, best: Choice | None) -> bool:
+    """Interleaving only shrinks the bubble (by 1 - 1/v) and adds sends: try v chunks when the
+    same stages and micro-batches without it fit and their bubble so shrunk reaches the best."""
+    if flat is None or best is None or flat is best:
+        return flat is not None
+    return flat.step_s - flat.bubble_s * (1 - 1 / layout.virtual) < best.step_s
 
 
 def _drec_planner(graph: Graph, mesh: Mesh, opts: CostOptions) -> Mapping[str, Strategy]:
     return drec(graph, mesh, opts)
 
 
-def _candidates(
-    probe: Graph, mesh: Mesh, batch: int, opts: CostOptions, stages: Sequence[int] | None
-) -> list[tuple[float, int, int, list[int]]]:
-    """(lower bound of the step, S, m, stage starts) of every candidate, in bound order: m + S
-    - 1 slots of at least the heaviest stage's compute with every op split ideally."""
+def _search_note(best: Choice, tried: int, total: int) -> str:
+    families: dict[str, list[int]] = {}
+    for c, (family, _) in enumerate(best.assignment):
+        families.setdefault(family.text(), []).append(c)
+    won = "; ".join(
+        f"{f} on chunk{'s' if len(v) > 1 else ''} {_span(v)}" for f, v in families.items()
+    )
+    how = "one plan and lever on every stage" if best.uniform else "each stage its own best"
+    return (
+        f"search: {tried} of {total} layouts evaluated (the rest bounded out); won {won} "
+        f"({how}), against D-Rec, data-parallel and Megatron plans at every tensor degree"
+    )
+
+
+def _span(xs: list[int]) -> str:
+    if len(xs) > 1 and xs[-1] - xs[0] == len(xs) - 1:
+        return f"{xs[0]}-{xs[-1]}"
+    return ", ".join(map(str, xs))
+
+
+def _ideal_seconds(probe: Graph, mesh: Mesh, opts: CostOptions) -> np.ndarray:
+    """Per op, the roofline seconds of the whole op on one device without the launch floor
+    (prefix sums; divided by m x n it bounds any piece's time from below)."""
+    hw = mesh.hardware
+    if opts.preset.symbolic or hw is None:
+        return np.zeros(len(probe.ops) + 1)
+    factor = opts.preset.training_flops_factor if opts.train else 1.0
+    flops_rate = mesh.flops_per_s * hw.flops_efficiency
+    bytes_rate = hw.hbm_bytes_per_s * hw.hbm_efficiency
+    per_op = [
+        0.0
+        if op.flops <= 0
+        else max(op.flops / flops_rate, op_bytes(probe, op, (), (), opts) / bytes_rate) * factor
+        for op in probe.ops
+    ]
+    return np.concatenate([[0.0], np.cumsum(per_op)])
+
+
+def _layouts(
+    probe: Graph,
+    split: LayerSplit,
+    mesh: Mesh,
+    batch: int,
+    opts: CostOptions,
+    stages: Sequence[int] | None,
+    starts_of: Callable[[int], list[int]],
+) -> list[Layout]:
+    """Every candidate layout with its bound (module docstring), in bound order."""
     segs = segments(probe)
     outer = mesh.shape[0]
-    s_options = [s for s in range(1, outer + 1) if outer % s == 0 and 2 * s <= len(segs)]
     if stages is not None:
         s_options = [checks.positive_int(s, "pipeline stages") for s in stages]
-    sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
-    candidates = []
+        for s in s_options:
+            if outer % s:
+                raise PlanError(f"{s} pipeline stages must divide the outermost mesh axis {outer}")
+            stage_starts(probe, s)  # PlanError: more stages than segments
+    else:
+        s_options = [s for s in range(1, outer + 1) if outer % s == 0 and s <= len(segs)]
+    ideal = _ideal_seconds(probe, mesh, opts)
+    out = []
     for n_stages in s_options:
-        if outer % n_stages:
-            raise PlanError(
-                f"{n_stages} pipeline stages must divide the outermost mesh axis {outer}"
-            )
         smesh = stage_mesh(mesh, n_stages)
-        starts = stage_starts(probe, n_stages)  # PlanError: more stages than segments
-        ends = [*starts[1:], len(segs)]
-        for m in micro_batch_options(batch, smesh):
-            k = m * smesh.size
-            slot = max(
-                sum(
-                    compute_cost(f / k, b / k, opts, smesh)
-                    for f, b in sizes[segs[a].start : segs[e - 1].stop]
-                )
+        vs = [1]
+        if n_stages > 1 and split.layers > 1:
+            vs += [
+                v
+                for v in range(2, split.layers // n_stages + 1)
+                if split.layers % (n_stages * v) == 0 and n_stages * v <= len(segs)
+            ]
+        samples = sample_options(batch, smesh)
+        for v in vs:
+            starts = starts_of(n_stages * v)
+            ends = [*starts[1:], len(segs)]
+            chunk = [
+                ideal[segs[e - 1].stop] - ideal[segs[a].start]
                 for a, e in zip(starts, ends, strict=True)
-            )
-            candidates.append(((m + n_stages - 1) * slot, n_stages, m, starts))
-    return sorted(candidates, key=lambda c: (c[0], c[1], c[2]))
+            ]
+            heaviest = max(sum(chunk[d::n_stages]) for d in range(n_stages))
+            for b in samples:
+                m = batch // b
+                if v > 1 and m % n_stages:
+                    continue
+                bound = (m + (n_stages - 1) / v) * heaviest / (m * smesh.size)
+                out.append(Layout(float(bound), n_stages, v, m, b))
+    # an interleaved layout right after its v = 1 twin (`_worth_interleaving` reads the twin)
+    flat = {(c.stages, c.micro_batches): c.bound for c in out if c.virtual == 1}
+    return sorted(
+        out,
+        key=lambda c: (flat[c.stages, c.micro_batches], c.stages, c.micro_batches, c.virtual),
+    )
 
 
-class _StepSearch:
-    """One candidate (S, m, stage starts) at a time: its stages' plans and levers, assembled
-    into a TrainingPlan; remembers the leanest stage that did not fit, for the error."""
+class _Search:
+    """Evaluates layouts; caches the graphs per micro-batch size, their segments, the profilers
+    per (micro-batch size, stage mesh) and D-Rec's per-segment strategies."""
 
-    def __init__(self, problem: Problem, mesh: Mesh, stage_planner: _StagePlanner) -> None:
-        self.problem, self.mesh, self.stage_planner = problem, mesh, stage_planner
+    def __init__(self, problem: Problem, mesh: Mesh, planner: Planner) -> None:
+        self.problem, self.mesh, self.planner = problem, mesh, planner
         self.build = problem.builder()
-        self.built: dict[int, Graph | None] = {}
+        self.ids: dict[tuple[object, ...], int] = {}
+        self.built: dict[int, tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None] = {}
+        self.profilers: dict[tuple[int, tuple[int, ...]], StageProfiler] = {}
+        self.drec_cache: dict[tuple[object, ...], tuple[Strategy, ...]] = {}
+        self.drec_runs = [0]
+        self.starts: dict[int, list[int]] = {}
         self.leanest: tuple[float, str] | None = None
+        probe = problem.graph
+        psegs = segments(probe)
+        self.probe_split = layer_split(segment_prints(probe, psegs, self.ids))
+        self.built[problem.global_batch] = (
+            probe,
+            psegs,
+            segment_prints(probe, psegs, self.ids),
+            self.probe_split,
+        )
 
-    def candidate(
-        self, n_stages: int, m: int, starts: Sequence[int], say: Progress
-    ) -> TrainingPlan | None:
-        """The best plan of this candidate, or None when a stage fits no lever."""
-        batch, budget = self.problem.global_batch, self.problem.budget
-        if m not in self.built:
-            self.built[m] = self.build(batch // m)
-        graph = self.built[m]
-        if graph is None:
-            say(f"  m={m}: the model cannot be rebuilt at micro-batch {batch // m}; skipped")
+    def graph(self, b: int) -> tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None:
+        if b not in self.built:
+            g = self.build(b)
+            if g is None:
+                self.built[b] = None
+            else:
+                segs = segments(g)
+                prints = segment_prints(g, segs, self.ids)
+                self.built[b] = (g, segs, prints, layer_split(prints))
+        return self.built[b]
+
+    def chunk_starts(self, chunks: int) -> list[int]:
+        if chunks not in self.starts:
+            self.starts[chunks] = stage_starts(self.problem.graph, chunks)
+        return self.starts[chunks]
+
+    def profiler(self, b: int, smesh: Mesh) -> StageProfiler | None:
+        key = (b, smesh.shape)
+        if key not in self.profilers:
+            built = self.graph(b)
+            if built is None:
+                return None
+            g, segs, prints, split = built
+            self.profilers[key] = StageProfiler(
+                g,
+                segs,
+                prints,
+                split,
+                smesh,
+                self.problem.options,
+                self.planner,
+                self.drec_cache,
+                self.drec_runs,
+            )
+        return self.profilers[key]
+
+    def evaluate(self, layout: Layout, say: Progress) -> Choice | None:
+        """The layout's fastest assignment that fits (module docstring), or None."""
+        n, v, m, b = layout.stages, layout.virtual, layout.micro_batches, layout.sample
+        smesh = stage_mesh(self.mesh, n)
+        prof = self.profiler(b, smesh)
+        if prof is None:
+            say(f"  {layout.text()}: the model cannot be rebuilt at micro-batch {b}; skipped")
             return None
-        smesh = stage_mesh(self.mesh, n_stages)
-        chosen = []
-        for s, sub in enumerate(stage_graphs(graph, starts)):
-            in_flight = min(n_stages - s, m)
+        starts = self.chunk_starts(n * v)
+        ranges = list(zip(starts, [*starts[1:], len(prof.segs)], strict=True))
+        graphs = stage_graphs(prof.graph, starts)
+        opts = self.problem.options
+        pipe = pipeline_for(
+            graphs,
+            [opts] * len(graphs),
+            self.mesh,
+            self.problem.global_batch,
+            tokens_per_sample(self.problem.graph, self.problem.global_batch),
+            v,
+        )
+        table: dict[Family, list[StageProfile | None]] = {
+            f: [prof.profile(a, e, f) for a, e in ranges] for f in prof.families()
+        }
+        budget = self.problem.budget
+        best: Choice | None = None
+        if v == 1:
+            best = self._per_stage(layout, table, pipe, budget)
+        for family, profiles in table.items():
+            if any(p is None for p in profiles):
+                continue
+            ps = [p for p in profiles if p is not None]
+            for lv in LEVERS:
+                lv = replace(lv, sequence_parallel=family.sequence_parallel)
+                step = step_cost(ps, [lv] * len(ps), m, pipe)
+                mem = step.memory_per_device
+                if budget is not None and mem > budget:
+                    if self.leanest is None or mem < self.leanest[0]:
+                        self.leanest = (mem, f"{layout.text()} {family.text()}")
+                    continue
+                choice = Choice(
+                    layout, tuple((family, lv) for _ in ps), step.step_s, mem, True, step.bubble_s
+                )
+                if best is None or choice.step_s < best.step_s * (1 - 1e-9):
+                    best = choice
+        return best
+
+    def _per_stage(
+        self,
+        layout: Layout,
+        table: Mapping[Family, Sequence[StageProfile | None]],
+        pipe: object,
+        budget: float | None,
+    ) -> Choice | None:
+        n, m = layout.stages, layout.micro_batches
+        picks: list[tuple[Family, Levers]] = []
+        profiles: list[StageProfile] = []
+        for c in range(n):
             options = []
-            for plan, prof in self.stage_planner.stage(sub, smesh):
-                fit = choose_levers(prof, m, in_flight, m + n_stages - 1, budget)
-                if fit is not None:
-                    options.append((fit[0], len(options), plan, prof, fit[1]))
-                else:
-                    need = min(
-                        stage_cost(
-                            prof, replace(x, sequence_parallel=prof.sequence_parallel), m, in_flight
-                        ).memory_bytes
-                        for x in LEVERS
-                    )
-                    if self.leanest is None or need < self.leanest[0]:
-                        self.leanest = (need, f"S={n_stages} m={m} stage {s}")
+            for family, row in table.items():
+                p = row[c]
+                fit = None if p is None else choose_levers(p, m, min(n - c, m), m + n - 1, budget)
+                if fit is not None and p is not None:
+                    options.append((fit[0], len(options), family, fit[1], p))
             if not options:
                 return None
-            _, _, plan, prof, lv = min(options, key=lambda o: (o[0], o[1]))
-            chosen.append((plan, prof, lv))
+            _, _, family, lv, p = min(options, key=lambda o: (o[0], o[1]))
+            picks.append((family, lv))
+            profiles.append(p)
+        step = step_cost(profiles, [lv for _, lv in picks], m, pipe)  # type: ignore[arg-type]
+        if budget is not None and step.memory_per_device > budget:
+            return None
+        return Choice(
+            layout, tuple(picks), step.step_s, step.memory_per_device, False, step.bubble_s
+        )
+
+    def materialize(self, choice: Choice) -> TrainingPlan:
+        """The winner's real stage plans, exactly profiled, as a TrainingPlan."""
+        layout = choice.layout
+        smesh = stage_mesh(self.mesh, layout.stages)
+        prof = self.profiler(layout.sample, smesh)
+        assert prof is not None
+        starts = self.chunk_starts(layout.stages * layout.virtual)
+        ends = [*starts[1:], len(prof.segs)]
+        chosen = []
+        for sub, a, e, (family, lv) in zip(
+            stage_graphs(prof.graph, starts), starts, ends, choice.assignment, strict=True
+        ):
+            plan, exact = prof.plan(sub, a, e, family)
+            chosen.append((plan, exact, lv))
         probe = self.problem.graph
+        batch = self.problem.global_batch
         return assemble(
-            probe.name, self.mesh, batch, chosen, m, "drec", tokens_per_sample(probe, batch)
+            probe.name,
+            self.mesh,
+            batch,
+            chosen,
+            layout.micro_batches,
+            "drec",
+            tokens_per_sample(probe, batch),
+            layout.virtual,
         )
 
     def infeasible(self, tried: int) -> InfeasibleError:
@@ -361,10 +484,13 @@ class _StepSearch:
         )
 
 
-def _better(a: TrainingPlan, b: TrainingPlan) -> bool:
-    """Faster wins; on a tie, fewer stages, then fewer micro-batches (the simpler plan)."""
-    assert a.step is not None and b.step is not None
-    if a.step.step_s < b.step.step_s * (1 - 1e-9):
+def _better(a: Choice, b: Choice) -> bool:
+    """Faster wins; on a tie, fewer stages, then fewer chunks, then fewer micro-batches."""
+    if a.step_s < b.step_s * (1 - 1e-9):
         return True
-    tie = a.step.step_s <= b.step.step_s * (1 + 1e-9)
-    return tie and (a.pipeline_stages, a.micro_batches) < (b.pipeline_stages, b.micro_batches)
+    tie = a.step_s <= b.step_s * (1 + 1e-9)
+    key = lambda c: (c.layout.stages, c.layout.virtual, c.layout.micro_batches)  # noqa: E731
+    return tie and key(a) < key(b)
+
+
+__all__ = ["LEVERS", "micro_batch_options", "plan_training", "sample_options", "search_step"]

@@ -1,0 +1,223 @@
+"""Stage plans of every family and their step-model profiles, priced once per structure.
+
+A stage (a chunk of segments, `ir.segments`) can be planned by D-Rec (one run per distinct
+segment, strategies side by side), the data-parallel expert, or the Megatron expert at each
+tensor degree t the stage mesh allows (products of its innermost rounds, one-axis meshes too),
+each with and without sequence parallelism when it has tensor-parallel rounds. `Family` names one.
+`StageProfiler.profile` prices a chunk under a family with `cost.step.profile_stage`; a chunk of
+k >= 3 periods of the model's repeated run is priced on its j = 1 and j = 2 reductions
+(`structure.reduced_chunk`) and extrapolated: every additive term is p2 + (k - 2)(p2 - p1), the
+peaks and the stage inputs are p2's (equal layers: equal per-layer terms, the same peak). So a
+trillion-parameter model costs what two of its layers and its ends cost, and chunks of one
+shape share their profiles. O(families x distinct chunk shapes x ops of two layers).
+`plan` gives a chunk's real plan and exact profile (the search's winner only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+
+from shardplan.cost import CostOptions
+from shardplan.cost.sequence import tensor_rounds
+from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, stage_cost
+from shardplan.cost.zero import ZeroStep
+from shardplan.ir.graph import Graph
+from shardplan.ir.segments import Segment, subgraph
+from shardplan.mesh import Mesh
+from shardplan.plans import Plan
+from shardplan.search import experts
+from shardplan.search.step.structure import (
+    ChunkShape,
+    LayerSplit,
+    chunk_shape,
+    fingerprint,
+    reduced_chunk,
+)
+from shardplan.sharding import Strategy
+
+Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
+
+LEVERS: tuple[Levers, ...] = tuple(
+    Levers(r, z)
+    for z in (0, 1, 2, 3)
+    for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+)
+"""Every recomputation x ZeRO combination, least intrusive first (ties go to the earlier one)."""
+
+_PEAKS = {"selective_peak_bytes", "segment_peak_bytes", "input_bytes"}
+_KEEP = {"breakdown", "sequence_parallel", "context_parallel", "zero"}
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """How a stage is planned: "drec", "data-parallel" or "megatron" (at `tensor` ways), and
+    whether it runs sequence parallel."""
+
+    method: str
+    tensor: int = 1
+    sequence_parallel: bool = False
+
+    def text(self) -> str:
+        t = f" t={self.tensor}" if self.method == "megatron" else ""
+        return f"{self.method}{t}{' +SP' if self.sequence_parallel else ''}"
+
+
+def stage_tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
+    """Tensor degrees > 1 of a stage mesh: products of the rounds of its innermost axis, from
+    the last round inwards (a one-axis mesh included: its pipeline ways are already taken)."""
+    out, ways = [], 1
+    inner = len(mesh.shape) - 1
+    for r in reversed(mesh.rounds):
+        if r.mesh_axis != inner:
+            break
+        ways *= r.q
+        out.append(ways)
+    return tuple(out)
+
+
+def extrapolate(p1: StageProfile, p2: StageProfile, k: int) -> StageProfile:
+    """The profile of k periods from those of 1 and 2 (module docstring)."""
+    if k == 2:
+        return p2
+    out = {}
+    for f in fields(StageProfile):
+        a, b = getattr(p1, f.name), getattr(p2, f.name)
+        if f.name in _PEAKS or f.name in _KEEP:
+            out[f.name] = b
+        else:
+            out[f.name] = b + (k - 2) * (b - a)
+    out["zero"] = tuple(
+        ZeroStep(*(y + (k - 2) * (y - x) for x, y in zip(_zs(z1), _zs(z2), strict=True)))
+        for z1, z2 in zip(p1.zero, p2.zero, strict=True)
+    )
+    return StageProfile(**out)
+
+
+def _zs(z: ZeroStep) -> tuple[float, float, float, float]:
+    return (z.fwd_s, z.bwd_s, z.step_s, z.param_bytes)
+
+
+def choose_levers(
+    profile: StageProfile, m: int, in_flight: int, slots: int, budget: float | None
+) -> tuple[float, Levers] | None:
+    """The levers giving this stage the shortest (slots x slot share + sync) within `budget`,
+    with that time; None when no combination fits."""
+    best: tuple[float, Levers] | None = None
+    for lv in LEVERS:
+        lv = replace(lv, sequence_parallel=profile.sequence_parallel)
+        c = stage_cost(profile, lv, m, in_flight)
+        if budget is not None and c.memory_bytes > budget:
+            continue
+        t = slots * (c.fwd_s + c.bwd_s) + c.sync_s
+        if best is None or t < best[0] * (1 - 1e-9):
+            best = (t, lv)
+    return best
+
+
+class StageProfiler:
+    """Profiles of chunks of one graph (the model at one micro-batch size) on one stage mesh,
+    by family; D-Rec's per-segment strategies are shared by every graph and mesh through
+    `drec_cache` (keyed by stage mesh and segment structure)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        segs: Sequence[Segment],
+        prints: Sequence[int],
+        split: LayerSplit,
+        mesh: Mesh,
+        opts: CostOptions,
+        planner: Planner,
+        drec_cache: dict[tuple[object, ...], tuple[Strategy, ...]],
+        counter: list[int],
+    ) -> None:
+        self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
+        self.mesh, self.opts, self.planner = mesh, opts, planner
+        self.drec_cache, self.counter = drec_cache, counter
+        self.cache: dict[tuple[object, ...], StageProfile | None] = {}
+
+    def families(self) -> list[Family]:
+        """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
+        out = [Family("drec"), Family("drec", 1, True), Family("data-parallel")]
+        for t in stage_tensor_degrees(self.mesh):
+            out += [Family("megatron", t), Family("megatron", t, True)]
+        return out
+
+    def strategies(
+        self, sub: Graph, family: Family, seg_range: Sequence[int]
+    ) -> dict[str, Strategy]:
+        """`family`'s strategies for `sub`, whose ops are those of segments `seg_range`."""
+        if family.method == "data-parallel":
+            return experts.data_parallel(sub, self.mesh)
+        if family.method == "megatron":
+            return experts.megatron(sub, self.mesh, family.tensor)
+        out: dict[str, Strategy] = {}
+        for k in seg_range:
+            seg = self.segs[k]
+            key = (self.mesh.shape, self.prints[k])
+            cached = self.drec_cache.get(key)
+            ops = self.graph.ops[seg.start : seg.stop]
+            if cached is None:
+                piece = subgraph(self.graph, seg.start, seg.stop)
+                found = self.planner(piece, self.mesh, self.opts)
+                cached = self.drec_cache[key] = tuple(found[op.name] for op in ops)
+                self.counter[0] += 1
+            out.update((op.name, s) for op, s in zip(ops, cached, strict=True))
+        return out
+
+    def _exact(self, sub: Graph, family: Family, seg_range: Sequence[int]) -> StageProfile | None:
+        st = self.strategies(sub, family, seg_range)
+        st = {op.name: st[op.name] for op in sub.ops}
+        sp = family.sequence_parallel
+        if sp and not tensor_rounds(sub, self.mesh, st):
+            return None  # nothing to split along the sequence: the family is not distinct
+        return profile_stage(sub, self.mesh, st, self.opts, sequence_parallel=sp)
+
+    def profile(self, a: int, e: int, family: Family) -> StageProfile | None:
+        """The profile of chunk [a, e) (segments) under `family`; None when the family does not
+        apply (sequence parallelism without tensor-parallel rounds)."""
+        shape = chunk_shape(self.split, a, e)
+        if shape.periods <= 2:
+            key = (family, tuple(self.prints[a:e]))
+            if key not in self.cache:
+                sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
+                self.cache[key] = self._exact(sub, family, range(a, e))
+            return self.cache[key]
+        pair = [self._reduced(shape, j, family) for j in (1, 2)]
+        if pair[0] is None or pair[1] is None:
+            key = (family, tuple(self.prints[a:e]))
+            if key not in self.cache:
+                sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
+                self.cache[key] = self._exact(sub, family, range(a, e))
+            return self.cache[key]
+        return extrapolate(pair[0], pair[1], shape.periods)
+
+    def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:
+        keep = shape.run_start + j * shape.period + shape.rest
+        kept = [*range(shape.a, keep), *range(shape.run_stop, shape.e)]
+        key = (family, "reduced", tuple(self.prints[k] for k in kept), shape.run_start - shape.a)
+        if key not in self.cache:
+            sub = reduced_chunk(self.graph, self.segs, shape, j, f"{self.graph.name}.reduced")
+            self.cache[key] = None if sub is None else self._exact(sub, family, kept)
+        return self.cache[key]
+
+    def plan(self, sub: Graph, a: int, e: int, family: Family) -> tuple[Plan, StageProfile]:
+        """The real plan of chunk [a, e) (its sub-graph `sub`) and its exact profile."""
+        st = self.strategies(sub, family, range(a, e))
+        st = {op.name: st[op.name] for op in sub.ops}
+        prof = profile_stage(
+            sub, self.mesh, st, self.opts, sequence_parallel=family.sequence_parallel
+        )
+        return Plan(sub, self.mesh, st, family.method, self.opts, cost=prof.breakdown), prof
+
+
+__all__ = [
+    "LEVERS",
+    "Family",
+    "StageProfiler",
+    "choose_levers",
+    "extrapolate",
+    "fingerprint",
+    "stage_tensor_degrees",
+]
