@@ -26,6 +26,7 @@ from __future__ import annotations
 from shardplan.errors import ArgumentError, IRError
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Role
+from shardplan.ir.traits import traits_of
 from shardplan.zoo.layers import dense, layer_norm
 from shardplan.zoo.moe import moe_block, swiglu
 
@@ -258,7 +259,7 @@ def activated_params(graph: Graph, embedding: bool = True) -> int:
     """Parameters a token uses: every parameter, except that a stacked expert weight
     [experts, out, in] of a routed layer counts k/E of its size. A routed layer is one whose
     routing ops carry `k` and `experts` attributes (`shardplan.ir.catalogue_moe`). With
-    `embedding=False` the tables read only by `embedding` lookups are left out too (a token reads
+    `embedding=False` the tables read only by lookups (embeddings) are left out too (a token reads
     one row of them; DeepSeek counts its activated parameters this way, Mistral and Qwen do
     not: `shardplan.zoo.entries_llm`). O(ops)."""
     routing: dict[str, dict[str, int]] = {}
@@ -283,7 +284,13 @@ def activated_params(graph: Graph, embedding: bool = True) -> int:
 
 
 def _lookup_tables(graph: Graph) -> set[str]:
-    """Parameters read by `embedding` lookups (as the table) and by no other op."""
-    tables = {op.inputs[0] for op in graph.ops if op.kind == "embedding"}
-    others = {n for op in graph.ops if op.kind != "embedding" for n in op.inputs}
+    """Parameters only read as a lookup table: the operand whose rows (dim 0) an index input
+    selects (`traits_of(kind).index`, e.g. an embedding's table), read by no op otherwise."""
+    tables: set[str] = set()
+    others: set[str] = set()
+    for op in graph.ops:
+        index = traits_of(op.kind).index
+        table = op.inputs[index.bound_operand] if index and index.bound_dim == 0 else None
+        tables.update({table} if table else set())
+        others.update(n for n in op.inputs if n != table)
     return {n for n in tables - others if graph.tensors[n].role is Role.PARAMETER}
