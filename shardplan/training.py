@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from shardplan import units
 from shardplan.checks import MAX_SIZE
-from shardplan.cost.pipeline import Pipeline, boundary_bytes, shared_sync_s
+from shardplan.cost.pipeline import Pipeline, boundary_bytes, cut_terms, shared_sync_s
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.step import (
     Levers,
@@ -245,6 +245,33 @@ def pipeline_for(
         tokens_per_sample,
         peak,
         opts[0].preset.training_flops_factor,
+        virtual_stages,
+    )
+
+
+def pipeline_cut(
+    graph: Graph,
+    bounds: Sequence[int],
+    opts: CostOptions,
+    mesh: Mesh,
+    batch: int,
+    tokens_per_sample: int,
+    virtual_stages: int = 1,
+) -> Pipeline:
+    """`pipeline_for` of the chunks ops[bounds[c]:bounds[c + 1]] of one graph, without building
+    them (`cost.pipeline.cut_terms`)."""
+    per_stage = mesh.size // ((len(bounds) - 1) // virtual_stages)
+    bw = mesh.bandwidth_bytes_per_s[0]
+    p2p, shared = cut_terms(graph, bounds, opts, per_stage, bw)
+    return Pipeline(
+        p2p,
+        bw,
+        shared,
+        mesh.size,
+        batch,
+        tokens_per_sample,
+        at_precision(mesh, opts).flops_per_s,
+        opts.preset.training_flops_factor,
         virtual_stages,
     )
 

@@ -207,6 +207,8 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     step = tp.step
     assert step is not None
     stages = "1 stage" if tp.pipeline_stages == 1 else f"{tp.pipeline_stages} stages"
+    if tp.virtual_stages > 1:
+        stages += f" (interleaved 1F1B, {tp.virtual_stages} chunks per device)"
     mbs = "1 micro-batch" if tp.micro_batches == 1 else f"{tp.micro_batches} micro-batches"
     table = Table(
         title=f"{tp.model} on mesh {tp.mesh.text()}: {stages}, {mbs} of "
@@ -216,14 +218,19 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     )
     for col in ("stage", "ops", "mesh", "recompute", "ZeRO", "fwd+bwd", "weights", "act", "memory"):
         table.add_column(col, overflow="fold", no_wrap=col not in ("ops", "act"))
-    for s, (stage, cost) in enumerate(zip(tp.stages, step.stages, strict=True)):
-        g = stage.plan.graph
+    n, v = tp.pipeline_stages, tp.virtual_stages
+    for s, cost in enumerate(step.stages):  # interleaved: device group s holds chunks s, s + S, ..
+        chunks = tp.stages[s::n]
+        first, last = chunks[0].plan.graph.ops[0], chunks[-1].plan.graph.ops[-1]
+        count = sum(len(c.plan.graph.ops) for c in chunks)
+        held = f", {v} chunks" if v > 1 else ""
+        levers = sorted({(c.levers.recompute.value, c.levers.zero) for c in chunks})
         table.add_row(
             str(s),
-            f"{g.ops[0].name} ..\n{g.ops[-1].name} ({len(g.ops)})",
-            stage.plan.mesh.text(),
-            stage.levers.recompute.value,
-            str(stage.levers.zero),
+            f"{first.name} ..\n{last.name} ({count}{held})",
+            chunks[0].plan.mesh.text(),
+            "/".join(r for r, _ in levers),
+            "/".join(str(z) for _, z in levers),
             units.seconds(cost.fwd_s + cost.bwd_s),
             units.nbytes(cost.param_bytes),
             f"{units.nbytes(cost.activation_bytes)} ({cost.in_flight})",
@@ -241,7 +248,10 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     sec = units.seconds
     rows = (
         ("step time", sec(step.step_s)),
-        ("  pipeline (m + S - 1 slots)", sec(step.pipeline_s)),
+        (
+            "  pipeline (m + S - 1 slots)" if v == 1 else "  pipeline (m + (S - 1)/v slots)",
+            sec(step.pipeline_s),
+        ),
         ("    of which bubble", f"{sec(step.bubble_s)} ({step.bubble_s / step.step_s:.1%})"),
         ("    of which p2p sends", sec(step.p2p_s)),
         ("    of which recomputation", sec(step.recompute_s)),

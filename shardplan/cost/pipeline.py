@@ -13,7 +13,7 @@ device boundaries. O(stages x tensors).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardplan.cost import collectives as coll
 from shardplan.cost.presets import CostOptions
@@ -74,6 +74,42 @@ def shared_sync_s(
             nbytes = t.numel * opts[where[0]].element_bytes(t) / devices_per_stage
             shared += coll.all_reduce_s(nbytes, len(where), bandwidth)
     return shared
+
+
+def cut_terms(
+    graph: Graph, bounds: Sequence[int], opts: CostOptions, devices_per_stage: int, bandwidth: float
+) -> tuple[tuple[float, ...], float]:
+    """`boundary_bytes` and `shared_sync_s` of the stages ops[bounds[s]:bounds[s + 1]] of one
+    graph, read off it directly (no stage sub-graphs): equal to them on `stage_graphs`. O(ops)."""
+    stage_of = [0] * len(graph.ops)
+    for s in range(len(bounds) - 1):
+        stage_of[bounds[s] : bounds[s + 1]] = [s] * (bounds[s + 1] - bounds[s])
+    p2p = [0.0] * (len(bounds) - 2)
+    holders: dict[str, set[int]] = {}
+    seen: set[tuple[str, int]] = set()
+    for i, op in enumerate(graph.ops):
+        s = stage_of[i]
+        for name in op.inputs:
+            t = graph.tensors[name]
+            if t.role is Role.PARAMETER:
+                holders.setdefault(name, set()).add(s)
+                continue
+            src = graph.producer.get(name)
+            if src is None or stage_of[src] >= s or (name, s) in seen:
+                continue
+            seen.add((name, s))
+            # priced as the stage's input it is (`ir.segments.subgraph`), like `boundary_bytes`
+            width = opts.element_bytes(replace(t, role=Role.INPUT))
+            nbytes = t.numel * width / devices_per_stage  # sent sharded
+            for b in range(stage_of[src], s):
+                p2p[b] += nbytes
+    shared = 0.0
+    for name, where in holders.items():
+        if len(where) > 1:
+            t = graph.tensors[name]
+            nbytes = t.numel * opts.element_bytes(t) / devices_per_stage
+            shared += coll.all_reduce_s(nbytes, len(where), bandwidth)
+    return tuple(p2p), shared
 
 
 def interleaved_bubble_slots(stages: int, virtual_stages: int) -> float:

@@ -66,6 +66,10 @@ class CostOptions:
     """None: every tensor at its declared dtype_bytes (the graph's own widths)."""
     zero: int = 0
     """ZeRO stage 0-3 of the plan's parameter state (`cost/zero.py`); the searches price 0."""
+    grad_sync_weight: float = 1.0
+    """Weight of the gradient all-reduce, which runs once per step, against the per-micro-batch
+    terms: 1 / m when a micro-batch graph of m is planned for the training step (D-Rec inside
+    the step search), so its objective is the step's divided by m."""
 
     def element_bytes(self, t: Tensor) -> int:
         """Bytes per element the cost model prices `t` at: the precision's width for parameters

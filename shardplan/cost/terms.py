@@ -175,7 +175,7 @@ def intra_terms(
         else:
             continue
         if info.role is Role.PARAMETER:
-            sync += cost
+            sync += cost * opts.grad_sync_weight
         else:
             bwd += cost
     if dim.kind is DimKind.REDUCE:

@@ -76,3 +76,16 @@ def test_a_plan_file_replanned_with_force_keeps_its_budget(tmp_path, capsys):
     assert replanned["problem"]["budget"] == 30e6
     assert replanned["cost"]["memory_per_device_bytes"] <= 30e6
     capsys.readouterr()
+
+
+def test_an_interleaved_training_plan_prints_one_row_per_device_group(capsys):
+    # v chunks per device: the step has S device rows, the plan S x v chunks
+    code = main(
+        ["plan", "gpt2-small", "--mesh", "2x4", "--batch", "32", "--dtype", "bf16", "--method",
+         "megatron-recipe", "--tensor", "2", "--pipeline", "2", "--virtual-stages", "2"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "interleaved 1F1B, 2 chunks per device" in out
+    assert "(m + (S - 1)/v slots)" in out
+    assert out.count(" chunks)") == 2  # one row per device group, each holding 2 chunks

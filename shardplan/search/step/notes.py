@@ -19,25 +19,20 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
     if tp.pipeline_stages > 1:
         step = tp.step
         assert step is not None
+        schedule = (
+            f"interleaved 1F1B, {tp.virtual_stages} chunks per device"
+            if tp.virtual_stages > 1
+            else "1F1B"
+        )
         notes.append(
-            f"{tp.pipeline_stages} pipeline stages (1F1B) with {tp.micro_batches} micro-batches: "
-            f"bubble {step.bubble_s / step.step_s:.1%} of the step"
+            f"{tp.pipeline_stages} pipeline stages ({schedule}) with {tp.micro_batches} "
+            f"micro-batches: bubble {step.bubble_s / step.step_s:.1%} of the step"
         )
     elif tp.micro_batches > 1:
         notes.append(f"{tp.micro_batches} micro-batches (gradient accumulation)")
-    methods: dict[str, list[int]] = {}
-    for s, stage in enumerate(tp.stages):
-        methods.setdefault(stage.plan.method, []).append(s)
-    if set(methods) != {"drec"}:
-        notes.append(
-            "stage plans: "
-            + "; ".join(
-                f"{m} on stage{'s' if len(v) > 1 else ''} {_ranges(v)}"
-                for m, v in sorted(methods.items())
-            )
-            + " (each stage keeps the fastest of D-Rec's plan and the expert plans under the "
-            "step model)"
-        )
+    word = "chunk" if tp.virtual_stages > 1 else "stage"
+    why = f"to fit {units.nbytes(budget)} per device" if budget else "faster under the model"
+    grouped: dict[str, list[int]] = {}  # the same levers on many stages: one note
     for s, stage in enumerate(tp.stages):
         lv = stage.levers
         used = []
@@ -46,14 +41,14 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
         if lv.zero:
             used.append(f"ZeRO-{lv.zero}")
         if used:
-            why = (
-                f"to fit {units.nbytes(budget)} per device" if budget else "faster under the model"
-            )
-            notes.append(f"stage {s}: {' and '.join(used)} {why}")
+            grouped.setdefault(" and ".join(used), []).append(s)
+    for used_text, where in grouped.items():
+        plural = "s" if len(where) > 1 else ""
+        notes.append(f"{word}{plural} {_ranges(where)}: {used_text} {why}")
     sp = [s for s, stage in enumerate(tp.stages) if stage.levers.sequence_parallel]
     if sp:
         notes.append(
-            f"stage{'s' if len(sp) > 1 else ''} {_ranges(sp)}: sequence parallelism (norms and "
+            f"{word}{'s' if len(sp) > 1 else ''} {_ranges(sp)}: sequence parallelism (norms and "
             "residual adds split along the sequence over the tensor-parallel group: their "
             "compute and activations / t)"
         )

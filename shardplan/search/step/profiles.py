@@ -5,11 +5,13 @@ segment, strategies side by side), the data-parallel expert, or the Megatron exp
 tensor degree t the stage mesh allows (products of its innermost rounds, one-axis meshes too),
 each with and without sequence parallelism when it has tensor-parallel rounds. `Family` names one.
 `StageProfiler.profile` prices a chunk under a family with `cost.step.profile_stage`; a chunk of
-k >= 3 periods of the model's repeated run is priced on its j = 1 and j = 2 reductions
-(`structure.reduced_chunk`) and extrapolated: every additive term is p2 + (k - 2)(p2 - p1), the
-peaks and the stage inputs are p2's (equal layers: equal per-layer terms, the same peak). So a
-trillion-parameter model costs what two of its layers and its ends cost, and chunks of one
-shape share their profiles. O(families x distinct chunk shapes x ops of two layers).
+k >= 3 periods of the model's repeated run is priced on its one-period reduction p1
+(`structure.reduced_chunk`) plus (k - 1) per-period increments, the increment being q2 - q1 of
+the one- and two-period reductions of the first such chunk priced (equal layers under equal
+strategies add equal terms, whatever the chunk's ends); the peaks and the stage inputs are p1's
+(equal layers, the same peak). So a trillion-parameter model costs what one or two of its
+layers and its ends cost, and chunks of one shape share their profiles. O(families x (distinct
+chunk shapes + 1) x ops of two layers).
 `plan` gives a chunk's real plan and exact profile (the search's winner only).
 """
 
@@ -76,20 +78,21 @@ def stage_tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
     return tuple(out)
 
 
-def extrapolate(p1: StageProfile, p2: StageProfile, k: int) -> StageProfile:
-    """The profile of k periods from those of 1 and 2 (module docstring)."""
-    if k == 2:
-        return p2
+def extrapolate(p1: StageProfile, q1: StageProfile, q2: StageProfile, k: int) -> StageProfile:
+    """The profile of a chunk of k periods from its own one-period reduction `p1` and the
+    per-period increment q2 - q1 of the two reductions of a chunk of the same run (every
+    period adds the same ops and the same joins, whatever the chunk's ends): additive terms
+    p1 + (k - 1)(q2 - q1); the peaks and the stage inputs are p1's (module docstring)."""
     out = {}
     for f in fields(StageProfile):
-        a, b = getattr(p1, f.name), getattr(p2, f.name)
+        a = getattr(p1, f.name)
         if f.name in _PEAKS or f.name in _KEEP:
-            out[f.name] = b
+            out[f.name] = a
         else:
-            out[f.name] = b + (k - 2) * (b - a)
+            out[f.name] = a + (k - 1) * (getattr(q2, f.name) - getattr(q1, f.name))
     out["zero"] = tuple(
-        ZeroStep(*(y + (k - 2) * (y - x) for x, y in zip(_zs(z1), _zs(z2), strict=True)))
-        for z1, z2 in zip(p1.zero, p2.zero, strict=True)
+        ZeroStep(*(a + (k - 1) * (y - x) for a, x, y in zip(_zs(z), _zs(z1), _zs(z2), strict=True)))
+        for z, z1, z2 in zip(p1.zero, q1.zero, q2.zero, strict=True)
     )
     return StageProfile(**out)
 
@@ -131,11 +134,14 @@ class StageProfiler:
         planner: Planner,
         drec_cache: dict[tuple[object, ...], tuple[Strategy, ...]],
         counter: list[int],
+        micro_batches: int = 1,
     ) -> None:
         self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
+        self.micro_batches = micro_batches
         self.cache: dict[tuple[object, ...], StageProfile | None] = {}
+        self.increments: dict[Family, tuple[StageProfile, StageProfile] | None] = {}
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -155,12 +161,14 @@ class StageProfiler:
         out: dict[str, Strategy] = {}
         for k in seg_range:
             seg = self.segs[k]
-            key = (self.mesh.shape, self.prints[k])
+            key = (self.mesh.shape, self.prints[k], self.micro_batches)
             cached = self.drec_cache.get(key)
             ops = self.graph.ops[seg.start : seg.stop]
             if cached is None:
                 piece = subgraph(self.graph, seg.start, seg.stop)
-                found = self.planner(piece, self.mesh, self.opts)
+                # priced as the step pays: the gradient sync once per m micro-batches
+                weighted = replace(self.opts, grad_sync_weight=1.0 / self.micro_batches)
+                found = self.planner(piece, self.mesh, weighted)
                 cached = self.drec_cache[key] = tuple(found[op.name] for op in ops)
                 self.counter[0] += 1
             out.update((op.name, s) for op, s in zip(ops, cached, strict=True))
@@ -184,14 +192,18 @@ class StageProfiler:
                 sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
                 self.cache[key] = self._exact(sub, family, range(a, e))
             return self.cache[key]
-        pair = [self._reduced(shape, j, family) for j in (1, 2)]
-        if pair[0] is None or pair[1] is None:
+        own = self._reduced(shape, 1, family)
+        step = self.increments.get(family)
+        if step is None:  # the first chunk of the run priced under this family sets it
+            twice = self._reduced(shape, 2, family)
+            step = self.increments[family] = None if own is None or twice is None else (own, twice)
+        if own is None or step is None:
             key = (family, tuple(self.prints[a:e]))
             if key not in self.cache:
                 sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
                 self.cache[key] = self._exact(sub, family, range(a, e))
             return self.cache[key]
-        return extrapolate(pair[0], pair[1], shape.periods)
+        return extrapolate(own, step[0], step[1], shape.periods)
 
     def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:
         keep = shape.run_start + j * shape.period + shape.rest

@@ -18,9 +18,10 @@ is never slower than a Megatron recipe that fits the same budget under the same 
 Layouts: S divides the outer axis (at most one stage per segment); v > 1 when the layer count is
 a multiple of S x v (as Megatron-LM requires) and m a multiple of S; b a multiple of the data
 ways of each tensor degree (every micro-batch size per rank) or one of `micro_batch_options`.
-Bound (proven): a device computes at least its chunks' ops split ideally over m x its stage's
-devices (FLOPs and bytes at the global batch / (m n), roofline without the launch floor, which
-only adds), and the step is at least (m + (S - 1) / v) such slots; layouts run in order of the
+Bound (proven): per micro-batch a device runs a piece of each op of its chunks, which takes at
+least the op's launch floor and its FLOPs and bytes at the global batch / (m n) at the roofline
+(`cost.terms.compute_cost`: a piece of a split op moves and computes at least that much), and
+the step is at least (m + (S - 1) / v) such slots; layouts run in order of the
 bound and the search stops when the bound reaches the best step found. The graph at a micro-batch
 size is built only when a layout needs it. Deterministic. Progress goes to `progress`.
 """
@@ -59,7 +60,7 @@ from shardplan.search.step.stages import (
 )
 from shardplan.search.step.structure import LayerSplit, fingerprint, layer_split, segment_prints
 from shardplan.sharding import Strategy
-from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_for
+from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_cut
 
 Progress = Callable[[str], None]
 Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
@@ -224,12 +225,17 @@ def _search_note(best: Choice, tried: int, total: int) -> str:
     for c, (family, _) in enumerate(best.assignment):
         families.setdefault(family.text(), []).append(c)
     won = "; ".join(
-        f"{f} on chunk{'s' if len(v) > 1 else ''} {_span(v)}" for f, v in families.items()
+        f"{f} on {'chunks' if len(v) > 1 else 'chunk'} {_span(v)}" for f, v in families.items()
     )
-    how = "one plan and lever on every stage" if best.uniform else "each stage its own best"
+    how = (
+        "one plan and lever on every stage, as an engine configures"
+        if best.uniform
+        else "each stage its own fastest plan and lever"
+    )
     return (
-        f"search: {tried} of {total} layouts evaluated (the rest bounded out); won {won} "
-        f"({how}), against D-Rec, data-parallel and Megatron plans at every tensor degree"
+        f"stage plans: {won} ({how}); D-Rec, data-parallel and Megatron at every tensor degree "
+        f"were priced on every stage under the step model; {tried} of {total} layouts evaluated, "
+        "the rest bounded out"
     )
 
 
@@ -239,22 +245,27 @@ def _span(xs: list[int]) -> str:
     return ", ".join(map(str, xs))
 
 
-def _ideal_seconds(probe: Graph, mesh: Mesh, opts: CostOptions) -> np.ndarray:
-    """Per op, the roofline seconds of the whole op on one device without the launch floor
-    (prefix sums; divided by m x n it bounds any piece's time from below)."""
+def _ideal_seconds(probe: Graph, mesh: Mesh, opts: CostOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Per op: the roofline seconds of the whole op on one device (divided by m x n it bounds a
+    piece's time from below) and its launch floor (every device launches every op that
+    computes), both at the training factor."""
     hw = mesh.hardware
+    n = len(probe.ops)
     if opts.preset.symbolic or hw is None:
-        return np.zeros(len(probe.ops) + 1)
+        return np.zeros(n), np.zeros(n)
     factor = opts.preset.training_flops_factor if opts.train else 1.0
     flops_rate = mesh.flops_per_s * hw.flops_efficiency
     bytes_rate = hw.hbm_bytes_per_s * hw.hbm_efficiency
-    per_op = [
-        0.0
-        if op.flops <= 0
-        else max(op.flops / flops_rate, op_bytes(probe, op, (), (), opts) / bytes_rate) * factor
-        for op in probe.ops
-    ]
-    return np.concatenate([[0.0], np.cumsum(per_op)])
+    ideal = np.array(
+        [
+            0.0
+            if op.flops <= 0
+            else max(op.flops / flops_rate, op_bytes(probe, op, (), (), opts) / bytes_rate)
+            for op in probe.ops
+        ]
+    )
+    floor = np.array([hw.launch_s if op.flops > 0 else 0.0 for op in probe.ops])
+    return ideal * factor, floor * factor
 
 
 def _layouts(
@@ -277,7 +288,8 @@ def _layouts(
             stage_starts(probe, s)  # PlanError: more stages than segments
     else:
         s_options = [s for s in range(1, outer + 1) if outer % s == 0 and s <= len(segs)]
-    ideal = _ideal_seconds(probe, mesh, opts)
+    ideal, floor = _ideal_seconds(probe, mesh, opts)
+    op_start = np.array([sg.start for sg in segs] + [len(probe.ops)])
     out = []
     for n_stages in s_options:
         smesh = stage_mesh(mesh, n_stages)
@@ -290,19 +302,18 @@ def _layouts(
             ]
         samples = sample_options(batch, smesh)
         for v in vs:
-            starts = starts_of(n_stages * v)
-            ends = [*starts[1:], len(segs)]
-            chunk = [
-                ideal[segs[e - 1].stop] - ideal[segs[a].start]
-                for a, e in zip(starts, ends, strict=True)
-            ]
-            heaviest = max(sum(chunk[d::n_stages]) for d in range(n_stages))
+            cuts = op_start[[*starts_of(n_stages * v), len(segs)]]
             for b in samples:
                 m = batch // b
                 if v > 1 and m % n_stages:
                     continue
-                bound = (m + (n_stages - 1) / v) * heaviest / (m * smesh.size)
-                out.append(Layout(float(bound), n_stages, v, m, b))
+                per_op = np.concatenate(
+                    [[0.0], np.cumsum(np.maximum(floor, ideal / (m * smesh.size)))]
+                )
+                chunk = per_op[cuts[1:]] - per_op[cuts[:-1]]
+                heaviest = max(float(chunk[d::n_stages].sum()) for d in range(n_stages))
+                bound = (m + (n_stages - 1) / v) * heaviest
+                out.append(Layout(bound, n_stages, v, m, b))
     # an interleaved layout right after its v = 1 twin (`_worth_interleaving` reads the twin)
     flat = {(c.stages, c.micro_batches): c.bound for c in out if c.virtual == 1}
     return sorted(
@@ -368,6 +379,7 @@ class _Search:
                 self.planner,
                 self.drec_cache,
                 self.drec_runs,
+                self.problem.global_batch // b,
             )
         return self.profilers[key]
 
@@ -381,16 +393,10 @@ class _Search:
             return None
         starts = self.chunk_starts(n * v)
         ranges = list(zip(starts, [*starts[1:], len(prof.segs)], strict=True))
-        graphs = stage_graphs(prof.graph, starts)
-        opts = self.problem.options
-        pipe = pipeline_for(
-            graphs,
-            [opts] * len(graphs),
-            self.mesh,
-            self.problem.global_batch,
-            tokens_per_sample(self.problem.graph, self.problem.global_batch),
-            v,
-        )
+        bounds = [prof.segs[a].start for a in starts] + [len(prof.graph.ops)]
+        batch = self.problem.global_batch
+        tokens = tokens_per_sample(self.problem.graph, batch)
+        pipe = pipeline_cut(prof.graph, bounds, self.problem.options, self.mesh, batch, tokens, v)
         table: dict[Family, list[StageProfile | None]] = {
             f: [prof.profile(a, e, f) for a, e in ranges] for f in prof.families()
         }

@@ -1,0 +1,180 @@
+"""The training-step search at full size, and against the published configurations (issue 24).
+
+Part 1 — speed: GPT-3 175B (96 layers, h 12288, 96 heads) on 128x8 A100-80GB, batch 1536, and a
+1T GPT (128 layers, h 25600, 160 heads) on 384x8, batch 3072; sequence 2048, vocabulary 51,200,
+bf16, 80 GB per device. Each row times building the model's graph once and the search
+(`sp.plan(..., method="step")`) in the same run, and gives their ratio (targets: <= 2 s and
+<= 8x the build for 175B, <= 10 s and <= 40x for 1T).
+Part 2 — quality: every published run of benchmarks/published_runs.py (Narayanan et al. SC'21
+Table 1; Korthikanti et al. MLSys'23) — the published configuration scored by the Megatron recipe
+with the paper's knobs, and the search on the same model, mesh, batch and 80 GB budget; the
+ratio planner / published is printed whatever it is (target <= 0.91), with the stage plans the
+search chose (which stages D-Rec decided).
+Nothing is fitted: both sides are the same step model (shardplan/cost/step.py).
+
+Run: python benchmarks/train_search.py [--quick]  ->  benchmarks/results/train_search.{json,md}
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _report import run_info, table, write  # noqa: E402
+from published_runs import MLSYS23, SC21, builder  # noqa: E402
+
+import shardplan as sp  # noqa: E402
+from shardplan import zoo  # noqa: E402
+from shardplan.training import TrainingPlan  # noqa: E402
+
+BUDGET = 80e9
+SPEED = [  # (name, layers, hidden, heads, mesh, batch, target seconds, target ratio to the build)
+    ("GPT-3 175B", 96, 12288, 96, "128x8", 1536, 2.0, 8.0),
+    ("GPT 1T", 128, 25600, 160, "384x8", 3072, 10.0, 40.0),
+]
+
+
+def gpt(layers: int, hidden: int, heads: int) -> Any:
+    return lambda b: zoo.build(
+        "gpt3", batch=b, layers=layers, hidden=hidden, heads=heads, vocab=51200, seq=2048
+    )
+
+
+def stage_methods(tp: TrainingPlan) -> str:
+    """Which plan each chunk runs ("drec" where D-Rec decided), as runs of equal methods."""
+    out: list[list[Any]] = []
+    for c, stage in enumerate(tp.stages):
+        if out and out[-1][0] == stage.plan.method:
+            out[-1][2] = c
+        else:
+            out.append([stage.plan.method, c, c])
+    return ", ".join(f"{m} {a}-{b}" if a != b else f"{m} {a}" for m, a, b in out)
+
+
+def summary(tp: TrainingPlan) -> dict[str, Any]:
+    s = tp.step
+    assert s is not None
+    return {
+        "step_s": s.step_s,
+        "memory_GB": s.memory_per_device / 1e9,
+        "pipeline_stages": tp.pipeline_stages,
+        "virtual_stages": tp.virtual_stages,
+        "micro_batches": tp.micro_batches,
+        "stage_methods": stage_methods(tp),
+        "drec_chunks": sum(st.plan.method == "drec" for st in tp.stages),
+        "chunks": len(tp.stages),
+        "notes": list(tp.notes),
+    }
+
+
+def speed_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name, layers, hidden, heads, mesh, batch, target_s, target_ratio in SPEED:
+        build = gpt(layers, hidden, heads)
+        t0 = time.perf_counter()
+        build(batch)
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        tp = sp.plan(build, mesh, "step", batch=batch, dtype="bf16", memory=BUDGET)
+        search_s = time.perf_counter() - t0
+        rows.append(
+            {
+                "model": name,
+                "mesh": mesh,
+                "batch": batch,
+                "build_s": build_s,
+                "search_s": search_s,
+                "ratio": search_s / build_s,
+                "target_s": target_s,
+                "target_ratio": target_ratio,
+                **summary(tp),
+            }
+        )
+        print(f"{name}: search {search_s:.2f} s, build {build_s:.2f} s", file=sys.stderr)
+    return rows
+
+
+def published_rows() -> list[dict[str, Any]]:
+    runs = [
+        (f"SC'21 {m}", m, mesh, batch, dict(tensor=t, pipeline=p, micro_batch_size=1,
+                                            recompute="full"))  # fmt: skip
+        for m, mesh, batch, t, p, _ in SC21
+    ]
+    for m, mesh, batch, t, p, mbs, v, knobs, _ in MLSYS23:
+        label = "sel+SP" if knobs.get("sequence_parallel") else "full"
+        knobs = dict(tensor=t, pipeline=p, micro_batch_size=mbs, virtual_stages=v, **knobs)
+        runs.append((f"MLSys'23 {m} {label}", m, mesh, batch, knobs))
+    rows = []
+    for label, model, mesh, batch, knobs in runs:
+        build = builder(model)
+        published = sp.plan(build, mesh, "megatron-recipe", batch=batch, dtype="bf16", **knobs)
+        t0 = time.perf_counter()
+        tp = sp.plan(build, mesh, "step", batch=batch, dtype="bf16", memory=BUDGET)
+        search_s = time.perf_counter() - t0
+        assert published.step is not None and tp.step is not None
+        rows.append(
+            {
+                "run": label,
+                "mesh": mesh,
+                "batch": batch,
+                "published_knobs": knobs,
+                "published_step_s": published.step.step_s,
+                "published_memory_GB": published.step.memory_per_device / 1e9,
+                "published_fits": published.step.memory_per_device <= BUDGET,
+                "search_s": search_s,
+                "ratio": tp.step.step_s / published.step.step_s,
+                **summary(tp),
+            }
+        )
+        print(f"{label}: {rows[-1]['ratio']:.3f} ({search_s:.1f} s)", file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    info = run_info(__file__, budget_bytes=BUDGET, dtype="bf16", quick=quick)
+    t0 = time.perf_counter()
+    speed = [] if quick else speed_rows()
+    published = published_rows()
+    data = {**info, "seconds": time.perf_counter() - t0, "speed": speed, "published": published}
+    write("train_search_quick" if quick else "train_search", data, markdown(info, speed, published))
+
+
+def markdown(info: dict[str, Any], speed: list[dict[str, Any]], pub: list[dict[str, Any]]) -> str:
+    md = "# The training-step search: speed at full size and against published configurations\n\n"
+    md += f"Command: `{info['command']}` (source {info['source']}); bf16, 80 GB per device.\n\n"
+    if speed:
+        md += "## Speed (build the graph once vs the whole search, same run)\n\n"
+        md += table(
+            ["model", "mesh", "batch", "build s", "search s", "search / build", "targets",
+             "step s", "S x v, m", "memory GB", "stage plans"],  # fmt: skip
+            [
+                [r["model"], r["mesh"], r["batch"], f"{r['build_s']:.3f}", f"{r['search_s']:.2f}",
+                 f"{r['ratio']:.1f}", f"<= {r['target_s']:g} s, <= {r['target_ratio']:g}x",
+                 f"{r['step_s']:.4g}", f"{r['pipeline_stages']} x {r['virtual_stages']}, "
+                 f"{r['micro_batches']}", f"{r['memory_GB']:.3g}", r["stage_methods"]]  # fmt: skip
+                for r in speed
+            ],
+        )
+    md += "\n## Against the published configurations (same step model, 80 GB)\n\n"
+    md += table(
+        ["run", "mesh", "batch", "published step s", "published GB", "planner step s",
+         "planner / published", "planner S x v, m", "planner GB", "stage plans", "search s"],
+        [
+            [r["run"], r["mesh"], r["batch"], f"{r['published_step_s']:.4g}",
+             f"{r['published_memory_GB']:.3g}", f"{r['step_s']:.4g}", f"{r['ratio']:.3f}",
+             f"{r['pipeline_stages']} x {r['virtual_stages']}, {r['micro_batches']}",
+             f"{r['memory_GB']:.3g}", r["stage_methods"], f"{r['search_s']:.1f}"]
+            for r in pub
+        ],
+    )  # fmt: skip
+    return md
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Long runs of layers are priced from their one- and two-period reductions (search/step/
+profiles.py): the extrapolated step equals the exactly profiled plan's, for every layout."""
+
+import math
+
+import pytest
+
+from shardplan import zoo
+from shardplan.ir.segments import segments
+from shardplan.problem import Problem
+from shardplan.search.step.search import Layout, _drec_planner, _Search
+from shardplan.search.step.structure import (
+    chunk_shape,
+    graph_layers,
+    reduced_chunk,
+    segment_prints,
+)
+from shardplan.training import at_precision
+
+
+def _gpt(batch: int):
+    return zoo.build("gpt3", batch=batch, layers=8, hidden=128, heads=4, vocab=500, seq=32)
+
+
+@pytest.mark.parametrize(
+    ("stages", "virtual", "micro_batches"), [(1, 1, 1), (1, 1, 4), (2, 1, 4), (4, 1, 8), (2, 2, 4)]
+)
+def test_extrapolated_profiles_equal_the_exact_ones(stages, virtual, micro_batches):
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    search = _Search(problem, at_precision(problem.mesh, problem.options), _drec_planner)
+    layout = Layout(0.0, stages, virtual, micro_batches, 16 // micro_batches)
+    choice = search.evaluate(layout, lambda _msg: None)
+    assert choice is not None
+    exact = search.materialize(choice)  # every stage re-profiled on its real sub-graph
+    assert math.isclose(exact.step.step_s, choice.step_s, rel_tol=1e-9)
+
+
+def test_a_reduced_chunk_keeps_its_ends_and_one_period():
+    g = _gpt(4)
+    segs = segments(g)
+    split = graph_layers(g)
+    assert split.layers == 8
+    whole = chunk_shape(split, 0, len(segs))  # embeddings, 8 layers, head
+    assert whole.periods == 8
+    one = reduced_chunk(g, segs, whole, 1, "one")
+    assert one is not None
+    # the head reads the last kept layer's output: one layer's ops fewer x 7
+    per_layer = (len(g.ops) - len(one.ops)) // 7
+    assert len(one.ops) + 7 * per_layer == len(g.ops)
+    prints = segment_prints(one, segments(one))
+    assert prints == segment_prints(g, segs)[: split.first + split.period] + segment_prints(
+        g, segs
+    )[split.stop :]
+
+
+@pytest.mark.parametrize(("chunks", "virtual"), [(1, 1), (2, 1), (4, 1), (4, 2), (6, 3)])
+def test_pipeline_terms_read_off_the_cut_equal_those_of_the_stage_graphs(chunks, virtual):
+    from shardplan.cost import CostOptions
+    from shardplan.mesh import parse_mesh
+    from shardplan.search.step.stages import stage_graphs, stage_starts
+    from shardplan.training import pipeline_cut, pipeline_for
+
+    g = zoo.build("gpt2-small", small=True, batch=8, layers=3)  # tied embedding: a shared sync
+    opts = CostOptions.make(dtype="bf16")
+    mesh = parse_mesh("6x2")
+    starts = stage_starts(g, chunks)
+    graphs = stage_graphs(g, starts)
+    segs = segments(g)
+    bounds = [segs[a].start for a in starts] + [len(g.ops)]
+    want = pipeline_for(graphs, [opts] * len(graphs), mesh, 8, 16, virtual)
+    assert pipeline_cut(g, bounds, opts, mesh, 8, 16, virtual) == want
