@@ -18,9 +18,11 @@ per device is read from the printed report.
 
 Every child is measured from outside: wall time around it, and its CPU seconds and peak RSS
 (`ru_maxrss`, which includes the interpreter, torch and transformers) from `os.wait4`'s resource
-usage of that one process. The other big zoo LLMs (Mixtral 8x22B, DeepSeek-V3, Qwen3-235B-A22B)
-are planned with the 405B command's mesh, machine and sizes too. `--quick` runs the same
-commands cut to 2 layers on small meshes (to try the script).
+usage of that one process. Linux carries the RSS a process had before exec into `ru_maxrss`, so
+a child's figure is at least this script's own RSS at the fork (reported with the results).
+The other big zoo LLMs (Mixtral 8x22B, DeepSeek-V3, Qwen3-235B-A22B) are planned with the
+405B command's mesh, machine and sizes too. `--quick` runs the same commands cut to 2 layers on
+small meshes (to try the script).
 
 Run: python benchmarks/hf_full_size.py [--only NAME,NAME] [--no-imports] [--no-plans] [--quick]
      [--timeout S]
@@ -35,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -190,6 +193,12 @@ def markdown(imports: dict[str, Any] | None, plans: dict[str, Any] | None) -> st
         "(`os.wait4`). The machine runs other jobs, so wall time includes waiting for a core; "
         "CPU seconds do not.\n"
     )
+    floor = (plans or imports or {}).get("run", {}).get("parent_rss_mb")
+    if floor:
+        md += (
+            f"A child's peak RSS counts this script's own RSS at the fork ({floor:.0f} MB): "
+            "Linux carries it into `ru_maxrss` across exec.\n"
+        )
     if imports:
         run = imports["run"]
         md += (
@@ -261,6 +270,7 @@ def main() -> None:
     batch, seq = QUICK_IMPORT if args.quick else (BATCH, SEQ)
     name = "hf_full_size_quick" if args.quick else "hf_full_size"
     info = run_info(__file__, import_batch=batch, import_seq=seq, quick=args.quick)
+    info["parent_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     imports, plans = _earlier(name, "imports"), _earlier(name, "plans")
     if not args.no_imports:
         imports = {"run": info, "rows": []}
