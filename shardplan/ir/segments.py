@@ -3,7 +3,8 @@
 A position i of the topological order (between ops i-1 and i) is a cut point when exactly one
 activation produced before i is still read at or after i — the residual stream between two
 transformer half-layers, the feature map between two CNN blocks. Graph inputs, constants and
-parameters do not count: every stage can read them. Segments are the units that pipeline stages
+parameters do not count: every stage can read them; a stage's incoming activations do (live
+from its first op), so a stage's segments are the model's.  Segments are the units that pipeline stages
 are made of (contiguous runs of segments) and the checkpoints of full activation recomputation
 (only a segment's input is kept; the segment is re-run in backward). One sweep with a difference
 array: O(|V| + |E|).
@@ -32,6 +33,14 @@ def segments(graph: Graph) -> tuple[Segment, ...]:
     n = len(graph.ops)
     delta = [0] * (n + 2)
     crossing: dict[int, str] = {}
+    for name, t in graph.tensors.items():
+        # a stage's incoming activation (an input that needs a gradient, `subgraph`) is live
+        # from the start like the activation it was, so a stage cuts where the model does
+        if t.role is Role.INPUT and name in graph.requires_grad and name not in graph.producer:
+            users = graph.consumers.get(name, ())
+            if users:
+                delta[1] += 1
+                delta[max(i for i, _ in users) + 1] -= 1
     for name, p in graph.producer.items():
         if graph.tensors[name].role is not Role.ACTIVATION:
             continue

@@ -20,3 +20,17 @@ def test_drec_matches_the_ilp_on_mesh_12(model, sizes):
     exact = sp.plan(graph, mesh, method="ilp", time_limit=120)  # optimal in about 1 s
     drec = sp.plan(graph, mesh, method="drec")
     assert drec.cost.total <= exact.cost.total * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("model", "within"),
+    # D-Rec / ILP at c1648f8: bert-large 1.127 (attention scores took the batch cut before q, k
+    # and v, priced one by one, chose heads), gpt3-175b 1.121 (the tied output layer's
+    # contraction cut left the round of 3 whole logits to all-reduce)
+    [("bert-large", 1.05), ("gpt3-175b", 1.02)],
+)
+def test_drec_near_the_ilp_where_rounds_differ(model, within):
+    graph, mesh = sp.zoo.build(model, layers=1), sp.parse_mesh("12")
+    exact = sp.plan(graph, mesh, method="ilp", time_limit=120)  # optimal in 0.3-1.5 s
+    drec = sp.plan(graph, mesh, method="drec")
+    assert drec.cost.total <= exact.cost.total * within

@@ -124,3 +124,15 @@ def test_megatron_recipe_structure():
     assert all(s.levers.recompute is Recompute.FULL for s in tp.stages)
     with pytest.raises(PlanError, match="does not divide"):
         megatron_recipe(_gpt, 16, mesh, BF16, tensor=2, pipeline=3)
+
+
+def test_a_stage_is_segmented_like_the_model():
+    # a stage cut mid-layer: its incoming activation counts as live, so no one-op segments
+    g = _gpt(4)
+    segs = segments(g)
+    start, stop = segs[3].start + 2, segs[-1].stop  # inside the first layer's MLP half
+    sub = subgraph(g, start, stop)
+    inner = [(s.start - start, s.stop - start) for s in segs if s.start >= start]
+    got = [(s.start, s.stop) for s in segments(sub)]
+    assert got[1:] == inner  # after the partial first segment, the model's own cuts
+    assert got[0] == (0, inner[0][0])

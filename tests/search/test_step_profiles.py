@@ -26,9 +26,32 @@ def _gpt(batch: int):
     ("stages", "virtual", "micro_batches"), [(1, 1, 1), (1, 1, 4), (2, 1, 4), (4, 1, 8), (2, 2, 4)]
 )
 def test_extrapolated_profiles_equal_the_exact_ones(stages, virtual, micro_batches):
-    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    _check_layout(_gpt, "4x2", 16, stages, virtual, micro_batches)
+
+
+@pytest.mark.parametrize(
+    ("model", "sizes", "mesh", "stages", "micro_batches"),
+    [
+        ("vgg16", {}, "8", 4, 1),  # the Megatron expert pairs its convs: plans repeat every 2
+        ("vgg16", {}, "4x2", 1, 2),
+        ("bert-base", {"layers": 8}, "3x2", 3, 2),
+        ("llama3-8b", {"layers": 8}, "4x2", 2, 4),
+        ("mixtral-8x7b", {"layers": 6}, "8", 2, 2),
+    ],
+)
+def test_runs_whose_plans_do_not_repeat_are_priced_exactly(
+    model, sizes, mesh, stages, micro_batches
+):
+    def build(b):
+        return zoo.build(model, small=True, batch=b, **sizes)
+
+    _check_layout(build, mesh, 8, stages, 1, micro_batches)
+
+
+def _check_layout(build, mesh, batch, stages, virtual, micro_batches):
+    problem = Problem.make(build, mesh, batch=batch, dtype="bf16")
     search = _Search(problem, at_precision(problem.mesh, problem.options), _drec_planner)
-    layout = Layout(0.0, stages, virtual, micro_batches, 16 // micro_batches)
+    layout = Layout(0.0, stages, virtual, micro_batches, batch // micro_batches)
     choice = search.evaluate(layout, lambda _msg: None)
     assert choice is not None
     exact = search.materialize(choice)  # every stage re-profiled on its real sub-graph
@@ -48,9 +71,11 @@ def test_a_reduced_chunk_keeps_its_ends_and_one_period():
     per_layer = (len(g.ops) - len(one.ops)) // 7
     assert len(one.ops) + 7 * per_layer == len(g.ops)
     prints = segment_prints(one, segments(one))
-    assert prints == segment_prints(g, segs)[: split.first + split.period] + segment_prints(
-        g, segs
-    )[split.stop :]
+    assert (
+        prints
+        == segment_prints(g, segs)[: split.first + split.period]
+        + segment_prints(g, segs)[split.stop :]
+    )
 
 
 @pytest.mark.parametrize(("chunks", "virtual"), [(1, 1), (2, 1), (4, 1), (4, 2), (6, 3)])

@@ -28,6 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace as dataclass_replace
 
+from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
     OperandInfo,
@@ -46,6 +47,12 @@ from shardplan.search.drec.fold import op_labels
 from shardplan.search.drec.ledger import RoundLedger, through_chain
 from shardplan.search.drec.tables import SearchTables, layout
 from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
+
+
+def differs(a: Round, b: Round) -> bool:
+    """Whether two rounds cut different ways (q): what one leaves decides what the other can cut
+    (a round of 3 after rounds of 2), while rounds of one q can trade their cuts."""
+    return a.q != b.q
 
 
 class Overlay:
@@ -87,6 +94,8 @@ class RoundCosts(RoundLedger):
         labels: Sequence[int] | None = None,
         hopeful: bool = False,
         tables: SearchTables | None = None,
+        shared_prices: dict[tuple[object, ...], dict[str | None, float]] | None = None,
+        next_round: bool = False,
     ) -> None:
         flex = flex or build_flex_graph(graph)
         tables = tables or SearchTables.of(graph, flex)
@@ -99,6 +108,8 @@ class RoundCosts(RoundLedger):
             for r in range(len(mesh.rounds))
         ]
         self.unused_rounds = unused_rounds
+        self.next_round = next_round
+        """Heavy ops' cuts also pay their cheapest price in the next round (`_add_next_round`)."""
         self.weights = list(weights) if weights is not None else [1.0] * len(graph.ops)
         """How many ops of the searched model each op stands for in a round's total (folding)."""
         self.memory_lambda = memory_lambda
@@ -109,6 +120,12 @@ class RoundCosts(RoundLedger):
         self._in_adj, self._out_adj = tables.in_adj, tables.out_adj
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
+        self._near_cache: dict[tuple[object, ...], list[float]] = {}
+        """(op, operand, neighbour's layout) -> the edge's price under each of op's cuts."""
+        self._shared_prices = shared_prices if shared_prices is not None else {}
+        """The same, for every search of one call that prices alike (an op's kind holds its
+        whole state: searches that reach it price it alike)."""
+        self._price_key = (tuple(self.compute_divisor), hopeful, memory_lambda, next_round)
         self._reduced_inputs: list[dict[str | None, tuple[str, ...]]] = [{} for _ in graph.ops]
         """Per op, per cut: the inputs whose gradient the cut all-reduces."""
         self.begin_round(0)
@@ -126,7 +143,14 @@ class RoundCosts(RoundLedger):
         key = (r, st.kind, shared)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._compute_own_costs(i, r, charged)
+            cached = self._shared_prices.get((self._price_key, *key))
+            if cached is not None:
+                self._assumed(i, r)  # flags `binding` as computing the prices here would
+            else:
+                cached = self._shared_prices[self._price_key, *key] = self._compute_own_costs(
+                    i, r, charged
+                )
+            self._cache[key] = cached
         return cached  # shared: callers copy before changing it
 
     def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
@@ -159,6 +183,8 @@ class RoundCosts(RoundLedger):
         else:
             self._add_compute(i, r, costs)
             self._add_backlog(i, r, costs)
+            if self.next_round and i in self.heavy:
+                self._add_next_round(i, r, costs)
         if self.memory_lambda:
             for cut in costs:
                 costs[cut] += self.memory_lambda * self._kept_bytes(i, cut, rnd)
@@ -179,6 +205,87 @@ class RoundCosts(RoundLedger):
         base = compute_cost(flops / q, nbytes / q, opts, mesh)
         for cut in costs:
             costs[cut] += piece_compute(st.op, cut, q, flops, ins, outs, opts, mesh) - base
+
+    def _add_next_round(self, i: int, r: int, costs: dict[str | None, float]) -> None:
+        """Remaining-rounds-aware price (the lookahead variant): where the next round differs
+        (its q: `differs`), each cut of op i also pays op i's cheapest own price in that round
+        on what the cut leaves: operand sizes, the all-reduce pieces it adds, and the backlog a
+        next cut that neither splits nor reduces an operand then pays. A tensor-parallel cut
+        keeps activations (logits) whole, so a round of 3 after it all-reduces them at twice the
+        size a batch cut would leave: priced alone, the round cannot see that."""
+        rounds = self.rounds
+        if r + 1 >= len(rounds) or not differs(rounds[r], rounds[r + 1]):
+            return
+        st, nxt, opts, mesh = self.states[i], rounds[r + 1], self.opts, self.mesh
+        op, q = st.op, rounds[r].q
+        div = self.compute_divisor[r + 1]
+        before = math.prod(rounds[j].q for j, c in enumerate(st.cuts) if c is not None)
+        for cut in list(costs):
+            extents = dict(st.extents)
+            if cut is not None:
+                extents[cut] //= q
+            operands = self._next_operands(i, r, cut)
+            ins = [info for is_output, _, info, _ in operands if not is_output]
+            outs = [info for is_output, _, info, _ in operands if is_output]
+            flops = op.flops / before / (q if cut is not None else 1) / div
+            c_ins = [dataclass_replace(x, numel=x.numel / div) for x in ins]
+            c_outs = [dataclass_replace(x, numel=x.numel / div) for x in outs]
+            nbytes = sum(x.numel * x.dtype_bytes for x in (*c_ins, *c_outs))
+            base = compute_cost(flops / nxt.q, nbytes / nxt.q, opts, mesh)
+            best = math.inf
+            for c in self.candidates[i]:
+                if c is not None and cut_problem(op, c, extents[c], nxt.q) is not None:
+                    continue
+                price = intra_terms(op, c, nxt, ins, outs, extents.get(c, 1), opts).total
+                price += piece_compute(op, c, nxt.q, flops, c_ins, c_outs, opts, mesh) - base
+                for is_output, pos, _, backlog in operands:
+                    if backlog and not self._shrinks(i, c, pos, is_output):
+                        price += backlog
+                best = min(best, price)
+            if best < math.inf:
+                costs[cut] += best
+
+    def _next_operands(
+        self, i: int, r: int, cut: str | None
+    ) -> list[tuple[bool, int, OperandInfo, float]]:
+        """Op i's operands before round r + 1 if round r cuts `cut`: (is_output, position, size
+        and hierarchical all-reduce divisor as `_infos` would give them, the backlog round r + 1
+        charges a cut that keeps the operand whole: the pieces assumed to shrink in it, grown by
+        round r when `cut` keeps it whole too, and the all-reduce `cut` itself adds)."""
+        st, rnd = self.states[i], self.rounds[r]
+        ins, outs = self._infos(i, r)
+        now, after = self._assumed(i, r), self._assumed(i, r + 1)
+        out = []
+        for is_output, infos in ((False, ins), (True, outs)):
+            for pos, x in enumerate(infos):
+                divisor = 1.0
+                for j, qj in self.faster_than[r + 1]:
+                    if j > r + 1:
+                        divisor *= qj if after >> j & 1 else 1
+                    elif j == r:
+                        divisor *= qj if self._reduces_only(i, cut, pos, is_output) else 1
+                    else:
+                        divisor *= qj if self._reduces_only(i, st.cuts[j], pos, is_output) else 1
+                split = self._in(i, cut, pos) if not is_output else self._out(i, cut, pos)
+                kept = not self._shrinks(i, cut, pos, is_output)
+                pieces = sum(
+                    c * rnd.q if kept and m >> r & 1 else c
+                    for _, c, m in st.ar_history.get((is_output, pos), ())
+                    if m >> (r + 1) & 1
+                )
+                if now >> (r + 1) & 1 and (is_output, pos) in self._reduced_operands(i, cut):
+                    nbytes = x.numel * x.dtype_bytes / x.ar_divisor
+                    pieces += all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s)
+                numel = x.numel / rnd.q if split >= 0 else x.numel
+                info = OperandInfo(numel, x.dtype_bytes, x.role, x.requires_grad, divisor)
+                out.append((is_output, pos, info, pieces * (self.rounds[r + 1].q - 1)))
+        return out
+
+    def _reduces_only(self, i: int, cut: str | None, pos: int, is_output: bool) -> bool:
+        """Does `cut` all-reduce this operand of op i without splitting it?"""
+        return (is_output, pos) in self._reduced_operands(i, cut) and (
+            (self._out(i, cut, pos) if is_output else self._in(i, cut, pos)) < 0
+        )
 
     def _add_backlog(self, i: int, r: int, costs: dict[str | None, float]) -> None:
         """Earlier, slower rounds priced their all-reduces assuming this faster round would shrink
@@ -214,43 +321,63 @@ class RoundCosts(RoundLedger):
         return kept * (rnd.q - 1) / rnd.q
 
     def _flex_costs(
-        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+        self,
+        i: int,
+        cuts: list[str | None],
+        rnd: Round,
+        decided: dict[int, str | None],
+        only: int | None = None,
     ) -> dict[str | None, float]:
         """Redistribution of each of `cuts` against the decided heavy neighbours: flex edges (a
         split a chain cannot carry gathers on the way), sibling edges (splits must meet on the
         shared op's dims) and other readers of a shared parameter; the neighbours' side is looked
-        up once per edge."""
+        up once per edge. `only`: the edges to that one decided neighbour alone (the greedy adds
+        them to a neighbour's prices when it decides, instead of pricing all edges again)."""
         st = self.states[i]
         op, lay = st.op, self.layouts[i]
         costs = dict.fromkeys(cuts, 0.0)
         edge = self._edge
         for e in st.preds:
-            if e.producer not in decided:
+            if e.producer not in decided or (only is not None and e.producer != only):
                 continue
             src = self._out(e.producer, decided[e.producer], e.out_pos)
             ctx, name = self._flex_ctx[id(e)], op.inputs[e.in_pos]
+            priced: dict[int, float] = {}  # cuts with one layout on the edge price alike
             for cut in cuts:
-                costs[cut] += edge(*through_chain(e, src, lay[cut][0][e.in_pos], True), ctx, name)
+                mine = lay[cut][0][e.in_pos]
+                c = priced.get(mine)
+                if c is None:
+                    c = priced[mine] = edge(*through_chain(e, src, mine, True), ctx, name)
+                costs[cut] += c
         for e in st.succs:
-            if e.consumer not in decided:
+            if e.consumer not in decided or (only is not None and e.consumer != only):
                 continue
             dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
             ctx, name = self._flex_ctx[id(e)], op.outputs[e.out_pos]
+            priced = {}
             for cut in cuts:
-                costs[cut] += edge(*through_chain(e, lay[cut][1][e.out_pos], dst, False), ctx, name)
+                mine = lay[cut][1][e.out_pos]
+                c = priced.get(mine)
+                if c is None:
+                    c = priced[mine] = edge(*through_chain(e, mine, dst, False), ctx, name)
+                costs[cut] += c
         for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
-            if other not in decided:
+            if other not in decided or (only is not None and other != only):
                 continue
             theirs = self._out(other, decided[other], other_pos)
             ctx, name = self._sib_ctx[i, k], self.states[other].op.outputs[other_pos]
+            priced = {}
             for cut in cuts:
                 mine = lay[cut][1][pos]
-                if mine >= 0:
-                    mine = to_other.get(mine, REPLICATED)  # a split that cannot meet theirs
-                costs[cut] += edge(mine, theirs, ctx, name)
-        shared = self._shared_param_costs(i, cuts, rnd, decided)
-        for cut in cuts:
-            costs[cut] += shared[cut]
+                c = priced.get(mine)
+                if c is None:
+                    met = to_other.get(mine, REPLICATED) if mine >= 0 else mine  # or cannot meet
+                    c = priced[mine] = edge(met, theirs, ctx, name)
+                costs[cut] += c
+        if self.param_positions[i]:
+            shared = self._shared_param_costs(i, cuts, rnd, decided, only)
+            for cut in cuts:
+                costs[cut] += shared[cut]
         return costs
 
     def _pair_cost(
@@ -280,15 +407,21 @@ class RoundCosts(RoundLedger):
         return cost
 
     def _shared_param_costs(
-        self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
+        self,
+        i: int,
+        cuts: list[str | None],
+        rnd: Round,
+        decided: dict[int, str | None],
+        only: int | None = None,
     ) -> dict[str | None, float]:
-        """Redistribution between this op's reading of a shared parameter and other readers'."""
+        """Redistribution between this op's reading of a shared parameter and other readers'
+        (`only`: that reader's alone)."""
         st, graph = self.states[i], self.graph
         costs = dict.fromkeys(cuts, 0.0)
         for pos in self.param_positions[i]:
             name = st.op.inputs[pos]
             for other, other_pos in graph.consumers[name]:
-                if other != i and other in decided:
+                if other != i and other in decided and (only is None or other == only):
                     src = self._in(other, decided[other], other_pos)
                     ctx = self._shared_ctx(other, other_pos, i, pos)
                     for cut in cuts:
@@ -298,24 +431,57 @@ class RoundCosts(RoundLedger):
     def _near_costs(
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
     ) -> dict[str | None, float]:
-        """Redistribution of each candidate against the immediate neighbours decided so far."""
-        lay, edge = self.layouts[i], self._edge
-        costs = self._shared_param_costs(i, cuts, rnd, decided)
-        in_ctx = self._in_ctx
+        """Redistribution of each candidate against the immediate neighbours decided so far. An
+        edge's prices over op i's cuts, given its neighbour's layout, are kept for the round
+        (settling revisits the same pairs), and added in edge order as before."""
+        layouts = self.layouts
+        costs = (
+            self._shared_param_costs(i, cuts, rnd, decided)
+            if self.param_positions[i]
+            else (dict.fromkeys(cuts, 0.0))
+        )
+        known = self._near_cache
         for pos, name, p, p_pos in self._in_adj[i]:
             if p in decided:
-                src = self.layouts[p][decided[p]][1][p_pos]
-                ctx = in_ctx[i][pos]
-                for cut in cuts:
-                    costs[cut] += edge(src, lay[cut][0][pos], ctx, name)
+                src = layouts[p][decided[p]][1][p_pos]
+                key = (i, pos, src)
+                prices = known.get(key)
+                if prices is None:
+                    prices = known[key] = self._edge_prices(i, cuts, pos, src, True, i, pos, name)
+                for cut, c in zip(cuts, prices, strict=True):
+                    costs[cut] += c
         for pos, name, users in self._out_adj[i]:
             for w, w_pos in users:
                 if w in decided:
-                    dst = self.layouts[w][decided[w]][0][w_pos]
-                    ctx = in_ctx[w][w_pos]
-                    for cut in cuts:
-                        costs[cut] += edge(lay[cut][1][pos], dst, ctx, name)
+                    dst = layouts[w][decided[w]][0][w_pos]
+                    key = (i, pos, w, w_pos, dst)
+                    prices = known.get(key)
+                    if prices is None:
+                        prices = known[key] = self._edge_prices(
+                            i, cuts, pos, dst, False, w, w_pos, name
+                        )
+                    for cut, c in zip(cuts, prices, strict=True):
+                        costs[cut] += c
         return costs
+
+    def _edge_prices(
+        self,
+        i: int,
+        cuts: list[str | None],
+        pos: int,
+        other: int,
+        incoming: bool,
+        reader: int,
+        reader_pos: int,
+        name: str,
+    ) -> list[float]:
+        """One edge of op i priced under each of its cuts: its input `pos` from a producer's
+        layout `other` (`incoming`), or its output `pos` into a reader's layout `other`."""
+        lay, edge = self.layouts[i], self._edge
+        ctx = self._in_ctx[reader][reader_pos]
+        if incoming:
+            return [edge(other, lay[cut][0][pos], ctx, name) for cut in cuts]
+        return [edge(lay[cut][1][pos], other, ctx, name) for cut in cuts]
 
     @staticmethod
     def _pick(costs: dict[str | None, float], extra: dict[str | None, float]) -> str | None:
@@ -348,8 +514,9 @@ class RoundCosts(RoundLedger):
 
     # -- the double recursion -----------------------------------------------------------------
     def begin_round(self, r: int) -> None:
-        """The ledger's new round, and no own cost of the last one."""
+        """The ledger's new round, and no own cost or edge price of the last one."""
         self._cache.clear()
+        self._near_cache.clear()
         super().begin_round(r)
 
     def round_cost(self, r: int, decided: dict[int, str | None]) -> float:

@@ -170,6 +170,10 @@ class RoundLedger:
             self.states[edge.consumer].preds.append(edge)
             self.states[edge.producer].succs.append(edge)
         self._r = 0
+        self._ctx_round = -1
+        """The round the edges' contexts stand at (`begin_round`)."""
+        self._ctx_list: list[int] = []
+        self._ctx_next: dict[tuple[int, int], int] = {}
         # contexts: per earlier round how an edge's layouts relate, as small ids
         self._ctx_ids: dict[tuple[int, ...], int] = {}
         self._ctxs: list[tuple[int, ...]] = []
@@ -185,6 +189,8 @@ class RoundLedger:
         self._prev_price: dict[tuple[int, float, int, bool], float] = {}
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self._assumed_cache: dict[tuple[object, ...], int] = {}
+        self._reduced_cache: dict[tuple[int, str | None], tuple[tuple[bool, int], ...]] = {}
+        self._shrink_cache: dict[tuple[int, str | None, int, bool], bool] = {}
 
     def _in(self, i: int, cut: str | None, pos: int) -> int:
         """Op i's layout of input `pos` under `cut` (one round)."""
@@ -264,14 +270,18 @@ class RoundLedger:
             history[:] = [(j, c * rnd.q if m >> r & 1 else c, m) for j, c, m in history]
 
     def _shrinks(self, i: int, cut: str | None, pos: int, is_output: bool) -> bool:
-        """Does `cut` split or all-reduce this operand of op i?"""
-        op = self.states[i].op
-        groups = (op.signature.outputs if is_output else op.signature.inputs)[pos]
-        name = (op.outputs if is_output else op.inputs)[pos]
-        grad = name in self._grad
-        return layout_of_cut(groups, cut, is_output, op) >= 0 or reduces(
-            op, cut, groups, is_output, grad, self.opts.train
-        )
+        """Does `cut` split or all-reduce this operand of op i? (static: cached)"""
+        key = (i, cut, pos, is_output)
+        out = self._shrink_cache.get(key)
+        if out is None:
+            op = self.states[i].op
+            groups = (op.signature.outputs if is_output else op.signature.inputs)[pos]
+            name = (op.outputs if is_output else op.inputs)[pos]
+            grad = name in self._grad
+            out = self._shrink_cache[key] = layout_of_cut(groups, cut, is_output, op) >= 0 or (
+                reduces(op, cut, groups, is_output, grad, self.opts.train)
+            )
+        return out
 
     def _parted(self, i: int, pos: int, decided: dict[int, str | None]) -> bool:
         """Do op i's input `pos` and its previous reader's part in this round (their layouts
@@ -350,24 +360,41 @@ class RoundLedger:
                 skipped.append(-1 - pos)
         if cut is None or self.opts.preset.symbolic:
             return tuple(skipped)
-        op = st.op
+        reduced = self._reduced_operands(i, cut)
+        if not reduced:
+            return tuple(skipped)
         ins, outs = self._infos(i, r)
         credited = self._credited(i, r, decided) if self.opts.train else set()
         assumed = self._assumed(i, r)
-        for is_output, infos, groups, names in (
-            (False, ins, op.signature.inputs, op.inputs),
-            (True, outs, op.signature.outputs, op.outputs),
-        ):
-            for pos, info in enumerate(infos):
-                if reduces(op, cut, groups[pos], is_output, info.requires_grad, self.opts.train):
-                    nbytes = info.numel * info.dtype_bytes / info.ar_divisor
-                    piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s), assumed)
-                    if not is_output and (names[pos], r) in credited:
-                        st.credits.setdefault(pos, []).append(piece)
-                        skipped.append(pos)
-                        continue
-                    st.ar_history.setdefault((is_output, pos), []).append(piece)
+        names = st.op.inputs
+        for is_output, pos in reduced:
+            info = (outs if is_output else ins)[pos]
+            nbytes = info.numel * info.dtype_bytes / info.ar_divisor
+            piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s), assumed)
+            if not is_output and (names[pos], r) in credited:
+                st.credits.setdefault(pos, []).append(piece)
+                skipped.append(pos)
+                continue
+            st.ar_history.setdefault((is_output, pos), []).append(piece)
         return tuple(skipped)
+
+    def _reduced_operands(self, i: int, cut: str | None) -> tuple[tuple[bool, int], ...]:
+        """(is_output, position) of the operands op i's `cut` all-reduces, inputs first
+        (static: cached per op and cut)."""
+        out = self._reduced_cache.get((i, cut))
+        if out is None:
+            op, train = self.states[i].op, self.opts.train
+            out = tuple(
+                (is_output, pos)
+                for is_output, groups, names in (
+                    (False, op.signature.inputs, op.inputs),
+                    (True, op.signature.outputs, op.outputs),
+                )
+                for pos, name in enumerate(names)
+                if reduces(op, cut, groups[pos], is_output, name in self._grad, train)
+            )
+            self._reduced_cache[i, cut] = out
+        return out
 
     def _edge(self, src: int, dst: int, ctx: int, name: str) -> float:
         """Marginal price of one edge in the current round: round r's layouts `src` -> `dst`
@@ -416,16 +443,25 @@ class RoundLedger:
         return ctx
 
     def begin_round(self, r: int) -> None:
-        """Clear the round's caches and compute every edge's context (O(|E| * r))."""
+        """Clear the round's caches and bring every edge's context to round r: from the last
+        round's layouts when the contexts stand at round r - 1 (O(|E|)), else from all the
+        rounds done (O(|E| * r))."""
         self._r = r
         for cache in (self._edge_cache, self._edge_kinds, self._info_cache):
             cache.clear()
         self._prev_price.clear()
         self._param_ctx.clear()
+        if r != self._ctx_round:  # contexts depend on the rounds before r only
+            self._contexts(r - 1 if r == self._ctx_round + 1 and r > 0 else None)
+            self._ctx_round = r
+
+    def _edge_pairs(self, last: int | None) -> Iterator[tuple[Sequence[int], Sequence[int]]]:
+        """Every edge's layouts in the rounds done (only round `last`'s, when given), in the
+        order of the contexts' tables: inputs of each op (from the producer or the parameter's
+        first reader), flex edges (through their chains), sibling edges."""
         graph, states = self.graph, self.states
-        self._in_ctx = []
+        pick = slice(None) if last is None else slice(last, last + 1)
         for st in states:
-            row = []
             for pos, name in enumerate(st.op.inputs):
                 p = graph.producer.get(name)
                 if p is not None:
@@ -435,23 +471,65 @@ class RoundLedger:
                     src = states[first].in_layouts[first_pos]
                 else:
                     src = st.in_layouts[pos]
-                row.append(self._ctx(src, st.in_layouts[pos]))
-            self._in_ctx.append(row)
-        self._flex_ctx.clear()
+                yield src[pick], st.in_layouts[pos][pick]
         for st in states:
             for e in st.preds:
                 pairs = zip(
-                    states[e.producer].out_layouts[e.out_pos],
-                    st.in_layouts[e.in_pos],
+                    states[e.producer].out_layouts[e.out_pos][pick],
+                    st.in_layouts[e.in_pos][pick],
                     strict=True,
                 )
                 chained = [through_chain(e, a, b, True) for a, b in pairs]
-                self._flex_ctx[id(e)] = self._ctx([a for a, _ in chained], [b for _, b in chained])
+                yield [a for a, _ in chained], [b for _, b in chained]
+        for st in states:
+            for other, pos, other_pos, to_other in st.siblings:
+                mine = [
+                    to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos][pick]
+                ]
+                yield mine, states[other].out_layouts[other_pos][pick]
+
+    def _contexts(self, last: int | None) -> None:
+        """Every edge's context from its layouts (`_edge_pairs`): all rounds done (`last`
+        None), or the previous context extended by round `last`'s relation."""
+        ids = iter(self._ctx_list) if last is not None else None
+        out: list[int] = []
+        extend = self._extend
+        for src, dst in self._edge_pairs(last):
+            if ids is None:
+                out.append(self._ctx(src, dst))
+            else:
+                out.append(extend(next(ids), relation(src[0], dst[0])))
+        self._ctx_list = out
+        k = 0
+        self._in_ctx = []
+        for st in self.states:
+            n = len(st.op.inputs)
+            self._in_ctx.append(out[k : k + n])
+            k += n
+        self._flex_ctx.clear()
+        for st in self.states:
+            for e in st.preds:
+                self._flex_ctx[id(e)] = out[k]
+                k += 1
         self._sib_ctx.clear()
-        for i, st in enumerate(states):
-            for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
-                mine = [to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos]]
-                self._sib_ctx[i, k] = self._ctx(mine, states[other].out_layouts[other_pos])
+        for i, st in enumerate(self.states):
+            for s in range(len(st.siblings)):
+                self._sib_ctx[i, s] = out[k]
+                k += 1
+
+    def _extend(self, ctx: int, code: int) -> int:
+        """The context `ctx` followed by one more round whose layouts relate as `code`."""
+        key = (ctx, code)
+        out = self._ctx_next.get(key)
+        if out is None:
+            codes = (*self._ctxs[ctx], code)
+            out = self._ctx_ids.get(codes)
+            if out is None:
+                out = self._ctx_ids[codes] = len(self._ctxs)
+                self._ctxs.append(codes)
+                self._ctx_moves.append(any(c >= 2 for c in codes))
+            self._ctx_next[key] = out
+        return out
 
     def _shared_ctx(self, other: int, other_pos: int, i: int, pos: int) -> int:
         key = (other, other_pos, i, pos)
@@ -492,9 +570,11 @@ class RoundLedger:
         `share_credit`, the previous reader of the tensor reads it in the same layout (in the
         rounds so far, this one included) and reduces it in this round too. (The evaluator also
         needs the later rounds' layouts to agree, which no round can see.)"""
+        out: set[tuple[str, int]] = set()
+        if self._no_prev_reader[i]:
+            return out
         st, train = self.states[i], self.opts.train
         op, cut = st.op, decided.get(i)
-        out: set[tuple[str, int]] = set()
         for pos, prev in enumerate(self._prev_reader[i]):
             if prev is None:
                 continue

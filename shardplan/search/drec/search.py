@@ -9,8 +9,10 @@ Inner pass over the graph, per round r (prices: `costs.RoundCosts`):
      where own = intra-op collectives + extra compute of "no cut" + backlog [+ lambda * bytes
      kept replicated, under a memory budget], and lookahead(c) is the largest extra cost c
      forces on an undecided flex neighbour (its best answer given c and its own decided
-     neighbours, over its best without c). Heavy readers of one activation (q, k, v) decide
-     together, since only a common cut lets them share their input's gradient all-reduce;
+     neighbours, over its best without c; a neighbour that decides with other readers of its
+     input is priced at its share of their total, as they will pay it). Heavy readers of one
+     activation (q, k, v) decide together, since only a common cut lets them share their
+     input's gradient all-reduce;
   2. layout-transparent operators then take their cut from their immediate neighbours: a forward
      pass in topological order, then a backward pass (reverse order) against all neighbours, so a
      chain between two heavy ops carries one layout unless the chain itself forces a change;
@@ -18,10 +20,10 @@ Inner pass over the graph, per round r (prices: `costs.RoundCosts`):
      op continuing its previous cut, every one cutting its result's leading dim, and the round
      left unused (all replicated); the cheapest is locally improved op by op (bounded worklist).
 `drec()` runs this for a few variants (how "no cut" is priced, which heavy ops go first, leading
-mesh axes left unused, how hopefully all-reduces are priced) and keeps the plan the evaluator
-scores lowest.
+mesh axes left unused, how hopefully all-reduces are priced, whether heavy ops see the next
+round) and keeps the plan the evaluator scores lowest.
 Cost: per round O(|V| log |V| + |E| * budget) — a sort plus dictionary look-ups — so the search is
-O((|V| log |V| + |E|) * rounds * variants), variants <= 2 * (3 + mesh axes): linear in the
+O((|V| log |V| + |E|) * rounds * variants), variants <= 2 * (3 + mesh axes) + 1: linear in the
 graph, logarithmic in the devices.
 """
 
@@ -36,7 +38,7 @@ from typing import Any
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.costs import Overlay, RoundCosts
+from shardplan.search.drec.costs import Overlay, RoundCosts, differs
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.drec.fold import Fold, find_fold, op_labels
 from shardplan.search.drec.tables import SearchTables
@@ -66,7 +68,10 @@ class _Search(RoundCosts):
         """(pricing, the rounds done, the greedy pass's decisions) -> the round's decisions and
         whether pricing them after the greedy pass hit a binding assumption: shared by the
         variants of one call (`run_round`)."""
-        self.pricing = (tuple(self.compute_divisor), self.hopeful)
+        self.pricing = (tuple(self.compute_divisor), self.hopeful, self.next_round)
+        self._flex_pair_cache: dict[int, list[int]] = {}
+        self._pair_views: dict[tuple[int, int], Any] = {}
+        """(i, j) -> `_pair_view` (static: the graph's layouts per cut)."""
         self.history: tuple[tuple[str | None, ...], ...] = ()
         """Every op's cut in each round done: with `pricing`, it determines the state."""
 
@@ -95,11 +100,19 @@ class _Search(RoundCosts):
         queue = deque(order)
         memo: dict[int, dict[str | None, float]] = {}
 
+        pending: dict[int, list[int]] = {}
+        shared = self._group_shares(r, own)
+
         def flex_of(j: int) -> dict[str | None, float]:
-            """`_flex_costs` of op j, kept until one of the ops it reads is decided."""
+            """`_flex_costs` of op j, kept; the edges to flex neighbours decided since are
+            added when it is asked for again (incremental prices)."""
             costs = memo.get(j)
             if costs is None:
                 costs = memo[j] = self._flex_costs(j, list(own[j]), rnd, decided)
+                pending.pop(j, None)
+            for k in pending.pop(j, ()):
+                delta = self._flex_costs(j, list(costs), rnd, decided, only=k)
+                costs = memo[j] = {c: v + delta[c] for c, v in costs.items()}
             return costs
 
         while queue:
@@ -131,7 +144,7 @@ class _Search(RoundCosts):
                 totals = dict(self._own_costs(i, r, charged))
                 for cut in totals:
                     totals[cut] += flex[i][cut]
-            ahead = [self._lookahead(j, decided, own, flex_of) for j in group]
+            ahead = [self._lookahead(j, decided, shared, flex_of) for j in group]
             # regrets are >= 0: a cut whose own total exceeds the cheapest cut's total plus
             # regret cannot win (nor tie), so its regret is never priced
             first = min(totals, key=totals.__getitem__)
@@ -150,9 +163,37 @@ class _Search(RoundCosts):
             for j in group:
                 decided[j] = cut
                 self._charge(j, cut, r, charged)
-                for k in self._flex_nbrs[j]:
-                    memo.pop(k, None)
+                for k in self._flex_nbrs[j]:  # k's prices now owe the edges to j
+                    if k in memo:
+                        pending.setdefault(k, []).append(j)
         return decided
+
+    def _group_shares(
+        self, r: int, own: dict[int, dict[str | None, float]]
+    ) -> dict[int, dict[str | None, float]]:
+        """The own costs the lookahead sees: a reader of a shared activation (q, k, v) decides
+        with the others, so each common cut is priced at its share of the group's total (the
+        input's gradient all-reduced once for all), as the group will pay it."""
+        out = dict(own)
+        for i in own:
+            group = self.group_of.get(i, [i])
+            if len(group) < 2 or i != group[0] or any(j not in own for j in group):
+                continue
+            shares: dict[str | None, float] = {}
+            for cut in own[i]:
+                trial = Overlay(set())
+                total = 0.0
+                for j in group:
+                    costs = self._own_costs(j, r, trial)
+                    if cut not in costs:
+                        break
+                    total += costs[cut]
+                    self._charge(j, cut, r, trial)
+                else:
+                    shares[cut] = total / len(group)
+            for j in group:
+                out[j] = {c: shares.get(c, v) for c, v in own[j].items()}
+        return out
 
     @staticmethod
     def _indifferent(
@@ -176,29 +217,28 @@ class _Search(RoundCosts):
         The largest regret counts, not the sum: neighbours reached through one shared chain
         (q, k and v after a norm) pay one redistribution, not one each. Returns the regret as a
         function of the cut, so the caller prices only the cuts that can still win."""
-        st = self.states[i]
         rnd = self.rounds[self._r]
-        neighbours = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
         pairs = []
-        for j in sorted(neighbours - decided.keys() - {i}):
-            sj = self.states[j]
+        for j in self._flex_pairs(i):
+            if j in decided:
+                continue
             flex = flex_of(j)
-            base = {cj: c + flex[cj] for cj, c in own[j].items()}
-            preds = [e for e in sj.preds if e.producer == i]
-            succs = [e for e in sj.succs if e.consumer == i]
+            preds, succs, keys, views = self._pair_view(i, j)
             # the pair's edges see only the layouts on them: price each distinct pair once
             answers: dict[tuple[int, ...], tuple[float, str | None]] = {}
-            for cj, c in base.items():
-                key = self._pair_key(j, cj, preds, succs)
-                if c < answers.get(key, (float("inf"), None))[0]:
+            floor = math.inf
+            for cj, c in own[j].items():
+                c += flex[cj]
+                floor = min(floor, c)
+                key = keys[cj]
+                if c < answers.get(key, (math.inf, None))[0]:
                     answers[key] = (c, cj)
-            pairs.append((j, preds, succs, answers, min(base.values()), {}))
+            pairs.append((j, preds, succs, answers, floor, {}, views))
 
         def regret(cut: str | None) -> float:
             worst = 0.0
-            for j, preds, succs, answers, floor, forced_by in pairs:
-                mine = tuple(self._out(i, cut, e.out_pos) for e in preds)
-                mine += tuple(self._in(i, cut, e.in_pos) for e in succs)
+            for j, preds, succs, answers, floor, forced_by, views in pairs:
+                mine = views[cut]
                 forced = forced_by.get(mine)
                 if forced is None:
                     forced = forced_by[mine] = min(
@@ -210,12 +250,44 @@ class _Search(RoundCosts):
 
         return regret
 
-    def _pair_key(
-        self, j: int, cj: str | None, preds: list[FlexEdge], succs: list[FlexEdge]
-    ) -> tuple[int, ...]:
-        """Op j's layouts on its edges to one neighbour (inputs from it, outputs to it)."""
-        key = tuple(self._in(j, cj, e.in_pos) for e in preds)
-        return key + tuple(self._out(j, cj, e.out_pos) for e in succs)
+    def _flex_pairs(self, i: int) -> list[int]:
+        """Op i's flex neighbours (consumers and producers), in graph order (cached: static)."""
+        out = self._flex_pair_cache.get(i)
+        if out is None:
+            st = self.states[i]
+            nbrs = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
+            out = self._flex_pair_cache[i] = sorted(nbrs - {i})
+        return out
+
+    def _pair_view(
+        self, i: int, j: int
+    ) -> tuple[
+        list[FlexEdge],
+        list[FlexEdge],
+        dict[str | None, tuple[int, ...]],
+        dict[str | None, tuple[int, ...]],
+    ]:
+        """Op j's flex edges from and to op i, and per cut the layouts on them: op j's (inputs
+        from i, outputs to i) and op i's (its outputs into j, its inputs from j). Layouts per cut
+        are the graph's, so this is computed once per pair and search."""
+        view = self._pair_views.get((i, j))
+        if view is None:
+            sj = self.states[j]
+            preds = [e for e in sj.preds if e.producer == i]
+            succs = [e for e in sj.succs if e.consumer == i]
+            lay_j, lay_i = self.layouts[j], self.layouts[i]
+            keys = {
+                cj: tuple(lay_j[cj][0][e.in_pos] for e in preds)
+                + tuple(lay_j[cj][1][e.out_pos] for e in succs)
+                for cj in self.candidates[j]
+            }
+            views = {
+                c: tuple(lay_i[c][1][e.out_pos] for e in preds)
+                + tuple(lay_i[c][0][e.in_pos] for e in succs)
+                for c in self.candidates[i]
+            }
+            view = self._pair_views[i, j] = (preds, succs, keys, views)
+        return view
 
     def _settle(self, r: int, decided: dict[int, str | None], ops: list[int]) -> None:
         """Each op of `ops` (forward, then backward) re-picks against its decided neighbours."""
@@ -391,9 +463,16 @@ def drec_folded(
         should follow;
       * all-reduces priced assuming the faster later rounds shrink them only where those rounds
         can cut the op, and (rerun only when that changed a price: a round of 3 on models sized
-        in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere.
-    That is at most 2 * (3 + mesh axes) linear searches; the unused-axis ones are shorter. With the
-    symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
+        in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere;
+      * when some round cuts another number of ways than the one after it (mesh 12 = 2 x 2 x 3,
+        20 = 2 x 2 x 5), heavy ops' cuts also priced by their
+        cheapest own price in that next round (`RoundCosts._add_next_round`): a tensor-parallel
+        cut before a round of 3 leaves it all-reducing whole logits where a batch cut would have
+        halved them (GPT-3's tied output layer on mesh 12: 1.121 -> 1.014 of the ILP optimum).
+        Rounds alike can trade their cuts, so no lookahead runs between them; and it is a variant,
+        not the pricing: it over-weighs the next round where edges decide (an MoE layer on 12).
+    That is at most 2 * (3 + mesh axes) + 1 linear searches; the unused-axis ones are shorter. With
+    the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
     A run of >= 6 identical blocks (layers) is folded (`fold.py`): the variants search blocks
     0, 1, 2 and the last, and when blocks 1 and 2 decide alike every interior block takes that
@@ -440,10 +519,13 @@ def _variants(
     scored: list[tuple[dict[str, Strategy], float]] = []
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
     cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
-    runs = deque((*v, opts.preset.symbolic) for v in variants)  # MindSpore's pricing is hopeful
+    runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
+    if not opts.preset.symbolic and any(map(differs, rounds, rounds[1:])):
+        runs.append((0, False, False, False, False, True))  # the next-round lookahead
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
+    prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
     while runs:
-        unused, final_compute, defer, by_min, hopeful = runs.popleft()
+        unused, final_compute, defer, by_min, hopeful, ahead = runs.popleft()
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
@@ -463,11 +545,13 @@ def _variants(
                 lightest_cut_order=by_min,
                 fixed=pinned,
                 rounds_seen=rounds_seen,
+                shared_prices=prices,
+                next_round=ahead,
             )
             strategies = search.run()
-            if search.binding and not (unused or final_compute):  # a round could not cut some op
+            if search.binding and not (unused or final_compute or ahead):  # a round could not cut
                 # where the first variants assumed it would: price them hopefully too
-                runs.appendleft((unused, final_compute, defer, by_min, True))
+                runs.appendleft((unused, final_compute, defer, by_min, True, ahead))
         if any(strategies == plan for plan, _ in scored):
             continue  # another variant found the same plan: it is scored already
         if fold is not None:

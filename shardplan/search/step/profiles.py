@@ -78,23 +78,39 @@ def stage_tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
     return tuple(out)
 
 
-def extrapolate(p1: StageProfile, q1: StageProfile, q2: StageProfile, k: int) -> StageProfile:
-    """The profile of a chunk of k periods from its own one-period reduction `p1` and the
-    per-period increment q2 - q1 of the two reductions of a chunk of the same run (every
-    period adds the same ops and the same joins, whatever the chunk's ends): additive terms
-    p1 + (k - 1)(q2 - q1); the peaks and the stage inputs are p1's (module docstring)."""
+def extrapolate(base: StageProfile, q1: StageProfile, q2: StageProfile, k: int) -> StageProfile:
+    """The profile of a chunk of k periods from its own two-period reduction `base` and the
+    per-period increment q2 - q1: additive terms base + (k - 2)(q2 - q1); the peaks and the
+    stage inputs are base's (module docstring)."""
     out = {}
     for f in fields(StageProfile):
-        a = getattr(p1, f.name)
+        a = getattr(base, f.name)
         if f.name in _PEAKS or f.name in _KEEP:
             out[f.name] = a
         else:
-            out[f.name] = a + (k - 1) * (getattr(q2, f.name) - getattr(q1, f.name))
+            out[f.name] = a + (k - 2) * (getattr(q2, f.name) - getattr(q1, f.name))
     out["zero"] = tuple(
-        ZeroStep(*(a + (k - 1) * (y - x) for a, x, y in zip(_zs(z), _zs(z1), _zs(z2), strict=True)))
-        for z, z1, z2 in zip(p1.zero, q1.zero, q2.zero, strict=True)
+        ZeroStep(*(a + (k - 2) * (y - x) for a, x, y in zip(_zs(z), _zs(z1), _zs(z2), strict=True)))
+        for z, z1, z2 in zip(base.zero, q1.zero, q2.zero, strict=True)
     )
     return StageProfile(**out)
+
+
+def _additive(p: StageProfile) -> list[float]:
+    out = [float(getattr(p, f.name)) for f in fields(StageProfile) if f.name not in _PEAKS | _KEEP]
+    return out + [x for z in p.zero for x in _zs(z)]
+
+
+def _peaks(p: StageProfile) -> list[float]:
+    return [float(getattr(p, name)) for name in sorted(_PEAKS)]
+
+
+def same_increment(p1: StageProfile, p2: StageProfile, q1: StageProfile, q2: StageProfile) -> bool:
+    """p2 - p1 == q2 - q1 in every additive term (to 1e-9 of the larger profile)."""
+    for a, b, c, d in zip(_additive(p1), _additive(p2), _additive(q1), _additive(q2), strict=True):
+        if abs((b - a) - (d - c)) > 1e-9 * max(abs(b), abs(d), 1e-30):
+            return False
+    return True
 
 
 def _zs(z: ZeroStep) -> tuple[float, float, float, float]:
@@ -142,6 +158,7 @@ class StageProfiler:
         self.micro_batches = micro_batches
         self.cache: dict[tuple[object, ...], StageProfile | None] = {}
         self.increments: dict[Family, tuple[StageProfile, StageProfile] | None] = {}
+        self.reduced: dict[tuple[object, ...], tuple[Graph | None, list[int]]] = {}
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -186,32 +203,49 @@ class StageProfiler:
         """The profile of chunk [a, e) (segments) under `family`; None when the family does not
         apply (sequence parallelism without tensor-parallel rounds)."""
         shape = chunk_shape(self.split, a, e)
-        if shape.periods <= 2:
+        if shape.periods <= 3:  # three reductions would cost what the chunk costs
             key = (family, tuple(self.prints[a:e]))
             if key not in self.cache:
                 sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
                 self.cache[key] = self._exact(sub, family, range(a, e))
             return self.cache[key]
-        own = self._reduced(shape, 1, family)
-        step = self.increments.get(family)
-        if step is None:  # the first chunk of the run priced under this family sets it
-            twice = self._reduced(shape, 2, family)
-            step = self.increments[family] = None if own is None or twice is None else (own, twice)
-        if own is None or step is None:
+        own1, own2 = (self._reduced(shape, j, family) for j in (1, 2))
+        if family not in self.increments:  # the first chunk of the run priced under this family
+            own3 = self._reduced(shape, 3, family)
+            linear = (
+                own1 is not None
+                and own2 is not None
+                and own3 is not None
+                and same_increment(own1, own2, own2, own3)
+                and _peaks(own2) == _peaks(own3)
+            )
+            self.increments[family] = (own1, own2) if linear else None  # type: ignore[assignment]
+        step = self.increments[family]
+        if (
+            own1 is None
+            or own2 is None
+            or step is None
+            or not same_increment(own1, own2, *step)
+            or _peaks(own1) != _peaks(own2)
+        ):  # layers whose plans or blocks do not repeat with the run: price the chunk itself
             key = (family, tuple(self.prints[a:e]))
             if key not in self.cache:
                 sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
                 self.cache[key] = self._exact(sub, family, range(a, e))
             return self.cache[key]
-        return extrapolate(own, step[0], step[1], shape.periods)
+        return extrapolate(own2, step[0], step[1], shape.periods)
 
     def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:
         keep = shape.run_start + j * shape.period + shape.rest
         kept = [*range(shape.a, keep), *range(shape.run_stop, shape.e)]
         key = (family, "reduced", tuple(self.prints[k] for k in kept), shape.run_start - shape.a)
         if key not in self.cache:
-            sub = reduced_chunk(self.graph, self.segs, shape, j, f"{self.graph.name}.reduced")
-            self.cache[key] = None if sub is None else self._exact(sub, family, kept)
+            shared = key[1:]  # one reduced graph for every family (with the segments it keeps)
+            if shared not in self.reduced:
+                name = f"{self.graph.name}.reduced"
+                self.reduced[shared] = (reduced_chunk(self.graph, self.segs, shape, j, name), kept)
+            sub, its_segments = self.reduced[shared]
+            self.cache[key] = None if sub is None else self._exact(sub, family, its_segments)
         return self.cache[key]
 
     def plan(self, sub: Graph, a: int, e: int, family: Family) -> tuple[Plan, StageProfile]:
