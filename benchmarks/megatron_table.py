@@ -67,6 +67,7 @@ def _terms(tp: TrainingPlan) -> dict[str, Any]:
         "p2p_s": step.p2p_s,
         "recompute_s": step.recompute_s,
         "sync_s": step.sync_s,
+        "optimizer_s": step.optimizer_s,
         # the collectives of the stage that sets the 1F1B slot (its forward + backward)
         "comm_per_micro_batch_s": max(step.stages, key=lambda c: c.fwd_s + c.bwd_s).comm_s,
         "memory_per_device_GB": step.memory_per_device / 1e9,
@@ -193,6 +194,7 @@ def main() -> None:
                     f"{t['p2p_s']:.4g}",
                     f"{t['recompute_s']:.4g}",
                     f"{t['sync_s']:.4g}",
+                    f"{t['optimizer_s']:.4g}",
                     f"{t['comm_per_micro_batch_s']:.4g}",
                     f"{t['tflops_per_device']:.4g}",
                     "yes" if t["fits_80GB"] else "NO",
@@ -209,6 +211,7 @@ def main() -> None:
             "p2p",
             "recompute",
             "grad sync",
+            "optimizer step",
             "comm per micro-batch (slowest stage)",
             "model TFLOP/s",
             "fits 80 GB",

@@ -4,7 +4,9 @@ Every row is a configuration a paper ran and timed, scored by `megatron_recipe` 
 knobs (tensor, pipeline, micro-batch size, recomputation, sequence parallelism, interleaving) and
 the step model's constants from `shardplan/hardware.py` (A100-80GB datasheet rates, NVLink/IB
 link rates, meta-pytorch/autoparallel's 70 % achieved-fraction roofline; docs/cost-model.md).
-Nothing here is fitted to these rows: the ratio is printed whatever it is.
+Nothing here is fitted to these rows: the ratio is printed whatever it is. The step's terms are
+printed with it: bubble, p2p, recomputation, gradient sync, the optimizer step; the layer
+table's collectives are the forward's plus what the backward leaves exposed (`cost/overlap.py`).
 
 Rows (GPT models, sequence 2048, vocabulary 51,200, bf16 mixed precision, Adam, A100-80GB nodes
 of 8; `gpt3` zoo family, which has no dropout):
@@ -99,6 +101,7 @@ def terms(tp: TrainingPlan) -> dict[str, Any]:
         "p2p_s": s.p2p_s,
         "recompute_s": s.recompute_s,
         "grad_sync_s": s.sync_s,
+        "optimizer_s": s.optimizer_s,
         "comm_per_micro_batch_s": slowest.comm_s,
         "slot_fwd_s": slowest.fwd_s,
         "slot_bwd_s": slowest.bwd_s,
@@ -220,6 +223,7 @@ def markdown(
             "p2p s",
             "recompute s",
             "grad sync s",
+            "optimizer s",
             "memory GB",
         ],
         [
@@ -236,6 +240,7 @@ def markdown(
                 f"{r['p2p_s']:.4g}",
                 f"{r['recompute_s']:.4g}",
                 f"{r['grad_sync_s']:.4g}",
+                f"{r['optimizer_s']:.4g}",
                 f"{r['memory_GB']:.3g}",
             ]
             for r in sc21
@@ -256,6 +261,7 @@ def markdown(
             "p2p s",
             "recompute s",
             "grad sync s",
+            "optimizer s",
             "params GB",
             "activations GB (in flight)",
             "memory GB",
@@ -275,6 +281,7 @@ def markdown(
                 f"{r['p2p_s']:.4g}",
                 f"{r['recompute_s']:.4g}",
                 f"{r['grad_sync_s']:.4g}",
+                f"{r['optimizer_s']:.4g}",
                 f"{r['param_GB']:.3g}",
                 f"{r['activation_GB']:.3g} ({r['in_flight']:.3g})",
                 f"{r['memory_GB']:.3g}",

@@ -256,6 +256,7 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
         ("    of which p2p sends", sec(step.p2p_s)),
         ("    of which recomputation", sec(step.recompute_s)),
         ("  gradient sync (once per step)", sec(step.sync_s)),
+        ("  optimizer step (once per step)", sec(step.optimizer_s)),
         (
             "throughput",
             f"{units.rate(step.samples_per_s, 'samples')}, "

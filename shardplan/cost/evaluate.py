@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
+from shardplan.cost.backward import backward_bytes
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
@@ -26,10 +27,13 @@ from shardplan.cost.terms import (
     edge_sizes,
     faster,
     intra_terms,
+    local_bytes,
     param_bytes,
     reduces,
     replicate_symbolic,
+    round_numels,
 )
+from shardplan.cost.work import op_pieces
 from shardplan.cost.zero import ZeroParam, zero_bytes, zero_pricing
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -54,6 +58,9 @@ class OpCost:
     intra: float
     redistribution: float
     activation_bytes: float
+    intra_fwd: float = 0.0
+    """The forward and backward parts of `intra` (what the step model overlaps)."""
+    intra_bwd: float = 0.0
 
     @property
     def total(self) -> float:
@@ -111,14 +118,6 @@ class CostBreakdown:
                 for o in self.ops
             ]
         return out
-
-
-def round_numels(numel: float, layout: Layout, rounds: Sequence[Round]) -> list[float]:
-    """Local size before each round, and after the last: [n_0, ..., n_R]."""
-    sizes = [float(numel)]
-    for r, s in zip(rounds, layout, strict=True):
-        sizes.append(sizes[-1] / r.q if s >= 0 else sizes[-1])
-    return sizes
 
 
 def operand_infos(
@@ -206,8 +205,10 @@ def unary_terms(
     for r, cut in zip(mesh.rounds, strategy, strict=True):
         if cut is not None:
             parts *= r.q
-    nbytes = op_bytes(graph, op, strategy, mesh.rounds, opts)
-    compute = compute_cost(op.flops / parts, nbytes, opts, mesh)
+    ins, outs = op_pieces(graph, op, strategy, mesh.rounds, opts)
+    nbytes = sum(p.nbytes for p in (*ins, *outs))
+    bwd = backward_bytes(op.kind, ins, outs)
+    compute = compute_cost(op.flops / parts, nbytes, opts, mesh, bwd)
     return op_intra(graph, op, strategy, mesh.rounds, opts), compute
 
 
@@ -511,7 +512,10 @@ def evaluate_strategies(
         if t.index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
             redis = redis + zero.by_reader[t.index]
         act = sum(cache.local_bytes(name, out_layout[name]) for name in t.op.outputs)
-        rows.append(OpCost(t.op.name, t.compute, t.intra.total, redis.total, act))
+        i = t.intra
+        rows.append(
+            OpCost(t.op.name, t.compute, i.total, redis.total, act, i.intra_fwd, i.intra_bwd)
+        )
         for k, (a, b) in enumerate(zip(t.intra.values(), redis.values(), strict=True)):
             comm[k] = comm[k] + a + b
         compute += t.compute
@@ -530,19 +534,6 @@ def evaluate_strategies(
         "elements" if opts.preset.symbolic else "s",
         tuple(rows),
     )
-
-
-def local_bytes(
-    graph: Graph,
-    name: str,
-    layout: Layout,
-    rounds: Sequence[Round],
-    opts: CostOptions | None = None,
-) -> float:
-    """Bytes of tensor `name` on one device in `layout` (at `opts`' precision when given)."""
-    t = graph.tensors[name]
-    width = opts.element_bytes(t) if opts is not None else t.dtype_bytes
-    return round_numels(t.numel, layout, rounds)[-1] * width
 
 
 def memory_per_device(

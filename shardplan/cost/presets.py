@@ -1,7 +1,8 @@
 """Cost presets: the general "shardplan" model and D-Rec's published "mindspore" constants.
 
 "shardplan": costs in seconds — bytes over the round's link bandwidth with ring collectives, plus
-compute (FLOPs over the cuts, x3 in training for the backward pass) at the mesh's FLOP rate.
+compute (a roofline of FLOPs and bytes over the cuts; in training plus each op's own backward,
+`cost/backward.py`) at the mesh's FLOP rate.
 "mindspore": D-Rec/SAPP as in reference-drec.md §3.8 — costs in elements, (q-1)/q of the tensor a
 cut does not index, mu = 0.25 on parameter tensors (MATMUL_MEM_COEF), any layout mismatch costs
 REDIS_COEF = 16 x the local tensor size, "no cut" costs (1.5 * cheapest cut)^2 / 350, no compute.
@@ -83,6 +84,15 @@ class CostOptions:
         the fp32 master copy under mixed precision, and the optimizer state."""
         master = self.precision.master_bytes if self.precision is not None else 0
         return 2 * width + master + self.optimizer.state_bytes_per_param
+
+    def update_bytes_for(self, width: int) -> float:
+        """Bytes the optimizer step reads and writes per parameter element stored `width` bytes
+        wide: its fp32 state (master copy, optimizer state) read and written, the gradient read,
+        the weight written (and read, when it is its own master). PyTorch's Adam/SGD and Apex's
+        FusedAdam (Megatron-LM's optimizer) are element-wise passes over these tensors."""
+        master = self.precision.master_bytes if self.precision is not None else 0
+        fp32_state = master + self.optimizer.state_bytes_per_param
+        return 2 * fp32_state + width + (width if master else 2 * width)
 
     def state_bytes(self, t: Tensor) -> float:
         """Bytes per element of parameter `t`: `state_bytes_for` its width in training, the

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from shardplan.cost.evaluate import edge_terms, output_layouts, unary_terms
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.work import forward_compute
 from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
@@ -132,7 +133,6 @@ def ring_terms(
     """The activation all-gathers of a context-parallel plan and their readers (docstring)."""
     out_layout = output_layouts(graph, strategies)
     gather = scatter = fwd = bwd = 0.0
-    factor = opts.preset.training_flops_factor
     for op in graph.ops:
         strategy = strategies[op.name]
         reads = False
@@ -148,9 +148,10 @@ def ring_terms(
                 reads = True
         if reads:  # the SPMD price of the gathered operands' gradients: the reader's all-reduce
             intra, compute = unary_terms(graph, op, strategy, mesh, opts)
+            forward = forward_compute(graph, op, strategy, mesh, opts)
             scatter += intra.intra_bwd
-            fwd += compute / factor
-            bwd += compute - compute / factor
+            fwd += forward
+            bwd += compute - forward
     return RingTerms(gather, scatter, fwd, bwd)
 
 

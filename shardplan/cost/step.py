@@ -3,8 +3,11 @@ and context parallelism, and (interleaved) 1F1B.
 
 Input: per pipeline stage (per model chunk when interleaved), the evaluator's terms of its SPMD
 plan at the micro-batch size (`profile_stage`), and the levers. Per stage s and micro-batch
-(F = forward compute, B the backward compute at the preset's training-FLOPs factor, F x (3 - 1),
-c_f / c_b the forward / backward collectives; z_f / z_b / z_step ZeRO's, `cost.zero.zero_steps`):
+(F = forward compute, the ops' forward rooflines (`cost.work.forward_compute`); B the backward
+compute, each op's own backward (`cost.backward`: a GEMM's twice its forward FLOPs, an
+element-wise op's the bytes its backward moves); c_f / c_b the forward / backward collectives,
+c_b less what runs under the weight-gradient GEMMs (`cost.overlap`); z_f / z_b / z_step ZeRO's,
+`cost.zero.zero_steps`):
   fwd_s = F + c_f + z_f            (ZeRO-3: all-gather of the parameters)
   bwd_s = B + c_b + recompute + z_b (ZeRO-2: reduce-scatter of gradients; ZeRO-3: all-gather
           again + reduce-scatter)
@@ -12,14 +15,16 @@ c_f / c_b the forward / backward collectives; z_f / z_b / z_step ZeRO's, `cost.z
   parameter op's result in their segment (attention scores, softmax); full: F + c_f (one more
   forward of the stage).
 Sequence parallelism (`cost.sequence`) takes F, B, the activations and the gradient sync of the
-plan's sequence-split layout, the collectives of the tensor-parallel plan (reduce-scatter +
-all-gather move what the all-reduce did); context parallelism replaces the plan's activation
-all-gathers by the K/V ring's exposed part (`cost.sequence.ring_terms`).
+plan's sequence-split layout, the collectives of the tensor-parallel plan (forward: the
+reduce-scatter + all-gather move what the all-reduce did; backward: `cost.overlap`); context
+parallelism replaces the plan's activation all-gathers by the K/V ring's exposed part
+(`cost.sequence.ring_terms`).
 1F1B over S stages and m micro-batches (Narayanan et al., SC'21), v model chunks per device
 (`cost.pipeline`): slot = max_s(fwd_s + bwd_s) + 2 v p2p; pipeline = (m + (S - 1)/v) slot, of
 which the bubble (S - 1)/v slot. Then once per step: the data-parallel gradient sync (ZeRO-0:
-the evaluator's all-reduce; ZeRO 1-2: z_step) and the all-reduce of parameters shared by two
-stages (a tied embedding).
+the evaluator's all-reduce; ZeRO 1-2: z_step), the all-reduce of parameters shared by two
+stages (a tied embedding) and the optimizer step (the slowest device's update bytes over its
+HBM bandwidth, `cost.zero.update_bytes`; ZeRO 1-3 update a 1/ways shard).
 Memory of stage s: parameter state (ZeRO z: `cost.zero.zero_steps`, the plain plan's formulas),
 plus its in-flight micro-batches of kept activations (1F1B: min(S - s, m); interleaved: the
 warm-up count of `cost.pipeline.interleaved_in_flight`) and the block being rebuilt during
@@ -41,6 +46,7 @@ from shardplan.cost.evaluate import (
     output_layouts,
     round_numels,
 )
+from shardplan.cost.overlap import exposed_backward
 from shardplan.cost.pipeline import (
     Pipeline,
     interleaved_bubble_slots,
@@ -48,7 +54,8 @@ from shardplan.cost.pipeline import (
 )
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
-from shardplan.cost.zero import ZeroStep, check_stage, zero_steps
+from shardplan.cost.work import forward_compute
+from shardplan.cost.zero import ZeroStep, check_stage, update_bytes, zero_steps
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
@@ -105,6 +112,11 @@ class StageProfile:
     param_bytes: float
     zero: tuple[ZeroStep, ...]
     """ZeRO stages 1, 2, 3 of this stage's parameters (`cost.zero.zero_steps`)."""
+    update_s: float
+    """The optimizer step's seconds without ZeRO (`cost.zero.update_bytes` over the HBM
+    bandwidth)."""
+    update_sharded_s: float
+    """... and with ZeRO 1-3 (each device updates its shard)."""
     flops: float
     breakdown: CostBreakdown
     sequence_parallel: bool = False
@@ -133,17 +145,20 @@ def profile_stage(
         strategies = sequence_parallel_strategies(graph, mesh, strategies)
         cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
     rounds = mesh.rounds
-    factor = opts.preset.training_flops_factor
-    fwd = cost.compute / factor
+    op_compute = {
+        op.name: forward_compute(graph, op, strategies[op.name], mesh, opts) for op in graph.ops
+    }
+    fwd = sum(op_compute.values())
     c = plain.comm
     fwd_comm = c.intra_fwd + c.redistribution_fwd
-    bwd_comm = c.intra_bwd + c.redistribution_bwd + c.halo
+    exposed = exposed_backward(graph, plain.ops, op_compute, sequence_parallel)
+    bwd_comm = exposed + c.redistribution_bwd + c.halo
     if context_parallel:  # the exchange's exposed part replaces its all-gather terms
         ring = ring_terms(graph, mesh, stored, opts)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
         bwd_comm += ring.exposed_bwd_s - ring.scatter_s
-    op_compute = {o.name: o.compute / factor for o in cost.ops}
     act = _activations(graph, strategies, rounds, opts, op_compute)
+    update = _update_seconds(graph, mesh, strategies, opts)
     return StageProfile(
         fwd_compute_s=fwd,
         bwd_compute_s=cost.compute - fwd,
@@ -161,11 +176,26 @@ def profile_stage(
         segment_peak_bytes=act.segment_peak,
         param_bytes=cost.param_memory,
         zero=zero_steps(graph, rounds, strategies, opts),
+        update_s=update[0],
+        update_sharded_s=update[1],
         flops=graph.flops,
         breakdown=plain,
         sequence_parallel=sequence_parallel,
         context_parallel=context_parallel,
     )
+
+
+def _update_seconds(
+    graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy], opts: CostOptions
+) -> tuple[float, float]:
+    """The optimizer step is element-wise: its bytes at the machine's achieved HBM bandwidth
+    (the roofline's memory side; a machine without an HBM rate prices none)."""
+    m = mesh.hardware
+    if opts.preset.symbolic or m is None:
+        return 0.0, 0.0
+    rate = m.hbm_bytes_per_s * m.hbm_efficiency
+    plain, sharded = update_bytes(graph, mesh.rounds, strategies, opts)
+    return plain / rate, sharded / rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +335,8 @@ class StageCost:
     """Activations kept per micro-batch for the backward (under the recomputation lever)."""
     rebuilt_bytes: float = 0.0
     """The recomputation working set during one backward."""
+    optimizer_s: float = 0.0
+    """The optimizer step once per training step, after the pipeline has drained."""
 
     @property
     def memory_bytes(self) -> float:
@@ -325,6 +357,7 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
     else:  # ZeRO's collectives and state split: cost/zero.py alone prices them
         zs = p.zero[z - 1]
         zfwd, zbwd, sync, param_bytes = zs.fwd_s, zs.bwd_s, zs.step_s, zs.param_bytes
+    update = p.update_s if z == 0 else p.update_sharded_s
     per_mb = zfwd + zbwd
     if levers.recompute is Recompute.FULL:
         recompute = p.fwd_compute_s + p.fwd_comm_s
@@ -348,6 +381,7 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
         in_flight=in_flight,
         kept_bytes=kept,
         rebuilt_bytes=rebuilt,
+        optimizer_s=update,
     )
 
 
@@ -368,6 +402,7 @@ def _device_cost(chunks: Sequence[StageCost], in_flight: float) -> StageCost:
         in_flight=in_flight,
         kept_bytes=kept,
         rebuilt_bytes=rebuilt,
+        optimizer_s=sum(c.optimizer_s for c in chunks),
     )
 
 
@@ -390,6 +425,8 @@ class StepCost:
     tflops_per_device: float
     hardware_tflops_per_device: float
     peak_fraction: float
+    optimizer_s: float = 0.0
+    """The slowest device's optimizer step (`StageCost.optimizer_s`)."""
 
     @property
     def memory_per_device(self) -> float:
@@ -402,6 +439,7 @@ class StepCost:
             "bubble_s": self.bubble_s,
             "p2p_s": self.p2p_s,
             "sync_s": self.sync_s,
+            "optimizer_s": self.optimizer_s,
             "recompute_s": self.recompute_s,
             "micro_batches": self.micro_batches,
             "samples_per_s": self.samples_per_s,
@@ -466,7 +504,8 @@ def step_cost(
     bubble_slots = interleaved_bubble_slots(n_stages, v)
     pipeline = (m + bubble_slots) * slot
     sync = max(s.sync_s for s in stages) + pipe.shared_sync_s
-    step = pipeline + sync
+    optimizer = max(s.optimizer_s for s in stages)
+    step = pipeline + sync + optimizer
     model_flops = pipe.training_flops_factor * m * sum(p.flops for p in profiles)
     recompute_flops = m * sum(
         p.flops
@@ -494,4 +533,5 @@ def step_cost(
         tflops_per_device=per_device / 1e12,
         hardware_tflops_per_device=hardware / step / pipe.devices / 1e12,
         peak_fraction=per_device / pipe.peak_flops_per_s,
+        optimizer_s=optimizer,
     )

@@ -40,11 +40,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardplan.cost import collectives as coll
+from shardplan.cost.backward import Piece, backward_bytes
 from shardplan.cost.presets import CostOptions, CostPreset
 from shardplan.ir.dims import DimKind
+from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
-from shardplan.sharding import REPLICATED, layout_of_cut
+from shardplan.sharding import REPLICATED, Layout, layout_of_cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,27 +324,66 @@ def param_bytes(numel: float, dtype_bytes: int, opts: CostOptions) -> float:
     return numel * opts.state_bytes_for(dtype_bytes)
 
 
-def compute_cost(flops_local: float, bytes_local: float, opts: CostOptions, mesh: Mesh) -> float:
+def round_numels(numel: float, layout: Layout, rounds: Sequence[Round]) -> list[float]:
+    """Local size before each round, and after the last: [n_0, ..., n_R]."""
+    sizes = [float(numel)]
+    for r, s in zip(rounds, layout, strict=True):
+        sizes.append(sizes[-1] / r.q if s >= 0 else sizes[-1])
+    return sizes
+
+
+def local_bytes(
+    graph: Graph,
+    name: str,
+    layout: Layout,
+    rounds: Sequence[Round],
+    opts: CostOptions | None = None,
+) -> float:
+    """Bytes of tensor `name` on one device in `layout` (at `opts`' precision when given)."""
+    t = graph.tensors[name]
+    width = opts.element_bytes(t) if opts is not None else t.dtype_bytes
+    return round_numels(t.numel, layout, rounds)[-1] * width
+
+
+def compute_cost(
+    flops_local: float,
+    bytes_local: float,
+    opts: CostOptions,
+    mesh: Mesh,
+    bwd_bytes_local: float | None = None,
+) -> float:
     """Seconds of compute of one op on one device: a roofline with a launch floor.
 
     time = max(flops / (peak x flops_efficiency), bytes / (HBM x hbm_efficiency), launch_s),
-    `bytes_local` being the op's local input + output bytes; training multiplies it by the
-    preset's forward+backward factor (the backward kernels read and write as much again, twice).
-    An op of 0 FLOPs is a view (reshape, transpose, concat in the catalogue): free. Peak is the
-    mesh's rate (the dtype's, see `hardware.peak_flops`); the other constants are its machine's
-    (`hardware.Machine`). 0 in the symbolic preset. O(1).
+    `bytes_local` being the op's local input + output bytes. Training adds the backward:
+    given `bwd_bytes_local` (`cost.backward.backward_bytes`: what the op's own backward reads and
+    writes), the same roofline of (training_flops_factor - 1) x the FLOPs and those bytes (0
+    bytes: no backward kernel); without it (an estimate that knows only sizes), the preset's
+    factor x the forward. An op of 0 FLOPs is a view (reshape, transpose, concat in the
+    catalogue): free. Peak is the mesh's rate (the dtype's, see `hardware.peak_flops`); the other
+    constants are its machine's (`hardware.Machine`). 0 in the symbolic preset. O(1).
     """
     if opts.preset.symbolic or flops_local <= 0:
         return 0.0
     m = mesh.hardware
     assert m is not None  # a Mesh always binds its Machine
-    t = max(
-        flops_local / (mesh.flops_per_s * m.flops_efficiency),
-        bytes_local / (m.hbm_bytes_per_s * m.hbm_efficiency),
-        m.launch_s,
-    )
-    factor = opts.preset.training_flops_factor if opts.train else 1.0
-    return t * factor
+
+    def roofline(flops: float, nbytes: float) -> float:
+        return max(
+            flops / (mesh.flops_per_s * m.flops_efficiency),
+            nbytes / (m.hbm_bytes_per_s * m.hbm_efficiency),
+            m.launch_s,
+        )
+
+    t = roofline(flops_local, bytes_local)
+    factor = opts.preset.training_flops_factor
+    if not opts.train:
+        return t
+    if bwd_bytes_local is None:
+        return t * factor
+    if bwd_bytes_local <= 0:  # autograd hands the gradient on: no kernel
+        return t
+    return t + roofline((factor - 1) * flops_local, bwd_bytes_local)
 
 
 def piece_compute(
@@ -354,14 +395,24 @@ def piece_compute(
     outputs: Sequence[OperandInfo],
     opts: CostOptions,
     mesh: Mesh,
+    ideal: bool = False,
 ) -> float:
     """`compute_cost` of one device's piece of `op` after cutting `loop_dim` q ways (None: uncut),
     from its FLOPs and operand sizes before the round: an operand the cut does not split (a
-    weight under a batch cut) is read whole."""
+    weight under a batch cut) is read whole; the backward by its own bytes (`cost.backward`).
+    `ideal`: the ideal 1/q piece instead (FLOPs and every operand split q ways)."""
     sig = op.signature
-    nbytes = 0.0
+    pieces: tuple[list[Piece], list[Piece]] = ([], [])
     for is_output, infos, groups in ((False, inputs, sig.inputs), (True, outputs, sig.outputs)):
         for info, dims in zip(infos, groups, strict=True):
-            split = loop_dim is not None and layout_of_cut(dims, loop_dim, is_output, op) >= 0
-            nbytes += info.numel * info.dtype_bytes / (q if split else 1)
-    return compute_cost(flops / q if loop_dim is not None else flops, nbytes, opts, mesh)
+            split = ideal or (
+                loop_dim is not None and layout_of_cut(dims, loop_dim, is_output, op) >= 0
+            )
+            nbytes = info.numel * info.dtype_bytes / (q if split else 1)
+            parameter = info.role is Role.PARAMETER
+            piece = Piece(nbytes, info.numel, info.dtype_bytes, parameter, info.requires_grad)
+            pieces[is_output].append(piece)
+    nbytes = sum(p.nbytes for side in pieces for p in side)
+    bwd = backward_bytes(op.kind, *pieces)
+    cut = ideal or loop_dim is not None
+    return compute_cost(flops / q if cut else flops, nbytes, opts, mesh, bwd)

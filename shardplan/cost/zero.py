@@ -259,6 +259,25 @@ def zero_steps(
     )
 
 
+def update_bytes(
+    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], opts: CostOptions
+) -> tuple[float, float]:
+    """Bytes one device's optimizer step reads and writes (`CostOptions.update_bytes_for` per
+    element it updates): (without ZeRO, with ZeRO 1-3, where each device updates its 1/ways shard
+    of each parameter). O(params x rounds)."""
+    plain = sharded = 0.0
+    if not opts.train:
+        return plain, sharded
+    for p in zero_params(graph, rounds, strategies, opts.train).values():
+        t = graph.tensors[p.name]
+        if p.name not in graph.requires_grad:
+            continue
+        per = _local_numel(t.numel, p.home, rounds) * opts.update_bytes_for(opts.element_bytes(t))
+        plain += per
+        sharded += per / p.ways
+    return plain, sharded
+
+
 def _local_numel(numel: int, layout: Layout, rounds: Sequence[Round]) -> float:
     """Elements of a tensor held by one device in `layout` (its split rounds divide it)."""
     local = float(numel)

@@ -18,6 +18,9 @@ not carry are listed per kind in `KIND_TRAITS`:
   block needs its local shape).
 - `OPAQUE`: an operator the importers could not translate (every loop dim FROZEN).
 - `KINK`: the derivative jumps at 0 (rounding noise can flip a gradient by a finite amount).
+- `PASSES_GRADIENT`: the backward hands the result's gradient to each input of the result's size
+  unchanged, with no kernel (PyTorch's tools/autograd/derivatives.yaml: `add` and `bias_add`'s
+  `self: grad`; views); a smaller (broadcast) input's gradient is a reduction of it.
 
 Lookups are O(1); the table is immutable.
 """
@@ -38,6 +41,7 @@ class Trait(Enum):
     GLOBAL_SHAPE_ATTR = "global-shape-attr"
     OPAQUE = "opaque"
     KINK = "kink"
+    PASSES_GRADIENT = "passes-gradient"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +81,9 @@ KIND_TRAITS: Mapping[str, KindTraits] = MappingProxyType(
         "softmax": _t(Trait.NORMALISES),
         "cross_entropy": _t(Trait.NORMALISES, Trait.INDEX_INPUT, index=IndexInput(1, 0, -1)),
         "embedding": _t(Trait.INDEX_INPUT, index=IndexInput(1, 0, 0)),
-        "reshape": _t(Trait.GLOBAL_SHAPE_ATTR),
+        "reshape": _t(Trait.GLOBAL_SHAPE_ATTR, Trait.PASSES_GRADIENT),
         "relu": _t(Trait.KINK),
+        **{k: _t(Trait.PASSES_GRADIENT) for k in ("add", "bias_add", "identity", "transpose")},
         OPAQUE_KIND: _t(Trait.OPAQUE),
     }
 )

@@ -61,7 +61,7 @@ def _plan(model, mesh, batch, dtype, machine, budget, method="step", **options):
 def _parts(tp: TrainingPlan) -> None:
     s = tp.step
     assert s is not None and all(math.isfinite(x) and x >= 0 for x in (s.step_s, s.sync_s))
-    assert math.isclose(s.step_s, s.pipeline_s + s.sync_s, rel_tol=REL)
+    assert math.isclose(s.step_s, s.pipeline_s + s.sync_s + s.optimizer_s, rel_tol=REL)
     n, m, v = tp.pipeline_stages, tp.micro_batches, tp.virtual_stages
     assert math.isclose(  # interleaved 1F1B: (m + (S - 1) / v) slots, (S - 1) / v of them idle
         s.bubble_s * (m + (n - 1) / v), s.pipeline_s * (n - 1) / v, rel_tol=REL, abs_tol=1e-18

@@ -100,7 +100,9 @@ def test_a_cheaper_zero_stage_beats_a_penalised_plan_that_fits():
     from shardplan import zoo
     from shardplan.plans import with_zero
 
-    g = zoo.build("gpt2-small", batch=8, seq=256)
+    # batch 16: at batch 8 the penalised plan (6.552 ms) undercuts ZeRO-1 (6.557 ms) once each
+    # op's backward is priced by its own work, and then it rightly wins
+    g = zoo.build("gpt2-small", batch=16, seq=256)
     free = plan(g, "8")
     p = plan(g, "8", memory=free.cost.memory_per_device * 0.9)
     assert p.zero == 1 and dict(p.strategies) == dict(free.strategies)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
-from shardplan.cost.terms import compute_cost
+from shardplan.cost.work import ideal_compute, whole_op_bytes
 from shardplan.search.drec.costs import RoundCosts
 from shardplan.sharding import cut_problem
 from tests.search.test_tables_vs_evaluator import as_dtype
@@ -51,15 +51,17 @@ def test_round_price_equals_the_evaluator(model, nbytes, devices, preset, train,
     plan = {op.name: (decided[i],) for i, op in enumerate(graph.ops)}
     want = evaluate_strategies(graph, mesh, plan, opts).total
     cut_compute = sum(
-        compute_cost(op.flops / q, _bytes(graph, op, opts) / q, opts, mesh) for op in graph.ops
+        ideal_compute(op.flops, _bytes(graph, op, opts), q, opts, mesh) for op in graph.ops
     )
     got = pricer.round_cost(0, decided) + cut_compute
     assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
 
 
 def _bytes(graph, op, opts):
-    """Every operand and result of `op`, whole (what an ideal 1/q piece moves q times over)."""
-    return sum(
+    """Every operand and result of `op`, whole (what an ideal 1/q piece moves q times over), and
+    what its backward moves (`cost/backward.py`)."""
+    forward = sum(
         graph.tensors[n].numel * opts.element_bytes(graph.tensors[n])
         for n in (*op.inputs, *op.outputs)
     )
+    return forward, whole_op_bytes(graph, op, opts)[1]

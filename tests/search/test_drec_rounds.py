@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
-from shardplan.cost.terms import compute_cost
+from shardplan.cost.work import ideal_compute
 from shardplan.ir.op import Role
 from shardplan.search.drec.costs import RoundCosts
 from shardplan.sharding import cut_problem
@@ -86,7 +86,7 @@ def test_rounds_sum_to_the_evaluator(model, nbytes, devices, preset, train, hope
     plan = {state.op.name: tuple(state.cuts) for state in pricer.states}
     devices_total = math.prod(rnd.q for rnd in mesh.rounds)
     cut_compute = sum(
-        compute_cost(op.flops / devices_total, _bytes(graph, op, opts) / devices_total, opts, mesh)
+        ideal_compute(op.flops, _bytes(graph, op, opts), devices_total, opts, mesh)
         for op in graph.ops
     )
     want = evaluate_strategies(graph, mesh, plan, opts)

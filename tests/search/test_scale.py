@@ -70,7 +70,10 @@ def test_micro_batch_options_fill_the_stage_devices_first():
 
 def test_unconstrained_search_turns_no_lever_on():
     tp = plan_training(_gpt, 16, parse_mesh("2x4"), BF16, None)
-    assert all(s.levers.recompute is Recompute.NONE and s.levers.zero == 0 for s in tp.stages)
+    # no recomputation; ZeRO-1 only where it is faster: it shards the optimizer step over the
+    # data-parallel group (the distributed optimizer), its collectives cost the all-reduce's
+    assert all(s.levers.recompute is Recompute.NONE and s.levers.zero <= 1 for s in tp.stages)
+    assert all("faster under the model" in n for n in tp.notes if "ZeRO" in n)
     assert tp.step is not None and tp.step.step_s > 0
 
 
@@ -86,7 +89,7 @@ def test_a_tight_budget_is_met_with_levers_and_the_notes_say_which():
     assert any(s.levers.recompute is not Recompute.NONE or s.levers.zero for s in tp.stages) or (
         tp.pipeline_stages > 1 or tp.micro_batches > free.micro_batches
     )
-    assert any("to fit" in n or "pipeline" in n or "micro-batches" in n for n in tp.notes)
+    assert any("that fit" in n or "pipeline" in n or "micro-batches" in n for n in tp.notes)
 
 
 def test_an_impossible_budget_is_an_infeasible_error_with_the_leanest_need():

@@ -32,7 +32,6 @@ from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import (
     OperandInfo,
-    compute_cost,
     intra_terms,
     param_bytes,
     piece_compute,
@@ -201,8 +200,7 @@ class RoundCosts(RoundLedger):
         ins = [dataclass_replace(x, numel=x.numel / div) for x in ins]
         outs = [dataclass_replace(x, numel=x.numel / div) for x in outs]
         mesh, opts, q = self.mesh, self.opts, rnd.q
-        nbytes = sum(x.numel * x.dtype_bytes for x in (*ins, *outs))
-        base = compute_cost(flops / q, nbytes / q, opts, mesh)
+        base = piece_compute(st.op, None, q, flops, ins, outs, opts, mesh, ideal=True)
         for cut in costs:
             costs[cut] += piece_compute(st.op, cut, q, flops, ins, outs, opts, mesh) - base
 
@@ -230,8 +228,7 @@ class RoundCosts(RoundLedger):
             flops = op.flops / before / (q if cut is not None else 1) / div
             c_ins = [dataclass_replace(x, numel=x.numel / div) for x in ins]
             c_outs = [dataclass_replace(x, numel=x.numel / div) for x in outs]
-            nbytes = sum(x.numel * x.dtype_bytes for x in (*c_ins, *c_outs))
-            base = compute_cost(flops / nxt.q, nbytes / nxt.q, opts, mesh)
+            base = piece_compute(op, None, nxt.q, flops, c_ins, c_outs, opts, mesh, ideal=True)
             best = math.inf
             for c in self.candidates[i]:
                 if c is not None and cut_problem(op, c, extents[c], nxt.q) is not None:

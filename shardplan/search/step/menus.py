@@ -25,9 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from shardplan.cost import CostOptions
-from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, step_cost
-from shardplan.cost.terms import compute_cost
+from shardplan.cost.work import ideal_compute, whole_op_bytes
 from shardplan.errors import ArgumentError, InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments, subgraph
@@ -289,7 +288,7 @@ def _candidates(
     heaviest stage's compute with every op split ideally over m x the stage's devices (the
     training search's bound, search/scale.py), stages of even layers as `layout_plan` cuts."""
     segs = segments(probe)
-    sizes = [(op.flops, op_bytes(probe, op, (), (), opts)) for op in probe.ops]
+    sizes = [(op.flops, whole_op_bytes(probe, op, opts)) for op in probe.ops]
     out = []
     outer = mesh.shape[0]
     for n in (s for s in range(1, outer + 1) if outer % s == 0 and split.layers % s == 0):
@@ -305,7 +304,7 @@ def _candidates(
                 m = batch // (data * mbs)
                 k = m * smesh.size
                 slot = max(
-                    sum(compute_cost(f / k, b / k, opts, smesh) for f, b in sizes[a:e])
+                    sum(ideal_compute(f, b, k, opts, smesh) for f, b in sizes[a:e])
                     for a, e in zip(bounds, bounds[1:], strict=False)
                 )
                 out.append(((m + n - 1) * slot, n, t, m))

@@ -14,7 +14,8 @@ from shardplan.training import TrainingPlan
 
 
 def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
-    """Say which levers the plan needed and why (each one is on only to meet the budget)."""
+    """Say which levers the plan uses and why: the fastest set that fits the budget (a lever is
+    on to fit, or because it is faster: ZeRO 1-3 also shard the optimizer step)."""
     notes: list[str] = []
     if tp.pipeline_stages > 1:
         step = tp.step
@@ -31,7 +32,11 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
     elif tp.micro_batches > 1:
         notes.append(f"{tp.micro_batches} micro-batches (gradient accumulation)")
     word = "chunk" if tp.virtual_stages > 1 else "stage"
-    why = f"to fit {units.nbytes(budget)} per device" if budget else "faster under the model"
+    why = (
+        f"(the fastest levers that fit {units.nbytes(budget)} per device)"
+        if budget
+        else "(faster under the model)"
+    )
     grouped: dict[str, list[int]] = {}  # the same levers on many stages: one note
     for s, stage in enumerate(tp.stages):
         lv = stage.levers

@@ -120,15 +120,15 @@ def _zs(z: ZeroStep) -> tuple[float, float, float, float]:
 def choose_levers(
     profile: StageProfile, m: int, in_flight: int, slots: int, budget: float | None
 ) -> tuple[float, Levers] | None:
-    """The levers giving this stage the shortest (slots x slot share + sync) within `budget`,
-    with that time; None when no combination fits."""
+    """The levers giving this stage the shortest (slots x slot share + sync + optimizer step)
+    within `budget`, with that time; None when no combination fits."""
     best: tuple[float, Levers] | None = None
     for lv in LEVERS:
         lv = replace(lv, sequence_parallel=profile.sequence_parallel)
         c = stage_cost(profile, lv, m, in_flight)
         if budget is not None and c.memory_bytes > budget:
             continue
-        t = slots * (c.fwd_s + c.bwd_s) + c.sync_s
+        t = slots * (c.fwd_s + c.bwd_s) + c.sync_s + c.optimizer_s
         if best is None or t < best[0] * (1 - 1e-9):
             best = (t, lv)
     return best

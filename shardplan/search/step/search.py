@@ -19,11 +19,12 @@ Layouts: S divides the outer axis (at most one stage per segment); v > 1 when th
 a multiple of S x v (as Megatron-LM requires) and m a multiple of S; b a multiple of the data
 ways of each tensor degree (every micro-batch size per rank) or one of `micro_batch_options`.
 Bound (proven): per micro-batch a device runs a piece of each op of its chunks, which takes at
-least the op's launch floor and its FLOPs and bytes at the global batch / (m n) at the roofline
-(`cost.terms.compute_cost`: a piece of a split op moves and computes at least that much), and
-the step is at least (m + (S - 1) / v) such slots; layouts run in order of the
-bound and the search stops when the bound reaches the best step found. The graph at a micro-batch
-size is built only when a layout needs it. Deterministic. Progress goes to `progress`.
+least the op's launch floor and its FLOPs and bytes at the global batch / (m n) at the roofline,
+forward and its own backward each (`cost.terms.compute_cost`: a piece of a split op moves and
+computes at least that much), and the step is at least (m + (S - 1) / v) such slots; layouts run
+in order of the bound and the search stops when the bound reaches the best step found. The graph
+at a micro-batch size is built only when a layout needs it. Deterministic. Progress goes to
+`progress`.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ import numpy as np
 
 from shardplan import checks, units
 from shardplan.cost import CostOptions
-from shardplan.cost.evaluate import op_bytes
 from shardplan.cost.step import Levers, StageProfile, step_cost
+from shardplan.cost.work import whole_op_bytes
 from shardplan.errors import InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import Segment, segments
@@ -245,27 +246,27 @@ def _span(xs: list[int]) -> str:
     return ", ".join(map(str, xs))
 
 
-def _ideal_seconds(probe: Graph, mesh: Mesh, opts: CostOptions) -> tuple[np.ndarray, np.ndarray]:
-    """Per op: the roofline seconds of the whole op on one device (divided by m x n it bounds a
-    piece's time from below) and its launch floor (every device launches every op that
-    computes), both at the training factor."""
+def _ideal_seconds(probe: Graph, mesh: Mesh, opts: CostOptions) -> tuple[np.ndarray, ...]:
+    """Per op, for its forward and for its own backward (`cost.backward`; none when no input
+    needs a gradient): the roofline seconds of the whole op on one device (divided by m x n it
+    bounds a piece's time from below) and the launch floor (every device launches every kernel
+    of an op that computes)."""
     hw = mesh.hardware
     n = len(probe.ops)
     if opts.preset.symbolic or hw is None:
-        return np.zeros(n), np.zeros(n)
-    factor = opts.preset.training_flops_factor if opts.train else 1.0
+        return np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    bwd_flops = opts.preset.training_flops_factor - 1 if opts.train else 0.0
     flops_rate = mesh.flops_per_s * hw.flops_efficiency
     bytes_rate = hw.hbm_bytes_per_s * hw.hbm_efficiency
-    ideal = np.array(
-        [
-            0.0
-            if op.flops <= 0
-            else max(op.flops / flops_rate, op_bytes(probe, op, (), (), opts) / bytes_rate)
-            for op in probe.ops
-        ]
-    )
-    floor = np.array([hw.launch_s if op.flops > 0 else 0.0 for op in probe.ops])
-    return ideal * factor, floor * factor
+    out = np.zeros((4, n))
+    for i, op in enumerate(probe.ops):
+        if op.flops <= 0:
+            continue
+        fwd_bytes, bwd_bytes = whole_op_bytes(probe, op, opts)
+        out[:2, i] = max(op.flops / flops_rate, fwd_bytes / bytes_rate), hw.launch_s
+        if opts.train and bwd_bytes > 0:
+            out[2:, i] = max(bwd_flops * op.flops / flops_rate, bwd_bytes / bytes_rate), hw.launch_s
+    return tuple(out)
 
 
 def _layouts(
@@ -288,7 +289,7 @@ def _layouts(
             stage_starts(probe, s)  # PlanError: more stages than segments
     else:
         s_options = [s for s in range(1, outer + 1) if outer % s == 0 and s <= len(segs)]
-    ideal, floor = _ideal_seconds(probe, mesh, opts)
+    ideal, floor, bwd_ideal, bwd_floor = _ideal_seconds(probe, mesh, opts)
     op_start = np.array([sg.start for sg in segs] + [len(probe.ops)])
     out = []
     for n_stages in s_options:
@@ -307,9 +308,9 @@ def _layouts(
                 m = batch // b
                 if v > 1 and m % n_stages:
                     continue
-                per_op = np.concatenate(
-                    [[0.0], np.cumsum(np.maximum(floor, ideal / (m * smesh.size)))]
-                )
+                k = m * smesh.size
+                piece = np.maximum(floor, ideal / k) + np.maximum(bwd_floor, bwd_ideal / k)
+                per_op = np.concatenate([[0.0], np.cumsum(piece)])
                 chunk = per_op[cuts[1:]] - per_op[cuts[:-1]]
                 heaviest = max(float(chunk[d::n_stages].sum()) for d in range(n_stages))
                 bound = (m + (n_stages - 1) / v) * heaviest
