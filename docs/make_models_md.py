@@ -31,8 +31,10 @@ The LLM families (`llama`, `moe-llm`; `shardplan/zoo/llm.py`) use the operators 
 RMSNorm, grouped-query attention with its K/V head count, RoPE as elementwise work, SwiGLU's
 three matmuls, DeepSeek's multi-head latent attention (low-rank q and compressed KV), routed plus
 shared experts and dense first layers. "Activated per token" counts an expert weight at k/E of
-its size; the published activated figures have two or three significant digits (DeepSeek-V3's
-"37B" alone allows 1.4 %), and both counts include the embedding table and the LM head.
+its size and includes the LM head. It is counted as the publisher counts: with the input
+embedding table for Mistral and Qwen, without it for DeepSeek-V3 (marked "no embedding"), whose
+weights documentation gives "36.6B (including 0.9B for the output Head)" for the main model (the
+technical report rounds it to 37B; sources in `shardplan/zoo/entries_llm.py`).
 
 """
 
@@ -44,7 +46,7 @@ def _b(n: float) -> str:
 def _row(name: str) -> str:
     entry = MODELS[name]
     graph = build(name, batch=1) if _takes_batch(name) else build(name)
-    active = activated_params(graph)
+    active = activated_params(graph, embedding=entry.active_with_embedding)
     pub = entry.published_params
     cells = [
         f"`{name}`",
@@ -52,7 +54,9 @@ def _row(name: str) -> str:
         f"[{entry.source}](https://huggingface.co/{entry.source})" if entry.source else "-",
         _b(graph.num_params),
         f"{_b(pub)} ({graph.num_params / pub - 1:+.2%})" if pub else "-",
-        _b(active) if active != graph.num_params else "all",
+        "all"
+        if active == graph.num_params
+        else _b(active) + ("" if entry.active_with_embedding else " (no embedding)"),
         f"{_b(entry.published_active)} ({active / entry.published_active - 1:+.2%})"
         if entry.published_active
         else "-",

@@ -8,7 +8,10 @@ time — and import it with torch.export (which traces with fake tensors) and `i
 Causal LMs are traced without `labels` (the graph ends at the logits, as for a named
 architecture): the label shift pads with the ignore index -100, which the engines' cross-entropy
 does not skip, so `verify` could not check such a graph. The module is built
-once per builder; each batch size is one export + translation, O(|nodes|).
+once per builder; each batch size is one export + translation, O(|nodes|), except that once two
+sizes over 1 are traced, the others are derived from them when the two determine the graph
+(`shardplan.importers.rebatch`: every number constant or proportional to the batch, each op
+re-derived through the catalogue), O(ops).
 """
 
 from __future__ import annotations
@@ -137,6 +140,11 @@ def example_inputs(
         size = image or int(cfg.image_size)
         return (torch.empty(batch, int(cfg.num_channels), size, size, device=meta),), {}
     ids = torch.zeros((batch, seq), dtype=torch.long, device=meta)
+    if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_source_positions"):
+        # speech (Whisper): log-mel frames, twice the encoder positions (its conv stride is 2)
+        frames = 2 * int(cfg.max_source_positions)
+        features = torch.empty(batch, int(cfg.num_mel_bins), frames, device=meta)
+        return (), {"input_features": features, "decoder_input_ids": ids}
     if getattr(cfg, "is_encoder_decoder", False):
         return (), {"input_ids": ids, "decoder_input_ids": ids}
     if type(model).__name__.endswith("ForCausalLM"):
@@ -152,20 +160,37 @@ def hf_importer(
     hidden: int | None = None,
     heads: int | None = None,
     unknown: str = "error",
+    retrace: bool = False,
 ) -> Callable[[int], ImportResult]:
-    """batch -> ImportResult of `config` at that batch (the module is built once)."""
+    """batch -> ImportResult of `config` at that batch. The module is built once; the first two
+    batch sizes over 1 are traced and kept, later ones are derived from them when they determine
+    the graph (`rebatch`, else traced too; `retrace=True` traces every size)."""
     torch, _ = _frameworks()
     from shardplan.checks import positive_int
+    from shardplan.importers.rebatch import rebatch
     from shardplan.importers.torch import import_torch
 
     seq = positive_int(seq, "seq")
     cfg, label, arch = load_config(config, layers, hidden, heads)
     model = meta_module(cfg, arch)
+    traced: list[tuple[int, ImportResult]] = []  # (batch, import) of the first two traces
 
     def build(batch: int) -> ImportResult:
-        args, kwargs = example_inputs(model, cfg, positive_int(batch, "batch"), seq, image)
+        batch = positive_int(batch, "batch")
+        known = dict(traced)
+        if batch in known:
+            return known[batch]
+        # torch.export specialises size-1 dims, so batch 1 is always traced
+        if len(traced) == 2 and batch > 1 and not retrace:
+            derived = rebatch(traced[0], traced[1], batch)
+            if derived is not None:
+                return derived
+        args, kwargs = example_inputs(model, cfg, batch, seq, image)
         with torch.no_grad():
-            return import_torch(model, args, kwargs or None, unknown=unknown, name=label)  # type: ignore[arg-type]
+            result = import_torch(model, args, kwargs or None, unknown=unknown, name=label)  # type: ignore[arg-type]
+        if batch > 1 and len(traced) < 2:
+            traced.append((batch, result))
+        return result
 
     return build
 

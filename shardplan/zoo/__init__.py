@@ -30,6 +30,8 @@ class ModelEntry:
     small: Mapping[str, Any] = field(default_factory=dict)
     published_active: float | None = None  # MoE: parameters activated per token
     source: str = ""  # the published configuration the defaults are read from
+    # whether the publisher's activated figure counts the input embedding table (DeepSeek's not)
+    active_with_embedding: bool = True
 
     @property
     def builder(self) -> Callable[..., Graph]:
@@ -46,6 +48,8 @@ def _entry(
     small: dict[str, Any] | None = None,
     published_active: float | None = None,
     source: str = "",
+    *,
+    active_with_embedding: bool = True,
     **defaults: Any,
 ) -> ModelEntry:
     return ModelEntry(
@@ -57,6 +61,7 @@ def _entry(
         MappingProxyType(small or {}),
         published_active,
         source,
+        active_with_embedding,
     )
 
 

