@@ -12,10 +12,11 @@ with a difference array: O(|V| + |E|).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Role
+from shardplan.ir.op import Op, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +76,16 @@ def subgraph(graph: Graph, start: int, stop: int, name: str | None = None) -> Gr
     (the stage sends their gradient back). Parameters read by several stages (a tied
     embedding) appear in each. O(ops + operands of the range).
     """
+    return graph_of_ops(graph, graph.ops[start:stop], name or f"{graph.name}[{start}:{stop}]")
+
+
+def graph_of_ops(graph: Graph, ops: Sequence[Op], name: str) -> Graph:
+    """`ops` (in order, taken from `graph`) as a graph of their own: activations they read but
+    do not produce become inputs that keep `requires_grad` (`subgraph`). O(operands)."""
     from dataclasses import replace
 
     from shardplan.ir.graph import make_graph
 
-    ops = graph.ops[start:stop]
     produced = {t for op in ops for t in op.outputs}
     tensors = {}
     for op in ops:
@@ -88,5 +94,5 @@ def subgraph(graph: Graph, start: int, stop: int, name: str | None = None) -> Gr
             if t not in produced and tensor.role is Role.ACTIVATION:
                 tensor = replace(tensor, role=Role.INPUT)
             tensors[t] = tensor
-    sub = make_graph(name or f"{graph.name}[{start}:{stop}]", tensors, tuple(ops))
+    sub = make_graph(name, tensors, tuple(ops))
     return replace(sub, requires_grad=frozenset(t for t in tensors if t in graph.requires_grad))

@@ -34,7 +34,7 @@ from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search import experts
 from shardplan.search.step.notes import axis_summary, steps_note
-from shardplan.search.step.profiles import LEVERS
+from shardplan.search.step.profiles import LEVERS, stage_tensor_degrees
 from shardplan.search.step.stages import stage_mesh, tokens_per_sample
 from shardplan.search.step.structure import LayerSplit, graph_layers, layer_split
 from shardplan.search.step.structure import fingerprint as _fingerprint
@@ -75,15 +75,7 @@ class Menu:
 def tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
     """Tensor-parallel degrees on `mesh`: products of its innermost rounds (1 first); a
     one-axis mesh has only 1 (its axis is also the pipeline's)."""
-    out = [1]
-    if len(mesh.shape) > 1:
-        inner, ways = len(mesh.shape) - 1, 1
-        for r in reversed(mesh.rounds):
-            if r.mesh_axis != inner:
-                break
-            ways *= r.q
-            out.append(ways)
-    return tuple(out)
+    return (1, *stage_tensor_degrees(mesh)) if len(mesh.shape) > 1 else (1,)
 
 
 _N, _S, _F = Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL

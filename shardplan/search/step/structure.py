@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from shardplan.ir.graph import Graph, make_graph
-from shardplan.ir.op import Role
-from shardplan.ir.segments import Segment, segments, subgraph
+from shardplan.ir.graph import Graph
+from shardplan.ir.segments import Segment, graph_of_ops, segments, subgraph
 
 
 def fingerprint(graph: Graph) -> tuple[object, ...]:
@@ -145,13 +144,4 @@ def reduced_chunk(
     for op in graph.ops[resume:stop]:
         inputs = tuple(remap.get(t, t) for t in op.inputs)
         ops.append(op if inputs == op.inputs else replace(op, inputs=inputs))
-    produced = {t for op in ops for t in op.outputs}
-    tensors = {}
-    for op in ops:
-        for t in (*op.inputs, *op.outputs):
-            tensor = graph.tensors[t]
-            if t not in produced and tensor.role is Role.ACTIVATION:
-                tensor = replace(tensor, role=Role.INPUT)
-            tensors[t] = tensor
-    sub = make_graph(name, tensors, tuple(ops))
-    return replace(sub, requires_grad=frozenset(t for t in tensors if t in graph.requires_grad))
+    return graph_of_ops(graph, ops, name)
