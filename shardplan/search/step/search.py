@@ -49,6 +49,7 @@ from shardplan.search.step.notes import axis_summary, lever_notes
 from shardplan.search.step.profiles import (
     LEVERS,
     Family,
+    Planner,
     StageProfiler,
     choose_levers,
     stage_tensor_degrees,
@@ -59,14 +60,11 @@ from shardplan.search.step.stages import (
     stage_starts,
     tokens_per_sample,
 )
-from shardplan.search.step.structure import LayerSplit, fingerprint, layer_split, segment_prints
+from shardplan.search.step.structure import LayerSplit, layer_split, segment_prints
 from shardplan.sharding import Strategy
 from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_cut
 
 Progress = Callable[[str], None]
-Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
-
-_fingerprint = fingerprint  # the name the engine menus import
 
 
 @dataclass(frozen=True, slots=True)
