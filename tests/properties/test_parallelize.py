@@ -26,7 +26,8 @@ METHODS = st.sampled_from(["drec", "megatron", "fsdp", "data-parallel"])
 @st.composite
 def specs(draw):
     embed = draw(st.booleans())
-    width = draw(SIZES)
+    first = draw(SIZES)
+    width = first  # each layer's input width is the previous layer's output
     layers = []
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(LAYERS)
@@ -35,7 +36,7 @@ def specs(draw):
         width = out
     return {
         "embed": embed,
-        "first": draw(SIZES),
+        "first": first,
         "layers": layers,
         "batch": draw(st.sampled_from([2, 3, 4])),
         "seq": draw(st.sampled_from([3, 4, 5])),
