@@ -51,6 +51,30 @@ def operand_layout(op: Op, strategy: Strategy, position: int, is_output: bool = 
     return tuple(layout_of_cut(dims, d, is_output, op) for d in strategy)
 
 
+def operand_layouts(op: Op, strategy: Strategy) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
+    """(`operand_layout` of every input, of every result) in one pass: each operand's major loop
+    dims read once, O(operands x (rank + rounds)). The strategy's cuts must be the op's loop dims
+    (`check_strategy`)."""
+    sig = op.signature
+    reduce = {d.name for d in sig.loop_dims if d.kind is DimKind.REDUCE}
+
+    def layout(dims: TensorDims, is_output: bool) -> Layout:
+        majors: dict[str, int] = {}
+        for position, group in enumerate(dims):
+            if group:
+                majors.setdefault(group[0], position)
+        missing = PARTIAL if is_output else REPLICATED
+        return tuple(
+            REPLICATED if d is None else majors.get(d, missing if d in reduce else REPLICATED)
+            for d in strategy
+        )
+
+    return (
+        tuple(layout(dims, False) for dims in sig.inputs),
+        tuple(layout(dims, True) for dims in sig.outputs),
+    )
+
+
 def resolved(layout: Layout) -> Layout:
     """The layout consumers see: the op all-reduces its partial sums itself."""
     return tuple(REPLICATED if s == PARTIAL else s for s in layout)

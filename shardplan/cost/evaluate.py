@@ -15,25 +15,26 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
-from shardplan.cost.backward import backward_bytes
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.price import (
+    OpPrice,
+    faster_rounds,
+    operand_infos,
+    price_op,
+    round_intra,
+    shared_intra,
+    sum_rounds,
+)
 from shardplan.cost.terms import (
     ZERO,
     CommTerms,
-    OperandInfo,
-    compute_cost,
     edge_redistribution,
-    edge_sizes,
-    faster,
-    intra_terms,
     local_bytes,
     param_bytes,
     reduces,
-    replicate_symbolic,
     round_numels,
 )
-from shardplan.cost.work import op_pieces
 from shardplan.cost.zero import ZeroParam, zero_bytes, zero_pricing
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -42,9 +43,8 @@ from shardplan.sharding import (
     Layout,
     Strategy,
     check_strategies,
-    cut_problem,
-    local_extents,
     operand_layout,
+    operand_layouts,
     resolved,
 )
 
@@ -120,49 +120,6 @@ class CostBreakdown:
         return out
 
 
-def operand_infos(
-    graph: Graph,
-    op: Op,
-    strategy: Strategy,
-    is_output: bool,
-    rounds: Sequence[Round],
-    opts: CostOptions,
-) -> list[list[OperandInfo]]:
-    """Per round, per operand: local size before the round, dtype, role, requires_grad and the
-    hierarchical all-reduce divisor (product of q of faster rounds that split or reduce it)."""
-    names = op.outputs if is_output else op.inputs
-    groups = op.signature.outputs if is_output else op.signature.inputs
-    per_operand = []
-    for i, name in enumerate(names):
-        t = graph.tensors[name]
-        layout = operand_layout(op, strategy, i, is_output)
-        sizes = round_numels(t.numel, layout, rounds)
-        grad = name in graph.requires_grad
-        shrinks = [
-            layout[j] >= 0 or reduces(op, strategy[j], groups[i], is_output, grad, opts.train)
-            for j in range(len(rounds))
-        ]
-        infos = []
-        for r, rnd in enumerate(rounds):
-            divisor = 1.0
-            for j, other in enumerate(rounds):
-                if j != r and faster(other, rnd) and shrinks[j] and not (j < r and layout[j] >= 0):
-                    divisor *= other.q
-            # ZeRO >= 1: a parameter's gradient is reduce-scattered once instead (cost/zero.py)
-            zero = opts.zero > 0 and t.role is Role.PARAMETER
-            infos.append(OperandInfo(sizes[r], opts.element_bytes(t), t.role, grad, divisor, zero))
-        per_operand.append(infos)
-    return [[p[r] for p in per_operand] for r in range(len(rounds))]
-
-
-def edge_numels(
-    numel: float, src: Layout, dst: Layout, rounds: Sequence[Round], grouped: bool = True
-) -> list[float]:
-    """Per round, the size of the tensor that round's collective works on (`terms.edge_sizes`:
-    a multi-round all-to-all is one collective over the product of its rounds)."""
-    return edge_sizes(numel, src, dst, rounds, grouped)
-
-
 def op_intra(
     graph: Graph,
     op: Op,
@@ -175,41 +132,21 @@ def op_intra(
 
     `shared` lists (input position, round) whose gradient all-reduce another consumer pays.
     """
-    ins = operand_infos(graph, op, strategy, False, rounds, opts)
+    fast = faster_rounds(rounds)
+    ins_lay, outs_lay = operand_layouts(op, strategy)
+    ins = operand_infos(graph, op, strategy, False, rounds, opts, ins_lay, fast)
     for pos, r in shared:
         ins[r][pos] = dataclass_replace(ins[r][pos], grad_shared=True)
-    outs = operand_infos(graph, op, strategy, True, rounds, opts)
-    total = ZERO
-    for r, rnd in enumerate(rounds):
-        extents = local_extents(op, strategy, rounds, r)
-        cut = strategy[r]
-        if cut is None:
-            if opts.preset.symbolic:
-                cuts = [
-                    intra_terms(op, d.name, rnd, ins[r], outs[r], extents[d.name], opts).total
-                    for d in op.signature.loop_dims
-                    if cut_problem(op, d.name, extents[d.name], rnd.q) is None
-                ]
-                if cuts:
-                    total = total + CommTerms(intra_fwd=replicate_symbolic(min(cuts), opts.preset))
-            continue
-        total = total + intra_terms(op, cut, rnd, ins[r], outs[r], extents[cut], opts)
-    return total
+    outs = operand_infos(graph, op, strategy, True, rounds, opts, outs_lay, fast)
+    return sum_rounds(round_intra(op, strategy, rounds, ins, outs, opts))
 
 
 def unary_terms(
     graph: Graph, op: Op, strategy: Strategy, mesh: Mesh, opts: CostOptions
 ) -> tuple[CommTerms, float]:
     """What an op's strategy costs on its own: (intra-operator terms, compute)."""
-    parts = 1
-    for r, cut in zip(mesh.rounds, strategy, strict=True):
-        if cut is not None:
-            parts *= r.q
-    ins, outs = op_pieces(graph, op, strategy, mesh.rounds, opts)
-    nbytes = sum(p.nbytes for p in (*ins, *outs))
-    bwd = backward_bytes(op.kind, ins, outs)
-    compute = compute_cost(op.flops / parts, nbytes, opts, mesh, bwd)
-    return op_intra(graph, op, strategy, mesh.rounds, opts), compute
+    price = price_op(graph, op, strategy, mesh, opts)
+    return price.intra, price.compute
 
 
 def op_bytes(
@@ -252,6 +189,18 @@ def shared_rounds(
     (p_op, p_pos, p_strategy), (c_op, c_pos, c_strategy) = prev, cur
     if operand_layout(p_op, p_strategy, p_pos) != operand_layout(c_op, c_strategy, c_pos):
         return []
+    return _shared_rounds(graph, tensor, prev, cur, opts)
+
+
+def _shared_rounds(
+    graph: Graph,
+    tensor: str,
+    prev: tuple[Op, int, Strategy],
+    cur: tuple[Op, int, Strategy],
+    opts: CostOptions,
+) -> list[int]:
+    """`shared_rounds` of two consumers known to read `tensor` in the same layout."""
+    (p_op, p_pos, p_strategy), (c_op, c_pos, c_strategy) = prev, cur
     grad = tensor in graph.requires_grad
     return [
         r
@@ -398,8 +347,9 @@ def op_terms(
 class ScoreCache:
     """Prices `evaluate_strategies` reuses while scoring plans of one graph on one mesh under one
     set of options: ops of equal `op_key` (repeated layers) form a class, and a class's own
-    terms, operand layouts and share credits, like each redistribution, are priced once per
-    strategy. Local to its caller (one search), never module state; O(ops) to build."""
+    prices (`price.OpPrice`: terms, compute, operand layouts) and share credits, like each
+    redistribution, are priced once per strategy. Local to its caller (one search), never
+    module state; O(ops) to build."""
 
     def __init__(self, graph: Graph, mesh: Mesh, opts: CostOptions) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
@@ -409,8 +359,9 @@ class ScoreCache:
             [previous_consumer(graph, name, index, i) for i, name in enumerate(op.inputs)]
             for index, op in enumerate(graph.ops)
         ]
-        self._unary: dict[tuple[int, Strategy], tuple[CommTerms, float]] = {}
-        self._layouts: dict[tuple[int, Strategy], tuple[tuple[Layout, ...], ...]] = {}
+        self._fast = faster_rounds(mesh.rounds)
+        self._forward_opts = dataclass_replace(opts, train=False)
+        self._prices: dict[tuple[int, Strategy], OpPrice] = {}
         self._credits: dict[tuple[object, ...], CommTerms] = {}
         self._moves: dict[tuple[object, ...], CommTerms] = {}
         self._bytes: dict[tuple[object, ...], float] = {}
@@ -419,47 +370,70 @@ class ScoreCache:
         if graph is not self.graph or mesh != self.mesh or opts != self.opts:
             raise ValueError("a ScoreCache prices one graph, mesh and set of options only")
 
-    def unary(self, op: Op, cid: int, strategy: Strategy) -> tuple[CommTerms, float]:
+    def price(self, op: Op, cid: int, strategy: Strategy) -> OpPrice:
+        """`price.price_op` of the op (of class `cid`) under `strategy`."""
         key = (cid, strategy)
-        if key not in self._unary:
-            self._unary[key] = unary_terms(self.graph, op, strategy, self.mesh, self.opts)
-        return self._unary[key]
+        found = self._prices.get(key)
+        if found is None:
+            found = self._prices[key] = price_op(
+                self.graph, op, strategy, self.mesh, self.opts, self._fast, self._forward_opts
+            )
+        return found
+
+    def unary(self, op: Op, cid: int, strategy: Strategy) -> tuple[CommTerms, float]:
+        price = self.price(op, cid, strategy)
+        return price.intra, price.compute
 
     def layouts(self, op: Op, cid: int, strategy: Strategy) -> tuple[tuple[Layout, ...], ...]:
         """(input layouts, resolved output layouts) of the op under `strategy`."""
-        key = (cid, strategy)
-        if key not in self._layouts:
-            self._layouts[key] = (
-                tuple(operand_layout(op, strategy, i) for i in range(len(op.inputs))),
-                tuple(
-                    resolved(operand_layout(op, strategy, i, True)) for i in range(len(op.outputs))
-                ),
-            )
-        return self._layouts[key]
+        price = self.price(op, cid, strategy)
+        return price.inputs, price.resolved
+
+    def forward(self, op: Op, cid: int, strategy: Strategy) -> float:
+        """The op's forward compute (`cost.work.forward_compute`)."""
+        return self.price(op, cid, strategy).forward
 
     def credit(
         self, tensor: str, prior: tuple[Op, int, Strategy], cur: tuple[Op, int, Strategy], cid: int
     ) -> CommTerms:
+        """`share_credit` of `cur` after `prior`, from their classes' prices."""
         p_op, p_pos, p_strategy = prior
+        c_op, c_pos, c_strategy = cur
         p_cid = self.classes[self.graph.op_index[p_op.name]]
-        key = (p_cid, p_pos, p_strategy, cid, cur[1], cur[2])
-        if key not in self._credits:
-            self._credits[key] = share_credit(self.graph, tensor, prior, cur, self.mesh, self.opts)
-        return self._credits[key]
+        key = (p_cid, p_pos, p_strategy, cid, c_pos, c_strategy)
+        found = self._credits.get(key)
+        if found is None:
+            mine = self.price(c_op, cid, c_strategy)
+            theirs = self.price(p_op, p_cid, p_strategy)
+            found = ZERO
+            if theirs.inputs[p_pos] == mine.inputs[c_pos]:
+                rounds = _shared_rounds(self.graph, tensor, prior, cur, self.opts)
+                if rounds:
+                    shared = [(c_pos, r) for r in rounds]
+                    cut = shared_intra(c_op, c_strategy, self.mesh.rounds, mine, shared, self.opts)
+                    found = cut - mine.intra
+            self._credits[key] = found
+        return found
 
     def move(self, tensor: str, src: Layout, dst: Layout) -> CommTerms:
         t = self.graph.tensors[tensor]
         key = (t.numel, self.opts.element_bytes(t), tensor in self.graph.requires_grad, src, dst)
-        if key not in self._moves:
-            self._moves[key] = edge_terms(self.graph, tensor, src, dst, self.mesh.rounds, self.opts)
-        return self._moves[key]
+        found = self._moves.get(key)
+        if found is None:
+            found = self._moves[key] = edge_terms(
+                self.graph, tensor, src, dst, self.mesh.rounds, self.opts
+            )
+        return found
 
     def local_bytes(self, tensor: str, layout: Layout) -> float:
         t = self.graph.tensors[tensor]
         key = (t.numel, self.opts.element_bytes(t), layout)
-        if key not in self._bytes:
-            self._bytes[key] = local_bytes(self.graph, tensor, layout, self.mesh.rounds, self.opts)
-        return self._bytes[key]
+        found = self._bytes.get(key)
+        if found is None:
+            found = self._bytes[key] = local_bytes(
+                self.graph, tensor, layout, self.mesh.rounds, self.opts
+            )
+        return found
 
 
 def op_key(graph: Graph, op: Op) -> tuple[object, ...]:

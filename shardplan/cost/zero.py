@@ -17,7 +17,7 @@ master bytes per element (G(R): all-gather of P over rounds R; RS(R): reduce-sca
                                   and G(A' - D) where S keeps P whole (an all-reduce's second half)
 
 Stages >= 1 drop every parameter operand's gradient all-reduce from the op terms
-(`OperandInfo.grad_shared`, set in `evaluate.operand_infos`): the consumers' gradients are summed
+(`OperandInfo.grad_shared`, set in `price.operand_infos`): the consumers' gradients are summed
 locally and reduce-scattered once per parameter, priced here. G(R) is the
 hierarchical gather of `terms.edge_redistribution` (slow rounds first, while pieces are small;
 bytes telescope to (1 - 1/Q) n w over Q = prod_{r in R} q_r); a reduce-scatter has the same ring
@@ -118,9 +118,14 @@ class ZeroParam:
 
 
 def zero_params(
-    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], train: bool
+    graph: Graph,
+    rounds: Sequence[Round],
+    strategies: Mapping[str, Strategy],
+    train: bool,
+    layouts: Sequence[Sequence[Layout]] | None = None,
 ) -> dict[str, ZeroParam]:
-    """The ZeRO facts of every parameter some op reads (see the module docstring)."""
+    """The ZeRO facts of every parameter some op reads (see the module docstring); `layouts`:
+    per op, its inputs' layouts when known."""
     homes: dict[str, tuple[Layout, int]] = {}
     reduced: dict[str, set[int]] = {}
     for index, op in enumerate(graph.ops):
@@ -128,7 +133,10 @@ def zero_params(
         for pos, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
                 continue
-            layout = operand_layout(op, strategy, pos)
+            if layouts is not None:
+                layout = layouts[index][pos]
+            else:
+                layout = operand_layout(op, strategy, pos)
             homes.setdefault(name, (layout, index))
             if train and name in graph.requires_grad:  # where stage 0 all-reduces its gradient
                 cut = (r for r, s in enumerate(layout) if s < 0 and strategy[r] is not None)
@@ -220,14 +228,21 @@ class ZeroStep:
 
 
 def zero_steps(
-    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], opts: CostOptions
+    graph: Graph,
+    rounds: Sequence[Round],
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    params: Mapping[str, ZeroParam] | None = None,
 ) -> tuple[ZeroStep, ...]:
     """`ZeroStep` of a stage's plan at ZeRO stages 1, 2 and 3 (in that order): the parameters'
-    `zero_parts` summed, state split by `zero_bytes` over each one's group (O(params rounds^2))."""
+    `zero_parts` summed, state split by `zero_bytes` over each one's group (O(params rounds^2));
+    `params`: the plan's `zero_params` when known."""
+    if params is None:
+        params = zero_params(graph, rounds, strategies, opts.train)
     fwd = reduce = rest = update = 0.0
     state = [0.0, 0.0, 0.0]
     seen: dict[tuple[object, ...], ZeroParts] = {}  # repeated layers: one price per shape
-    for p in zero_params(graph, rounds, strategies, opts.train).values():
+    for p in params.values():
         t = graph.tensors[p.name]
         key = (
             t.numel,
@@ -260,15 +275,21 @@ def zero_steps(
 
 
 def update_bytes(
-    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], opts: CostOptions
+    graph: Graph,
+    rounds: Sequence[Round],
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    params: Mapping[str, ZeroParam] | None = None,
 ) -> tuple[float, float]:
     """Bytes one device's optimizer step reads and writes (`CostOptions.update_bytes_for` per
     element it updates): (without ZeRO, with ZeRO 1-3, where each device updates its 1/ways shard
-    of each parameter). O(params x rounds)."""
+    of each parameter). O(params x rounds); `params`: the plan's `zero_params` when known."""
     plain = sharded = 0.0
     if not opts.train:
         return plain, sharded
-    for p in zero_params(graph, rounds, strategies, opts.train).values():
+    if params is None:
+        params = zero_params(graph, rounds, strategies, opts.train)
+    for p in params.values():
         t = graph.tensors[p.name]
         if p.name not in graph.requires_grad:
             continue
