@@ -239,13 +239,18 @@ def param_homes(
     graph: Graph,
     strategies: Mapping[str, Strategy],
     overrides: Mapping[str, Layout] | None = None,
+    layouts: Sequence[Sequence[Layout]] | None = None,
 ) -> dict[str, Layout]:
-    """Where each parameter lives: an override (e.g. FSDP) or its first consumer's layout."""
+    """Where each parameter lives: an override (e.g. FSDP) or its first consumer's layout
+    (`layouts`: per op, its inputs' layouts when known)."""
     homes: dict[str, Layout] = dict(overrides or {})
-    for op in graph.ops:
+    for index, op in enumerate(graph.ops):
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is Role.PARAMETER and name not in homes:
-                homes[name] = operand_layout(op, strategies[op.name], i)
+                if layouts is not None:
+                    homes[name] = layouts[index][i]
+                else:
+                    homes[name] = operand_layout(op, strategies[op.name], i)
     return homes
 
 
@@ -473,28 +478,39 @@ def evaluate_strategies(
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     check_strategies(graph.ops, strategies, rounds, cache.classes)
     zero = zero_pricing(graph, rounds, strategies, opts, param_layouts)
-    homes = param_homes(graph, strategies, None if zero.params else param_layouts)
+    prices = [
+        cache.price(op, cid, strategies[op.name])
+        for op, cid in zip(graph.ops, cache.classes, strict=True)
+    ]
+    ins = [p.inputs for p in prices]
+    homes = param_homes(graph, strategies, None if zero.params else param_layouts, ins)
     out_layout: dict[str, Layout] = {}
-    for op, cid in zip(graph.ops, cache.classes, strict=True):
-        outs = cache.layouts(op, cid, strategies[op.name])[1]
-        out_layout.update(zip(op.outputs, outs, strict=True))
+    for op, price in zip(graph.ops, prices, strict=True):
+        out_layout.update(zip(op.outputs, price.resolved, strict=True))
     comm = [0.0] * len(ZERO.values())  # summed field by field, in CommTerms.__add__'s order
     compute = 0.0
     rows: list[OpCost] = []
-    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout, cache=cache):
-        redis = t.redistribution
-        if t.index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
-            redis = redis + zero.by_reader[t.index]
-        act = sum(cache.local_bytes(name, out_layout[name]) for name in t.op.outputs)
-        i = t.intra
+    for index, (op, price) in enumerate(zip(graph.ops, prices, strict=True)):
+        # `op_terms`' walk, inlined: the same sums in the same order
+        intra, redis = _own_and_edges(cache, strategies, homes, out_layout, index, op, price)
+        if index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
+            redis = redis + zero.by_reader[index]
+        act = sum(cache.local_bytes(name, out_layout[name]) for name in op.outputs)
         rows.append(
-            OpCost(t.op.name, t.compute, i.total, redis.total, act, i.intra_fwd, i.intra_bwd)
+            OpCost(
+                op.name,
+                price.compute,
+                intra.total,
+                redis.total,
+                act,
+                intra.intra_fwd,
+                intra.intra_bwd,
+            )
         )
-        for k, (a, b) in enumerate(zip(t.intra.values(), redis.values(), strict=True)):
-            comm[k] = comm[k] + a + b
-        compute += t.compute
+        comm = [c + a + b for c, a, b in zip(comm, intra.values(), redis.values(), strict=True)]
+        compute += price.compute
     param_mem, act_mem = memory_per_device(
-        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes, zero.params
+        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes, zero.params, ins
     )
     comm_terms = CommTerms(*comm)
     total = comm_terms.total + compute
@@ -510,6 +526,31 @@ def evaluate_strategies(
     )
 
 
+def _own_and_edges(
+    cache: ScoreCache,
+    strategies: Mapping[str, Strategy],
+    homes: Mapping[str, Layout],
+    out_layout: Mapping[str, Layout],
+    index: int,
+    op: Op,
+    price: OpPrice,
+) -> tuple[CommTerms, CommTerms]:
+    """`OpTerms.intra` and `OpTerms.redistribution` of the `index`-th op (see `op_terms`)."""
+    intra, redis = price.intra, ZERO
+    graph, strategy, cid = cache.graph, strategies[op.name], cache.classes[index]
+    for i, name in enumerate(op.inputs):
+        prev = cache.previous[index][i]
+        if prev is not None:
+            p_op = graph.ops[prev[0]]
+            intra = intra + cache.credit(
+                name, (p_op, prev[1], strategies[p_op.name]), (op, i, strategy), cid
+            )
+        src = out_layout.get(name) or homes.get(name)
+        if src is not None and src != price.inputs[i]:
+            redis = redis + cache.move(name, src, price.inputs[i])
+    return intra, redis
+
+
 def memory_per_device(
     graph: Graph,
     rounds: Sequence[Round],
@@ -519,9 +560,11 @@ def memory_per_device(
     opts: CostOptions,
     size: Callable[[str, Layout], float] | None = None,
     zero: Mapping[str, ZeroParam] | None = None,
+    layouts: Sequence[Sequence[Layout]] | None = None,
 ) -> tuple[float, float]:
     """(parameter state bytes, activation bytes) per device (`size(tensor, layout)`: its local
-    bytes, `local_bytes` unless a `ScoreCache` memoises them).
+    bytes, `local_bytes` unless a `ScoreCache` memoises them; `layouts`: per op, its inputs'
+    layouts when known).
 
     Training: weights + gradients (dtype each) + optimizer state (fp32) per parameter element held
     by the device, plus every activation kept for the backward pass and the local inputs.
@@ -544,20 +587,24 @@ def memory_per_device(
         def size(name: str, layout: Layout) -> float:
             return local_bytes(graph, name, layout, rounds, opts)
 
+    def read(index: int, op: Op, i: int) -> Layout:
+        if layouts is not None:
+            return layouts[index][i]
+        return operand_layout(op, strategies[op.name], i)
+
     if opts.train:
         act = sum(size(n, lay) for n, lay in out_layout.items())
-        for op in graph.ops:
+        for index, op in enumerate(graph.ops):
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
-                if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
-                    act += size(name, operand_layout(op, strategies[op.name], i))
+                if t.role is Role.INPUT and graph.consumers[name][0][0] == index:
+                    act += size(name, read(index, op, i))
         return param_mem, act
     peak = 0.0
-    for op in graph.ops:
-        strategy = strategies[op.name]
+    for index, op in enumerate(graph.ops):
         work = sum(size(n, out_layout[n]) for n in op.outputs)
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
-                work += size(name, operand_layout(op, strategy, i))
+                work += size(name, read(index, op, i))
         peak = max(peak, work)
     return param_mem, peak

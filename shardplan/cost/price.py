@@ -25,10 +25,10 @@ from shardplan.cost.terms import (
     compute_cost,
     faster,
     intra_terms,
-    reduces,
     replicate_symbolic,
     round_numels,
 )
+from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
@@ -81,7 +81,11 @@ def _operands(
     groups = op.signature.outputs if is_output else op.signature.inputs
     n = len(rounds)
     fast = fast if fast is not None else faster_rounds(rounds)
+    before = [[j for j in range(n) if j != r and fast[r][j]] for r in range(n)]
     qs = [rnd.q for rnd in rounds]
+    # `terms.reduces` of a cut that leaves the operand whole: partial sums of a REDUCE dim (a
+    # result), the gradient all-reduce (an input that needs one, in training)
+    reducing = {d.name for d in op.signature.loop_dims if d.kind is DimKind.REDUCE}
     per_operand = []
     pieces = []
     for i, name in enumerate(names):
@@ -90,22 +94,31 @@ def _operands(
         numel = t.numel
         sizes = round_numels(numel, layout, rounds)
         grad = name in graph.requires_grad
+        carried = {d for group in groups[i] for d in group}
+        whole_reduces = opts.train and grad
         shrinks = [
-            layout[j] >= 0 or reduces(op, strategy[j], groups[i], is_output, grad, opts.train)
-            for j in range(n)
+            layout[j] >= 0
+            or (
+                cut is not None
+                and cut not in carried
+                and (cut in reducing if is_output else whole_reduces)
+            )
+            for j, cut in enumerate(strategy)
         ]
         width = opts.element_bytes(t)
         # ZeRO >= 1: a parameter's gradient is reduce-scattered once instead (cost/zero.py)
         parameter = t.role is Role.PARAMETER
         zero = opts.zero > 0 and parameter
         infos = []
+        last: OperandInfo | None = None
         for r in range(n):
             divisor = 1.0
-            fr = fast[r]
-            for j in range(n):
-                if j != r and fr[j] and shrinks[j] and not (j < r and layout[j] >= 0):
+            for j in before[r]:
+                if shrinks[j] and not (j < r and layout[j] >= 0):
                     divisor *= qs[j]
-            infos.append(OperandInfo(sizes[r], width, t.role, grad, divisor, zero))
+            if last is None or last.numel != sizes[r] or last.ar_divisor != divisor:
+                last = OperandInfo(sizes[r], width, t.role, grad, divisor, zero)
+            infos.append(last)  # equal facts, one (immutable) value
         per_operand.append(infos)
         pieces.append(Piece(sizes[-1] * width, numel, width, parameter, grad))
     return [[p[r] for p in per_operand] for r in range(n)], pieces
