@@ -41,13 +41,17 @@ from shardplan.sharding import (
     resolved,
 )
 
-Fast = tuple[tuple[bool, ...], ...]
-"""fast[r][j]: round j's collectives run before round r's (`terms.faster(rounds[j], rounds[r])`)."""
+Fast = tuple[tuple[int, ...], ...]
+"""fast[r]: the rounds j != r whose collectives run before round r's (`terms.faster(rounds[j],
+rounds[r])`), in ascending order."""
 
 
 def faster_rounds(rounds: Sequence[Round]) -> Fast:
     """The `faster` relation of a mesh's rounds as a table (O(rounds^2))."""
-    return tuple(tuple(faster(other, rnd) for other in rounds) for rnd in rounds)
+    return tuple(
+        tuple(j for j, other in enumerate(rounds) if j != r and faster(other, rnd))
+        for r, rnd in enumerate(rounds)
+    )
 
 
 def operand_infos(
@@ -80,8 +84,7 @@ def _operands(
     names = op.outputs if is_output else op.inputs
     groups = op.signature.outputs if is_output else op.signature.inputs
     n = len(rounds)
-    fast = fast if fast is not None else faster_rounds(rounds)
-    before = [[j for j in range(n) if j != r and fast[r][j]] for r in range(n)]
+    before = fast if fast is not None else faster_rounds(rounds)
     qs = [rnd.q for rnd in rounds]
     # `terms.reduces` of a cut that leaves the operand whole: partial sums of a REDUCE dim (a
     # result), the gradient all-reduce (an input that needs one, in training)

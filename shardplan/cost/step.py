@@ -170,7 +170,7 @@ def profile_stage(
         ring = ring_terms(graph, mesh, stored, opts)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
         bwd_comm += ring.exposed_bwd_s - ring.scatter_s
-    act = _activations(graph, prices, rounds, opts, op_compute, cache.local_bytes)
+    act = _activations(graph, prices, rounds, opts, op_compute, cache)
     params = zero_params(graph, rounds, strategies, opts.train, [p.inputs for p in prices])
     update = _update_seconds(graph, mesh, strategies, opts, params)
     return StageProfile(
@@ -234,11 +234,13 @@ def saved_bytes(
     rounds: Sequence[Round],
     opts: CostOptions,
     layouts: Sequence[OpLayouts] | None = None,
+    size: Callable[[str, Layout], float] | None = None,
 ) -> dict[str, float]:
     """Local bytes of each tensor autograd keeps for the backward (`ir.traits.SAVED_FOR_BACKWARD`:
     an op's non-parameter inputs, its results, or a one-byte mask per result element), each once,
     in the layout its producer leaves it (a graph input: its first reader's). `layouts`: per op,
-    its (input, resolved result) layouts when known (`OpPrice`)."""
+    its (input, resolved result) layouts when known (`OpPrice`); `size(tensor, layout)`: its
+    local bytes at the options' width when memoised (`ScoreCache.local_bytes`)."""
     if layouts is None:
         layouts = [
             (
@@ -253,9 +255,15 @@ def saved_bytes(
     out_layout = _output_layouts(graph, layouts)
     saved: dict[str, float] = {}
 
-    def keep(key: str, name: str, layout: Layout, width: float) -> None:
+    def keep(key: str, name: str, layout: Layout, width: float | None) -> None:
+        """`width` None: the element width the options price (what `size` returns)."""
         if key not in saved:
-            saved[key] = round_numels(graph.tensors[name].numel, layout, rounds)[-1] * width
+            if width is None and size is not None:
+                saved[key] = size(name, layout)
+            else:
+                t = graph.tensors[name]
+                w = opts.element_bytes(t) if width is None else width
+                saved[key] = round_numels(t.numel, layout, rounds)[-1] * w
 
     for op, (ins, _) in zip(graph.ops, layouts, strict=True):
         rule = saved_for_backward(op.kind)
@@ -263,10 +271,10 @@ def saved_bytes(
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is not Role.PARAMETER:
-                    keep(name, name, out_layout.get(name) or ins[i], opts.element_bytes(t))
+                    keep(name, name, out_layout.get(name) or ins[i], None)
         for name in op.outputs if rule is not Saved.INPUTS else ():
             if rule is Saved.OUTPUTS:
-                keep(name, name, out_layout[name], opts.element_bytes(graph.tensors[name]))
+                keep(name, name, out_layout[name], None)
             elif rule is Saved.MASK:
                 keep(f"{name}:mask", name, out_layout[name], 1.0)
     return saved
@@ -281,15 +289,25 @@ def _output_layouts(graph: Graph, layouts: Sequence[OpLayouts]) -> dict[str, Lay
     }
 
 
-def block_starts(graph: Graph, segs: Sequence[Segment]) -> list[int]:
+def block_starts(
+    graph: Graph, segs: Sequence[Segment], classes: Sequence[int] | None = None
+) -> list[int]:
     """The segments full recomputation checkpoints: the first of each repeated block. Segments of
     equal structure repeat; the most frequent structure (the first of them on a tie) opens each
     block (a transformer layer's attention half), and a segment that repeats less often than it
     (an embedding, a head) is a block of its own; without repetition every segment is one.
-    O(ops)."""
-    prints = [
-        tuple((op.kind, op.signature.text()) for op in graph.ops[s.start : s.stop]) for s in segs
-    ]
+    O(ops); `classes` (a `ScoreCache`'s: equal kind and signature) spell each class once."""
+    text: dict[int, tuple[str, str]] = {}
+    ops = graph.ops
+    if classes is None:
+        prints = [
+            tuple((op.kind, op.signature.text()) for op in ops[s.start : s.stop]) for s in segs
+        ]
+    else:
+        for op, cid in zip(ops, classes, strict=True):
+            if cid not in text:
+                text[cid] = (op.kind, op.signature.text())
+        prints = [tuple(text[classes[i]] for i in range(s.start, s.stop)) for s in segs]
     counts: dict[tuple[object, ...], int] = {}
     for fp in prints:
         counts[fp] = counts.get(fp, 0) + 1
@@ -304,13 +322,14 @@ def _activations(
     rounds: Sequence[Round],
     opts: CostOptions,
     op_compute: Mapping[str, float],
-    size: Callable[[str, Layout], float],
+    cache: ScoreCache,
 ) -> _Activations:
     """Kept activations per micro-batch under each recomputation choice (module docstring);
-    `prices`: each op's `OpPrice` under the stage's strategies, `size(tensor, layout)` its local
-    bytes (`evaluate.ScoreCache.local_bytes`)."""
+    `prices`: each op's `OpPrice` under the stage's strategies, `cache` the `ScoreCache` that
+    priced them (local bytes, op classes)."""
+    size = cache.local_bytes
     layouts = [(p.inputs, p.resolved) for p in prices]
-    saved = saved_bytes(graph, {}, rounds, opts, layouts)
+    saved = saved_bytes(graph, {}, rounds, opts, layouts, size)
     out_layout = _output_layouts(graph, layouts)
 
     def local(name: str) -> float:
@@ -326,7 +345,7 @@ def _activations(
                 inputs += size(name, price.inputs[i])
     sel_bytes = sel_peak = sel_s = sel_flops = 0.0
     segs = segments(graph)
-    starts = block_starts(graph, segs)
+    starts = block_starts(graph, segs, cache.classes)
     ckpt = sum(local(e) for e in (segs[k].entry for k in starts) if e is not None)
     seg_peak = 0.0
     for a, b in zip(starts, [*starts[1:], len(segs)], strict=True):

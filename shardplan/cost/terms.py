@@ -288,17 +288,25 @@ def edge_sizes(
     all-to-all round r is also divided by the all-to-all rounds slower than it (one all-to-all
     over their product). O(rounds ** 2)."""
     out = []
-    for r, rnd in enumerate(rounds):
+    bw = [rnd.bandwidth_bytes_per_s for rnd in rounds]
+    idx = [rnd.index for rnd in rounds]
+    n = len(rounds)
+    for r in range(n):
         a2a = grouped and src[r] >= 0 and dst[r] >= 0 and src[r] != dst[r]
         divisor = 1.0
-        for j, other in enumerate(rounds):
+        for j in range(n):
             if j == r:
                 continue
             both = src[j] >= 0 and dst[j] >= 0
-            if both or (src[j] != dst[j] and faster(other, rnd)):
-                divisor *= other.q
-            if a2a and both and src[j] != dst[j] and faster(rnd, other):
-                divisor *= other.q  # bytes for devices across a slower round go there
+            # `faster(rounds[j], rounds[r])` and its converse, read off the two lists
+            if bw[j] != bw[r]:
+                j_first, r_first = bw[j] > bw[r], bw[r] > bw[j]
+            else:
+                j_first, r_first = idx[j] > idx[r], idx[r] > idx[j]
+            if both or (src[j] != dst[j] and j_first):
+                divisor *= rounds[j].q
+            if a2a and both and src[j] != dst[j] and r_first:
+                divisor *= rounds[j].q  # bytes for devices across a slower round go there
         out.append(numel / divisor)
     return out
 

@@ -142,8 +142,12 @@ def zero_params(
                 cut = (r for r, s in enumerate(layout) if s < 0 and strategy[r] is not None)
                 reduced.setdefault(name, set()).update(r for r in cut if rounds[r].q > 1)
     out: dict[str, ZeroParam] = {}
+    shards: dict[tuple[object, ...], Layout] = {}  # repeated layers: one shard per shape
     for name, (home, first) in homes.items():
-        shard = zero_layout(graph.tensors[name].shape, home, rounds)
+        shape = graph.tensors[name].shape
+        shard = shards.get((shape, home))
+        if shard is None:
+            shard = shards[shape, home] = zero_layout(shape, home, rounds)
         gathered = tuple(r for r, (h, s) in enumerate(zip(home, shard, strict=True)) if s != h)
         ways = 1
         for r in gathered:
@@ -166,13 +170,26 @@ class ZeroParts:
     update: CommTerms
 
 
-def zero_parts(graph: Graph, rounds: Sequence[Round], p: ZeroParam, opts: CostOptions) -> ZeroParts:
-    """The collectives of parameter `p` under ZeRO, one term per kind (see `ZeroParts`)."""
+def zero_parts(
+    graph: Graph,
+    rounds: Sequence[Round],
+    p: ZeroParam,
+    opts: CostOptions,
+    memo: dict[tuple[object, ...], CommTerms] | None = None,
+) -> ZeroParts:
+    """The collectives of parameter `p` under ZeRO, one term per kind (see `ZeroParts`);
+    `memo` keeps gathers already priced (a pure function of size, home and rounds)."""
     t = graph.tensors[p.name]
     width = opts.element_bytes(t)
 
     def gather(rs: Sequence[int]) -> CommTerms:
-        return gather_terms(t.numel, width, p.home, rs, rounds)
+        if memo is None:
+            return gather_terms(t.numel, width, p.home, rs, rounds)
+        key = (t.numel, width, p.home, tuple(rs))
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = gather_terms(t.numel, width, p.home, rs, rounds)
+        return found
 
     replicated = [r for r in p.reduced if p.home[r] < 0]
     frozen = p.name not in graph.requires_grad  # a frozen parameter is never updated
@@ -242,6 +259,7 @@ def zero_steps(
     fwd = reduce = rest = update = 0.0
     state = [0.0, 0.0, 0.0]
     seen: dict[tuple[object, ...], ZeroParts] = {}  # repeated layers: one price per shape
+    gathers: dict[tuple[object, ...], CommTerms] = {}  # and one per gather
     for p in params.values():
         t = graph.tensors[p.name]
         key = (
@@ -254,7 +272,7 @@ def zero_steps(
         )
         parts = seen.get(key)
         if parts is None:
-            parts = seen[key] = zero_parts(graph, rounds, p, opts)
+            parts = seen[key] = zero_parts(graph, rounds, p, opts, gathers)
         fwd += parts.gather.redistribution_fwd
         reduce += parts.reduce.redistribution_fwd
         rest += parts.rest.redistribution_fwd

@@ -177,6 +177,8 @@ def context_parallel(
                     strategy[r] = cut
         out[op.name] = tuple(strategy)
     return out
+
+
 def _activations(graph: Graph, op: Op) -> list[int]:
     """Positions of `op`'s inputs that are computed values (not parameters or constants)."""
     return [
@@ -312,9 +314,7 @@ def _tensor_parallel_choice(graph: Graph, classes: Sequence[int] | None = None) 
     def choose(op: Op, arriving: dict[int, int]) -> list[str]:
         found = static.get(op.name)
         if found is None:
-            params = [
-                i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER
-            ]
+            params = [i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
             if not params:
                 return _follow(op, arriving)
             found = static[op.name] = own(op, params)
