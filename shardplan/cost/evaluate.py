@@ -431,13 +431,16 @@ class ScoreCache:
         return found
 
     def local_bytes(self, tensor: str, layout: Layout) -> float:
-        t = self.graph.tensors[tensor]
-        key = (t.numel, self.opts.element_bytes(t), layout)
-        found = self._bytes.get(key)
+        found = self._bytes.get((tensor, layout))  # the tensor's name: no size to compute first
         if found is None:
-            found = self._bytes[key] = local_bytes(
-                self.graph, tensor, layout, self.mesh.rounds, self.opts
-            )
+            t = self.graph.tensors[tensor]
+            key = (t.numel, self.opts.element_bytes(t), layout)
+            found = self._bytes.get(key)
+            if found is None:
+                found = self._bytes[key] = local_bytes(
+                    self.graph, tensor, layout, self.mesh.rounds, self.opts
+                )
+            self._bytes[tensor, layout] = found
         return found
 
 

@@ -26,7 +26,6 @@ from shardplan.cost.terms import (
     faster,
     intra_terms,
     replicate_symbolic,
-    round_numels,
 )
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
@@ -89,16 +88,20 @@ def _operands(
     # `terms.reduces` of a cut that leaves the operand whole: partial sums of a REDUCE dim (a
     # result), the gradient all-reduce (an input that needs one, in training)
     reducing = {d.name for d in op.signature.loop_dims if d.kind is DimKind.REDUCE}
+    tensors, requires_grad = graph.tensors, graph.requires_grad
     per_operand = []
     pieces = []
     for i, name in enumerate(names):
-        t = graph.tensors[name]
+        t = tensors[name]
         layout = layouts[i] if layouts is not None else operand_layout(op, strategy, i, is_output)
         numel = t.numel
-        sizes = round_numels(numel, layout, rounds)
-        grad = name in graph.requires_grad
+        sizes = [float(numel)]  # `terms.round_numels`, inlined
+        for q, s in zip(qs, layout, strict=True):
+            sizes.append(sizes[-1] / q if s >= 0 else sizes[-1])
+        grad = name in requires_grad
         carried = {d for group in groups[i] for d in group}
         whole_reduces = opts.train and grad
+        # shrinks[j]: round j splits the operand or reduces it (`terms.reduces`)
         shrinks = [
             layout[j] >= 0
             or (
@@ -109,8 +112,9 @@ def _operands(
             for j, cut in enumerate(strategy)
         ]
         width = opts.element_bytes(t)
+        role = t.role
         # ZeRO >= 1: a parameter's gradient is reduce-scattered once instead (cost/zero.py)
-        parameter = t.role is Role.PARAMETER
+        parameter = role is Role.PARAMETER
         zero = opts.zero > 0 and parameter
         infos = []
         last: OperandInfo | None = None
@@ -119,12 +123,15 @@ def _operands(
             for j in before[r]:
                 if shrinks[j] and not (j < r and layout[j] >= 0):
                     divisor *= qs[j]
-            if last is None or last.numel != sizes[r] or last.ar_divisor != divisor:
-                last = OperandInfo(sizes[r], width, t.role, grad, divisor, zero)
+            size = sizes[r]
+            if last is None or last.numel != size or last.ar_divisor != divisor:
+                last = OperandInfo(size, width, role, grad, divisor, zero)
             infos.append(last)  # equal facts, one (immutable) value
         per_operand.append(infos)
         pieces.append(Piece(sizes[-1] * width, numel, width, parameter, grad))
-    return [[p[r] for p in per_operand] for r in range(n)], pieces
+    return [list(row) for row in zip(*per_operand, strict=True)] if per_operand else [
+        [] for _ in range(n)
+    ], pieces
 
 
 def round_intra(

@@ -127,7 +127,10 @@ ZERO = CommTerms()
 
 def _indexes(dims: object, loop_dim: str) -> bool:
     """Does this operand (tensor dims as groups of loop dims) carry `loop_dim`?"""
-    return any(loop_dim in group for group in dims)  # type: ignore[attr-defined]
+    for group in dims:  # type: ignore[attr-defined]
+        if loop_dim in group:
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
