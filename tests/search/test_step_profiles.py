@@ -94,3 +94,30 @@ def test_pipeline_terms_read_off_the_cut_equal_those_of_the_stage_graphs(chunks,
     bounds = [segs[a].start for a in starts] + [len(g.ops)]
     want = pipeline_for(graphs, [opts] * len(graphs), mesh, 8, 16, virtual)
     assert pipeline_cut(g, bounds, opts, mesh, 8, 16, virtual) == want
+
+
+def test_a_transformer_run_is_extrapolated_not_profiled_whole():
+    """Every family of a GPT stage takes the extrapolation path (full recomputation's blocks
+    agree from two periods on), so no profile is as large as the chunk."""
+    from shardplan.search.step import profiles
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(8, stage_mesh(mesh, 1))
+    sizes = []
+    real = profiles.profile_stage
+
+    def spy(graph, *args, **kwargs):
+        sizes.append(len(graph.ops))
+        return real(graph, *args, **kwargs)
+
+    profiles.profile_stage = spy
+    try:
+        for family in prof.families():
+            assert prof.profile(0, len(prof.segs), family) is not None
+    finally:
+        profiles.profile_stage = real
+    assert all(prof.increments[f] is not None for f in prof.families())
+    assert sizes and max(sizes) < len(prof.graph.ops)
