@@ -32,7 +32,8 @@ def fingerprint(graph: Graph) -> tuple[object, ...]:
             if p is not None:
                 refs.append(("op", i - p, graph.ops[p].outputs.index(name)))
             else:
-                refs.append(("t", t.shape, t.role.value, t.dtype_bytes, seen.setdefault(name, i)))
+                first = seen.setdefault(name, i)
+                refs.append(("t", t.shape, t.role.value, t.dtype_bytes, t.received, first))
         out.append((op.kind, op.signature.text(), op.flops, op.attrs, tuple(refs)))
     return tuple(out)
 
