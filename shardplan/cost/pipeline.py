@@ -13,7 +13,7 @@ device boundaries. O(stages x tensors).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shardplan.cost import collectives as coll
 from shardplan.cost.presets import CostOptions
@@ -98,9 +98,8 @@ def cut_terms(
             if src is None or stage_of[src] >= s or (name, s) in seen:
                 continue
             seen.add((name, s))
-            # priced as the stage's input it is (`ir.segments.subgraph`), like `boundary_bytes`
-            width = opts.element_bytes(replace(t, role=Role.INPUT))
-            nbytes = t.numel * width / devices_per_stage  # sent sharded
+            # an activation here; the stage receiving it prices it alike (`Tensor.received`)
+            nbytes = t.numel * opts.element_bytes(t) / devices_per_stage  # sent sharded
             for b in range(stage_of[src], s):
                 p2p[b] += nbytes
     shared = 0.0

@@ -74,8 +74,9 @@ class CostOptions:
 
     def element_bytes(self, t: Tensor) -> int:
         """Bytes per element the cost model prices `t` at: the precision's width for parameters
-        and activations; graph inputs and constants (token ids, masks) keep their own."""
-        if self.precision is None or t.role in (Role.INPUT, Role.CONSTANT):
+        and activations (a stage's received activation too); graph inputs and constants (token
+        ids, masks) keep their own."""
+        if self.precision is None or (t.role in (Role.INPUT, Role.CONSTANT) and not t.received):
             return t.dtype_bytes
         return self.precision.element_bytes
 

@@ -186,18 +186,21 @@ def _stage_plan(data: dict[str, Any]) -> Plan:
 
 
 def _with_incoming_grads(plans: list[Plan]) -> list[Plan]:
-    """Each stage's plan with requires_grad re-derived: an incoming activation needs a gradient
-    when the earlier stage producing it computes one (the plan schema does not store it)."""
+    """Each stage's plan with what the plan schema does not store re-derived: an input an
+    earlier stage produces is a received activation (`Tensor.received`), and it needs a
+    gradient when that stage computes one."""
     grad: set[str] = set()
     produced: set[str] = set()
     out = []
     for p in plans:
         g = p.graph
-        seeds = frozenset(
-            n for n, t in g.tensors.items() if t.role is Role.INPUT and n in produced and n in grad
-        )
-        if seeds:
-            g = make_graph(g.name, dict(g.tensors), g.ops, seeds)
+        received = {n for n, t in g.tensors.items() if t.role is Role.INPUT and n in produced}
+        seeds = frozenset(n for n in received if n in grad)
+        if received:
+            tensors = {
+                n: replace(t, received=True) if n in received else t for n, t in g.tensors.items()
+            }
+            g = make_graph(g.name, tensors, g.ops, seeds)
             p = replace(p, graph=g, cost=None)
         grad |= g.requires_grad
         produced.update(t for op in g.ops for t in op.outputs)

@@ -29,6 +29,9 @@ class Tensor:
     shape: tuple[int, ...]
     dtype_bytes: int = 4
     role: Role = Role.ACTIVATION
+    received: bool = False
+    """An input of a pipeline stage that an earlier stage computed (`ir.segments.subgraph`): an
+    activation on the wire, priced at the compute precision like the activation it is."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -50,6 +53,8 @@ class Tensor:
             raise IRError(f"tensor {self.name!r}: dtype_bytes {self.dtype_bytes!r} must be an int")
         if self.dtype_bytes < 1:
             raise IRError(f"tensor {self.name!r}: dtype_bytes {self.dtype_bytes} must be >= 1")
+        if not isinstance(self.received, bool):
+            raise IRError(f"tensor {self.name!r}: received {self.received!r} must be a bool")
 
     @property
     def numel(self) -> int:

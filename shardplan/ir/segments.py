@@ -92,7 +92,7 @@ def graph_of_ops(graph: Graph, ops: Sequence[Op], name: str) -> Graph:
         for t in (*op.inputs, *op.outputs):
             tensor = graph.tensors[t]
             if t not in produced and tensor.role is Role.ACTIVATION:
-                tensor = replace(tensor, role=Role.INPUT)
+                tensor = replace(tensor, role=Role.INPUT, received=True)
             tensors[t] = tensor
     sub = make_graph(name, tensors, tuple(ops))
     return replace(sub, requires_grad=frozenset(t for t in tensors if t in graph.requires_grad))

@@ -198,7 +198,5 @@ def test_a_transformer_layer_keeps_korthikanti_activations(tensor, sp):
     sbh, attn = s_ * b_ * h_, a_ * s_ * s_ * b_
     t = tensor
     want = (32 * sbh + 2 * attn) / t if sp else sbh * (8 + 24 / t) + 2 * attn / t
-    # the layer's input is its sub-graph's input, which keeps its declared 4 bytes
-    # (`CostOptions.element_bytes`): 2 sbh more than 16-bit, split with the norm under SP
-    want += 2 * sbh / (t if sp else 1)
+    # the layer's input is a received activation: 16-bit like the rest (`Tensor.received`)
     assert prof.activation_bytes == pytest.approx(want)

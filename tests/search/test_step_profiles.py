@@ -94,3 +94,55 @@ def test_pipeline_terms_read_off_the_cut_equal_those_of_the_stage_graphs(chunks,
     bounds = [segs[a].start for a in starts] + [len(g.ops)]
     want = pipeline_for(graphs, [opts] * len(graphs), mesh, 8, 16, virtual)
     assert pipeline_cut(g, bounds, opts, mesh, 8, 16, virtual) == want
+
+
+def test_a_transformer_run_is_extrapolated_not_profiled_whole():
+    """Every family of a GPT stage takes the extrapolation path (full recomputation's blocks
+    agree from two periods on), so no profile is as large as the chunk."""
+    from shardplan.search.step import profiles
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(8, stage_mesh(mesh, 1))
+    sizes = []
+    real = profiles.profile_stage
+
+    def spy(graph, *args, **kwargs):
+        sizes.append(len(graph.ops))
+        return real(graph, *args, **kwargs)
+
+    profiles.profile_stage = spy
+    try:
+        for family in prof.families():
+            assert prof.profile(0, len(prof.segs), family) is not None
+    finally:
+        profiles.profile_stage = real
+    assert all(prof.increments[f] is not None for f in prof.families())
+    assert sizes and max(sizes) < len(prof.graph.ops)
+
+
+@pytest.mark.parametrize(("dtype", "width"), [("bf16", 2), ("fp32", 4)])
+def test_a_stage_sends_and_keeps_its_activation_at_the_compute_precision(dtype, width):
+    """The residual stream crossing a stage boundary (batch x seq x hidden) is an activation:
+    sent and kept at the precision's width, not at the declared fp32 of a graph input."""
+    from shardplan.cost import CostOptions
+    from shardplan.mesh import parse_mesh
+    from shardplan.search.step.stages import stage_graphs, stage_starts
+    from shardplan.training import pipeline_cut
+
+    g = zoo.build("gpt3", batch=4, layers=4, hidden=64, heads=4, vocab=100, seq=16)
+    opts = CostOptions.make(dtype=dtype)
+    mesh = parse_mesh("2x2")
+    starts = stage_starts(g, 2)
+    segs = segments(g)
+    bounds = [segs[a].start for a in starts] + [len(g.ops)]
+    pipe = pipeline_cut(g, bounds, opts, mesh, 4, 16, 1)
+    assert pipe.p2p_bytes == (4 * 16 * 64 * width / 2,)  # sharded over the stage's 2 devices
+    second = stage_graphs(g, starts)[1]
+    received = [t for t in second.tensors.values() if t.received]
+    assert [t.shape for t in received] == [(4, 16, 64)]
+    assert opts.element_bytes(received[0]) == width
+    ids = g.tensors["input_ids"]
+    assert opts.element_bytes(ids) == ids.dtype_bytes  # a true graph input keeps its own

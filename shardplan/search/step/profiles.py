@@ -5,13 +5,16 @@ segment, strategies side by side), the data-parallel expert, or the Megatron exp
 tensor degree t the stage mesh allows (products of its innermost rounds, one-axis meshes too),
 each with and without sequence parallelism when it has tensor-parallel rounds. `Family` names one.
 `StageProfiler.profile` prices a chunk under a family with `cost.step.profile_stage`; a chunk of
-k >= 3 periods of the model's repeated run is priced on its one-period reduction p1
-(`structure.reduced_chunk`) plus (k - 1) per-period increments, the increment being q2 - q1 of
-the one- and two-period reductions of the first such chunk priced (equal layers under equal
-strategies add equal terms, whatever the chunk's ends); the peaks and the stage inputs are p1's
-(equal layers, the same peak). So a trillion-parameter model costs what one or two of its
-layers and its ends cost, and chunks of one shape share their profiles. O(families x (distinct
-chunk shapes + 1) x ops of two layers).
+k > 4 periods of the model's repeated run is priced on its two-period reduction p2
+(`structure.reduced_chunk`) plus (k - 2) per-period increments, the increment being q3 - q2 of
+the two- and three-period reductions of the first such chunk priced (equal layers under equal
+strategies add equal terms, whatever the chunk's ends), checked once per family against the
+four-period reduction and per chunk against its own p3 - p2; the peaks and the stage inputs are
+p2's (equal layers, the same peak). Two periods, not one, are the base: with one period no
+segment repeats, so full recomputation's blocks (`cost.step.block_starts`, the most frequent
+structure opens each) differ from those of every longer run. So a trillion-parameter model
+costs what a few of its layers and its ends cost, and chunks of one shape share their profiles.
+O(families x (distinct chunk shapes + 1) x ops of four layers).
 `plan` gives a chunk's real plan and exact profile (the search's winner only).
 """
 
@@ -78,9 +81,11 @@ def stage_tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
     return tuple(out)
 
 
-def extrapolate(base: StageProfile, q1: StageProfile, q2: StageProfile, k: int) -> StageProfile:
-    """The profile of a chunk of k periods from its own two-period reduction `base` and the
-    per-period increment q2 - q1: additive terms base + (k - 2)(q2 - q1); the peaks and the
+def extrapolate(
+    base: StageProfile, q1: StageProfile, q2: StageProfile, k: int, j: int = 2
+) -> StageProfile:
+    """The profile of a chunk of k periods from its own j-period reduction `base` and the
+    per-period increment q2 - q1: additive terms base + (k - j)(q2 - q1); the peaks and the
     stage inputs are base's (module docstring)."""
     out = {}
     for f in fields(StageProfile):
@@ -88,9 +93,9 @@ def extrapolate(base: StageProfile, q1: StageProfile, q2: StageProfile, k: int) 
         if f.name in _PEAKS or f.name in _KEEP:
             out[f.name] = a
         else:
-            out[f.name] = a + (k - 2) * (getattr(q2, f.name) - getattr(q1, f.name))
+            out[f.name] = a + (k - j) * (getattr(q2, f.name) - getattr(q1, f.name))
     out["zero"] = tuple(
-        ZeroStep(*(a + (k - 2) * (y - x) for a, x, y in zip(_zs(z), _zs(z1), _zs(z2), strict=True)))
+        ZeroStep(*(a + (k - j) * (y - x) for a, x, y in zip(_zs(z), _zs(z1), _zs(z2), strict=True)))
         for z, z1, z2 in zip(base.zero, q1.zero, q2.zero, strict=True)
     )
     return StageProfile(**out)
@@ -203,37 +208,36 @@ class StageProfiler:
         """The profile of chunk [a, e) (segments) under `family`; None when the family does not
         apply (sequence parallelism without tensor-parallel rounds)."""
         shape = chunk_shape(self.split, a, e)
-        if shape.periods <= 3:  # three reductions would cost what the chunk costs
-            key = (family, tuple(self.prints[a:e]))
-            if key not in self.cache:
-                sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
-                self.cache[key] = self._exact(sub, family, range(a, e))
-            return self.cache[key]
-        own1, own2 = (self._reduced(shape, j, family) for j in (1, 2))
+        if shape.periods <= 4:  # its reductions would cost what the chunk costs
+            return self._whole(a, e, family)
+        own2, own3 = (self._reduced(shape, j, family) for j in (2, 3))
         if family not in self.increments:  # the first chunk of the run priced under this family
-            own3 = self._reduced(shape, 3, family)
+            own4 = self._reduced(shape, 4, family)
             linear = (
-                own1 is not None
-                and own2 is not None
+                own2 is not None
                 and own3 is not None
-                and same_increment(own1, own2, own2, own3)
-                and _peaks(own2) == _peaks(own3)
+                and own4 is not None
+                and same_increment(own2, own3, own3, own4)
+                and _peaks(own3) == _peaks(own4)
             )
-            self.increments[family] = (own1, own2) if linear else None  # type: ignore[assignment]
+            self.increments[family] = (own2, own3) if linear else None  # type: ignore[assignment]
         step = self.increments[family]
         if (
-            own1 is None
-            or own2 is None
+            own2 is None
+            or own3 is None
             or step is None
-            or not same_increment(own1, own2, *step)
-            or _peaks(own1) != _peaks(own2)
+            or not same_increment(own2, own3, *step)
+            or _peaks(own2) != _peaks(own3)
         ):  # layers whose plans or blocks do not repeat with the run: price the chunk itself
-            key = (family, tuple(self.prints[a:e]))
-            if key not in self.cache:
-                sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
-                self.cache[key] = self._exact(sub, family, range(a, e))
-            return self.cache[key]
+            return self._whole(a, e, family)
         return extrapolate(own2, step[0], step[1], shape.periods)
+
+    def _whole(self, a: int, e: int, family: Family) -> StageProfile | None:
+        key = (family, tuple(self.prints[a:e]))
+        if key not in self.cache:
+            sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
+            self.cache[key] = self._exact(sub, family, range(a, e))
+        return self.cache[key]
 
     def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:
         keep = shape.run_start + j * shape.period + shape.rest

@@ -5,9 +5,10 @@ how operands connect); equal fingerprints get equal plans. `layer_split` finds t
 repeating segment fingerprints with the shortest period, O(K^2) over K segments (`ir.segments`).
 `reduced_chunk` cuts the repeated run of a contiguous chunk of segments down to j periods, keeping
 what comes before and after it, and reconnects the part after to the last period kept (its
-inputs come from the same positions one period earlier): a chunk of k >= 3 periods costs what
-its j = 1 and j = 2 reductions cost plus (k - 2) times their difference, exactly, for every term
-that is a sum over ops (`search.step.profiles.extrapolate`). O(ops of the chunk).
+inputs come from the same positions one period earlier): a chunk of k > 4 periods costs what
+its j = 2 reduction costs plus (k - 2) times the difference of its j = 3 and j = 2 reductions,
+exactly, for every term that is a sum over ops (`search.step.profiles.extrapolate`).
+O(ops of the chunk).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def fingerprint(graph: Graph) -> tuple[object, ...]:
             if p is not None:
                 refs.append(("op", i - p, graph.ops[p].outputs.index(name)))
             else:
-                refs.append(("t", t.shape, t.role.value, t.dtype_bytes, seen.setdefault(name, i)))
+                first = seen.setdefault(name, i)
+                refs.append(("t", t.shape, t.role.value, t.dtype_bytes, t.received, first))
         out.append((op.kind, op.signature.text(), op.flops, op.attrs, tuple(refs)))
     return tuple(out)
 
