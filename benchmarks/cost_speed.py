@@ -82,11 +82,11 @@ def worker(reps: int, search: bool) -> dict[str, Any]:
             mesh = at_precision(parse_mesh(mesh_text), opts)
             for chunk, a, e in CHUNKS:
                 sub = subgraph(graph, segs[a].start, segs[e - 1].stop)
-                where = f"{chunk} | mb {mb} | {mesh_text}"
+                where = f"{chunk}, mb {mb}, {mesh_text}"
                 plans = {"drec": drec(sub, mesh, opts), "data-parallel": None}
                 for t in (2, 4, 8):
                     secs, st = _best(lambda t=t: experts.megatron(sub, mesh, t), reps)
-                    megatron[f"t={t} | {where}"] = secs
+                    megatron[f"t={t}, {where}"] = secs
                     hashes.append(_digest(sorted(st.items())))
                     plans[f"megatron t={t}"] = st
                 plans["data-parallel"] = experts.data_parallel(sub, mesh)
@@ -101,7 +101,7 @@ def worker(reps: int, search: bool) -> dict[str, Any]:
                             ),
                             reps,
                         )
-                        profiles[f"{family}{' +SP' if seq else ''} | {where}"] = secs
+                        profiles[f"{family}{' +SP' if seq else ''}, {where}"] = secs
                         hashes.append(_digest(prof))
     out: dict[str, Any] = {"profile_stage": profiles, "megatron": megatron}
     if search:
