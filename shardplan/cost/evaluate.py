@@ -149,17 +149,6 @@ def unary_terms(
     return price.intra, price.compute
 
 
-def op_bytes(
-    graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round], opts: CostOptions
-) -> float:
-    """Bytes an op reads and writes on one device under `strategy`: its local operands + results."""
-    return sum(
-        local_bytes(graph, name, operand_layout(op, strategy, i, is_output), rounds, opts)
-        for is_output, names in ((False, op.inputs), (True, op.outputs))
-        for i, name in enumerate(names)
-    )
-
-
 def edge_terms(
     graph: Graph,
     tensor: str,
@@ -499,17 +488,8 @@ def evaluate_strategies(
         if index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
             redis = redis + zero.by_reader[index]
         act = sum(cache.local_bytes(name, out_layout[name]) for name in op.outputs)
-        rows.append(
-            OpCost(
-                op.name,
-                price.compute,
-                intra.total,
-                redis.total,
-                act,
-                intra.intra_fwd,
-                intra.intra_bwd,
-            )
-        )
+        i_fwd, i_bwd = intra.intra_fwd, intra.intra_bwd
+        rows.append(OpCost(op.name, price.compute, intra.total, redis.total, act, i_fwd, i_bwd))
         comm = [c + a + b for c, a, b in zip(comm, intra.values(), redis.values(), strict=True)]
         compute += price.compute
     param_mem, act_mem = memory_per_device(
