@@ -69,7 +69,7 @@ from shardplan.ir.op import Role
 from shardplan.ir.segments import Segment, segments
 from shardplan.ir.traits import Saved, saved_for_backward
 from shardplan.mesh import Mesh, Round
-from shardplan.sharding import Layout, Strategy, operand_layout, resolved
+from shardplan.sharding import Layout, Strategy, operand_layouts, resolved
 
 OpLayouts = tuple[tuple[Layout, ...], tuple[Layout, ...]]
 """An op's (input layouts, resolved result layouts) under its strategy."""
@@ -235,24 +235,21 @@ def saved_bytes(
     opts: CostOptions,
     layouts: Sequence[OpLayouts] | None = None,
     size: Callable[[str, Layout], float] | None = None,
+    out_layout: Mapping[str, Layout] | None = None,
 ) -> dict[str, float]:
     """Local bytes of each tensor autograd keeps for the backward (`ir.traits.SAVED_FOR_BACKWARD`:
     an op's non-parameter inputs, its results, or a one-byte mask per result element), each once,
     in the layout its producer leaves it (a graph input: its first reader's). `layouts`: per op,
     its (input, resolved result) layouts when known (`OpPrice`); `size(tensor, layout)`: its
-    local bytes at the options' width when memoised (`ScoreCache.local_bytes`)."""
+    local bytes at the options' width when memoised (`ScoreCache.local_bytes`); `out_layout`:
+    the results' layouts of `layouts` when already read off."""
     if layouts is None:
-        layouts = [
-            (
-                tuple(operand_layout(op, strategies[op.name], i) for i in range(len(op.inputs))),
-                tuple(
-                    resolved(operand_layout(op, strategies[op.name], i, True))
-                    for i in range(len(op.outputs))
-                ),
-            )
-            for op in graph.ops
-        ]
-    out_layout = _output_layouts(graph, layouts)
+        layouts = []
+        for op in graph.ops:
+            ins, outs = operand_layouts(op, tuple(strategies[op.name]))
+            layouts.append((ins, tuple(resolved(lay) for lay in outs)))
+    if out_layout is None:
+        out_layout = _output_layouts(graph, layouts)
     saved: dict[str, float] = {}
 
     def keep(key: str, name: str, layout: Layout, width: float | None) -> None:
@@ -329,8 +326,8 @@ def _activations(
     priced them (local bytes, op classes)."""
     size = cache.local_bytes
     layouts = [(p.inputs, p.resolved) for p in prices]
-    saved = saved_bytes(graph, {}, rounds, opts, layouts, size)
     out_layout = _output_layouts(graph, layouts)
+    saved = saved_bytes(graph, {}, rounds, opts, layouts, size, out_layout)
 
     def local(name: str) -> float:
         return size(name, out_layout[name])

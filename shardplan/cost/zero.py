@@ -128,30 +128,41 @@ def zero_params(
     per op, its inputs' layouts when known."""
     homes: dict[str, tuple[Layout, int]] = {}
     reduced: dict[str, set[int]] = {}
+    tensors, requires_grad = graph.tensors, graph.requires_grad
+    big = [rnd.q > 1 for rnd in rounds]
     for index, op in enumerate(graph.ops):
         strategy = strategies[op.name]
+        cut: list[int] | None = None  # rounds of q > 1 the op cuts
         for pos, name in enumerate(op.inputs):
-            if graph.tensors[name].role is not Role.PARAMETER:
+            if tensors[name].role is not Role.PARAMETER:
                 continue
             if layouts is not None:
                 layout = layouts[index][pos]
             else:
                 layout = operand_layout(op, strategy, pos)
-            homes.setdefault(name, (layout, index))
-            if train and name in graph.requires_grad:  # where stage 0 all-reduces its gradient
-                cut = (r for r, s in enumerate(layout) if s < 0 and strategy[r] is not None)
-                reduced.setdefault(name, set()).update(r for r in cut if rounds[r].q > 1)
+            if name not in homes:
+                homes[name] = (layout, index)
+            if train and name in requires_grad:  # where stage 0 all-reduces its gradient
+                if cut is None:
+                    cut = [r for r, c in enumerate(strategy) if c is not None and big[r]]
+                red = reduced.get(name)
+                if red is None:
+                    red = reduced[name] = set()
+                red.update(r for r in cut if layout[r] < 0)
     out: dict[str, ZeroParam] = {}
-    shards: dict[tuple[object, ...], Layout] = {}  # repeated layers: one shard per shape
+    # repeated layers: one shard, group and size per shape and home
+    shards: dict[tuple[object, ...], tuple[Layout, tuple[int, ...], int]] = {}
     for name, (home, first) in homes.items():
-        shape = graph.tensors[name].shape
-        shard = shards.get((shape, home))
-        if shard is None:
-            shard = shards[shape, home] = zero_layout(shape, home, rounds)
-        gathered = tuple(r for r, (h, s) in enumerate(zip(home, shard, strict=True)) if s != h)
-        ways = 1
-        for r in gathered:
-            ways *= rounds[r].q
+        shape = tensors[name].shape
+        found = shards.get((shape, home))
+        if found is None:
+            shard = zero_layout(shape, home, rounds)
+            gathered = tuple(r for r, (h, s) in enumerate(zip(home, shard, strict=True)) if s != h)
+            ways = 1
+            for r in gathered:
+                ways *= rounds[r].q
+            found = shards[shape, home] = (shard, gathered, ways)
+        shard, gathered, ways = found
         red = tuple(sorted(reduced.get(name, ())))
         out[name] = ZeroParam(name, home, shard, gathered, red, ways, first)
     return out
@@ -258,32 +269,28 @@ def zero_steps(
         params = zero_params(graph, rounds, strategies, opts.train)
     fwd = reduce = rest = update = 0.0
     state = [0.0, 0.0, 0.0]
-    seen: dict[tuple[object, ...], ZeroParts] = {}  # repeated layers: one price per shape
+    # repeated layers: one price and one state split per shape
+    seen: dict[tuple[object, ...], tuple[ZeroParts, tuple[float, ...]]] = {}
     gathers: dict[tuple[object, ...], CommTerms] = {}  # and one per gather
     for p in params.values():
         t = graph.tensors[p.name]
-        key = (
-            t.numel,
-            opts.element_bytes(t),
-            p.home,
-            p.gathered,
-            p.reduced,
-            p.name in graph.requires_grad,
-        )
-        parts = seen.get(key)
-        if parts is None:
-            parts = seen[key] = zero_parts(graph, rounds, p, opts, gathers)
+        width = opts.element_bytes(t)
+        key = (t.numel, width, p.home, p.gathered, p.reduced, p.name in graph.requires_grad)
+        found = seen.get(key)
+        if found is None:
+            elems = _local_numel(t.numel, p.home, rounds)
+            w = elems * width
+            grad = w if opts.train else 0.0
+            extra = param_bytes(elems, width, opts) - w - grad  # master weights + optimizer
+            split = tuple(zero_bytes(w, grad, extra, p.ways, z) for z in (1, 2, 3))
+            found = seen[key] = (zero_parts(graph, rounds, p, opts, gathers), split)
+        parts, split = found
         fwd += parts.gather.redistribution_fwd
         reduce += parts.reduce.redistribution_fwd
         rest += parts.rest.redistribution_fwd
         update += parts.update.redistribution_fwd
-        width = opts.element_bytes(t)
-        elems = _local_numel(t.numel, p.home, rounds)
-        w = elems * width
-        grad = w if opts.train else 0.0
-        extra = param_bytes(elems, width, opts) - w - grad  # master weights + optimizer state
-        for z in (1, 2, 3):
-            state[z - 1] += zero_bytes(w, grad, extra, p.ways, z)
+        for z in range(3):
+            state[z] += split[z]
     backward = fwd if opts.train else 0.0
     return (
         ZeroStep(0.0, 0.0, reduce + update, state[0]),
