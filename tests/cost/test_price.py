@@ -109,3 +109,17 @@ def test_zero_steps_with_known_params_and_block_starts_by_class():
         segs = segments(g)
         cache = ScoreCache(g, mesh, opts)
         assert block_starts(g, segs, cache.classes) == block_starts(g, segs)
+
+
+def test_saved_bytes_from_cached_layouts_and_sizes():
+    from shardplan.cost.step import saved_bytes
+
+    opts = CostOptions.make(dtype="bf16")
+    for g, mesh, st in _cases():
+        cache = ScoreCache(g, mesh, opts)
+        classes = zip(g.ops, cache.classes, strict=True)
+        prices = [cache.price(op, c, st[op.name]) for op, c in classes]
+        layouts = [(p.inputs, p.resolved) for p in prices]
+        assert saved_bytes(g, {}, mesh.rounds, opts, layouts, cache.local_bytes) == saved_bytes(
+            g, st, mesh.rounds, opts
+        )
