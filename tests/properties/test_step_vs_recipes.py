@@ -2,9 +2,10 @@
 
 For random small models, meshes (1-D, 2-D, factors 3), batches and budgets, every Megatron
 recipe — tensor degree t a product of the stage mesh's innermost rounds (any divisor of the
-innermost axis the expert accepts), pipeline degree p dividing the outer axis, every per-rank
-micro-batch size, recomputation none/selective/full, with and without sequence parallelism and
-the distributed optimizer (one drawn per example) — is scored by the same step model; the
+innermost axis the expert accepts), pipeline degree p dividing the outer axis, context or expert
+parallelism over a divisor of the data-parallel ways, every per-rank micro-batch size,
+recomputation none/selective/full, with and without sequence parallelism and the distributed
+optimizer (one drawn per example) — is scored by the same step model; the
 search's plan must be at least as fast as each one that fits the same budget, and must exist
 when one does.
 """
@@ -26,6 +27,7 @@ MODELS = st.sampled_from(
         ("gpt2-small", {"layers": 4, "hidden": 48}),
         ("bert-base", {"layers": 2}),
         ("mlp", {}),
+        ("mixtral-8x7b", {"layers": 2}),
     ]
 )
 MESHES = st.sampled_from(["4", "8", "2x2", "2x4", "4x2", "1x4", "3x2", "2x3", "2x2x2"])
@@ -45,10 +47,16 @@ def recipes(draw, mesh_text: str, batch: int):
     t = draw(st.sampled_from(_divisors(mesh.shape[-1])))
     p = draw(st.sampled_from([p for p in _divisors(mesh.shape[0]) if mesh.size % (t * p) == 0]))
     data = mesh.size // (t * p)
+    extra = draw(st.sampled_from(["none", "context", "expert"]))
+    ways = draw(st.sampled_from(_divisors(data))) if extra != "none" else 1
+    context = ways if extra == "context" else 1
+    data //= context  # context parallelism takes its ways from the data-parallel group
     sizes = [mbs for mbs in _divisors(batch) if batch % (data * mbs) == 0]
     return dict(
         tensor=t,
         pipeline=p,
+        context=context,
+        expert=ways if extra == "expert" else 1,
         micro_batch_size=draw(st.sampled_from(sizes or [1])),
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
         sequence_parallel=t > 1 and draw(st.booleans()),

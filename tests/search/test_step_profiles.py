@@ -146,3 +146,54 @@ def test_a_stage_sends_and_keeps_its_activation_at_the_compute_precision(dtype, 
     assert opts.element_bytes(received[0]) == width
     ids = g.tensors["input_ids"]
     assert opts.element_bytes(ids) == ids.dtype_bytes  # a true graph input keeps its own
+
+
+def _profiler(build, mesh_text: str, batch: int, samples: int, stages: int = 1):
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(build, mesh_text, batch=batch, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    return search.profiler(samples, stage_mesh(mesh, stages))
+
+
+def test_expert_layers_get_expert_parallel_families():
+    def moe(b):
+        return zoo.build("mixtral-8x7b", small=True, batch=b, layers=2)
+
+    prof = _profiler(moe, "2x4", 8, 8)
+    experts = {(f.tensor, f.expert) for f in prof.families() if f.expert > 1}
+    assert experts == {(1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2)}
+    dense = _profiler(_gpt, "2x4", 8, 8)
+    assert not any(f.expert > 1 for f in dense.families())  # no expert layer: no such family
+
+
+def test_context_parallel_fills_the_ways_the_batch_cannot():
+    # 8 devices, t=2: 4 data-parallel ways; 2 samples fill 2 of them, the sequence the other 2
+    prof = _profiler(_gpt, "2x4", 2, 2)
+    ctx = {(f.tensor, f.context) for f in prof.families() if f.context > 1}
+    assert ctx == {(1, 4), (2, 2)}
+    assert prof.profile(0, len(prof.segs), [f for f in prof.families() if f.context == 2][0])
+    full = _profiler(_gpt, "2x4", 8, 8)  # 8 samples fill every way: no context parallelism
+    assert not any(f.context > 1 for f in full.families())
+
+
+@pytest.mark.parametrize(
+    ("model", "knobs"),
+    [
+        ("mixtral-8x7b", {"tensor": 1, "expert": 4, "micro_batch_size": 1}),
+        ("mixtral-8x7b", {"tensor": 2, "expert": 2, "micro_batch_size": 1}),
+        ("gpt2-small", {"tensor": 2, "context": 2, "micro_batch_size": 1}),
+    ],
+)
+def test_the_search_is_never_slower_than_an_expert_or_context_parallel_recipe(model, knobs):
+    import shardplan as sp
+
+    def build(b):
+        return zoo.build(model, small=True, batch=b, layers=2)
+
+    batch = 4 if "context" in knobs else 8
+    recipe = sp.plan(build, "1x8", "megatron-recipe", batch=batch, dtype="bf16", pipeline=1,
+                     recompute="none", **knobs)  # fmt: skip
+    found = sp.plan(build, "1x8", "step", batch=batch, dtype="bf16")
+    assert found.step.step_s <= recipe.step.step_s * (1 + 1e-9)

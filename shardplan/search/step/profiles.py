@@ -3,7 +3,13 @@
 A stage (a chunk of segments, `ir.segments`) can be planned by D-Rec (one run per distinct
 segment, strategies side by side), the data-parallel expert, or the Megatron expert at each
 tensor degree t the stage mesh allows (products of its innermost rounds, one-axis meshes too),
-each with and without sequence parallelism when it has tensor-parallel rounds. `Family` names one.
+each with and without sequence parallelism when it has tensor-parallel rounds; the Megatron
+expert also with expert parallelism e ways (a model with expert layers) and with context
+parallelism c ways when the micro-batch has fewer samples than the data-parallel ways (the
+sequence fills the ways the batch cannot, c the largest that fits; with samples enough, data
+parallelism moves less), e and c products of the data-parallel rounds next to tensor
+parallelism, as Megatron-LM orders its ranks (`recipes.expert_parallel`,
+`recipes.context_rounds`). `Family` names one.
 `StageProfiler.profile` prices a chunk under a family with `cost.step.profile_stage`; a chunk of
 k > 4 periods of the model's repeated run is priced on its two-period reduction p2
 (`structure.reduced_chunk`) plus (k - 2) per-period increments, the increment being q3 - q2 of
@@ -27,11 +33,13 @@ from shardplan.cost import CostOptions
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, stage_cost
 from shardplan.cost.zero import ZeroStep
+from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import Segment, subgraph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search import experts
+from shardplan.search.step.recipes import context_rounds, expert_dim, expert_parallel
 from shardplan.search.step.structure import (
     ChunkShape,
     LayerSplit,
@@ -62,10 +70,33 @@ class Family:
     method: str
     tensor: int = 1
     sequence_parallel: bool = False
+    context: int = 1
+    expert: int = 1
 
     def text(self) -> str:
         t = f" t={self.tensor}" if self.method == "megatron" else ""
-        return f"{self.method}{t}{' +SP' if self.sequence_parallel else ''}"
+        cp = f" +CP{self.context}" if self.context > 1 else ""
+        ep = f" +EP{self.expert}" if self.expert > 1 else ""
+        return f"{self.method}{t}{' +SP' if self.sequence_parallel else ''}{cp}{ep}"
+
+    def levers(self, levers: Levers) -> Levers:
+        """`levers` with this family's sequence and context parallelism."""
+        return replace(
+            levers, sequence_parallel=self.sequence_parallel, context_parallel=self.context > 1
+        )
+
+
+def data_degrees(mesh: Mesh, tensor: int) -> tuple[int, ...]:
+    """Degrees > 1 of expert or context parallelism next to tensor parallelism `tensor`: products
+    of the rounds outside its innermost rounds, from the innermost outwards."""
+    out, ways, skipped = [], 1, 1
+    for r in reversed(mesh.rounds):
+        if skipped < tensor:
+            skipped *= r.q
+            continue
+        ways *= r.q
+        out.append(ways)
+    return tuple(out)
 
 
 def stage_tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
@@ -129,7 +160,11 @@ def choose_levers(
     within `budget`, with that time; None when no combination fits."""
     best: tuple[float, Levers] | None = None
     for lv in LEVERS:
-        lv = replace(lv, sequence_parallel=profile.sequence_parallel)
+        lv = replace(
+            lv,
+            sequence_parallel=profile.sequence_parallel,
+            context_parallel=profile.context_parallel,
+        )
         c = stage_cost(profile, lv, m, in_flight)
         if budget is not None and c.memory_bytes > budget:
             continue
@@ -156,8 +191,10 @@ class StageProfiler:
         drec_cache: dict[tuple[object, ...], tuple[Strategy, ...]],
         counter: list[int],
         micro_batches: int = 1,
+        samples: int | None = None,
     ) -> None:
         self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
+        self.samples = samples
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
         self.micro_batches = micro_batches
@@ -170,6 +207,17 @@ class StageProfiler:
         out = [Family("drec"), Family("drec", 1, True), Family("data-parallel")]
         for t in stage_tensor_degrees(self.mesh):
             out += [Family("megatron", t), Family("megatron", t, True)]
+        moe = any(expert_dim(self.graph, op) is not None for op in self.graph.ops)
+        for t in (1, *stage_tensor_degrees(self.mesh)):
+            sps = (False, True) if t > 1 else (False,)
+            data = self.mesh.size // t
+            degrees = data_degrees(self.mesh, t)
+            if moe:
+                out += [Family("megatron", t, sp, expert=d) for d in degrees for sp in sps]
+            # context parallelism: the largest degree the batch leaves idle (fewer ways idle)
+            fill = [d for d in degrees if self.samples is not None and self.samples * d <= data]
+            if fill:
+                out += [Family("megatron", t, sp, context=fill[-1]) for sp in sps]
         return out
 
     def strategies(
@@ -179,7 +227,13 @@ class StageProfiler:
         if family.method == "data-parallel":
             return experts.data_parallel(sub, self.mesh)
         if family.method == "megatron":
-            return experts.megatron(sub, self.mesh, family.tensor)
+            st = experts.megatron(sub, self.mesh, family.tensor)
+            if family.expert > 1:
+                st = expert_parallel(sub, self.mesh, st, family.expert)
+            if family.context > 1:
+                rounds = context_rounds(self.mesh, st, sub, family.context)
+                st = experts.context_parallel(sub, self.mesh, st, rounds)
+            return st
         out: dict[str, Strategy] = {}
         for k in seg_range:
             seg = self.segs[k]
@@ -197,12 +251,17 @@ class StageProfiler:
         return out
 
     def _exact(self, sub: Graph, family: Family, seg_range: Sequence[int]) -> StageProfile | None:
-        st = self.strategies(sub, family, seg_range)
+        try:
+            st = self.strategies(sub, family, seg_range)
+        except PlanError:  # experts or context that do not divide this chunk's dims
+            return None
         st = {op.name: st[op.name] for op in sub.ops}
         sp = family.sequence_parallel
         if sp and not tensor_rounds(sub, self.mesh, st):
             return None  # nothing to split along the sequence: the family is not distinct
-        return profile_stage(sub, self.mesh, st, self.opts, sequence_parallel=sp)
+        return profile_stage(
+            sub, self.mesh, st, self.opts, sequence_parallel=sp, context_parallel=family.context > 1
+        )
 
     def profile(self, a: int, e: int, family: Family) -> StageProfile | None:
         """The profile of chunk [a, e) (segments) under `family`; None when the family does not
@@ -257,7 +316,12 @@ class StageProfiler:
         st = self.strategies(sub, family, range(a, e))
         st = {op.name: st[op.name] for op in sub.ops}
         prof = profile_stage(
-            sub, self.mesh, st, self.opts, sequence_parallel=family.sequence_parallel
+            sub,
+            self.mesh,
+            st,
+            self.opts,
+            sequence_parallel=family.sequence_parallel,
+            context_parallel=family.context > 1,
         )
         return Plan(sub, self.mesh, st, family.method, self.opts, cost=prof.breakdown), prof
 

@@ -130,7 +130,7 @@ def _check_knobs(
     return data, m
 
 
-def _context_rounds(mesh: Mesh, strategies: dict[str, Strategy], graph: Graph, c: int) -> list[int]:
+def context_rounds(mesh: Mesh, strategies: dict[str, Strategy], graph: Graph, c: int) -> list[int]:
     """The innermost rounds outside tensor parallelism whose q multiply to `c` (context
     parallelism next to tensor parallelism, as Megatron-LM orders its ranks); PlanError if none."""
     return _free_rounds(mesh, strategies, graph, c, "context")
@@ -170,7 +170,7 @@ def expert_parallel(
     out, found = dict(strategies), False
     split_at: dict[str, int] = {}  # tensor -> the dim the experts split it along
     for op in graph.ops:
-        dim = _expert_dim(graph, op)
+        dim = expert_dim(graph, op)
         if (
             dim is None
             and op.inputs
@@ -205,7 +205,7 @@ def expert_parallel(
     return out
 
 
-def _expert_dim(graph: Graph, op: Op) -> str | None:
+def expert_dim(graph: Graph, op: Op) -> str | None:
     """The experts of an expert matmul: a PARALLEL loop dim indexing both an activation and a
     parameter that is contracted (carries a REDUCE dim: a weight, not a bias), if any."""
     roles = [graph.tensors[t].role is Role.PARAMETER for t in op.inputs]
@@ -281,7 +281,7 @@ def megatron_recipe(
     for sub in stage_graphs(graph, stage_starts(probe, pipeline * v)):
         strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
         if context > 1:
-            rounds = _context_rounds(smesh, strategies, sub, context)
+            rounds = context_rounds(smesh, strategies, sub, context)
             strategies = context_parallel(sub, smesh, strategies, rounds)
         cp = context > 1
         prof = profile_stage(

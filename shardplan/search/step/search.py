@@ -237,8 +237,9 @@ def _search_note(best: Choice, tried: int, total: int) -> str:
     )
     return (
         f"stage plans: {won} ({how}); D-Rec, data-parallel and Megatron at every tensor degree "
-        f"were priced on every stage under the step model; {tried} of {total} layouts evaluated, "
-        "the rest bounded out"
+        "(with expert parallelism on expert layers, context parallelism where the micro-batch "
+        f"cannot fill the data-parallel ways) were priced on every stage under the step model; "
+        f"{tried} of {total} layouts evaluated, the rest bounded out"
     )
 
 
@@ -383,6 +384,7 @@ class _Search:
                 self.drec_cache,
                 self.drec_runs,
                 self.problem.global_batch // b,
+                b,
             )
         return self.profilers[key]
 
@@ -412,7 +414,7 @@ class _Search:
                 continue
             ps = [p for p in profiles if p is not None]
             for lv in LEVERS:
-                lv = replace(lv, sequence_parallel=family.sequence_parallel)
+                lv = family.levers(lv)
                 step = step_cost(ps, [lv] * len(ps), m, pipe)
                 mem = step.memory_per_device
                 if budget is not None and mem > budget:
