@@ -97,10 +97,12 @@ def cut_problem(op: Op, loop_dim: str, local_extent: int, q: int) -> str | None:
             f"WINDOW loop dim {loop_dim!r} splits an input dim of size {dim.span}, "
             f"which is not divisible into {parts} parts"
         )
-    for dims in (*op.signature.inputs, *op.signature.outputs):
-        for group in dims:
-            if loop_dim in group[1:]:
-                return f"loop dim {loop_dim!r} is a minor dim of tensor group {group}"
+    for operands in (op.signature.inputs, op.signature.outputs):
+        for dims in operands:
+            for group in dims:
+                # a loop dim indexes an operand once (`Signature`): in the group, not first
+                if loop_dim in group and group[0] != loop_dim:
+                    return f"loop dim {loop_dim!r} is a minor dim of tensor group {group}"
     return None
 
 
@@ -137,11 +139,14 @@ def check_strategies(
     strategies: Mapping[str, Strategy],
     rounds: Sequence[Round],
     classes: Sequence[int] | None = None,
+    seen: set[tuple[object, ...]] | None = None,
 ) -> None:
     """`check_strategy` for every op; ops of equal signature and strategy (repeated layers) are
     checked once, since validity reads nothing else (`classes`: op class ids that refine equal
-    signatures, to skip hashing them). O(ops) hashing plus one check per class."""
-    seen: set[tuple[object, ...]] = set()
+    signatures, to skip hashing them; `seen`: the (class, strategy) pairs already found valid,
+    kept by the caller across plans of one graph and mesh). O(ops) hashing plus one check per
+    class."""
+    seen = seen if seen is not None else set()
     for index, op in enumerate(ops):
         strategy = tuple(strategies[op.name])
         key = (op.signature if classes is None else classes[index], strategy)

@@ -356,6 +356,7 @@ class ScoreCache:
         self._fast = faster_rounds(mesh.rounds)
         self._forward_opts = dataclass_replace(opts, train=False)
         self._prices: dict[tuple[int, Strategy], OpPrice] = {}
+        self.valid: set[tuple[object, ...]] = set()  # (class, strategy) pairs checked valid
         self._credits: dict[tuple[object, ...], CommTerms] = {}
         self._moves: dict[tuple[object, ...], CommTerms] = {}
         self._bytes: dict[tuple[object, ...], float] = {}
@@ -468,7 +469,7 @@ def evaluate_strategies(
     rounds = mesh.rounds
     strategies = {name: tuple(s) for name, s in strategies.items()}
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
-    check_strategies(graph.ops, strategies, rounds, cache.classes)
+    check_strategies(graph.ops, strategies, rounds, cache.classes, cache.valid)
     zero = zero_pricing(graph, rounds, strategies, opts, param_layouts)
     prices = [
         cache.price(op, cid, strategies[op.name])
@@ -554,17 +555,21 @@ def memory_per_device(
     Inference: weights, plus the largest working set of one op (its inputs and outputs).
     """
     param_mem = 0.0
+    state: dict[tuple[object, ...], float] = {}  # repeated layers: one price per shape
     for name, layout in homes.items():
         t = graph.tensors[name]
-        elems, width = round_numels(t.numel, layout, rounds)[-1], opts.element_bytes(t)
-        if zero:  # `zero` holds every read parameter: ZeRO divides its state (cost/zero.py)
-            w = elems * width
-            grad = w if opts.train else 0.0
-            param_mem += zero_bytes(
-                w, grad, param_bytes(elems, width, opts) - w - grad, zero[name].ways, opts.zero
-            )
-        else:
-            param_mem += param_bytes(elems, width, opts)
+        width = opts.element_bytes(t)
+        key = (t.numel, width, layout, zero[name].ways if zero else None)
+        held = state.get(key)
+        if held is None:
+            elems = round_numels(t.numel, layout, rounds)[-1]
+            held = param_bytes(elems, width, opts)
+            if zero:  # `zero` holds every read parameter: ZeRO divides its state (cost/zero.py)
+                w = elems * width
+                grad = w if opts.train else 0.0
+                held = zero_bytes(w, grad, held - w - grad, zero[name].ways, opts.zero)
+            state[key] = held
+        param_mem += held
     if size is None:
 
         def size(name: str, layout: Layout) -> float:
