@@ -78,8 +78,10 @@ def _operands(
     opts: CostOptions,
     layouts: Sequence[Layout] | None,
     fast: Fast | None,
+    facts: bool = True,
 ) -> tuple[list[list[OperandInfo]], list[Piece]]:
-    """`operand_infos` and the operands as one device holds them (`cost.work.op_pieces`)."""
+    """`operand_infos` and the operands as one device holds them (`cost.work.op_pieces`);
+    without `facts`, no operand's per-round facts (empty rounds)."""
     names = op.outputs if is_output else op.inputs
     groups = op.signature.outputs if is_output else op.signature.inputs
     n = len(rounds)
@@ -99,6 +101,10 @@ def _operands(
         for q, s in zip(qs, layout, strict=True):
             sizes.append(sizes[-1] / q if s >= 0 else sizes[-1])
         grad = name in requires_grad
+        width = opts.element_bytes(t)
+        pieces.append(Piece(sizes[-1] * width, numel, width, t.role is Role.PARAMETER, grad))
+        if not facts:
+            continue
         carried = {d for group in groups[i] for d in group}
         whole_reduces = opts.train and grad
         # shrinks[j]: round j splits the operand or reduces it (`terms.reduces`)
@@ -111,7 +117,6 @@ def _operands(
             )
             for j, cut in enumerate(strategy)
         ]
-        width = opts.element_bytes(t)
         role = t.role
         # ZeRO >= 1: a parameter's gradient is reduce-scattered once instead (cost/zero.py)
         parameter = role is Role.PARAMETER
@@ -128,10 +133,9 @@ def _operands(
                 last = OperandInfo(size, width, role, grad, divisor, zero)
             infos.append(last)  # equal facts, one (immutable) value
         per_operand.append(infos)
-        pieces.append(Piece(sizes[-1] * width, numel, width, parameter, grad))
-    return [list(row) for row in zip(*per_operand, strict=True)] if per_operand else [
-        [] for _ in range(n)
-    ], pieces
+    if not per_operand:
+        return [[] for _ in range(n)], pieces
+    return [list(row) for row in zip(*per_operand, strict=True)], pieces
 
 
 def round_intra(
@@ -181,7 +185,8 @@ def sum_rounds(terms: Sequence[CommTerms | None]) -> CommTerms:
 class OpPrice:
     """An op's prices under one strategy (module docstring): operand layouts (`inputs`, raw
     `outputs` with partial sums, `resolved` ones as consumers see them), the per-round operand
-    facts and intra terms, their sum `intra`, `compute` (forward + own backward) and `forward`."""
+    facts (`outs` empty in the rounds when no round reads them) and intra terms, their sum
+    `intra`, `compute` (forward + own backward) and `forward`."""
 
     inputs: tuple[Layout, ...]
     outputs: tuple[Layout, ...]
@@ -209,7 +214,11 @@ def price_op(
     fast = fast if fast is not None else faster_rounds(rounds)
     ins_lay, outs_lay = operand_layouts(op, strategy)
     ins, in_pieces = _operands(graph, op, strategy, False, rounds, opts, ins_lay, fast)
-    outs, out_pieces = _operands(graph, op, strategy, True, rounds, opts, outs_lay, fast)
+    # results' facts are read by a round that cuts a REDUCE dim (partial sums) or by the
+    # symbolic preset's price of not cutting (`terms.intra_terms`) only
+    reducing = {d.name for d in op.signature.loop_dims if d.kind is DimKind.REDUCE}
+    facts = opts.preset.symbolic or any(c in reducing for c in strategy if c is not None)
+    outs, out_pieces = _operands(graph, op, strategy, True, rounds, opts, outs_lay, fast, facts)
     per_round = round_intra(op, strategy, rounds, ins, outs, opts)
     parts = 1
     for r, cut in zip(rounds, strategy, strict=True):
