@@ -14,8 +14,12 @@ Each side runs in its own worker process (`PYTHONPATH` = its source tree); with 
 workers also hash every result (each profile's repr, each strategy map, the search's step):
 equal hashes mean both trees computed the same numbers, bit for bit.
 
-Run: python benchmarks/cost_speed.py [--baseline PATH] [--repeats N] [--no-search]
-  ->  benchmarks/results/cost_speed.{json,md}
+The hash matches only when the baseline's cost model is this tree's but for the changes timed
+(e.g. main at the merge base); an older main whose own commits since changed some result (a
+regenerated golden) says NO there while its timings still compare the same code paths.
+
+Run: python benchmarks/cost_speed.py [--baseline PATH] [--repeats N] [--no-search] [--name NAME]
+  ->  benchmarks/results/NAME.{json,md} (NAME: cost_speed)
 """
 
 from __future__ import annotations
@@ -202,6 +206,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="worker passes per tree")
     ap.add_argument("--reps", type=int, default=2, help="calls per case within a pass")
     ap.add_argument("--no-search", action="store_true", help="skip the whole step search")
+    ap.add_argument("--name", default="cost_speed", help="results file name (no extension)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -230,7 +235,7 @@ def main() -> None:
         if "search_s" in current:
             data["speedup"]["search"] = base["search_s"] / current["search_s"]
         data["identical"] = current["digest"] == base["digest"]
-    write("cost_speed", data, _report(current, base, info))
+    write(args.name, data, _report(current, base, info))
 
 
 def _tree_version(tree: Path) -> str:
