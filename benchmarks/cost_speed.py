@@ -10,7 +10,8 @@ mesh, micro-batch), `experts.megatron` of each (t, chunk, mesh, micro-batch), an
 search for GPT-3 at 16 layers on 16x8, batch 256, 80 GB (`sp.plan(..., "step")`).
 Each side runs in its own worker process (`PYTHONPATH` = its source tree); with `--baseline PATH`
 (another checkout, e.g. a worktree of main) the workers alternate, baseline then this tree, for
-`--repeats` passes, and each timing is the least over the passes (the machine is shared). The
+`--repeats` passes, and each timing is the least over the passes of the worker's CPU seconds
+(`time.process_time`; the machine is shared). The
 workers also hash every result (each profile's repr, each strategy map, the search's step):
 equal hashes mean both trees computed the same numbers, bit for bit.
 
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +52,13 @@ def _digest(x: Any) -> str:
 
 
 def _best(f: Any, reps: int) -> tuple[float, Any]:
-    """Least wall time of `reps` calls of f() and its result."""
+    """Least CPU time of `reps` calls of f() and its result (`time.process_time`: the worker's
+    own seconds, less moved by other load on a shared machine than wall time)."""
     best, out = float("inf"), None
     for _ in range(reps):
-        t = time.perf_counter()
+        t = time.process_time()
         out = f()
-        best = min(best, time.perf_counter() - t)
+        best = min(best, time.process_time() - t)
     return best, out
 
 
@@ -89,7 +92,7 @@ def worker(reps: int, search: bool) -> dict[str, Any]:
                 where = f"{chunk}, mb {mb}, {mesh_text}"
                 plans = {"drec": drec(sub, mesh, opts), "data-parallel": None}
                 for t in (2, 4, 8):
-                    secs, st = _best(lambda t=t: experts.megatron(sub, mesh, t), reps)
+                    secs, st = _best(partial(experts.megatron, sub, mesh, t), reps)
                     megatron[f"t={t}, {where}"] = secs
                     hashes.append(_digest(sorted(st.items())))
                     plans[f"megatron t={t}"] = st
@@ -99,17 +102,13 @@ def worker(reps: int, search: bool) -> dict[str, Any]:
                     for seq in (False, True):
                         if seq and not tensor_rounds(sub, mesh, st):
                             continue  # nothing to split along the sequence (as the search skips)
-                        secs, prof = _best(
-                            lambda st=st, seq=seq: profile_stage(
-                                sub, mesh, st, opts, sequence_parallel=seq
-                            ),
-                            reps,
-                        )
+                        run = partial(profile_stage, sub, mesh, st, opts, sequence_parallel=seq)
+                        secs, prof = _best(run, reps)
                         profiles[f"{family}{' +SP' if seq else ''}, {where}"] = secs
                         hashes.append(_digest(prof))
     out: dict[str, Any] = {"profile_stage": profiles, "megatron": megatron}
     if search:
-        t = time.perf_counter()
+        t = time.process_time()
         tp = sp.plan(
             lambda b: build(b, SEARCH["layers"]),
             SEARCH["mesh"],
@@ -118,7 +117,7 @@ def worker(reps: int, search: bool) -> dict[str, Any]:
             dtype="bf16",
             memory=80e9,
         )
-        out["search_s"] = time.perf_counter() - t
+        out["search_s"] = time.process_time() - t
         hashes.append(_digest(tp.step))
     out["digest"] = _digest(hashes)
     return out
@@ -156,6 +155,7 @@ def _report(current: dict[str, Any], base: dict[str, Any] | None, info: dict[str
 
     lines = [
         "# Cost-model speed: profile_stage and experts.megatron (issue 24)\n",
+        "CPU milliseconds of one worker process per call (`time.process_time`).\n",
         f"`{info['command']}` at {info['source']}"
         + (f", baseline {info['baseline']}" if base else "")
         + f"; least of {info['repeats']} passes per timing.\n",
