@@ -79,9 +79,11 @@ def _operands(
     layouts: Sequence[Layout] | None,
     fast: Fast | None,
     facts: bool = True,
+    read: Sequence[bool] | None = None,
 ) -> tuple[list[list[OperandInfo]], list[Piece]]:
     """`operand_infos` and the operands as one device holds them (`cost.work.op_pieces`);
-    without `facts`, no operand's per-round facts (empty rounds)."""
+    without `facts`, no operand's per-round facts (empty rounds); with `read`, the facts of the
+    rounds it marks only (the others hold the previous round's value, never read)."""
     names = op.outputs if is_output else op.inputs
     groups = op.signature.outputs if is_output else op.signature.inputs
     n = len(rounds)
@@ -124,6 +126,9 @@ def _operands(
         infos = []
         last: OperandInfo | None = None
         for r in range(n):
+            if read is not None and not read[r] and last is not None:
+                infos.append(last)
+                continue
             divisor = 1.0
             for j in before[r]:
                 if shrinks[j] and not (j < r and layout[j] >= 0):
@@ -185,8 +190,9 @@ def sum_rounds(terms: Sequence[CommTerms | None]) -> CommTerms:
 class OpPrice:
     """An op's prices under one strategy (module docstring): operand layouts (`inputs`, raw
     `outputs` with partial sums, `resolved` ones as consumers see them), the per-round operand
-    facts (`outs` empty in the rounds when no round reads them) and intra terms, their sum
-    `intra`, `compute` (forward + own backward) and `forward`."""
+    facts and intra terms (facts only where `round_intra` reads them: `outs` empty when no
+    round does, placeholders in `ins` for a round the op does not cut), their sum `intra`,
+    `compute` (forward + own backward) and `forward`."""
 
     inputs: tuple[Layout, ...]
     outputs: tuple[Layout, ...]
@@ -213,7 +219,9 @@ def price_op(
     rounds = mesh.rounds
     fast = fast if fast is not None else faster_rounds(rounds)
     ins_lay, outs_lay = operand_layouts(op, strategy)
-    ins, in_pieces = _operands(graph, op, strategy, False, rounds, opts, ins_lay, fast)
+    # a round that does not cut the op reads no operand facts (but in the symbolic preset)
+    read = None if opts.preset.symbolic else [c is not None for c in strategy]
+    ins, in_pieces = _operands(graph, op, strategy, False, rounds, opts, ins_lay, fast, True, read)
     # results' facts are read by a round that cuts a REDUCE dim (partial sums) or by the
     # symbolic preset's price of not cutting (`terms.intra_terms`) only
     reducing = {d.name for d in op.signature.loop_dims if d.kind is DimKind.REDUCE}
