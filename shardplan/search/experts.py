@@ -57,18 +57,28 @@ def _propagate(
     cuts: dict[str, list[str | None]] = {op.name: [] for op in graph.ops}
     class_of = classes if classes is not None else op_classes(graph)
     decided: dict[tuple[object, ...], tuple[str | None, tuple[tuple[int, int], ...]]] = {}
+    # per op, its inputs in order: (position, name, produced?, seed of an unproduced one); only
+    # produced tensors are ever recorded split, so the others arrive as seeded in every round
+    seeds: dict[str, int | None] = {}
+    reads = []
+    for op in graph.ops:
+        row = []
+        for pos, name in enumerate(op.inputs):
+            produced = name in graph.producer
+            if not produced and name not in seeds:
+                seeds[name] = seed(name)
+            row.append((pos, name, produced, None if produced else seeds[name]))
+        reads.append(row)
     for r in range(len(mesh.rounds)):
         if r not in rounds_to_use:  # every op stays whole in this round
             for made in cuts.values():
                 made.append(None)
             continue
         split: dict[str, int] = {}
-        for op, cid in zip(graph.ops, class_of, strict=True):
+        for op, cid, row in zip(graph.ops, class_of, reads, strict=True):
             arriving: dict[int, int] = {}
-            for pos, name in enumerate(op.inputs):
-                dim = split.get(name)
-                if dim is None and name not in graph.producer:
-                    dim = seed(name)
+            for pos, name, produced, seeded in row:
+                dim = split.get(name) if produced else seeded
                 if dim is not None:
                     arriving[pos] = dim
             made = cuts[op.name]
