@@ -167,7 +167,7 @@ def profile_stage(
     exposed = exposed_backward(graph, plain.ops, op_compute, sequence_parallel)
     bwd_comm = exposed + c.redistribution_bwd + c.halo
     if context_parallel:  # the exchange's exposed part replaces its all-gather terms
-        ring = ring_terms(graph, mesh, stored, opts)
+        ring = ring_terms(graph, mesh, stored, opts, cache)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
         bwd_comm += ring.exposed_bwd_s - ring.scatter_s
     act = _activations(graph, prices, rounds, opts, op_compute, cache)

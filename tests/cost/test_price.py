@@ -123,3 +123,42 @@ def test_saved_bytes_from_cached_layouts_and_sizes():
         assert saved_bytes(g, {}, mesh.rounds, opts, layouts, cache.local_bytes) == saved_bytes(
             g, st, mesh.rounds, opts
         )
+
+
+def test_ring_terms_read_off_the_cache_equal_the_term_functions():
+    from shardplan.cost.evaluate import edge_terms, output_layouts, unary_terms
+    from shardplan.cost.sequence import ring_terms
+    from shardplan.search.experts import context_parallel
+
+    opts = CostOptions.make(dtype="bf16")
+    seen = 0
+    for g, mesh, st in _cases():
+        st = context_parallel(g, mesh, st, [0])
+        out_layout = output_layouts(g, st)
+        gather = scatter = fwd = bwd = 0.0  # the definition, term by term
+        for op in g.ops:
+            reads = False
+            for i, name in enumerate(op.inputs):
+                src, dst = out_layout.get(name), operand_layout(op, st[op.name], i)
+                if src is not None and any(s >= 0 > d for s, d in zip(src, dst, strict=True)):
+                    terms = edge_terms(g, name, src, dst, mesh.rounds, opts)
+                    gather += terms.redistribution_fwd
+                    scatter += terms.redistribution_bwd
+                    reads = True
+            if reads:
+                intra, compute = unary_terms(g, op, st[op.name], mesh, opts)
+                forward = forward_compute(g, op, st[op.name], mesh, opts)
+                scatter, fwd, bwd = (
+                    scatter + intra.intra_bwd,
+                    fwd + forward,
+                    bwd + (compute - forward),
+                )
+        ring = ring_terms(g, mesh, st, opts)
+        assert (ring.gather_s, ring.scatter_s, ring.readers_fwd_s, ring.readers_bwd_s) == (
+            gather,
+            scatter,
+            fwd,
+            bwd,
+        )
+        seen += gather > 0
+    assert seen > 0
