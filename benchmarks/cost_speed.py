@@ -20,6 +20,7 @@ The hash matches only when the baseline's cost model is this tree's but for the 
 regenerated golden) says NO there while its timings still compare the same code paths.
 
 Run: python benchmarks/cost_speed.py [--baseline PATH] [--repeats N] [--no-search] [--name NAME]
+       [--search LAYERS,MESH,BATCH] [--no-cases]   (e.g. --search 96,128x8,1536: issue 24's 175B)
   ->  benchmarks/results/NAME.{json,md} (NAME: cost_speed)
 """
 
@@ -44,7 +45,7 @@ LAYERS = 4  # chunks below: ops of segments [0, 4), [4, 8), [8, 13) of a 4-layer
 CHUNKS = (("embedding + layer 0", 0, 4), ("layers 1-2", 4, 8), ("layer 3 + head", 8, 13))
 MICRO_BATCHES = (1, 4)
 MESHES = ("8x8", "1x8")
-SEARCH = dict(layers=16, mesh="16x8", batch=256)
+SEARCH = "16,16x8,256"  # layers, mesh, global batch of the timed step search (`--search`)
 
 
 def _digest(x: Any) -> str:
@@ -62,7 +63,12 @@ def _best(f: Any, reps: int) -> tuple[float, Any]:
     return best, out
 
 
-def worker(reps: int, search: bool) -> dict[str, Any]:
+def _search_spec(spec: str) -> tuple[int, str, int]:
+    layers, mesh, batch = spec.split(",")
+    return int(layers), mesh, int(batch)
+
+
+def worker(reps: int, search: str | None, cases: bool = True) -> dict[str, Any]:
     """Time every case in this process (the shardplan on PYTHONPATH)."""
     import shardplan as sp
     from shardplan import zoo
@@ -82,7 +88,7 @@ def worker(reps: int, search: bool) -> dict[str, Any]:
     profiles: dict[str, float] = {}
     megatron: dict[str, float] = {}
     hashes: list[str] = []
-    for mb in MICRO_BATCHES:
+    for mb in MICRO_BATCHES if cases else ():
         graph = build(mb)
         segs = segments(graph)
         for mesh_text in MESHES:
@@ -108,28 +114,26 @@ def worker(reps: int, search: bool) -> dict[str, Any]:
                         hashes.append(_digest(prof))
     out: dict[str, Any] = {"profile_stage": profiles, "megatron": megatron}
     if search:
+        layers, mesh_text, batch = _search_spec(search)
         t = time.process_time()
         tp = sp.plan(
-            lambda b: build(b, SEARCH["layers"]),
-            SEARCH["mesh"],
-            "step",
-            batch=SEARCH["batch"],
-            dtype="bf16",
-            memory=80e9,
+            partial(build, layers=layers), mesh_text, "step", batch=batch, dtype="bf16", memory=80e9
         )
         out["search_s"] = time.process_time() - t
+        out["search"] = search
         hashes.append(_digest(tp.step))
     out["digest"] = _digest(hashes)
     return out
 
 
-def _spawn(tree: Path, reps: int, search: bool) -> dict[str, Any]:
+def _spawn(tree: Path, reps: int, search: str | None, cases: bool) -> dict[str, Any]:
     """One worker pass with `tree` first on the import path."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, __file__, "--worker", path, "--reps", str(reps)]
-    subprocess.run([*cmd, *([] if search else ["--no-search"])], env=env, check=True)
+    cmd += ["--search", search] if search else ["--no-search"]
+    subprocess.run([*cmd, *([] if cases else ["--no-cases"])], env=env, check=True)
     data = json.loads(Path(path).read_text())
     os.unlink(path)
     return data
@@ -142,6 +146,7 @@ def _merge(passes: list[dict[str, Any]]) -> dict[str, Any]:
         out["digest"] = "differs between passes"
     for part in ("profile_stage", "megatron"):
         out[part] = {k: min(p[part][k] for p in passes) for k in passes[0][part]}
+    out["search"] = passes[0].get("search")
     if "search_s" in passes[0]:
         out["search_s"] = min(p["search_s"] for p in passes)
     return out
@@ -161,17 +166,18 @@ def _report(current: dict[str, Any], base: dict[str, Any] | None, info: dict[str
         + f"; least of {info['repeats']} passes per timing.\n",
     ]
     rows = []
-    totals = []
     for part, label in (("profile_stage", "profile_stage"), ("megatron", "experts.megatron")):
+        if not current[part]:
+            continue  # --no-cases
         cur = sum(current[part].values())
         row = [label, len(current[part]), ms(cur / len(current[part]))]
         if base:
             old = sum(base[part].values())
             row += [ms(old / len(base[part])), f"{old / cur:.2f}x"]
         rows.append(row)
-        totals.append((label, cur))
     if "search_s" in current:
-        row = [f"step search GPT-3 L{SEARCH['layers']} {SEARCH['mesh']} b{SEARCH['batch']}", 1]
+        layers, mesh_text, batch = _search_spec(current["search"])
+        row = [f"step search GPT-3 L{layers} {mesh_text} b{batch}", 1]
         row.append(ms(current["search_s"]))
         if base:
             row += [ms(base["search_s"]), f"{base['search_s'] / current['search_s']:.2f}x"]
@@ -187,7 +193,7 @@ def _report(current: dict[str, Any], base: dict[str, Any] | None, info: dict[str
             f"search's step): **{'yes' if same else 'NO'}** ({current['digest']} vs "
             f"{base['digest']}).\n"
         )
-    for part in ("profile_stage", "megatron"):
+    for part in ("profile_stage", "megatron") if current["profile_stage"] else ():
         lines.append(f"\n## {part} per case (ms)\n")
         head = ["case", "this tree"] + (["baseline", "speed-up"] if base else [])
         body = []
@@ -206,11 +212,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="worker passes per tree")
     ap.add_argument("--reps", type=int, default=2, help="calls per case within a pass")
     ap.add_argument("--no-search", action="store_true", help="skip the whole step search")
+    ap.add_argument("--search", default=SEARCH, help="the timed search: LAYERS,MESH,BATCH")
+    ap.add_argument("--no-cases", action="store_true", help="time the search alone")
     ap.add_argument("--name", default="cost_speed", help="results file name (no extension)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        Path(args.worker).write_text(json.dumps(worker(args.reps, not args.no_search)))
+        search = None if args.no_search else args.search
+        Path(args.worker).write_text(json.dumps(worker(args.reps, search, not args.no_cases)))
         return
     sys.path.insert(0, str(HERE))
     from _report import run_info, write
@@ -218,12 +227,13 @@ def main() -> None:
     info = run_info(__file__, repeats=args.repeats, reps=args.reps)
     if args.baseline:
         info["baseline"] = _tree_version(args.baseline)
+    search, cases = None if args.no_search else args.search, not args.no_cases
     mine: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []
     for _ in range(args.repeats):
         if args.baseline:
-            theirs.append(_spawn(args.baseline.resolve(), args.reps, not args.no_search))
-        mine.append(_spawn(ROOT, args.reps, not args.no_search))
+            theirs.append(_spawn(args.baseline.resolve(), args.reps, search, cases))
+        mine.append(_spawn(ROOT, args.reps, search, cases))
     current = _merge(mine)
     base = _merge(theirs) if theirs else None
     data = {**info, "current": current, "baseline_timings": base}
@@ -231,6 +241,7 @@ def main() -> None:
         data["speedup"] = {
             part: sum(base[part].values()) / sum(current[part].values())
             for part in ("profile_stage", "megatron")
+            if current[part]
         }
         if "search_s" in current:
             data["speedup"]["search"] = base["search_s"] / current["search_s"]
