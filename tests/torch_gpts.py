@@ -48,14 +48,7 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(
-        self,
-        layers: int = 6,
-        hidden: int = 32,
-        heads: int = 4,
-        ffn: int = 128,
-        vocab: int = 64,
-        seq: int = 16,
-        plain: bool = False,
+        self, layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int, plain: bool
     ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, hidden)

@@ -19,7 +19,7 @@ from torch_gpts import GPT  # noqa: E402
 @pytest.fixture(scope="module")
 def graph() -> sp.Graph:
     ids = torch.zeros(8, 16, dtype=torch.long)
-    return sp.from_torch(GPT(6, 32, ffn=128, vocab=64, plain=True), (ids,))
+    return sp.from_torch(GPT(6, 32, 4, ffn=128, vocab=64, seq=16, plain=True), (ids,))
 
 
 def test_the_blocks_of_an_imported_gpt_fold(graph):
