@@ -15,7 +15,7 @@ Operators are the ones the models run, each a catalogue kind:
   RMSNorm, -> heads x (nope + rope)) and a compressed KV (hidden -> kv_rank, RMSNorm, -> heads x
   (nope + v)) plus one shared RoPE key (hidden -> rope_dim) added to every head; the published
   fused projections are written as two matmuls each (same parameters and FLOPs, no slicing);
-- routed experts through `moe.moe_block` (softmax or sigmoid router, top-k, renormalised
+- routed experts through `moe.routed_mlp` (softmax or sigmoid router, top-k, renormalised
   weights), `shared` always-on experts as one SwiGLU MLP of width shared * expert_ffn, and the
   first `dense_layers` layers dense with width `ffn`.
 Untied LM head (`tied` reuses the embedding table), cross-entropy loss. Building is O(layers).
