@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # torch_gpts
 
 from _report import run_info, table, write  # noqa: E402
 
@@ -35,82 +36,20 @@ from shardplan.cost import CostOptions, evaluate_strategies  # noqa: E402
 from shardplan.search.drec.search import drec, drec_folded  # noqa: E402
 
 
-def gpt_module(layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int) -> Any:
+def gpt_module(
+    layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int, plain: bool = False
+) -> Any:
+    """tests/torch_gpts.py's GPT (issue 13's, or issue 24's plain blocks) on the meta device."""
     import torch
-    from torch import nn
-    from torch.nn import functional
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-            self.q, self.k = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
-            self.v, self.o = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
-            self.fc, self.proj = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
-
-        def forward(self, x: Any) -> Any:
-            b, t, h = x.shape
-            y = self.ln1(x)
-            q, k, v = (
-                f(y).view(b, t, heads, h // heads).transpose(1, 2) for f in (self.q, self.k, self.v)
-            )
-            a = (q @ k.transpose(-2, -1)) * (h // heads) ** -0.5
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-            a = a.masked_fill(mask, float("-inf")).softmax(-1) @ v
-            x = x + self.o(a.transpose(1, 2).reshape(b, t, h))
-            return x + self.proj(functional.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(vocab, hidden), nn.Embedding(seq, hidden)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.ln, self.head = nn.LayerNorm(hidden), nn.Linear(hidden, vocab, bias=False)
-
-        def forward(self, ids: Any) -> Any:
-            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
-            for block in self.blocks:
-                x = block(x)
-            return self.head(self.ln(x))
+    from torch_gpts import GPT
 
     with torch.device("meta"):
-        return GPT()
+        return GPT(layers, hidden, heads, ffn, vocab, seq, plain)
 
 
 def plain_module(layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int) -> Any:
     """Blocks of plain `nn.Linear`s, attention written `softmax(q @ k.T) @ v` (no heads)."""
-    import torch
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-            self.q, self.k = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
-            self.v, self.o = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
-            self.fc, self.proj = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
-
-        def forward(self, x: Any) -> Any:
-            y = self.ln1(x)
-            q, k, v = self.q(y), self.k(y), self.v(y)
-            x = x + self.o(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
-            return x + self.proj(torch.relu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.wte = nn.Embedding(vocab, hidden)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.ln, self.head = nn.LayerNorm(hidden), nn.Linear(hidden, vocab, bias=False)
-
-        def forward(self, ids: Any) -> Any:
-            x = self.wte(ids)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(self.ln(x))
-
-    with torch.device("meta"):
-        return GPT()
+    return gpt_module(layers, hidden, heads, ffn, vocab, seq, plain=True)
 
 
 MODULES = {"gpt": gpt_module, "plain": plain_module}

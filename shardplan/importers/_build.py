@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from shardplan import units
-from shardplan.errors import IRError, ShapeError, ShardplanError
+from shardplan.errors import IRError, ShapeError, ShardplanError, UnsupportedOpError
 from shardplan.ir.catalogue import op_form
 from shardplan.ir.dims import DimKind, LoopDim
 from shardplan.ir.graph import Graph, GraphBuilder
@@ -83,6 +83,17 @@ class TranslationTable(Generic[K, V]):
 
     def get(self, key: K) -> V | None:
         return self._entries.get(key)
+
+    def rule(self, key: K, similar: Callable[[], Sequence[object]]) -> V:
+        """The entry of `key`; UnsupportedOpError naming the table, the key and the keys
+        `similar()` suggests (called only on a miss) when there is none."""
+        value = self._entries.get(key)
+        if value is None:
+            close = similar()
+            raise UnsupportedOpError(
+                f"{self.name}: no rule for {key!r}" + (f"; similar: {close}" if close else "")
+            )
+        return value
 
 
 @dataclass(frozen=True, slots=True)

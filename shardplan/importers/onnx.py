@@ -210,14 +210,11 @@ class _Context:
                         )
                 self.env[out] = self._constant(out)
             return
-        rule = self.table.get(key)
         try:
-            if rule is None:
-                close = difflib.get_close_matches(node.op_type, [k[1] for k in self.table.keys()])
-                raise UnsupportedOpError(
-                    f"{self.table.name}: no rule for {key!r}"
-                    + (f"; similar: {close}" if close else "")
-                )
+            rule = self.table.rule(
+                key,
+                lambda: difflib.get_close_matches(node.op_type, [t for _, t in self.table.keys()]),
+            )
             results = rule(self, node)
         except UnsupportedOpError as e:
             if self.emitter.policy == "error":

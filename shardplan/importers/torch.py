@@ -257,14 +257,8 @@ class _Context:
             self.static.add(node)
             self.env[node] = self._constant(node) if self._is_tensor(val) else val
             return
-        rule = self.table.get(key)
         try:
-            if rule is None:
-                similar = _similar(self.table.keys(), key)
-                raise UnsupportedOpError(
-                    f"{self.table.name}: no rule for {key!r}"
-                    + (f"; similar: {similar}" if similar else "")
-                )
+            rule = self.table.rule(key, lambda: _similar(self.table.keys(), key))
             self.env[node] = rule(self, node)
         except UnsupportedOpError as e:
             if self.emitter.policy == "error":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardplan.ir.graph import GraphBuilder
+from shardplan.ir.graph import Graph, GraphBuilder
 
 
 def dense(b: GraphBuilder, x: str, out_features: int, name: str, bias: bool = True) -> str:
@@ -72,3 +72,37 @@ def transformer_block(
         x = layer_norm(b, b.apply("add", x, h, name="residual_1"), "ln_1")
         h = mlp_block(b, x, ffn, "mlp")
         return layer_norm(b, b.apply("add", x, h, name="residual_2"), "ln_2")
+
+
+def swiglu(b: GraphBuilder, x: str, ffn: int, name: str) -> str:
+    """SwiGLU MLP (Llama, Mixtral, DeepSeek): down(silu(gate(x)) * up(x)), no biases."""
+    hidden = b.shape(x)[-1]
+    with b.scope(name):
+        gate = b.apply("silu", dense(b, x, ffn, "gate", bias=False), name="act")
+        h = b.apply("mul", gate, dense(b, x, ffn, "up", bias=False), name="glu")
+        return dense(b, h, hidden, "down", bias=False)
+
+
+def token_embedding(
+    b: GraphBuilder, batch: int, seq: int, vocab: int, hidden: int
+) -> tuple[str, str, str]:
+    """Decoder inputs: int32 `input_ids` and `labels` [batch, seq] and the `embed` table
+    [vocab, hidden]; returns (embedded tokens, labels, table)."""
+    ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
+    labels = b.input("labels", (batch, seq), dtype_bytes=4)
+    table = b.param("embed", (vocab, hidden))
+    return b.apply("embedding", table, ids, name="lookup"), labels, table
+
+
+def lm_loss(
+    b: GraphBuilder, x: str, labels: str, vocab: int, norm: str, tied: str | None = None
+) -> Graph:
+    """Final RMSNorm `norm`, LM head (the embedding table `tied` when given, else an untied
+    `lm_head` weight) and the cross-entropy loss; returns the built graph."""
+    x = layer_norm(b, x, norm, rms=True)
+    if tied is not None:
+        logits = b.apply("linear", x, tied, name="lm_head")
+    else:
+        logits = dense(b, x, vocab, "lm_head", bias=False)
+    b.apply("cross_entropy", logits, labels, name="loss")
+    return b.build()

@@ -15,7 +15,7 @@ Operators are the ones the models run, each a catalogue kind:
   RMSNorm, -> heads x (nope + rope)) and a compressed KV (hidden -> kv_rank, RMSNorm, -> heads x
   (nope + v)) plus one shared RoPE key (hidden -> rope_dim) added to every head; the published
   fused projections are written as two matmuls each (same parameters and FLOPs, no slicing);
-- routed experts through `moe.moe_block` (softmax or sigmoid router, top-k, renormalised
+- routed experts through `moe.routed_mlp` (softmax or sigmoid router, top-k, renormalised
   weights), `shared` always-on experts as one SwiGLU MLP of width shared * expert_ffn, and the
   first `dense_layers` layers dense with width `ffn`.
 Untied LM head (`tied` reuses the embedding table), cross-entropy loss. Building is O(layers).
@@ -23,12 +23,14 @@ Untied LM head (`tied` reuses the embedding table), cross-entropy loss. Building
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shardplan.errors import ArgumentError, IRError
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Role
 from shardplan.ir.traits import traits_of
-from shardplan.zoo.layers import dense, layer_norm
-from shardplan.zoo.moe import moe_block, swiglu
+from shardplan.zoo.layers import dense, layer_norm, lm_loss, swiglu, token_embedding
+from shardplan.zoo.moe import routed_mlp
 
 
 def _rope(b: GraphBuilder, x: str, name: str) -> str:
@@ -131,26 +133,38 @@ def mla_attention(
         return _attend(b, q, k, v, hidden)
 
 
-def _embed(b: GraphBuilder, batch: int, seq: int, vocab: int, hidden: int) -> tuple[str, str, str]:
-    ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
-    labels = b.input("labels", (batch, seq), dtype_bytes=4)
-    table = b.param("embed", (vocab, hidden))
-    return b.apply("embedding", table, ids, name="lookup"), labels, table
-
-
-def _head(b: GraphBuilder, x: str, labels: str, table: str, vocab: int, tied: bool) -> Graph:
-    x = layer_norm(b, x, "norm", rms=True)
-    if tied:
-        logits = b.apply("linear", x, table, name="lm_head")
-    else:
-        logits = dense(b, x, vocab, "lm_head", bias=False)
-    b.apply("cross_entropy", logits, labels, name="loss")
-    return b.build()
-
-
-def _check(name: str, heads: int, kv_heads: int) -> None:
+def _gqa(
+    name: str, hidden: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool
+) -> Callable[[GraphBuilder, str], str]:
+    """A layer's GQA attention "attn" for `_decoder`, after checking the head counts; `head_dim`
+    0 means hidden // heads."""
     if heads % kv_heads:
         raise IRError(f"{name}: {heads} query heads are not a multiple of kv_heads={kv_heads}")
+    head_dim = head_dim or hidden // heads
+    return lambda b, y: gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn")
+
+
+def _decoder(
+    name: str,
+    sizes: tuple[int, int, int, int],
+    layers: int,
+    attend: Callable[[GraphBuilder, str], str],
+    mlp: Callable[[GraphBuilder, str, int], str],
+    tied: bool,
+) -> Graph:
+    """The pre-norm decoder both families share: token embedding, `layers` x (RMSNorm ->
+    `attend` -> residual, RMSNorm -> `mlp(b, y, layer)` -> residual), final RMSNorm, LM head and
+    loss. `sizes` is (batch, seq, vocab, hidden)."""
+    batch, seq, vocab, hidden = sizes
+    b = GraphBuilder(name)
+    x, labels, table = token_embedding(b, batch, seq, vocab, hidden)
+    for i in range(layers):
+        with b.scope(f"layers.{i}"):
+            y = layer_norm(b, x, "attn_norm", rms=True)
+            x = b.apply("add", x, attend(b, y), name="residual_1")
+            y = layer_norm(b, x, "mlp_norm", rms=True)
+            x = b.apply("add", x, mlp(b, y, i), name="residual_2")
+    return lm_loss(b, x, labels, vocab, "norm", table if tied else None)
 
 
 def llama(
@@ -169,22 +183,12 @@ def llama(
 ) -> Graph:
     """Llama-style decoder: RMSNorm, GQA + RoPE, SwiGLU (module docstring). `head_dim` 0 means
     hidden // heads (Qwen3 sets it apart from hidden)."""
-    _check(name, heads, kv_heads)
-    head_dim = head_dim or hidden // heads
-    b = GraphBuilder(name)
-    x, labels, table = _embed(b, batch, seq, vocab, hidden)
-    for i in range(layers):
-        with b.scope(f"layers.{i}"):
-            y = layer_norm(b, x, "attn_norm", rms=True)
-            x = b.apply(
-                "add",
-                x,
-                gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn"),
-                name="residual_1",
-            )
-            y = swiglu(b, layer_norm(b, x, "mlp_norm", rms=True), ffn, "mlp")
-            x = b.apply("add", x, y, name="residual_2")
-    return _head(b, x, labels, table, vocab, tied)
+    attend = _gqa(name, hidden, heads, kv_heads, head_dim, qk_norm)
+
+    def mlp(b: GraphBuilder, y: str, _layer: int) -> str:
+        return swiglu(b, y, ffn, "mlp")
+
+    return _decoder(name, (batch, seq, vocab, hidden), layers, attend, mlp, tied)
 
 
 def moe_llm(
@@ -219,40 +223,19 @@ def moe_llm(
         raise ArgumentError(
             f"model {name!r}: router must be 'softmax' or 'sigmoid', got {router!r}"
         )
-    _check(name, heads, kv_heads)
-    head_dim = head_dim or hidden // heads
-    b = GraphBuilder(name)
-    x, labels, table = _embed(b, batch, seq, vocab, hidden)
-    for i in range(layers):
-        with b.scope(f"layers.{i}"):
-            y = layer_norm(b, x, "attn_norm", rms=True)
-            if q_rank:
-                h = mla_attention(b, y, heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim, "attn")
-            else:
-                h = gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn")
-            x = b.apply("add", x, h, name="residual_1")
-            y = layer_norm(b, x, "mlp_norm", rms=True)
-            if i < dense_layers:
-                out = swiglu(b, y, ffn, "mlp")
-            else:
-                out = moe_block(
-                    b,
-                    y,
-                    experts,
-                    top_k,
-                    expert_ffn,
-                    "experts",
-                    capacity_factor,
-                    gated=True,
-                    normalize=True,
-                    router=router,
-                )
-                if shared:
-                    out = b.apply(
-                        "add", out, swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
-                    )
-            x = b.apply("add", x, out, name="residual_2")
-    return _head(b, x, labels, table, vocab, tied=False)
+    gqa = _gqa(name, hidden, heads, kv_heads, head_dim, qk_norm)
+
+    def attend(b: GraphBuilder, y: str) -> str:
+        if q_rank:
+            return mla_attention(b, y, heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim, "attn")
+        return gqa(b, y)
+
+    def mlp(b: GraphBuilder, y: str, layer: int) -> str:
+        if layer < dense_layers:
+            return swiglu(b, y, ffn, "mlp")
+        return routed_mlp(b, y, experts, top_k, expert_ffn, shared, capacity_factor, router)
+
+    return _decoder(name, (batch, seq, vocab, hidden), layers, attend, mlp, tied=False)
 
 
 def activated_params(graph: Graph, embedding: bool = True) -> int:

@@ -13,7 +13,7 @@ import math
 
 from shardplan.errors import IRError
 from shardplan.ir.graph import Graph, GraphBuilder
-from shardplan.zoo.layers import attention, dense, layer_norm
+from shardplan.zoo.layers import attention, dense, layer_norm, lm_loss, swiglu, token_embedding
 
 
 def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
@@ -74,12 +74,34 @@ def moe_block(
         return b.apply("moe_combine", h, routes, weights, name="combine")
 
 
-def swiglu(b: GraphBuilder, x: str, ffn: int, name: str) -> str:
-    hidden = b.shape(x)[-1]
-    with b.scope(name):
-        gate = b.apply("silu", dense(b, x, ffn, "gate", bias=False), name="act")
-        h = b.apply("mul", gate, dense(b, x, ffn, "up", bias=False), name="glu")
-        return dense(b, h, hidden, "down", bias=False)
+def routed_mlp(
+    b: GraphBuilder,
+    x: str,
+    experts: int,
+    top_k: int,
+    expert_ffn: int,
+    shared: int,
+    capacity_factor: float,
+    router: str = "softmax",
+) -> str:
+    """A fine-grained MoE MLP (DeepSeek-MoE/V3, Qwen3-MoE, Mixtral when `shared` is 0): routed
+    SwiGLU experts "experts" with renormalised top-k weights, plus `shared` always-on experts as
+    one SwiGLU MLP "shared" of width shared * expert_ffn."""
+    out = moe_block(
+        b,
+        x,
+        experts,
+        top_k,
+        expert_ffn,
+        "experts",
+        capacity_factor,
+        gated=True,
+        normalize=True,
+        router=router,
+    )
+    if not shared:
+        return out
+    return b.apply("add", out, swiglu(b, x, shared * expert_ffn, "shared"), name="shared_add")
 
 
 def moe(
@@ -131,31 +153,12 @@ def deepseek_moe(
     if hidden % heads:
         raise IRError(f"hidden size {hidden} is not divisible by {heads} heads")
     b = GraphBuilder(name)
-    ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
-    labels = b.input("labels", (batch, seq), dtype_bytes=4)
-    x = b.apply("embedding", b.param("embed", (vocab, hidden)), ids, name="lookup")
+    x, labels, _ = token_embedding(b, batch, seq, vocab, hidden)
     for i in range(layers):
         with b.scope(f"layer.{i}"):
             h = attention(b, layer_norm(b, x, "ln_1", rms=True), heads, "attn", causal=True)
             x = b.apply("add", x, h, name="residual_1")
             y = layer_norm(b, x, "ln_2", rms=True)
-            routed = moe_block(
-                b,
-                y,
-                experts,
-                top_k,
-                expert_ffn,
-                "experts",
-                capacity_factor,
-                gated=True,
-                normalize=True,
-            )
-            if shared:
-                routed = b.apply(
-                    "add", routed, swiglu(b, y, shared * expert_ffn, "shared"), name="shared_add"
-                )
+            routed = routed_mlp(b, y, experts, top_k, expert_ffn, shared, capacity_factor)
             x = b.apply("add", x, routed, name="residual_2")
-    x = layer_norm(b, x, "ln_f", rms=True)
-    logits = dense(b, x, vocab, "lm_head", bias=False)
-    b.apply("cross_entropy", logits, labels, name="loss")
-    return b.build()
+    return lm_loss(b, x, labels, vocab, "ln_f")

@@ -1,13 +1,11 @@
 """The DP baseline: same optimum as the ILP where it finishes, honest failure when it does not."""
 
-import math
 import random
 import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
@@ -16,27 +14,16 @@ from shardplan.mesh import parse_mesh
 from shardplan.search import plan
 from shardplan.search.exact import dp, ilp
 from shardplan.search.exact.model import build_model
-from shardplan.search.exact.space import build_space
 
-from .test_ilp import CHAIN_LAYERS, brute_force, chain_graph, mlp2, tiny_attention
+from .test_ilp import CHAINS, brute_force, chain_model, mlp2, tiny_attention
 
 OPTS = CostOptions.make()
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    layers=CHAIN_LAYERS,
-    batch=st.sampled_from([1, 2, 4, 8]),
-    width=st.sampled_from([1, 2, 3, 4]),
-    mesh=st.sampled_from(["8", "2x2", "6"]),
-)
+@CHAINS
 def test_dp_equals_ilp_and_brute_force_on_chains(layers, batch, width, mesh):
-    graph = chain_graph(layers, batch, width)
-    mesh = parse_mesh(mesh)
-    space = build_space(graph, mesh)
-    assume(math.prod(space.sizes) <= 2_000_000)
-    model = build_model(graph, mesh, OPTS, space=space)
-    best, _ = brute_force(model)
+    model, best = chain_model(layers, batch, width, mesh)
     choice, value, _ = dp.solve_model(model)
     assert value == pytest.approx(best, rel=1e-9)
     assert model.objective(choice) == pytest.approx(value, rel=1e-12)

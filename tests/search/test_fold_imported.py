@@ -13,43 +13,13 @@ from shardplan.search.drec.search import drec, drec_folded
 
 torch = pytest.importorskip("torch")
 
-
-def _plain_gpt(layers: int = 6, hidden: int = 32, vocab: int = 64):
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-            self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden) for _ in range(4))
-            self.fc, self.proj = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
-
-        def forward(self, x):
-            y = self.ln1(x)
-            q, k, v = self.q(y), self.k(y), self.v(y)
-            x = x + self.o(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
-            return x + self.proj(torch.relu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.wte = nn.Embedding(vocab, hidden)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.ln, self.head = nn.LayerNorm(hidden), nn.Linear(hidden, vocab, bias=False)
-
-        def forward(self, ids):
-            x = self.wte(ids)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(self.ln(x))
-
-    return GPT()
+from torch_gpts import GPT  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def graph() -> sp.Graph:
     ids = torch.zeros(8, 16, dtype=torch.long)
-    return sp.from_torch(_plain_gpt(), (ids,))
+    return sp.from_torch(GPT(6, 32, 4, ffn=128, vocab=64, seq=16, plain=True), (ids,))
 
 
 def test_the_blocks_of_an_imported_gpt_fold(graph):

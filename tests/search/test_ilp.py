@@ -101,6 +101,24 @@ CHAIN_LAYERS = st.lists(
     min_size=1,
     max_size=5,
 )
+CHAINS = given(
+    layers=CHAIN_LAYERS,
+    batch=st.sampled_from([1, 2, 4, 8]),
+    width=st.sampled_from([1, 2, 3, 4]),
+    mesh=st.sampled_from(["8", "2x2", "6"]),
+)
+"""Hypothesis cases of `chain_model`: a drawn chain on a small mesh."""
+
+
+def chain_model(layers, batch, width, mesh):
+    """The cost model of `chain_graph(layers, batch, width)` on `mesh` and its brute-force
+    optimum; the case is discarded when the space is too large to enumerate."""
+    graph = chain_graph(layers, batch, width)
+    mesh = parse_mesh(mesh)
+    space = build_space(graph, mesh)
+    assume(math.prod(space.sizes) <= 2_000_000)
+    model = build_model(graph, mesh, OPTS, space=space)
+    return model, brute_force(model)[0]
 
 
 # -- the strategy space ------------------------------------------------------------------------
@@ -214,19 +232,9 @@ def test_ilp_equals_brute_force(graph):
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    layers=CHAIN_LAYERS,
-    batch=st.sampled_from([1, 2, 4, 8]),
-    width=st.sampled_from([1, 2, 3, 4]),
-    mesh=st.sampled_from(["8", "2x2", "6"]),
-)
+@CHAINS
 def test_ilp_equals_brute_force_on_chains(layers, batch, width, mesh):
-    graph = chain_graph(layers, batch, width)
-    mesh = parse_mesh(mesh)
-    space = build_space(graph, mesh)
-    assume(math.prod(space.sizes) <= 2_000_000)
-    model = build_model(graph, mesh, OPTS, space=space)
-    best, _ = brute_force(model)
+    model, best = chain_model(layers, batch, width, mesh)
     for split in ("never", "always"):
         result = ilp.solve_model(model, OPTS, split=split)
         assert result.status == "optimal"

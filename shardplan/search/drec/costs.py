@@ -25,8 +25,9 @@ costs O(|V| + |E|) look-ups plus O(|E| * rounds) to compute the edges' contexts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace as dataclass_replace
+from functools import partial
 
 from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.presets import CostOptions
@@ -333,49 +334,58 @@ class RoundCosts(RoundLedger):
         st = self.states[i]
         op, lay = st.op, self.layouts[i]
         costs = dict.fromkeys(cuts, 0.0)
-        edge = self._edge
-        for e in st.preds:
-            if e.producer not in decided or (only is not None and e.producer != only):
-                continue
-            src = self._out(e.producer, decided[e.producer], e.out_pos)
-            ctx, name = self._flex_ctx[id(e)], op.inputs[e.in_pos]
+
+        def add(side: int, pos: int, price: Callable[[int], float]) -> None:
+            """Each cut's price on one edge, by the layout the cut puts on it (`lay[cut][side]`,
+            0 inputs, 1 outputs, at `pos`)."""
             priced: dict[int, float] = {}  # cuts with one layout on the edge price alike
             for cut in cuts:
-                mine = lay[cut][0][e.in_pos]
+                mine = lay[cut][side][pos]
                 c = priced.get(mine)
                 if c is None:
-                    c = priced[mine] = edge(*through_chain(e, src, mine, True), ctx, name)
+                    c = priced[mine] = price(mine)
                 costs[cut] += c
-        for e in st.succs:
-            if e.consumer not in decided or (only is not None and e.consumer != only):
-                continue
-            dst = self._in(e.consumer, decided[e.consumer], e.in_pos)
-            ctx, name = self._flex_ctx[id(e)], op.outputs[e.out_pos]
-            priced = {}
-            for cut in cuts:
-                mine = lay[cut][1][e.out_pos]
-                c = priced.get(mine)
-                if c is None:
-                    c = priced[mine] = edge(*through_chain(e, mine, dst, False), ctx, name)
-                costs[cut] += c
+
+        for incoming, edges in ((True, st.preds), (False, st.succs)):
+            for e in edges:
+                j = e.producer if incoming else e.consumer
+                if j not in decided or (only is not None and j != only):
+                    continue
+                if incoming:  # the producer's output layout meets this op's input
+                    theirs, side, pos = self._out(j, decided[j], e.out_pos), 0, e.in_pos
+                else:  # this op's output meets the consumer's input layout
+                    theirs, side, pos = self._in(j, decided[j], e.in_pos), 1, e.out_pos
+                name = op.inputs[pos] if incoming else op.outputs[pos]
+                ctx = self._flex_ctx[id(e)]
+                add(side, pos, partial(self._chain_price, e, theirs, incoming, ctx, name))
         for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
             if other not in decided or (only is not None and other != only):
                 continue
             theirs = self._out(other, decided[other], other_pos)
             ctx, name = self._sib_ctx[i, k], self.states[other].op.outputs[other_pos]
-            priced = {}
-            for cut in cuts:
-                mine = lay[cut][1][pos]
-                c = priced.get(mine)
-                if c is None:
-                    met = to_other.get(mine, REPLICATED) if mine >= 0 else mine  # or cannot meet
-                    c = priced[mine] = edge(met, theirs, ctx, name)
-                costs[cut] += c
+            add(1, pos, partial(self._sibling_price, to_other, theirs, ctx, name))
         if self.param_positions[i]:
-            shared = self._shared_param_costs(i, cuts, rnd, decided, only)
+            shared = self._shared_param_costs(i, cuts, decided, only)
             for cut in cuts:
                 costs[cut] += shared[cut]
         return costs
+
+    def _chain_price(
+        self, e: FlexEdge, other: int, incoming: bool, ctx: int, name: str, mine: int
+    ) -> float:
+        """Flex edge `e` between this op's layout `mine` and its neighbour's `other` (`incoming`:
+        the neighbour produces), through the chain's layout rules."""
+        if incoming:
+            return self._edge(*through_chain(e, other, mine, True), ctx, name)
+        return self._edge(*through_chain(e, mine, other, False), ctx, name)
+
+    def _sibling_price(
+        self, to_other: dict[int, int], theirs: int, ctx: int, name: str, mine: int
+    ) -> float:
+        """A sibling edge: this op's output layout `mine` carried onto the shared op's dims
+        (`to_other`) against the sibling's `theirs`; a split that cannot meet is priced as is."""
+        met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
+        return self._edge(met, theirs, ctx, name)
 
     def _pair_cost(
         self,
@@ -389,25 +399,25 @@ class RoundCosts(RoundLedger):
         """Redistribution on op j's flex edges to one neighbour (the same chain rules as
         `_flex_costs`), from the layouts on them: `mine` the neighbour's (its outputs into j,
         then its inputs from j), `theirs` j's."""
-        st = self.states[j]
-        op = st.op
+        op = self.states[j].op
         cost = 0.0
         k = 0
         for e in preds:
-            src, dst = through_chain(e, mine[k], theirs[k], True)
+            cost += self._chain_price(
+                e, mine[k], True, self._flex_ctx[id(e)], op.inputs[e.in_pos], theirs[k]
+            )
             k += 1
-            cost += self._edge(src, dst, self._flex_ctx[id(e)], op.inputs[e.in_pos])
         for e in succs:
-            src, dst = through_chain(e, theirs[k], mine[k], False)
+            cost += self._chain_price(
+                e, mine[k], False, self._flex_ctx[id(e)], op.outputs[e.out_pos], theirs[k]
+            )
             k += 1
-            cost += self._edge(src, dst, self._flex_ctx[id(e)], op.outputs[e.out_pos])
         return cost
 
     def _shared_param_costs(
         self,
         i: int,
         cuts: list[str | None],
-        rnd: Round,
         decided: dict[int, str | None],
         only: int | None = None,
     ) -> dict[str | None, float]:
@@ -433,7 +443,7 @@ class RoundCosts(RoundLedger):
         (settling revisits the same pairs), and added in edge order as before."""
         layouts = self.layouts
         costs = (
-            self._shared_param_costs(i, cuts, rnd, decided)
+            self._shared_param_costs(i, cuts, decided)
             if self.param_positions[i]
             else (dict.fromkeys(cuts, 0.0))
         )

@@ -32,7 +32,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
-from shardplan.search.exact.model import CostModel, build_model
+from shardplan.search.exact.model import CostModel, build_timed_model
 
 MAX_TABLE_ENTRIES = 60_000_000
 """Refuse (SolverError) models whose dense tables would exceed this many float64 entries."""
@@ -290,24 +290,8 @@ def solve_dp(
 ) -> Plan:
     """The optimal plan of our cost model by graph elimination + enumeration (see module doc)."""
     start = time.perf_counter()
-    model = build_model(
-        graph,
-        mesh,
-        opts,
-        deadline=start + time_limit,
-        max_strategies=max_strategies,
-        max_entries=max_entries,
-        method="dp",
-        time_limit=time_limit,
+    model = build_timed_model(
+        graph, mesh, opts, "dp", start, time_limit, max_strategies, max_entries
     )
     choice, _, stats = solve_model(model, time_limit, max_entries, start)
-    return Plan(
-        graph,
-        mesh,
-        model.strategies(choice),
-        "dp",
-        opts,
-        time.perf_counter() - start,
-        status="optimal",
-        notes=(stats.text(),),
-    )
+    return model.plan(choice, "dp", opts, start, "optimal", (stats.text(),))

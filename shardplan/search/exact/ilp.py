@@ -68,7 +68,7 @@ from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
-from shardplan.search.exact.model import CostModel, PairTerm, build_model
+from shardplan.search.exact.model import CostModel, PairTerm, build_timed_model
 from shardplan.search.exact.round_split import ASPLIT, BSPLIT
 from shardplan.sharding import Strategy
 
@@ -400,6 +400,13 @@ def solve_ilp(
     strategy; `incumbent` (e.g. D-Rec's plan) is returned instead when HiGHS ends without a plan
     or with a costlier one, with a status saying so (scipy's HiGHS takes no starting point)."""
     start = time.perf_counter()
+
+    def keep(status: str, notes: tuple[str, ...]) -> Plan:
+        """The incumbent as the answer, with a status saying why."""
+        assert incumbent is not None
+        seconds = time.perf_counter() - start
+        return Plan(graph, mesh, incumbent, "ilp", opts, seconds, status=status, notes=notes)
+
     try:
         result = _solve_ilp(
             graph,
@@ -418,30 +425,14 @@ def solve_ilp(
         if incumbent is None:
             raise
         reason = "did not finish" if "did not finish" in str(e) else "failed"
-        return Plan(
-            graph,
-            mesh,
-            incumbent,
-            "ilp",
-            opts,
-            time.perf_counter() - start,
-            status=f"{reason}: no ILP plan, D-Rec's plan kept (not proven optimal)",
-            notes=(f"ilp: {e}",),
+        return keep(
+            f"{reason}: no ILP plan, D-Rec's plan kept (not proven optimal)", (f"ilp: {e}",)
         )
     if incumbent is not None and result.status != "optimal":
         kept = Plan(graph, mesh, incumbent, "ilp", opts)
         assert kept.cost is not None and result.cost is not None
         if kept.cost.total < result.cost.total:
-            return Plan(
-                graph,
-                mesh,
-                incumbent,
-                "ilp",
-                opts,
-                time.perf_counter() - start,
-                status=f"{result.status}: D-Rec's plan kept, cheaper than the ILP's",
-                notes=result.notes,
-            )
+            return keep(f"{result.status}: D-Rec's plan kept, cheaper than the ILP's", result.notes)
     return result
 
 
@@ -459,16 +450,9 @@ def _solve_ilp(
     fixed: Mapping[str, Strategy] | None,
 ) -> Plan:
     start = time.perf_counter()
-    model = build_model(
-        graph,
-        mesh,
-        opts,
-        deadline=start + time_limit,
-        max_strategies=max_strategies,
-        max_entries=max_table_entries,
-        table_limit=None if split == "never" else SPLIT_ABOVE,
-        method="ilp",
-        time_limit=time_limit,
+    table_limit = None if split == "never" else SPLIT_ABOVE
+    model = build_timed_model(
+        graph, mesh, opts, "ilp", start, time_limit, max_strategies, max_table_entries, table_limit
     )
     remaining = time_limit - (time.perf_counter() - start)
     if remaining <= 0:
@@ -487,13 +471,4 @@ def _solve_ilp(
         f"HiGHS {units.seconds(result.seconds)}; dual bound "
         f"{units.cost(result.bound, 'elements' if opts.preset.symbolic else 's')}"
     )
-    return Plan(
-        graph,
-        mesh,
-        model.strategies(result.choice),
-        "ilp",
-        opts,
-        time.perf_counter() - start,
-        status=result.status,
-        notes=(note,),
-    )
+    return model.plan(result.choice, "ilp", opts, start, result.status, (note,))

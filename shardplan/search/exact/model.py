@@ -40,6 +40,7 @@ from shardplan.errors import SolverError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh
+from shardplan.plans import Plan
 from shardplan.search.exact.round_split import ASPLIT, RoundSplit, can_move_split, round_features
 from shardplan.search.exact.space import StrategySpace, build_space
 from shardplan.sharding import (
@@ -107,6 +108,23 @@ class CostModel:
     def strategies(self, choice: Sequence[int]) -> dict[str, Strategy]:
         ops, options = self.space.graph.ops, self.space.strategies
         return {op.name: o[c] for op, o, c in zip(ops, options, choice, strict=True)}
+
+    def plan(
+        self,
+        choice: Sequence[int],
+        method: str,
+        opts: CostOptions,
+        start: float,
+        status: str,
+        notes: tuple[str, ...],
+    ) -> Plan:
+        """The Plan of `choice`, its search time counted from `start` (perf_counter)."""
+        space = self.space
+        seconds = time.perf_counter() - start
+        strategies = self.strategies(choice)
+        return Plan(
+            space.graph, space.mesh, strategies, method, opts, seconds, status=status, notes=notes
+        )
 
     def choice_of(self, strategies: Mapping[str, Strategy]) -> list[int]:
         """Indices of given strategies (e.g. a D-Rec plan) in the space."""
@@ -477,6 +495,32 @@ class _Builder:
                 )
                 table, uc, vc = self._share_table(tensor, prev, (ci, c_pos), key)
                 self.add_pair("share", tensor, pi2, ci, table, uc, vc)
+
+
+def build_timed_model(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    method: str,
+    start: float,
+    time_limit: float,
+    max_strategies: int | None,
+    max_entries: int | None,
+    table_limit: int | None = None,
+) -> CostModel:
+    """`build_model` for an exact solver `method` started at `start` (perf_counter) with
+    `time_limit` seconds: the deadline is start + time_limit."""
+    return build_model(
+        graph,
+        mesh,
+        opts,
+        deadline=start + time_limit,
+        max_strategies=max_strategies,
+        max_entries=max_entries,
+        method=method,
+        time_limit=time_limit,
+        table_limit=table_limit,
+    )
 
 
 def build_model(
