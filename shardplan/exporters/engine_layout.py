@@ -26,9 +26,9 @@ from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph, make_graph
 from shardplan.ir.op import Role, Tensor
 from shardplan.ir.segments import segments
+from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search import experts
-from shardplan.mesh import Mesh
 from shardplan.search.step.menus import Menu, graph_layers
 from shardplan.search.step.profiles import data_degrees, stage_tensor_degrees
 from shardplan.search.step.recipes import context_rounds, expert_dim, expert_parallel
@@ -125,8 +125,11 @@ def _layouts(graph: Graph, mesh: Mesh, moe: bool) -> Iterator[tuple[_Degrees, Ca
     for t in (1, *stage_tensor_degrees(mesh)):
         for d in data_degrees(mesh, t):
             if moe:
-                yield _Degrees(t, expert=d), lambda t=t, d=d: expert_parallel(
-                    graph, mesh, experts.megatron(graph, mesh, t), d
+                yield (
+                    _Degrees(t, expert=d),
+                    lambda t=t, d=d: expert_parallel(
+                        graph, mesh, experts.megatron(graph, mesh, t), d
+                    ),
                 )
             yield _Degrees(t, context=d), lambda t=t, d=d: _context(graph, mesh, t, d)
 
@@ -223,7 +226,8 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
     """The engine layout of `tp` (module docstring); PlanError naming what `menu` cannot say."""
     engine = menu.engine
     _check_fields(tp, engine)
-    moe = any(expert_dim(st.plan.graph, op) is not None for st in tp.stages for op in st.plan.graph.ops)
+    graphs = [stage.plan.graph for stage in tp.stages]
+    moe = any(expert_dim(g, op) is not None for g in graphs for op in g.ops)
     degrees = [_stage_degrees(stage.plan, s, engine, moe) for s, stage in enumerate(tp.stages)]
     if len(set(degrees)) > 1:
         texts = [_degrees_text(d) for d in degrees]

@@ -12,7 +12,8 @@ with sequence-parallel norms: the plan's SP lever must be on); context paralleli
 ZeRO-3, because torchtitan shards parameters over dp_shard x cp whenever cp > 1 and carves its
 expert ways out of those FSDP ways (torchtitan/distributed/parallel_dims.py); v > 1 model chunks
 per stage are the `Interleaved1F1B` schedule over S x v module lists (a looped schedule: chunk c
-on rank c mod S, as the plan's chunks). With pipeline stages the local batch holds every micro-batch of a step
+on rank c mod S, as the plan's chunks).
+With pipeline stages the local batch holds every micro-batch of a step
 (`pipeline_parallel_microbatch_size` each); without, micro-batches are gradient-accumulation
 steps (global batch / (local batch x data ways)). The module list names torchtitan's Llama
 modules (tok_embeddings, layers.i, norm, output). O(layers).

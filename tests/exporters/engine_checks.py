@@ -11,7 +11,8 @@ and batch checks run as they would at launch:
   backend), which checks that the expert ways divide the FSDP ways.
 - megatron-core: TransformerConfig(**kwargs) (its __post_init__ checks), then
   parallel_state.initialize_model_parallel (the world must divide into tensor x context x
-  pipeline groups, the expert ways into the data x context ways; gloo groups off: the fake backend has no gloo) and the
+  pipeline groups, the expert ways into the data x context ways; gloo groups off: the fake
+  backend has no gloo) and the
   ConstantNumMicroBatchesCalculator (global batch = micro-batch x data ways x micro-batches).
 - deepspeed: DeepSpeedConfig(config, mpu=megatron's parallel_state) — its batch assertion
   train_batch = micro x accumulation x data ways. Its CPU shared-memory kernel (built on

@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from test_engines import run_checks  # tests/exporters is on sys.path (rootdir-less test dir)
 
 from shardplan import zoo
 from shardplan.cost import CostOptions
@@ -22,8 +23,6 @@ from shardplan.mesh import parse_mesh
 from shardplan.search.step.menus import MENUS
 from shardplan.search.step.recipes import megatron_recipe
 from shardplan.training import Stage, TrainingPlan
-
-from test_engines import run_checks  # tests/exporters is on sys.path (rootdir-less test dir)
 
 MESH = parse_mesh("4x8")
 BATCH = 32

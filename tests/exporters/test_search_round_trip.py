@@ -12,12 +12,12 @@ import re
 from pathlib import Path
 
 import pytest
+from test_engines import run_checks  # tests/exporters is on sys.path (rootdir-less test dir)
 
 from shardplan.cli.main import main
 from shardplan.exporters import training_json
 from shardplan.mesh import parse_mesh
 from shardplan.training import TrainingPlan
-from test_engines import run_checks  # tests/exporters is on sys.path (rootdir-less test dir)
 
 CASES = {
     # id: (model and size flags, mesh, batch, memory); found by running the search (see report)

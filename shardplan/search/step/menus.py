@@ -102,17 +102,36 @@ MENUS: Mapping[str, Menu] = {
     # keeps matmul outputs, not the step model's selective set); DDP (ZeRO-0) or FSDP (ZeRO-3);
     # its tensor parallelism always shards norms over the sequence (SequenceParallel)
     # (`parallelism.tensor_parallel_degree`); context_parallel_degree, expert_parallel_degree
-    # and the Interleaved1F1B schedule over a module list per chunk (torchtitan/config/job_config.py)
+    # and the Interleaved1F1B schedule over a module list per chunk
+    # (torchtitan/config/job_config.py)
     "torchtitan": Menu(
-        "torchtitan", (_N, _F), (0, 3), (0, 3), ("bf16", "fp32"), "any", True, True, True,
-        True, True,
+        "torchtitan",
+        (_N, _F),
+        (0, 3),
+        (0, 3),
+        ("bf16", "fp32"),
+        "any",
+        True,
+        True,
+        True,
+        True,
+        True,
     ),
     # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1)
     # --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
     # --num-virtual-stages-per-pipeline-rank
     "megatron": Menu(
-        "megatron", (_N, _S, _F), (0, 1), (0, 1), ("bf16", "fp16", "fp32"), "first-last", False,
-        True, True, True, True,
+        "megatron",
+        (_N, _S, _F),
+        (0, 1),
+        (0, 1),
+        ("bf16", "fp16", "fp32"),
+        "first-last",
+        False,
+        True,
+        True,
+        True,
+        True,
     ),
     # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
@@ -120,7 +139,11 @@ MENUS: Mapping[str, Menu] = {
     # its config JSON has no sequence, context or expert parallelism and its PipelineEngine no
     # interleaving: such plans go to Megatron-LM / Megatron-DeepSpeed's own flags
     "deepspeed": Menu(
-        "deepspeed", (_N, _F), (0, 1, 2, 3), (0, 1), ("bf16", "fp16", "fp32"),
+        "deepspeed",
+        (_N, _F),
+        (0, 1, 2, 3),
+        (0, 1),
+        ("bf16", "fp16", "fp32"),
         instead="the DeepSpeed config JSON has no such key; export with `--to megatron`, or run "
         "Megatron-DeepSpeed with Megatron-LM's flags for it",
     ),
