@@ -51,6 +51,30 @@ def operand_layout(op: Op, strategy: Strategy, position: int, is_output: bool = 
     return tuple(layout_of_cut(dims, d, is_output, op) for d in strategy)
 
 
+def operand_layouts(op: Op, strategy: Strategy) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
+    """(`operand_layout` of every input, of every result) in one pass: each operand's major loop
+    dims read once, O(operands x (rank + rounds)). The strategy's cuts must be the op's loop dims
+    (`check_strategy`)."""
+    sig = op.signature
+    reduce = {d.name for d in sig.loop_dims if d.kind is DimKind.REDUCE}
+
+    def layout(dims: TensorDims, is_output: bool) -> Layout:
+        majors: dict[str, int] = {}
+        for position, group in enumerate(dims):
+            if group:
+                majors.setdefault(group[0], position)
+        missing = PARTIAL if is_output else REPLICATED
+        return tuple(
+            REPLICATED if d is None else majors.get(d, missing if d in reduce else REPLICATED)
+            for d in strategy
+        )
+
+    return (
+        tuple(layout(dims, False) for dims in sig.inputs),
+        tuple(layout(dims, True) for dims in sig.outputs),
+    )
+
+
 def resolved(layout: Layout) -> Layout:
     """The layout consumers see: the op all-reduces its partial sums itself."""
     return tuple(REPLICATED if s == PARTIAL else s for s in layout)
@@ -73,10 +97,12 @@ def cut_problem(op: Op, loop_dim: str, local_extent: int, q: int) -> str | None:
             f"WINDOW loop dim {loop_dim!r} splits an input dim of size {dim.span}, "
             f"which is not divisible into {parts} parts"
         )
-    for dims in (*op.signature.inputs, *op.signature.outputs):
-        for group in dims:
-            if loop_dim in group[1:]:
-                return f"loop dim {loop_dim!r} is a minor dim of tensor group {group}"
+    for operands in (op.signature.inputs, op.signature.outputs):
+        for dims in operands:
+            for group in dims:
+                # a loop dim indexes an operand once (`Signature`): in the group, not first
+                if loop_dim in group and group[0] != loop_dim:
+                    return f"loop dim {loop_dim!r} is a minor dim of tensor group {group}"
     return None
 
 
@@ -113,11 +139,14 @@ def check_strategies(
     strategies: Mapping[str, Strategy],
     rounds: Sequence[Round],
     classes: Sequence[int] | None = None,
+    seen: set[tuple[object, ...]] | None = None,
 ) -> None:
     """`check_strategy` for every op; ops of equal signature and strategy (repeated layers) are
     checked once, since validity reads nothing else (`classes`: op class ids that refine equal
-    signatures, to skip hashing them). O(ops) hashing plus one check per class."""
-    seen: set[tuple[object, ...]] = set()
+    signatures, to skip hashing them; `seen`: the (class, strategy) pairs already found valid,
+    kept by the caller across plans of one graph and mesh). O(ops) hashing plus one check per
+    class."""
+    seen = seen if seen is not None else set()
     for index, op in enumerate(ops):
         strategy = tuple(strategies[op.name])
         key = (op.signature if classes is None else classes[index], strategy)

@@ -15,25 +15,26 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 
-from shardplan.cost.backward import backward_bytes
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.price import (
+    OpPrice,
+    faster_rounds,
+    operand_infos,
+    price_op,
+    round_intra,
+    shared_intra,
+    sum_rounds,
+)
 from shardplan.cost.terms import (
     ZERO,
     CommTerms,
-    OperandInfo,
-    compute_cost,
     edge_redistribution,
-    edge_sizes,
-    faster,
-    intra_terms,
     local_bytes,
     param_bytes,
     reduces,
-    replicate_symbolic,
     round_numels,
 )
-from shardplan.cost.work import op_pieces
 from shardplan.cost.zero import ZeroParam, zero_bytes, zero_pricing
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
@@ -42,9 +43,8 @@ from shardplan.sharding import (
     Layout,
     Strategy,
     check_strategies,
-    cut_problem,
-    local_extents,
     operand_layout,
+    operand_layouts,
     resolved,
 )
 
@@ -120,49 +120,6 @@ class CostBreakdown:
         return out
 
 
-def operand_infos(
-    graph: Graph,
-    op: Op,
-    strategy: Strategy,
-    is_output: bool,
-    rounds: Sequence[Round],
-    opts: CostOptions,
-) -> list[list[OperandInfo]]:
-    """Per round, per operand: local size before the round, dtype, role, requires_grad and the
-    hierarchical all-reduce divisor (product of q of faster rounds that split or reduce it)."""
-    names = op.outputs if is_output else op.inputs
-    groups = op.signature.outputs if is_output else op.signature.inputs
-    per_operand = []
-    for i, name in enumerate(names):
-        t = graph.tensors[name]
-        layout = operand_layout(op, strategy, i, is_output)
-        sizes = round_numels(t.numel, layout, rounds)
-        grad = name in graph.requires_grad
-        shrinks = [
-            layout[j] >= 0 or reduces(op, strategy[j], groups[i], is_output, grad, opts.train)
-            for j in range(len(rounds))
-        ]
-        infos = []
-        for r, rnd in enumerate(rounds):
-            divisor = 1.0
-            for j, other in enumerate(rounds):
-                if j != r and faster(other, rnd) and shrinks[j] and not (j < r and layout[j] >= 0):
-                    divisor *= other.q
-            # ZeRO >= 1: a parameter's gradient is reduce-scattered once instead (cost/zero.py)
-            zero = opts.zero > 0 and t.role is Role.PARAMETER
-            infos.append(OperandInfo(sizes[r], opts.element_bytes(t), t.role, grad, divisor, zero))
-        per_operand.append(infos)
-    return [[p[r] for p in per_operand] for r in range(len(rounds))]
-
-
-def edge_numels(
-    numel: float, src: Layout, dst: Layout, rounds: Sequence[Round], grouped: bool = True
-) -> list[float]:
-    """Per round, the size of the tensor that round's collective works on (`terms.edge_sizes`:
-    a multi-round all-to-all is one collective over the product of its rounds)."""
-    return edge_sizes(numel, src, dst, rounds, grouped)
-
-
 def op_intra(
     graph: Graph,
     op: Op,
@@ -175,52 +132,21 @@ def op_intra(
 
     `shared` lists (input position, round) whose gradient all-reduce another consumer pays.
     """
-    ins = operand_infos(graph, op, strategy, False, rounds, opts)
+    fast = faster_rounds(rounds)
+    ins_lay, outs_lay = operand_layouts(op, strategy)
+    ins = operand_infos(graph, op, strategy, False, rounds, opts, ins_lay, fast)
     for pos, r in shared:
         ins[r][pos] = dataclass_replace(ins[r][pos], grad_shared=True)
-    outs = operand_infos(graph, op, strategy, True, rounds, opts)
-    total = ZERO
-    for r, rnd in enumerate(rounds):
-        extents = local_extents(op, strategy, rounds, r)
-        cut = strategy[r]
-        if cut is None:
-            if opts.preset.symbolic:
-                cuts = [
-                    intra_terms(op, d.name, rnd, ins[r], outs[r], extents[d.name], opts).total
-                    for d in op.signature.loop_dims
-                    if cut_problem(op, d.name, extents[d.name], rnd.q) is None
-                ]
-                if cuts:
-                    total = total + CommTerms(intra_fwd=replicate_symbolic(min(cuts), opts.preset))
-            continue
-        total = total + intra_terms(op, cut, rnd, ins[r], outs[r], extents[cut], opts)
-    return total
+    outs = operand_infos(graph, op, strategy, True, rounds, opts, outs_lay, fast)
+    return sum_rounds(round_intra(op, strategy, rounds, ins, outs, opts))
 
 
 def unary_terms(
     graph: Graph, op: Op, strategy: Strategy, mesh: Mesh, opts: CostOptions
 ) -> tuple[CommTerms, float]:
     """What an op's strategy costs on its own: (intra-operator terms, compute)."""
-    parts = 1
-    for r, cut in zip(mesh.rounds, strategy, strict=True):
-        if cut is not None:
-            parts *= r.q
-    ins, outs = op_pieces(graph, op, strategy, mesh.rounds, opts)
-    nbytes = sum(p.nbytes for p in (*ins, *outs))
-    bwd = backward_bytes(op.kind, ins, outs)
-    compute = compute_cost(op.flops / parts, nbytes, opts, mesh, bwd)
-    return op_intra(graph, op, strategy, mesh.rounds, opts), compute
-
-
-def op_bytes(
-    graph: Graph, op: Op, strategy: Strategy, rounds: Sequence[Round], opts: CostOptions
-) -> float:
-    """Bytes an op reads and writes on one device under `strategy`: its local operands + results."""
-    return sum(
-        local_bytes(graph, name, operand_layout(op, strategy, i, is_output), rounds, opts)
-        for is_output, names in ((False, op.inputs), (True, op.outputs))
-        for i, name in enumerate(names)
-    )
+    price = price_op(graph, op, strategy, mesh, opts)
+    return price.intra, price.compute
 
 
 def edge_terms(
@@ -252,6 +178,18 @@ def shared_rounds(
     (p_op, p_pos, p_strategy), (c_op, c_pos, c_strategy) = prev, cur
     if operand_layout(p_op, p_strategy, p_pos) != operand_layout(c_op, c_strategy, c_pos):
         return []
+    return _shared_rounds(graph, tensor, prev, cur, opts)
+
+
+def _shared_rounds(
+    graph: Graph,
+    tensor: str,
+    prev: tuple[Op, int, Strategy],
+    cur: tuple[Op, int, Strategy],
+    opts: CostOptions,
+) -> list[int]:
+    """`shared_rounds` of two consumers known to read `tensor` in the same layout."""
+    (p_op, p_pos, p_strategy), (c_op, c_pos, c_strategy) = prev, cur
     grad = tensor in graph.requires_grad
     return [
         r
@@ -290,13 +228,18 @@ def param_homes(
     graph: Graph,
     strategies: Mapping[str, Strategy],
     overrides: Mapping[str, Layout] | None = None,
+    layouts: Sequence[Sequence[Layout]] | None = None,
 ) -> dict[str, Layout]:
-    """Where each parameter lives: an override (e.g. FSDP) or its first consumer's layout."""
+    """Where each parameter lives: an override (e.g. FSDP) or its first consumer's layout
+    (`layouts`: per op, its inputs' layouts when known)."""
     homes: dict[str, Layout] = dict(overrides or {})
-    for op in graph.ops:
+    for index, op in enumerate(graph.ops):
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is Role.PARAMETER and name not in homes:
-                homes[name] = operand_layout(op, strategies[op.name], i)
+                if layouts is not None:
+                    homes[name] = layouts[index][i]
+                else:
+                    homes[name] = operand_layout(op, strategies[op.name], i)
     return homes
 
 
@@ -398,8 +341,9 @@ def op_terms(
 class ScoreCache:
     """Prices `evaluate_strategies` reuses while scoring plans of one graph on one mesh under one
     set of options: ops of equal `op_key` (repeated layers) form a class, and a class's own
-    terms, operand layouts and share credits, like each redistribution, are priced once per
-    strategy. Local to its caller (one search), never module state; O(ops) to build."""
+    prices (`price.OpPrice`: terms, compute, operand layouts) and share credits, like each
+    redistribution, are priced once per strategy. Local to its caller (one search), never
+    module state; O(ops) to build."""
 
     def __init__(self, graph: Graph, mesh: Mesh, opts: CostOptions) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
@@ -409,8 +353,10 @@ class ScoreCache:
             [previous_consumer(graph, name, index, i) for i, name in enumerate(op.inputs)]
             for index, op in enumerate(graph.ops)
         ]
-        self._unary: dict[tuple[int, Strategy], tuple[CommTerms, float]] = {}
-        self._layouts: dict[tuple[int, Strategy], tuple[tuple[Layout, ...], ...]] = {}
+        self._fast = faster_rounds(mesh.rounds)
+        self._forward_opts = dataclass_replace(opts, train=False)
+        self._prices: dict[tuple[int, Strategy], OpPrice] = {}
+        self.valid: set[tuple[object, ...]] = set()  # (class, strategy) pairs checked valid
         self._credits: dict[tuple[object, ...], CommTerms] = {}
         self._moves: dict[tuple[object, ...], CommTerms] = {}
         self._bytes: dict[tuple[object, ...], float] = {}
@@ -419,47 +365,73 @@ class ScoreCache:
         if graph is not self.graph or mesh != self.mesh or opts != self.opts:
             raise ValueError("a ScoreCache prices one graph, mesh and set of options only")
 
-    def unary(self, op: Op, cid: int, strategy: Strategy) -> tuple[CommTerms, float]:
+    def price(self, op: Op, cid: int, strategy: Strategy) -> OpPrice:
+        """`price.price_op` of the op (of class `cid`) under `strategy`."""
         key = (cid, strategy)
-        if key not in self._unary:
-            self._unary[key] = unary_terms(self.graph, op, strategy, self.mesh, self.opts)
-        return self._unary[key]
+        found = self._prices.get(key)
+        if found is None:
+            found = self._prices[key] = price_op(
+                self.graph, op, strategy, self.mesh, self.opts, self._fast, self._forward_opts
+            )
+        return found
+
+    def unary(self, op: Op, cid: int, strategy: Strategy) -> tuple[CommTerms, float]:
+        price = self.price(op, cid, strategy)
+        return price.intra, price.compute
 
     def layouts(self, op: Op, cid: int, strategy: Strategy) -> tuple[tuple[Layout, ...], ...]:
         """(input layouts, resolved output layouts) of the op under `strategy`."""
-        key = (cid, strategy)
-        if key not in self._layouts:
-            self._layouts[key] = (
-                tuple(operand_layout(op, strategy, i) for i in range(len(op.inputs))),
-                tuple(
-                    resolved(operand_layout(op, strategy, i, True)) for i in range(len(op.outputs))
-                ),
-            )
-        return self._layouts[key]
+        price = self.price(op, cid, strategy)
+        return price.inputs, price.resolved
+
+    def forward(self, op: Op, cid: int, strategy: Strategy) -> float:
+        """The op's forward compute (`cost.work.forward_compute`)."""
+        return self.price(op, cid, strategy).forward
 
     def credit(
         self, tensor: str, prior: tuple[Op, int, Strategy], cur: tuple[Op, int, Strategy], cid: int
     ) -> CommTerms:
+        """`share_credit` of `cur` after `prior`, from their classes' prices."""
         p_op, p_pos, p_strategy = prior
+        c_op, c_pos, c_strategy = cur
         p_cid = self.classes[self.graph.op_index[p_op.name]]
-        key = (p_cid, p_pos, p_strategy, cid, cur[1], cur[2])
-        if key not in self._credits:
-            self._credits[key] = share_credit(self.graph, tensor, prior, cur, self.mesh, self.opts)
-        return self._credits[key]
+        key = (p_cid, p_pos, p_strategy, cid, c_pos, c_strategy)
+        found = self._credits.get(key)
+        if found is None:
+            mine = self.price(c_op, cid, c_strategy)
+            theirs = self.price(p_op, p_cid, p_strategy)
+            found = ZERO
+            if theirs.inputs[p_pos] == mine.inputs[c_pos]:
+                rounds = _shared_rounds(self.graph, tensor, prior, cur, self.opts)
+                if rounds:
+                    shared = [(c_pos, r) for r in rounds]
+                    cut = shared_intra(c_op, c_strategy, self.mesh.rounds, mine, shared, self.opts)
+                    found = cut - mine.intra
+            self._credits[key] = found
+        return found
 
     def move(self, tensor: str, src: Layout, dst: Layout) -> CommTerms:
         t = self.graph.tensors[tensor]
         key = (t.numel, self.opts.element_bytes(t), tensor in self.graph.requires_grad, src, dst)
-        if key not in self._moves:
-            self._moves[key] = edge_terms(self.graph, tensor, src, dst, self.mesh.rounds, self.opts)
-        return self._moves[key]
+        found = self._moves.get(key)
+        if found is None:
+            found = self._moves[key] = edge_terms(
+                self.graph, tensor, src, dst, self.mesh.rounds, self.opts
+            )
+        return found
 
     def local_bytes(self, tensor: str, layout: Layout) -> float:
-        t = self.graph.tensors[tensor]
-        key = (t.numel, self.opts.element_bytes(t), layout)
-        if key not in self._bytes:
-            self._bytes[key] = local_bytes(self.graph, tensor, layout, self.mesh.rounds, self.opts)
-        return self._bytes[key]
+        found = self._bytes.get((tensor, layout))  # the tensor's name: no size to compute first
+        if found is None:
+            t = self.graph.tensors[tensor]
+            key = (t.numel, self.opts.element_bytes(t), layout)
+            found = self._bytes.get(key)
+            if found is None:
+                found = self._bytes[key] = local_bytes(
+                    self.graph, tensor, layout, self.mesh.rounds, self.opts
+                )
+            self._bytes[tensor, layout] = found
+        return found
 
 
 def op_key(graph: Graph, op: Op) -> tuple[object, ...]:
@@ -497,30 +469,32 @@ def evaluate_strategies(
     rounds = mesh.rounds
     strategies = {name: tuple(s) for name, s in strategies.items()}
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
-    check_strategies(graph.ops, strategies, rounds, cache.classes)
+    check_strategies(graph.ops, strategies, rounds, cache.classes, cache.valid)
     zero = zero_pricing(graph, rounds, strategies, opts, param_layouts)
-    homes = param_homes(graph, strategies, None if zero.params else param_layouts)
+    prices = [
+        cache.price(op, cid, strategies[op.name])
+        for op, cid in zip(graph.ops, cache.classes, strict=True)
+    ]
+    ins = [p.inputs for p in prices]
+    homes = param_homes(graph, strategies, None if zero.params else param_layouts, ins)
     out_layout: dict[str, Layout] = {}
-    for op, cid in zip(graph.ops, cache.classes, strict=True):
-        outs = cache.layouts(op, cid, strategies[op.name])[1]
-        out_layout.update(zip(op.outputs, outs, strict=True))
+    for op, price in zip(graph.ops, prices, strict=True):
+        out_layout.update(zip(op.outputs, price.resolved, strict=True))
     comm = [0.0] * len(ZERO.values())  # summed field by field, in CommTerms.__add__'s order
     compute = 0.0
     rows: list[OpCost] = []
-    for t in op_terms(graph, mesh, strategies, opts, homes, out_layout, cache=cache):
-        redis = t.redistribution
-        if t.index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
-            redis = redis + zero.by_reader[t.index]
-        act = sum(cache.local_bytes(name, out_layout[name]) for name in t.op.outputs)
-        i = t.intra
-        rows.append(
-            OpCost(t.op.name, t.compute, i.total, redis.total, act, i.intra_fwd, i.intra_bwd)
-        )
-        for k, (a, b) in enumerate(zip(t.intra.values(), redis.values(), strict=True)):
-            comm[k] = comm[k] + a + b
-        compute += t.compute
+    for index, (op, price) in enumerate(zip(graph.ops, prices, strict=True)):
+        # `op_terms`' walk, inlined: the same sums in the same order
+        intra, redis = _own_and_edges(cache, strategies, homes, out_layout, index, op, price)
+        if index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
+            redis = redis + zero.by_reader[index]
+        act = sum(cache.local_bytes(name, out_layout[name]) for name in op.outputs)
+        i_fwd, i_bwd = intra.intra_fwd, intra.intra_bwd
+        rows.append(OpCost(op.name, price.compute, intra.total, redis.total, act, i_fwd, i_bwd))
+        comm = [c + a + b for c, a, b in zip(comm, intra.values(), redis.values(), strict=True)]
+        compute += price.compute
     param_mem, act_mem = memory_per_device(
-        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes, zero.params
+        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes, zero.params, ins
     )
     comm_terms = CommTerms(*comm)
     total = comm_terms.total + compute
@@ -536,6 +510,31 @@ def evaluate_strategies(
     )
 
 
+def _own_and_edges(
+    cache: ScoreCache,
+    strategies: Mapping[str, Strategy],
+    homes: Mapping[str, Layout],
+    out_layout: Mapping[str, Layout],
+    index: int,
+    op: Op,
+    price: OpPrice,
+) -> tuple[CommTerms, CommTerms]:
+    """`OpTerms.intra` and `OpTerms.redistribution` of the `index`-th op (see `op_terms`)."""
+    intra, redis = price.intra, ZERO
+    graph, strategy, cid = cache.graph, strategies[op.name], cache.classes[index]
+    for i, name in enumerate(op.inputs):
+        prev = cache.previous[index][i]
+        if prev is not None:
+            p_op = graph.ops[prev[0]]
+            intra = intra + cache.credit(
+                name, (p_op, prev[1], strategies[p_op.name]), (op, i, strategy), cid
+            )
+        src = out_layout.get(name) or homes.get(name)
+        if src is not None and src != price.inputs[i]:
+            redis = redis + cache.move(name, src, price.inputs[i])
+    return intra, redis
+
+
 def memory_per_device(
     graph: Graph,
     rounds: Sequence[Round],
@@ -545,45 +544,55 @@ def memory_per_device(
     opts: CostOptions,
     size: Callable[[str, Layout], float] | None = None,
     zero: Mapping[str, ZeroParam] | None = None,
+    layouts: Sequence[Sequence[Layout]] | None = None,
 ) -> tuple[float, float]:
     """(parameter state bytes, activation bytes) per device (`size(tensor, layout)`: its local
-    bytes, `local_bytes` unless a `ScoreCache` memoises them).
+    bytes, `local_bytes` unless a `ScoreCache` memoises them; `layouts`: per op, its inputs'
+    layouts when known).
 
     Training: weights + gradients (dtype each) + optimizer state (fp32) per parameter element held
     by the device, plus every activation kept for the backward pass and the local inputs.
     Inference: weights, plus the largest working set of one op (its inputs and outputs).
     """
     param_mem = 0.0
+    state: dict[tuple[object, ...], float] = {}  # repeated layers: one price per shape
     for name, layout in homes.items():
         t = graph.tensors[name]
-        elems, width = round_numels(t.numel, layout, rounds)[-1], opts.element_bytes(t)
-        if zero:  # `zero` holds every read parameter: ZeRO divides its state (cost/zero.py)
-            w = elems * width
-            grad = w if opts.train else 0.0
-            param_mem += zero_bytes(
-                w, grad, param_bytes(elems, width, opts) - w - grad, zero[name].ways, opts.zero
-            )
-        else:
-            param_mem += param_bytes(elems, width, opts)
+        width = opts.element_bytes(t)
+        key = (t.numel, width, layout, zero[name].ways if zero else None)
+        held = state.get(key)
+        if held is None:
+            elems = round_numels(t.numel, layout, rounds)[-1]
+            held = param_bytes(elems, width, opts)
+            if zero:  # `zero` holds every read parameter: ZeRO divides its state (cost/zero.py)
+                w = elems * width
+                grad = w if opts.train else 0.0
+                held = zero_bytes(w, grad, held - w - grad, zero[name].ways, opts.zero)
+            state[key] = held
+        param_mem += held
     if size is None:
 
         def size(name: str, layout: Layout) -> float:
             return local_bytes(graph, name, layout, rounds, opts)
 
+    def read(index: int, op: Op, i: int) -> Layout:
+        if layouts is not None:
+            return layouts[index][i]
+        return operand_layout(op, strategies[op.name], i)
+
     if opts.train:
         act = sum(size(n, lay) for n, lay in out_layout.items())
-        for op in graph.ops:
+        for index, op in enumerate(graph.ops):
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
-                if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
-                    act += size(name, operand_layout(op, strategies[op.name], i))
+                if t.role is Role.INPUT and graph.consumers[name][0][0] == index:
+                    act += size(name, read(index, op, i))
         return param_mem, act
     peak = 0.0
-    for op in graph.ops:
-        strategy = strategies[op.name]
+    for index, op in enumerate(graph.ops):
         work = sum(size(n, out_layout[n]) for n in op.outputs)
         for i, name in enumerate(op.inputs):
             if graph.tensors[name].role is not Role.PARAMETER:
-                work += size(name, operand_layout(op, strategy, i))
+                work += size(name, read(index, op, i))
         peak = max(peak, work)
     return param_mem, peak

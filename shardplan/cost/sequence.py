@@ -32,16 +32,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shardplan.cost.evaluate import edge_terms, output_layouts, unary_terms
+from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.work import forward_compute
 from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.ir.signature import loop_names
 from shardplan.mesh import Mesh
-from shardplan.sharding import Strategy, cut_problem, operand_layout
+from shardplan.sharding import Strategy, cut_problem
 
 
 def _param_dims(graph: Graph, op: Op) -> set[str]:
@@ -128,30 +127,41 @@ class RingTerms:
 
 
 def ring_terms(
-    graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy], opts: CostOptions
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    cache: ScoreCache | None = None,
 ) -> RingTerms:
-    """The activation all-gathers of a context-parallel plan and their readers (docstring)."""
-    out_layout = output_layouts(graph, strategies)
+    """The activation all-gathers of a context-parallel plan and their readers (docstring);
+    `cache`: a `ScoreCache` of this graph, mesh and options whose op prices to read."""
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    prices = [
+        cache.price(op, cid, tuple(strategies[op.name]))
+        for op, cid in zip(graph.ops, cache.classes, strict=True)
+    ]
+    out_layout = {  # `evaluate.output_layouts`
+        name: layout
+        for op, price in zip(graph.ops, prices, strict=True)
+        for name, layout in zip(op.outputs, price.resolved, strict=True)
+    }
     gather = scatter = fwd = bwd = 0.0
-    for op in graph.ops:
-        strategy = strategies[op.name]
+    for op, price in zip(graph.ops, prices, strict=True):
         reads = False
         for i, name in enumerate(op.inputs):
             src = out_layout.get(name)
             if src is None:
                 continue  # graph inputs, parameters, constants
-            dst = operand_layout(op, strategy, i)
+            dst = price.inputs[i]
             if any(s >= 0 and d < 0 for s, d in zip(src, dst, strict=True)):
-                terms = edge_terms(graph, name, src, dst, mesh.rounds, opts)
+                terms = cache.move(name, src, dst)  # `evaluate.edge_terms`
                 gather += terms.redistribution_fwd
                 scatter += terms.redistribution_bwd
                 reads = True
         if reads:  # the SPMD price of the gathered operands' gradients: the reader's all-reduce
-            intra, compute = unary_terms(graph, op, strategy, mesh, opts)
-            forward = forward_compute(graph, op, strategy, mesh, opts)
-            scatter += intra.intra_bwd
-            fwd += forward
-            bwd += compute - forward
+            scatter += price.intra.intra_bwd  # `evaluate.unary_terms`, `work.forward_compute`
+            fwd += price.forward
+            bwd += price.compute - price.forward
     return RingTerms(gather, scatter, fwd, bwd)
 
 

@@ -37,13 +37,13 @@ stage's ops: O(stages x ops).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shardplan.cost.evaluate import (
     CostBreakdown,
+    ScoreCache,
     evaluate_strategies,
-    output_layouts,
     round_numels,
 )
 from shardplan.cost.overlap import exposed_backward
@@ -53,16 +53,26 @@ from shardplan.cost.pipeline import (
     interleaved_in_flight,
 )
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.price import OpPrice
 from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
-from shardplan.cost.work import forward_compute
-from shardplan.cost.zero import ZeroStep, check_stage, update_bytes, zero_steps
+from shardplan.cost.zero import (
+    ZeroParam,
+    ZeroStep,
+    check_stage,
+    update_bytes,
+    zero_params,
+    zero_steps,
+)
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.ir.segments import Segment, segments
 from shardplan.ir.traits import Saved, saved_for_backward
 from shardplan.mesh import Mesh, Round
-from shardplan.sharding import Layout, Strategy, operand_layout
+from shardplan.sharding import Layout, Strategy, operand_layouts, resolved
+
+OpLayouts = tuple[tuple[Layout, ...], tuple[Layout, ...]]
+"""An op's (input layouts, resolved result layouts) under its strategy."""
 
 
 class Recompute(enum.Enum):
@@ -139,26 +149,30 @@ def profile_stage(
     + all-gather pair moves what the all-reduce did)."""
     if not opts.train:
         raise PlanError("the training-step model needs training options (train=True)")
-    cost = plain = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
+    cache = ScoreCache(graph, mesh, opts)  # both evaluations and the forward share op prices
+    cost = plain = evaluate_strategies(graph, mesh, strategies, opts, param_layouts, cache)
     stored = strategies
     if sequence_parallel:
         strategies = sequence_parallel_strategies(graph, mesh, strategies)
-        cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts)
+        cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts, cache)
     rounds = mesh.rounds
-    op_compute = {
-        op.name: forward_compute(graph, op, strategies[op.name], mesh, opts) for op in graph.ops
-    }
+    prices = [
+        cache.price(op, cid, tuple(strategies[op.name]))
+        for op, cid in zip(graph.ops, cache.classes, strict=True)
+    ]
+    op_compute = {op.name: p.forward for op, p in zip(graph.ops, prices, strict=True)}
     fwd = sum(op_compute.values())
     c = plain.comm
     fwd_comm = c.intra_fwd + c.redistribution_fwd
     exposed = exposed_backward(graph, plain.ops, op_compute, sequence_parallel)
     bwd_comm = exposed + c.redistribution_bwd + c.halo
     if context_parallel:  # the exchange's exposed part replaces its all-gather terms
-        ring = ring_terms(graph, mesh, stored, opts)
+        ring = ring_terms(graph, mesh, stored, opts, cache)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
         bwd_comm += ring.exposed_bwd_s - ring.scatter_s
-    act = _activations(graph, strategies, rounds, opts, op_compute)
-    update = _update_seconds(graph, mesh, strategies, opts)
+    act = _activations(graph, prices, rounds, opts, op_compute, cache)
+    params = zero_params(graph, rounds, strategies, opts.train, [p.inputs for p in prices])
+    update = _update_seconds(graph, mesh, strategies, opts, params)
     return StageProfile(
         fwd_compute_s=fwd,
         bwd_compute_s=cost.compute - fwd,
@@ -175,7 +189,7 @@ def profile_stage(
         checkpoint_bytes=act.checkpoints,
         segment_peak_bytes=act.segment_peak,
         param_bytes=cost.param_memory,
-        zero=zero_steps(graph, rounds, strategies, opts),
+        zero=zero_steps(graph, rounds, strategies, opts, params),
         update_s=update[0],
         update_sharded_s=update[1],
         flops=graph.flops,
@@ -186,7 +200,11 @@ def profile_stage(
 
 
 def _update_seconds(
-    graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy], opts: CostOptions
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    params: Mapping[str, ZeroParam],
 ) -> tuple[float, float]:
     """The optimizer step is element-wise: its bytes at the machine's achieved HBM bandwidth
     (the roofline's memory side; a machine without an HBM rate prices none)."""
@@ -194,7 +212,7 @@ def _update_seconds(
     if opts.preset.symbolic or m is None:
         return 0.0, 0.0
     rate = m.hbm_bytes_per_s * m.hbm_efficiency
-    plain, sharded = update_bytes(graph, mesh.rounds, strategies, opts)
+    plain, sharded = update_bytes(graph, mesh.rounds, strategies, opts, params)
     return plain / rate, sharded / rate
 
 
@@ -211,43 +229,82 @@ class _Activations:
 
 
 def saved_bytes(
-    graph: Graph, strategies: Mapping[str, Strategy], rounds: Sequence[Round], opts: CostOptions
+    graph: Graph,
+    strategies: Mapping[str, Strategy],
+    rounds: Sequence[Round],
+    opts: CostOptions,
+    layouts: Sequence[OpLayouts] | None = None,
+    size: Callable[[str, Layout], float] | None = None,
+    out_layout: Mapping[str, Layout] | None = None,
 ) -> dict[str, float]:
     """Local bytes of each tensor autograd keeps for the backward (`ir.traits.SAVED_FOR_BACKWARD`:
     an op's non-parameter inputs, its results, or a one-byte mask per result element), each once,
-    in the layout its producer leaves it (a graph input: its first reader's)."""
-    out_layout = output_layouts(graph, strategies)
+    in the layout its producer leaves it (a graph input: its first reader's). `layouts`: per op,
+    its (input, resolved result) layouts when known (`OpPrice`); `size(tensor, layout)`: its
+    local bytes at the options' width when memoised (`ScoreCache.local_bytes`); `out_layout`:
+    the results' layouts of `layouts` when already read off."""
+    if layouts is None:
+        layouts = []
+        for op in graph.ops:
+            ins, outs = operand_layouts(op, tuple(strategies[op.name]))
+            layouts.append((ins, tuple(resolved(lay) for lay in outs)))
+    if out_layout is None:
+        out_layout = _output_layouts(graph, layouts)
     saved: dict[str, float] = {}
 
-    def keep(key: str, name: str, layout: Layout, width: float) -> None:
+    def keep(key: str, name: str, layout: Layout, width: float | None) -> None:
+        """`width` None: the element width the options price (what `size` returns)."""
         if key not in saved:
-            saved[key] = round_numels(graph.tensors[name].numel, layout, rounds)[-1] * width
+            if width is None and size is not None:
+                saved[key] = size(name, layout)
+            else:
+                t = graph.tensors[name]
+                w = opts.element_bytes(t) if width is None else width
+                saved[key] = round_numels(t.numel, layout, rounds)[-1] * w
 
-    for op in graph.ops:
+    for op, (ins, _) in zip(graph.ops, layouts, strict=True):
         rule = saved_for_backward(op.kind)
         if rule is Saved.INPUTS:
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
                 if t.role is not Role.PARAMETER:
-                    lay = out_layout.get(name) or operand_layout(op, strategies[op.name], i)
-                    keep(name, name, lay, opts.element_bytes(t))
+                    keep(name, name, out_layout.get(name) or ins[i], None)
         for name in op.outputs if rule is not Saved.INPUTS else ():
             if rule is Saved.OUTPUTS:
-                keep(name, name, out_layout[name], opts.element_bytes(graph.tensors[name]))
+                keep(name, name, out_layout[name], None)
             elif rule is Saved.MASK:
                 keep(f"{name}:mask", name, out_layout[name], 1.0)
     return saved
 
 
-def block_starts(graph: Graph, segs: Sequence[Segment]) -> list[int]:
+def _output_layouts(graph: Graph, layouts: Sequence[OpLayouts]) -> dict[str, Layout]:
+    """Each op result's resolved layout (`evaluate.output_layouts`) from the ops' layouts."""
+    return {
+        name: lay
+        for op, (_, outs) in zip(graph.ops, layouts, strict=True)
+        for name, lay in zip(op.outputs, outs, strict=True)
+    }
+
+
+def block_starts(
+    graph: Graph, segs: Sequence[Segment], classes: Sequence[int] | None = None
+) -> list[int]:
     """The segments full recomputation checkpoints: the first of each repeated block. Segments of
     equal structure repeat; the most frequent structure (the first of them on a tie) opens each
     block (a transformer layer's attention half), and a segment that repeats less often than it
     (an embedding, a head) is a block of its own; without repetition every segment is one.
-    O(ops)."""
-    prints = [
-        tuple((op.kind, op.signature.text()) for op in graph.ops[s.start : s.stop]) for s in segs
-    ]
+    O(ops); `classes` (a `ScoreCache`'s: equal kind and signature) spell each class once."""
+    text: dict[int, tuple[str, str]] = {}
+    ops = graph.ops
+    if classes is None:
+        prints = [
+            tuple((op.kind, op.signature.text()) for op in ops[s.start : s.stop]) for s in segs
+        ]
+    else:
+        for op, cid in zip(ops, classes, strict=True):
+            if cid not in text:
+                text[cid] = (op.kind, op.signature.text())
+        prints = [tuple(text[classes[i]] for i in range(s.start, s.stop)) for s in segs]
     counts: dict[tuple[object, ...], int] = {}
     for fp in prints:
         counts[fp] = counts.get(fp, 0) + 1
@@ -258,32 +315,34 @@ def block_starts(graph: Graph, segs: Sequence[Segment]) -> list[int]:
 
 def _activations(
     graph: Graph,
-    strategies: Mapping[str, Strategy],
+    prices: Sequence[OpPrice],
     rounds: Sequence[Round],
     opts: CostOptions,
     op_compute: Mapping[str, float],
+    cache: ScoreCache,
 ) -> _Activations:
-    """Kept activations per micro-batch under each recomputation choice (module docstring)."""
-    saved = saved_bytes(graph, strategies, rounds, opts)
-    out_layout = output_layouts(graph, strategies)
+    """Kept activations per micro-batch under each recomputation choice (module docstring);
+    `prices`: each op's `OpPrice` under the stage's strategies, `cache` the `ScoreCache` that
+    priced them (local bytes, op classes)."""
+    size = cache.local_bytes
+    layouts = [(p.inputs, p.resolved) for p in prices]
+    out_layout = _output_layouts(graph, layouts)
+    saved = saved_bytes(graph, {}, rounds, opts, layouts, size, out_layout)
 
     def local(name: str) -> float:
-        t = graph.tensors[name]
-        return round_numels(t.numel, out_layout[name], rounds)[-1] * opts.element_bytes(t)
+        return size(name, out_layout[name])
 
     def kept(name: str) -> float:
         return saved.get(name, 0.0) + saved.get(f"{name}:mask", 0.0)
 
     inputs = 0.0  # a stage's inputs stay for its backward whatever is recomputed
-    for op in graph.ops:
+    for index, (op, price) in enumerate(zip(graph.ops, prices, strict=True)):
         for i, name in enumerate(op.inputs):
-            t = graph.tensors[name]
-            if t.role is Role.INPUT and graph.consumers[name][0][0] == graph.op_index[op.name]:
-                lay = operand_layout(op, strategies[op.name], i)
-                inputs += round_numels(t.numel, lay, rounds)[-1] * opts.element_bytes(t)
+            if graph.tensors[name].role is Role.INPUT and graph.consumers[name][0][0] == index:
+                inputs += size(name, price.inputs[i])
     sel_bytes = sel_peak = sel_s = sel_flops = 0.0
     segs = segments(graph)
-    starts = block_starts(graph, segs)
+    starts = block_starts(graph, segs, cache.classes)
     ckpt = sum(local(e) for e in (segs[k].entry for k in starts) if e is not None)
     seg_peak = 0.0
     for a, b in zip(starts, [*starts[1:], len(segs)], strict=True):

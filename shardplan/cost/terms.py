@@ -87,7 +87,20 @@ class CommTerms:
         return _fields(self)
 
     def __add__(self, other: CommTerms) -> CommTerms:
-        return CommTerms(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
+        # field by field, written out: the hot sum of the evaluator
+        return CommTerms(
+            self.intra_fwd + other.intra_fwd,
+            self.intra_bwd + other.intra_bwd,
+            self.grad_sync + other.grad_sync,
+            self.halo + other.halo,
+            self.redistribution_fwd + other.redistribution_fwd,
+            self.redistribution_bwd + other.redistribution_bwd,
+            self.all_reduce_bytes + other.all_reduce_bytes,
+            self.all_gather_bytes + other.all_gather_bytes,
+            self.all_to_all_bytes + other.all_to_all_bytes,
+            self.halo_bytes + other.halo_bytes,
+            self.reduce_scatter_bytes + other.reduce_scatter_bytes,
+        )
 
     def __sub__(self, other: CommTerms) -> CommTerms:
         return CommTerms(*(a - b for a, b in zip(_fields(self), _fields(other), strict=True)))
@@ -114,7 +127,10 @@ ZERO = CommTerms()
 
 def _indexes(dims: object, loop_dim: str) -> bool:
     """Does this operand (tensor dims as groups of loop dims) carry `loop_dim`?"""
-    return any(loop_dim in group for group in dims)  # type: ignore[attr-defined]
+    for group in dims:  # type: ignore[attr-defined]
+        if loop_dim in group:
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,17 +291,25 @@ def edge_sizes(
     all-to-all round r is also divided by the all-to-all rounds slower than it (one all-to-all
     over their product). O(rounds ** 2)."""
     out = []
-    for r, rnd in enumerate(rounds):
+    bw = [rnd.bandwidth_bytes_per_s for rnd in rounds]
+    idx = [rnd.index for rnd in rounds]
+    n = len(rounds)
+    for r in range(n):
         a2a = grouped and src[r] >= 0 and dst[r] >= 0 and src[r] != dst[r]
         divisor = 1.0
-        for j, other in enumerate(rounds):
+        for j in range(n):
             if j == r:
                 continue
             both = src[j] >= 0 and dst[j] >= 0
-            if both or (src[j] != dst[j] and faster(other, rnd)):
-                divisor *= other.q
-            if a2a and both and src[j] != dst[j] and faster(rnd, other):
-                divisor *= other.q  # bytes for devices across a slower round go there
+            # `faster(rounds[j], rounds[r])` and its converse, read off the two lists
+            if bw[j] != bw[r]:
+                j_first, r_first = bw[j] > bw[r], bw[r] > bw[j]
+            else:
+                j_first, r_first = idx[j] > idx[r], idx[r] > idx[j]
+            if both or (src[j] != dst[j] and j_first):
+                divisor *= rounds[j].q
+            if a2a and both and src[j] != dst[j] and r_first:
+                divisor *= rounds[j].q  # bytes for devices across a slower round go there
         out.append(numel / divisor)
     return out
 

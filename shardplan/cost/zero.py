@@ -17,7 +17,7 @@ master bytes per element (G(R): all-gather of P over rounds R; RS(R): reduce-sca
                                   and G(A' - D) where S keeps P whole (an all-reduce's second half)
 
 Stages >= 1 drop every parameter operand's gradient all-reduce from the op terms
-(`OperandInfo.grad_shared`, set in `evaluate.operand_infos`): the consumers' gradients are summed
+(`OperandInfo.grad_shared`, set in `price.operand_infos`): the consumers' gradients are summed
 locally and reduce-scattered once per parameter, priced here. G(R) is the
 hierarchical gather of `terms.edge_redistribution` (slow rounds first, while pieces are small;
 bytes telescope to (1 - 1/Q) n w over Q = prod_{r in R} q_r); a reduce-scatter has the same ring
@@ -118,28 +118,51 @@ class ZeroParam:
 
 
 def zero_params(
-    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], train: bool
+    graph: Graph,
+    rounds: Sequence[Round],
+    strategies: Mapping[str, Strategy],
+    train: bool,
+    layouts: Sequence[Sequence[Layout]] | None = None,
 ) -> dict[str, ZeroParam]:
-    """The ZeRO facts of every parameter some op reads (see the module docstring)."""
+    """The ZeRO facts of every parameter some op reads (see the module docstring); `layouts`:
+    per op, its inputs' layouts when known."""
     homes: dict[str, tuple[Layout, int]] = {}
     reduced: dict[str, set[int]] = {}
+    tensors, requires_grad = graph.tensors, graph.requires_grad
+    big = [rnd.q > 1 for rnd in rounds]
     for index, op in enumerate(graph.ops):
         strategy = strategies[op.name]
+        cut: list[int] | None = None  # rounds of q > 1 the op cuts
         for pos, name in enumerate(op.inputs):
-            if graph.tensors[name].role is not Role.PARAMETER:
+            if tensors[name].role is not Role.PARAMETER:
                 continue
-            layout = operand_layout(op, strategy, pos)
-            homes.setdefault(name, (layout, index))
-            if train and name in graph.requires_grad:  # where stage 0 all-reduces its gradient
-                cut = (r for r, s in enumerate(layout) if s < 0 and strategy[r] is not None)
-                reduced.setdefault(name, set()).update(r for r in cut if rounds[r].q > 1)
+            if layouts is not None:
+                layout = layouts[index][pos]
+            else:
+                layout = operand_layout(op, strategy, pos)
+            if name not in homes:
+                homes[name] = (layout, index)
+            if train and name in requires_grad:  # where stage 0 all-reduces its gradient
+                if cut is None:
+                    cut = [r for r, c in enumerate(strategy) if c is not None and big[r]]
+                red = reduced.get(name)
+                if red is None:
+                    red = reduced[name] = set()
+                red.update(r for r in cut if layout[r] < 0)
     out: dict[str, ZeroParam] = {}
+    # repeated layers: one shard, group and size per shape and home
+    shards: dict[tuple[object, ...], tuple[Layout, tuple[int, ...], int]] = {}
     for name, (home, first) in homes.items():
-        shard = zero_layout(graph.tensors[name].shape, home, rounds)
-        gathered = tuple(r for r, (h, s) in enumerate(zip(home, shard, strict=True)) if s != h)
-        ways = 1
-        for r in gathered:
-            ways *= rounds[r].q
+        shape = tensors[name].shape
+        found = shards.get((shape, home))
+        if found is None:
+            shard = zero_layout(shape, home, rounds)
+            gathered = tuple(r for r, (h, s) in enumerate(zip(home, shard, strict=True)) if s != h)
+            ways = 1
+            for r in gathered:
+                ways *= rounds[r].q
+            found = shards[shape, home] = (shard, gathered, ways)
+        shard, gathered, ways = found
         red = tuple(sorted(reduced.get(name, ())))
         out[name] = ZeroParam(name, home, shard, gathered, red, ways, first)
     return out
@@ -158,13 +181,26 @@ class ZeroParts:
     update: CommTerms
 
 
-def zero_parts(graph: Graph, rounds: Sequence[Round], p: ZeroParam, opts: CostOptions) -> ZeroParts:
-    """The collectives of parameter `p` under ZeRO, one term per kind (see `ZeroParts`)."""
+def zero_parts(
+    graph: Graph,
+    rounds: Sequence[Round],
+    p: ZeroParam,
+    opts: CostOptions,
+    memo: dict[tuple[object, ...], CommTerms] | None = None,
+) -> ZeroParts:
+    """The collectives of parameter `p` under ZeRO, one term per kind (see `ZeroParts`);
+    `memo` keeps gathers already priced (a pure function of size, home and rounds)."""
     t = graph.tensors[p.name]
     width = opts.element_bytes(t)
 
     def gather(rs: Sequence[int]) -> CommTerms:
-        return gather_terms(t.numel, width, p.home, rs, rounds)
+        if memo is None:
+            return gather_terms(t.numel, width, p.home, rs, rounds)
+        key = (t.numel, width, p.home, tuple(rs))
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = gather_terms(t.numel, width, p.home, rs, rounds)
+        return found
 
     replicated = [r for r in p.reduced if p.home[r] < 0]
     frozen = p.name not in graph.requires_grad  # a frozen parameter is never updated
@@ -220,37 +256,41 @@ class ZeroStep:
 
 
 def zero_steps(
-    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], opts: CostOptions
+    graph: Graph,
+    rounds: Sequence[Round],
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    params: Mapping[str, ZeroParam] | None = None,
 ) -> tuple[ZeroStep, ...]:
     """`ZeroStep` of a stage's plan at ZeRO stages 1, 2 and 3 (in that order): the parameters'
-    `zero_parts` summed, state split by `zero_bytes` over each one's group (O(params rounds^2))."""
+    `zero_parts` summed, state split by `zero_bytes` over each one's group (O(params rounds^2));
+    `params`: the plan's `zero_params` when known."""
+    if params is None:
+        params = zero_params(graph, rounds, strategies, opts.train)
     fwd = reduce = rest = update = 0.0
     state = [0.0, 0.0, 0.0]
-    seen: dict[tuple[object, ...], ZeroParts] = {}  # repeated layers: one price per shape
-    for p in zero_params(graph, rounds, strategies, opts.train).values():
+    # repeated layers: one price and one state split per shape
+    seen: dict[tuple[object, ...], tuple[ZeroParts, tuple[float, ...]]] = {}
+    gathers: dict[tuple[object, ...], CommTerms] = {}  # and one per gather
+    for p in params.values():
         t = graph.tensors[p.name]
-        key = (
-            t.numel,
-            opts.element_bytes(t),
-            p.home,
-            p.gathered,
-            p.reduced,
-            p.name in graph.requires_grad,
-        )
-        parts = seen.get(key)
-        if parts is None:
-            parts = seen[key] = zero_parts(graph, rounds, p, opts)
+        width = opts.element_bytes(t)
+        key = (t.numel, width, p.home, p.gathered, p.reduced, p.name in graph.requires_grad)
+        found = seen.get(key)
+        if found is None:
+            elems = _local_numel(t.numel, p.home, rounds)
+            w = elems * width
+            grad = w if opts.train else 0.0
+            extra = param_bytes(elems, width, opts) - w - grad  # master weights + optimizer
+            split = tuple(zero_bytes(w, grad, extra, p.ways, z) for z in (1, 2, 3))
+            found = seen[key] = (zero_parts(graph, rounds, p, opts, gathers), split)
+        parts, split = found
         fwd += parts.gather.redistribution_fwd
         reduce += parts.reduce.redistribution_fwd
         rest += parts.rest.redistribution_fwd
         update += parts.update.redistribution_fwd
-        width = opts.element_bytes(t)
-        elems = _local_numel(t.numel, p.home, rounds)
-        w = elems * width
-        grad = w if opts.train else 0.0
-        extra = param_bytes(elems, width, opts) - w - grad  # master weights + optimizer state
-        for z in (1, 2, 3):
-            state[z - 1] += zero_bytes(w, grad, extra, p.ways, z)
+        for z in range(3):
+            state[z] += split[z]
     backward = fwd if opts.train else 0.0
     return (
         ZeroStep(0.0, 0.0, reduce + update, state[0]),
@@ -260,15 +300,21 @@ def zero_steps(
 
 
 def update_bytes(
-    graph: Graph, rounds: Sequence[Round], strategies: Mapping[str, Strategy], opts: CostOptions
+    graph: Graph,
+    rounds: Sequence[Round],
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    params: Mapping[str, ZeroParam] | None = None,
 ) -> tuple[float, float]:
     """Bytes one device's optimizer step reads and writes (`CostOptions.update_bytes_for` per
     element it updates): (without ZeRO, with ZeRO 1-3, where each device updates its 1/ways shard
-    of each parameter). O(params x rounds)."""
+    of each parameter). O(params x rounds); `params`: the plan's `zero_params` when known."""
     plain = sharded = 0.0
     if not opts.train:
         return plain, sharded
-    for p in zero_params(graph, rounds, strategies, opts.train).values():
+    if params is None:
+        params = zero_params(graph, rounds, strategies, opts.train)
+    for p in params.values():
         t = graph.tensors[p.name]
         if p.name not in graph.requires_grad:
             continue

@@ -57,23 +57,37 @@ def _propagate(
     cuts: dict[str, list[str | None]] = {op.name: [] for op in graph.ops}
     class_of = classes if classes is not None else op_classes(graph)
     decided: dict[tuple[object, ...], tuple[str | None, tuple[tuple[int, int], ...]]] = {}
+    # per op, its inputs in order: (position, name, produced?, seed of an unproduced one); only
+    # produced tensors are ever recorded split, so the others arrive as seeded in every round
+    seeds: dict[str, int | None] = {}
+    reads = []
+    for op in graph.ops:
+        row = []
+        for pos, name in enumerate(op.inputs):
+            produced = name in graph.producer
+            if not produced and name not in seeds:
+                seeds[name] = seed(name)
+            row.append((pos, name, produced, None if produced else seeds[name]))
+        reads.append(row)
     for r in range(len(mesh.rounds)):
+        if r not in rounds_to_use:  # every op stays whole in this round
+            for made in cuts.values():
+                made.append(None)
+            continue
         split: dict[str, int] = {}
-        for op, cid in zip(graph.ops, class_of, strict=True):
+        for op, cid, row in zip(graph.ops, class_of, reads, strict=True):
             arriving: dict[int, int] = {}
-            if r in rounds_to_use:
-                for pos, name in enumerate(op.inputs):
-                    dim = split.get(name)
-                    if dim is None and name not in graph.producer:
-                        dim = seed(name)
-                    if dim is not None:
-                        arriving[pos] = dim
-            use = r in rounds_to_use
-            key = (cid, tuple(cuts[op.name]), tuple(arriving.items()), use)
-            if key not in decided:
-                decided[key] = _decide(op, cuts[op.name], arriving, use, mesh, choose)
-            chosen, outputs = decided[key]
-            cuts[op.name].append(chosen)
+            for pos, name, produced, seeded in row:
+                dim = split.get(name) if produced else seeded
+                if dim is not None:
+                    arriving[pos] = dim
+            made = cuts[op.name]
+            key = (cid, tuple(made), tuple(arriving.items()))
+            found = decided.get(key)
+            if found is None:
+                found = decided[key] = _decide(op, made, arriving, True, mesh, choose)
+            chosen, outputs = found
+            made.append(chosen)
             for pos, position in outputs:
                 split[op.outputs[pos]] = position
     return cuts
@@ -173,6 +187,8 @@ def context_parallel(
                     strategy[r] = cut
         out[op.name] = tuple(strategy)
     return out
+
+
 def _activations(graph: Graph, op: Op) -> list[int]:
     """Positions of `op`'s inputs that are computed values (not parameters or constants)."""
     return [
@@ -193,28 +209,39 @@ def _column_dim(graph: Graph, op: Op) -> str | None:
     )
 
 
-def paired_columns(graph: Graph) -> frozenset[str]:
+def paired_columns(graph: Graph, classes: Sequence[int] | None = None) -> frozenset[str]:
     """The ops that may be column-parallel in a Megatron plan (see the module docstring): per
     group of candidates reading the same activations, one forward walk of their split features
-    in op order; the group is kept when every path ends well."""
+    in op order; the group is kept when every path ends well (`classes`: `op_classes`, whose
+    ops share their column dim)."""
     groups: dict[tuple[str, ...], list[int]] = {}
+    columns: dict[int, str] = {}  # candidate op index -> its column-parallel loop dim
+    by_class: dict[int, str | None] = {}
     for i, op in enumerate(graph.ops):
-        if _column_dim(graph, op) is not None:
+        if classes is None:
+            dim = _column_dim(graph, op)
+        else:
+            if classes[i] not in by_class:
+                by_class[classes[i]] = _column_dim(graph, op)
+            dim = by_class[classes[i]]
+        if dim is not None:
+            columns[i] = dim
             source = tuple(op.inputs[j] for j in _activations(graph, op))
             groups.setdefault(source, []).append(i)
     keep: set[str] = set()
     for members in groups.values():
-        if _group_pairs(graph, members):
+        if _group_pairs(graph, members, columns):
             keep.update(graph.ops[i].name for i in members)
     return frozenset(keep)
 
 
-def _group_pairs(graph: Graph, members: list[int]) -> bool:
-    """Whether the split features of the column candidates `members` all end well."""
+def _group_pairs(graph: Graph, members: list[int], columns: dict[int, str]) -> bool:
+    """Whether the split features of the column candidates `members` (their loop dims in
+    `columns`) all end well."""
     split: dict[str, int] = {}  # tensor -> the tensor dim carrying the split features
     for i in members:
         op = graph.ops[i]
-        dim = _column_dim(graph, op)
+        dim = columns[i]
         for pos, dims in enumerate(op.signature.outputs):
             at = major_positions(dims).get(dim)  # type: ignore[arg-type]
             if at is not None:
@@ -267,22 +294,19 @@ def _carry(graph: Graph, op: Op, split: dict[str, int]) -> dict[str, int] | None
     return outs or None
 
 
-def _tensor_parallel_choice(graph: Graph) -> Chooser:
-    paired = paired_columns(graph)
+def _tensor_parallel_choice(graph: Graph, classes: Sequence[int] | None = None) -> Chooser:
+    paired = paired_columns(graph, classes)
+    # per op with a parameter: its loop dims' kinds and its vocab + column candidates, which
+    # read the op alone (an op is decided once per round)
+    static: dict[str, tuple[dict[str, DimKind], list[str]]] = {}
 
-    def choose(op: Op, arriving: dict[int, int]) -> list[str]:
-        params = [i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
-        if not params:
-            return _follow(op, arriving)
+    def own(op: Op, params: list[int]) -> tuple[dict[str, DimKind], list[str]]:
         kinds = {d.name: d.kind for d in op.signature.loop_dims}
         activation_dims: set[str] = set()
         for i, dims in enumerate(op.signature.inputs):
             if i not in params:
                 activation_dims |= loop_names(dims)
         param_dims = set().union(*(loop_names(op.signature.inputs[i]) for i in params))
-        followed = _follow(op, arriving)
-        row = [d for d in followed if kinds[d] is DimKind.REDUCE]
-        along = [d for d in followed if kinds[d] is not DimKind.REDUCE]
         vocab = [
             d.name
             for d in op.signature.loop_dims
@@ -295,7 +319,20 @@ def _tensor_parallel_choice(graph: Graph) -> Chooser:
             and d.name in param_dims - activation_dims
             and op.name in paired
         ]
-        return row + along + vocab + column
+        return kinds, vocab + column
+
+    def choose(op: Op, arriving: dict[int, int]) -> list[str]:
+        found = static.get(op.name)
+        if found is None:
+            params = [i for i, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
+            if not params:
+                return _follow(op, arriving)
+            found = static[op.name] = own(op, params)
+        kinds, rest = found
+        followed = _follow(op, arriving)
+        row = [d for d in followed if kinds[d] is DimKind.REDUCE]
+        along = [d for d in followed if kinds[d] is not DimKind.REDUCE]
+        return row + along + rest
 
     return choose
 
@@ -327,13 +364,15 @@ def megatron(
     dp = {r.index for r in rounds} - tp
     classes = classes if classes is not None else op_classes(graph)
     dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow, classes)
-    tp_choice = _tensor_parallel_choice(graph)
+    tp_choice = _tensor_parallel_choice(graph, classes)
     tp_cuts = _propagate(graph, mesh, tp, lambda name: None, tp_choice, classes)
     # both walks shrink extents independently; re-check the merged strategy round by round
     merged: dict[str, Strategy] = {}
     checked: dict[tuple[object, ...], Strategy] = {}  # repeated layers are checked once
+    from_dp = [r in dp for r in range(len(rounds))]
     for op, cid in zip(graph.ops, classes, strict=True):
-        proposed = tuple((dp_cuts if r in dp else tp_cuts)[op.name][r] for r in range(len(rounds)))
+        pairs = zip(from_dp, dp_cuts[op.name], tp_cuts[op.name], strict=True)
+        proposed = tuple(a if data else b for data, a, b in pairs)
         key = (cid, proposed)
         if key not in checked:
             extents = op.signature.extents

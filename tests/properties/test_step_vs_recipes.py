@@ -3,7 +3,8 @@
 For random small models, meshes (1-D, 2-D, factors 3), batches and budgets, every Megatron
 recipe — tensor degree t a product of the stage mesh's innermost rounds (any divisor of the
 innermost axis the expert accepts), pipeline degree p dividing the outer axis, context or expert
-parallelism over a divisor of the data-parallel ways, every per-rank micro-batch size,
+parallelism over a divisor of the data-parallel ways (context parallelism at one sample per
+rank, the scope the search covers: docs/scale.md), every per-rank micro-batch size,
 recomputation none/selective/full, with and without sequence parallelism and the distributed
 optimizer (one drawn per example) — is scored by the same step model; the
 search's plan must be at least as fast as each one that fits the same budget, and must exist
@@ -52,6 +53,8 @@ def recipes(draw, mesh_text: str, batch: int):
     context = ways if extra == "context" else 1
     data //= context  # context parallelism takes its ways from the data-parallel group
     sizes = [mbs for mbs in _divisors(batch) if batch % (data * mbs) == 0]
+    if context > 1:  # the search's scope (docs/scale.md): the ways one sample per rank leaves
+        sizes = [1] if 1 in sizes else []
     return dict(
         tensor=t,
         pipeline=p,
