@@ -1,16 +1,22 @@
 """The engine layout of a TrainingPlan: the parallel degrees and switches the engines configure.
 
 `read_layout(tp, menu)` reads off the plan, checking every construct against the engine's menu
-(`shardplan.search.step.menus`): each stage plan must be one of the expert layouts the engines run —
-tensor parallelism of degree t on the innermost rounds with Megatron-style cuts
-(`experts.megatron`), data parallelism on the other ways (t = 1: `experts.data_parallel`) — with
-the same t on every stage; the same levers on every stage, allowed by the menu; stage boundaries
+(`shardplan.search.step.menus`): each stage plan must be one of the layouts the engines run, as
+the step search and the Megatron recipe construct them — tensor parallelism of degree t on the
+innermost rounds with Megatron-style cuts (`experts.megatron`), data parallelism on the other ways
+(t = 1: `experts.data_parallel`), optionally expert parallelism e ways (`recipes.expert_parallel`)
+or context parallelism c ways (`recipes.context_rounds` + `experts.context_parallel`) on the
+rounds next to it, recognised by equality with that construction, never by op names — with the
+same (t, c, e) on every stage; the same levers on every stage (the sequence-parallel lever, the
+context-parallel lever agreeing with c), each allowed by the menu, as are v model chunks per
+stage (`TrainingPlan.virtual_stages`); stage boundaries
 at layer boundaries (`menus.layer_split` over the stages' segment fingerprints) split as the
 engine can say; each micro-batch divisible over the data-parallel ways; a precision the engine
 trains in; and no lever or plan field this module does not map (a lever added to the step model
 later is refused by name until its mapping is written). Anything else is a PlanError naming the
 stage, op and construct and suggesting `--target`. `architecture` resolves the model's
-hyper-parameters from the zoo. Cost: O(stages x tensor degrees x expert pass).
+hyper-parameters from the zoo (MoE sizes included). Cost: O(stages x layouts x expert pass), the
+layouts being the tensor degrees x (1 + context and expert degrees).
 """
 
 from __future__ import annotations
