@@ -4,7 +4,11 @@ Read off `engine_layout.read_layout` with the DeepSpeed menu: `train_batch_size`
 batch), `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` (= the micro-batches,
 which DeepSpeed's pipeline engine also runs per step), `zero_optimization.stage`, bf16 / fp16,
 `activation_checkpointing` under full recomputation and the `pipeline` stage count. Tensor and
-pipeline sizes go on the Megatron-DeepSpeed command line (`megatron_deepspeed_flags`). O(1).
+pipeline sizes go on the Megatron-DeepSpeed command line (`megatron_deepspeed_flags`). The config
+JSON has no sequence, context or expert parallelism and DeepSpeed's PipelineEngine no interleaved
+schedule: such plans are refused by the DeepSpeed menu, naming `--to megatron` (Megatron-LM's
+flags, which Megatron-DeepSpeed inherits) as the route; so is a model with expert layers in
+`megatron_deepspeed_flags` (its MoE flags are not mapped). O(1).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardplan.cost.step import Recompute
+from shardplan.errors import PlanError
 from shardplan.exporters.engine_layout import EngineLayout, read_layout
 from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
@@ -48,6 +53,11 @@ def megatron_deepspeed_flags(
     layout: EngineLayout, arch: Mapping[str, int] | None = None
 ) -> list[str]:
     """Megatron-DeepSpeed `pretrain_gpt.py` flags that go with the config."""
+    if layout.moe:
+        raise PlanError(
+            f"megatron-deepspeed: {layout.model!r} has expert layers and this exporter writes no "
+            "Megatron-DeepSpeed MoE flags; export with `--to megatron` (Megatron-LM's MoE flags)"
+        )
     arch = arch or {}
     flags = [
         "--tensor-model-parallel-size", str(layout.tensor),

@@ -1,23 +1,29 @@
 """The engine layout of a TrainingPlan: the parallel degrees and switches the engines configure.
 
 `read_layout(tp, menu)` reads off the plan, checking every construct against the engine's menu
-(`shardplan.search.step.menus`): each stage plan must be one of the expert layouts the engines run —
-tensor parallelism of degree t on the innermost rounds with Megatron-style cuts
-(`experts.megatron`), data parallelism on the other ways (t = 1: `experts.data_parallel`) — with
-the same t on every stage; the same levers on every stage, allowed by the menu; stage boundaries
+(`shardplan.search.step.menus`): each stage plan must be one of the layouts the engines run, as
+the step search and the Megatron recipe construct them — tensor parallelism of degree t on the
+innermost rounds with Megatron-style cuts (`experts.megatron`), data parallelism on the other ways
+(t = 1: `experts.data_parallel`), optionally expert parallelism e ways (`recipes.expert_parallel`)
+or context parallelism c ways (`recipes.context_rounds` + `experts.context_parallel`) on the
+rounds next to it, recognised by equality with that construction, never by op names — with the
+same (t, c, e) on every stage; the same levers on every stage (the sequence-parallel lever, the
+context-parallel lever agreeing with c), each allowed by the menu, as are v model chunks per
+stage (`TrainingPlan.virtual_stages`); stage boundaries
 at layer boundaries (`menus.layer_split` over the stages' segment fingerprints) split as the
 engine can say; each micro-batch divisible over the data-parallel ways; a precision the engine
 trains in; and no lever or plan field this module does not map (a lever added to the step model
 later is refused by name until its mapping is written). Anything else is a PlanError naming the
 stage, op and construct and suggesting `--target`. `architecture` resolves the model's
-hyper-parameters from the zoo. Cost: O(stages x tensor degrees x expert pass).
+hyper-parameters from the zoo (MoE sizes included). Cost: O(stages x layouts x expert pass), the
+layouts being the tensor degrees x (1 + context and expert degrees).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,17 +32,21 @@ from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph, make_graph
 from shardplan.ir.op import Role, Tensor
 from shardplan.ir.segments import segments
+from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search import experts
-from shardplan.search.step.menus import Menu, graph_layers, tensor_degrees
+from shardplan.search.step.menus import Menu, graph_layers
+from shardplan.search.step.profiles import data_degrees, stage_tensor_degrees
+from shardplan.search.step.recipes import context_rounds, expert_dim, expert_parallel
+from shardplan.sharding import Strategy
 from shardplan.training import TrainingPlan
 
-_MAPPED_LEVERS = frozenset({"recompute", "zero"})
+_MAPPED_LEVERS = frozenset({"recompute", "zero", "sequence_parallel", "context_parallel"})
 """Levers fields the exporters map; any other field set away from its default is refused."""
 _MAPPED_PLAN = frozenset(
     {
         "model", "mesh", "batch", "micro_batches", "stages", "method", "tokens_per_sample",
-        "axes", "search_seconds", "notes", "step", "problem",
+        "axes", "search_seconds", "notes", "step", "problem", "virtual_stages",
     }
 )  # fmt: skip
 _MAPPED_STAGE = frozenset({"plan", "levers"})
@@ -58,11 +68,22 @@ class EngineLayout:
     """Samples per data-parallel rank per micro-batch."""
     seq_len: int
     layers: tuple[int, ...]
-    """Transformer layers per pipeline stage."""
+    """Transformer layers per model chunk: S x v entries in model order, chunk c on pipeline
+    stage c mod S (v = 1: one entry per pipeline stage)."""
     recompute: Recompute
     zero: int
     precision: str
     step_s: float
+    sequence_parallel: bool = False
+    """Megatron-LM sequence parallelism over the tensor-parallel group (the stage lever)."""
+    context: int = 1
+    """Context-parallel ways (the sequence split next to tensor parallelism)."""
+    expert: int = 1
+    """Expert-parallel ways (inside the data-parallel group)."""
+    virtual: int = 1
+    """Model chunks per pipeline stage (interleaved 1F1B when > 1)."""
+    moe: bool = False
+    """The model has expert layers (the engines need their expert count and routing)."""
 
 
 def _refuse(engine: str, where: str, construct: str) -> PlanError:
@@ -90,38 +111,76 @@ def _check_fields(tp: TrainingPlan, engine: str) -> None:
                 raise _refuse(engine, where, f"{type(obj).__name__}.{f.name} = {value!r}")
 
 
-def _tensor_degree(plan: Plan, s: int, menu: Menu) -> int:
-    """The t whose expert layout equals the stage plan's strategies (PlanError if none)."""
+@dataclass(frozen=True, slots=True)
+class _Degrees:
+    """A stage plan's layout: tensor, context and expert ways."""
+
+    tensor: int
+    context: int = 1
+    expert: int = 1
+
+
+def _layouts(graph: Graph, mesh: Mesh, moe: bool) -> Iterator[tuple[_Degrees, Callable[[], Any]]]:
+    """Every engine layout of a stage, as the step search and the recipe construct it: data
+    parallelism, Megatron at each tensor degree t (innermost rounds), with expert parallelism
+    e ways (`recipes.expert_parallel`, a model with expert layers) or context parallelism c
+    ways (`recipes.context_rounds` + `experts.context_parallel`) on the rounds next to it."""
+    yield _Degrees(1), lambda: experts.data_parallel(graph, mesh)
+    for t in stage_tensor_degrees(mesh):
+        yield _Degrees(t), lambda t=t: experts.megatron(graph, mesh, t)
+    for t in (1, *stage_tensor_degrees(mesh)):
+        for d in data_degrees(mesh, t):
+            if moe:
+                yield (
+                    _Degrees(t, expert=d),
+                    lambda t=t, d=d: expert_parallel(
+                        graph, mesh, experts.megatron(graph, mesh, t), d
+                    ),
+                )
+            yield _Degrees(t, context=d), lambda t=t, d=d: _context(graph, mesh, t, d)
+
+
+def _context(graph: Graph, mesh: Mesh, t: int, c: int) -> dict[str, Strategy]:
+    st = experts.megatron(graph, mesh, t)
+    return experts.context_parallel(graph, mesh, st, context_rounds(mesh, st, graph, c))
+
+
+def _stage_degrees(plan: Plan, s: int, engine: str, moe: bool) -> _Degrees:
+    """The layout whose construction equals the stage plan's strategies (PlanError if none)."""
     mesh, graph = plan.mesh, plan.graph
-    closest: tuple[int, int, str] | None = None  # (matching ops, t, first differing op)
-    for t in tensor_degrees(mesh):
-        want = experts.data_parallel(graph, mesh) if t == 1 else experts.megatron(graph, mesh, t)
+    closest: tuple[int, _Degrees, str] | None = None  # (matching ops, layout, first differing op)
+    for degrees, construct in _layouts(graph, mesh, moe):
+        try:
+            want = construct()
+        except PlanError:  # ways that do not divide this stage's dims: not its layout
+            continue
         differ = [
             op.name for op in graph.ops if tuple(want[op.name]) != tuple(plan.strategies[op.name])
         ]
         if not differ:
-            if t not in menu.tensor_degrees(mesh):
-                raise _refuse(
-                    menu.engine,
-                    f"stage {s}",
-                    f"tensor parallelism x{t} without sequence-parallel norms ({menu.engine} "
-                    "always shards norms over the sequence; the step model has no such lever yet)",
-                )
-            return t
+            return degrees
         if closest is None or len(graph.ops) - len(differ) > closest[0]:
-            closest = (len(graph.ops) - len(differ), t, differ[0])
+            closest = (len(graph.ops) - len(differ), degrees, differ[0])
     assert closest is not None
-    _, t, op = closest
+    _, degrees, op = closest
     cuts = plan.strategies[op]
     rounds = ", ".join(
         f"{r.axis_name}/{r.q}: {c or '-'}" for r, c in zip(mesh.rounds, cuts, strict=True)
     )
-    layout = "data parallelism" if t == 1 else f"tensor parallelism x{t} (Megatron cuts)"
     raise _refuse(
-        menu.engine,
+        engine,
         f"stage {s}, op {op!r}",
-        f"its cuts ({rounds}) are not the engine's {layout} or any other tensor x data layout",
+        f"its cuts ({rounds}) are not the engine's {_degrees_text(degrees)} or any other "
+        "tensor x context x expert x data layout",
     )
+
+
+def _degrees_text(d: _Degrees) -> str:
+    if d.tensor == 1 and d.context == 1 and d.expert == 1:
+        return "data parallelism"
+    text = f"tensor parallelism x{d.tensor} (Megatron cuts)"
+    text += f" with context parallelism x{d.context}" if d.context > 1 else ""
+    return text + (f" with expert parallelism x{d.expert}" if d.expert > 1 else "")
 
 
 def joined(tp: TrainingPlan) -> Graph:
@@ -173,58 +232,103 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
     """The engine layout of `tp` (module docstring); PlanError naming what `menu` cannot say."""
     engine = menu.engine
     _check_fields(tp, engine)
-    degrees = [_tensor_degree(stage.plan, s, menu) for s, stage in enumerate(tp.stages)]
+    graphs = [stage.plan.graph for stage in tp.stages]
+    moe = any(expert_dim(g, op) is not None for g in graphs for op in g.ops)
+    degrees = [_stage_degrees(stage.plan, s, engine, moe) for s, stage in enumerate(tp.stages)]
     if len(set(degrees)) > 1:
-        raise _refuse(engine, "the plan", f"tensor degrees {degrees} differ between stages")
+        texts = [_degrees_text(d) for d in degrees]
+        raise _refuse(engine, "the plan", f"stage layouts differ between stages ({texts})")
     levers = [stage.levers for stage in tp.stages]
-    keys = {(lv.recompute, lv.zero) for lv in levers}  # the mapped fields (_MAPPED_LEVERS)
-    if len(keys) > 1:
+    if len(set(levers)) > 1:
         raise _refuse(engine, "the plan", f"levers differ between stages ({_levers_text(levers)})")
-    if keys.pop() not in {(lv.recompute, lv.zero) for lv in menu.levers(tp.pipeline_stages)}:
+    lv, d, n = levers[0], degrees[0], tp.pipeline_stages
+    _check_parallelism(tp, menu, lv, d)
+    if (lv.recompute, lv.zero) not in {(x.recompute, x.zero) for x in menu.levers(n)}:
         raise _refuse(
             engine,
             "the plan",
-            f"{levers[0].recompute.value} recomputation with ZeRO-{levers[0].zero} on "
-            f"{tp.pipeline_stages} pipeline stage(s)",
+            f"{lv.recompute.value} recomputation with ZeRO-{lv.zero} on {n} pipeline stage(s)",
         )
     opts = tp.stages[0].plan.options
     precision = opts.precision.name if opts.precision is not None else "fp32"
     if precision not in menu.precisions:
         raise _refuse(engine, "the plan", f"training in {precision}")
-    t, n = degrees[0], tp.pipeline_stages
-    data = tp.mesh.size // (t * n)
+    data = tp.mesh.size // (d.tensor * d.context * n)
     micro = tp.batch // tp.micro_batches
     if micro % data:
         raise _refuse(
             engine, "the plan", f"micro-batches of {micro} samples over {data} data-parallel ways"
         )
     layers = _stage_layers(tp, menu)
-    _check_split(layers, menu)
+    _check_split(layers, menu, tp.virtual_stages)
     assert tp.step is not None
     return EngineLayout(
         engine=engine,
         model=tp.model,
         world=tp.mesh.size,
         pipeline=n,
-        tensor=t,
+        tensor=d.tensor,
         data=data,
         batch=tp.batch,
         micro_batches=tp.micro_batches,
         micro_batch_size=micro // data,
         seq_len=tp.tokens_per_sample,
         layers=layers,
-        recompute=levers[0].recompute,
-        zero=levers[0].zero,
+        recompute=lv.recompute,
+        zero=lv.zero,
         precision=precision,
         step_s=tp.step.step_s,
+        sequence_parallel=lv.sequence_parallel,
+        context=d.context,
+        expert=d.expert,
+        virtual=tp.virtual_stages,
+        moe=moe,
     )
 
 
-def _check_split(layers: tuple[int, ...], menu: Menu) -> None:
-    """Megatron says first/last stage layer counts apart from an even middle; the others split
-    pipelines evenly (DeepSpeed's type:transformer partition) or by module list (torchtitan)."""
+def _check_parallelism(tp: TrainingPlan, menu: Menu, lv: Levers, d: _Degrees) -> None:
+    """The sequence / context / expert / virtual choices: consistent and sayable by `menu`."""
+    engine, where = menu.engine, "the plan"
+    if lv.context_parallel != (d.context > 1):
+        raise _refuse(
+            engine,
+            where,
+            f"the context-parallel lever is {'on' if lv.context_parallel else 'off'} but the "
+            f"stage plans split the sequence {d.context} ways",
+        )
+    if lv.sequence_parallel and d.tensor == 1:
+        raise _refuse(engine, where, "sequence parallelism without tensor parallelism")
+    if d.tensor > 1 and menu.tensor_needs_sequence_parallel and not lv.sequence_parallel:
+        raise _refuse(
+            engine,
+            where,
+            f"tensor parallelism x{d.tensor} without sequence parallelism ({engine}'s tensor "
+            "parallelism always shards the norms over the sequence: the SP lever must be on)",
+        )
+    wanted = (
+        (lv.sequence_parallel, menu.sequence_parallel, "sequence parallelism"),
+        (d.context > 1, menu.context, f"context parallelism x{d.context}"),
+        (d.expert > 1, menu.expert, f"expert parallelism x{d.expert}"),
+        (tp.virtual_stages > 1, menu.virtual, f"{tp.virtual_stages} model chunks per stage "
+         "(interleaved 1F1B)"),
+    )  # fmt: skip
+    for used, sayable, what in wanted:
+        if used and not sayable:
+            raise _refuse(engine, where, what + (f" ({menu.instead})" if menu.instead else ""))
+
+
+def _check_split(layers: tuple[int, ...], menu: Menu, virtual: int = 1) -> None:
+    """Megatron says first/last stage layer counts apart from an even middle (equal chunks when
+    interleaved); the others split pipelines evenly (DeepSpeed's type:transformer partition) or
+    by module list per chunk (torchtitan)."""
     if menu.stage_layers == "any" or len(set(layers)) <= 1:
         return
+    if virtual > 1:
+        raise PlanError(
+            f"{menu.engine} cannot express layers per model chunk {list(layers)} with {virtual} "
+            f"chunks per stage (interleaving needs equal chunks); plan with `shardplan plan "
+            f"MODEL ... --target {menu.engine}`"
+        )
     middle = layers[1:-1]
     if menu.stage_layers == "first-last" and len(set(middle)) <= 1:
         return
@@ -236,7 +340,10 @@ def _check_split(layers: tuple[int, ...], menu: Menu) -> None:
 
 def _levers_text(levers: list[Levers]) -> str:
     return "; ".join(
-        f"stage {s}: {lv.recompute.value}, ZeRO-{lv.zero}" for s, lv in enumerate(levers)
+        f"stage {s}: {lv.recompute.value}, ZeRO-{lv.zero}"
+        + (", SP" if lv.sequence_parallel else "")
+        + (", CP" if lv.context_parallel else "")
+        for s, lv in enumerate(levers)
     )
 
 
@@ -259,13 +366,18 @@ def architecture(
         values.update(entry.small)
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     keys = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "max_positions")
+    keys += ("experts", "top_k", "expert_ffn", "shared", "dense_layers", "q_rank")
     out = {k: int(values[k]) for k in keys if isinstance(values.get(k), int)}
     if "max_positions" not in out and "seq" in out:
         out["max_positions"] = out["seq"]
     return out
 
 
-FAMILIES: Mapping[str, str] = {"llm.llama": "llama", "transformer.gpt": "gpt"}
+FAMILIES: Mapping[str, str] = {
+    "llm.llama": "llama",
+    "transformer.gpt": "gpt",
+    "llm.moe_llm": "llama",  # Mixtral: Llama blocks with routed gated-MLP experts
+}
 """Zoo builders whose architecture the engines name (gated MLP, RMSNorm, RoPE for "llama")."""
 
 

@@ -4,10 +4,16 @@ Read off `engine_layout.read_layout` with the Megatron menu: tensor / pipeline p
 (data parallelism is the rest of the world), micro and global batch, precision, recomputation
 (selective: `--recompute-granularity selective`; full: granularity full, method uniform, one
 layer per checkpoint), ZeRO-1 as `--use-distributed-optimizer`, uneven first / last stages as
-`--decoder-first/last-pipeline-num-layers`; sequence, context and virtual pipeline parallelism
-are off because no plan has them yet. Model sizes come from the zoo (`architecture`).
-`megatron_kwargs` are the same choices as `TransformerConfig` keyword arguments (dtype names as
-strings; `transformer_config` builds the object with megatron.core, imported lazily). O(1).
+`--decoder-first/last-pipeline-num-layers`, the sequence-parallel lever as `--sequence-parallel`,
+context parallelism c as `--context-parallel-size` (Megatron orders ranks tp-cp-ep-dp-pp: CP next
+to TP, as the plan's context rounds are), v model chunks per stage as
+`--num-virtual-stages-per-pipeline-rank` (interleaved 1F1B, chunk c on stage c mod S, as the
+plan's chunks), and a model with expert layers as `--num-experts` / `--moe-router-topk` /
+`--moe-ffn-hidden-size` from the zoo with `--expert-model-parallel-size` e (the experts split
+inside the data-parallel group; expert tensor parallelism = t, Megatron's default). Model sizes
+come from the zoo (`architecture`). `megatron_kwargs` are the same choices as `TransformerConfig`
+keyword arguments (dtype names as strings; `transformer_config` builds the object with
+megatron.core, imported lazily). O(1).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardplan.cost.step import Recompute
+from shardplan.errors import PlanError
 from shardplan.exporters.engine_layout import EngineLayout, family, read_layout
 from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
@@ -56,6 +63,16 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
         flags += ["--recompute-num-layers", "1"]
     if layout.zero == 1:
         flags.append("--use-distributed-optimizer")
+    if layout.sequence_parallel:
+        flags.append("--sequence-parallel")
+    if layout.context > 1:
+        flags += ["--context-parallel-size", str(layout.context)]
+    if layout.virtual > 1:
+        flags += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual)]
+    moe = _moe(layout, arch)
+    for key, flag in _MOE_FLAGS:
+        if key in moe:
+            flags += [flag, str(moe[key])]
     arch = dict(arch or {})
     arch.setdefault("layers", sum(layout.layers))
     arch.setdefault("seq", layout.seq_len)
@@ -65,6 +82,44 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
     if "kv_heads" in arch and arch["kv_heads"] != arch.get("heads"):
         flags += ["--group-query-attention", "--num-query-groups", str(arch["kv_heads"])]
     return flags + list(_FAMILY_FLAGS.get(family(layout.model) or "", ()))
+
+
+_MOE_FLAGS = (
+    ("num_moe_experts", "--num-experts"),
+    ("moe_router_topk", "--moe-router-topk"),
+    ("moe_ffn_hidden_size", "--moe-ffn-hidden-size"),
+    ("expert_model_parallel_size", "--expert-model-parallel-size"),
+)
+_UNMAPPED_MOE = ("shared", "dense_layers", "q_rank")
+"""Zoo MoE fields with no Megatron mapping written yet (shared experts, dense layers, MLA)."""
+
+
+def _moe(layout: EngineLayout, arch: Mapping[str, int] | None) -> dict[str, int]:
+    """The MoE TransformerConfig arguments of an expert model ({} for a dense one); PlanError
+    when the plan has expert layers whose count or routing the zoo does not give."""
+    if not layout.moe:
+        return {}
+    arch = arch or {}
+    missing = [k for k in ("experts", "top_k", "expert_ffn") if k not in arch]
+    if missing:
+        raise PlanError(
+            f"megatron: the plan's model {layout.model!r} has expert layers but its {missing} "
+            "are unknown (not a zoo MoE model); Megatron needs --num-experts, --moe-router-topk "
+            "and --moe-ffn-hidden-size: add them to the flags by hand"
+        )
+    for key in _UNMAPPED_MOE:
+        if arch.get(key):
+            raise PlanError(
+                f"megatron: {layout.model!r} has {key}={arch[key]}; this exporter has no mapping "
+                f"for {key} yet (Megatron's shared-expert / layer-frequency / MLA flags): "
+                "write those flags by hand"
+            )
+    return {
+        "num_moe_experts": arch["experts"],
+        "moe_router_topk": arch["top_k"],
+        "moe_ffn_hidden_size": arch["expert_ffn"],
+        "expert_model_parallel_size": layout.expert,
+    }
 
 
 _FAMILY_FLAGS = {
@@ -97,14 +152,17 @@ def megatron_kwargs(layout: EngineLayout, arch: Mapping[str, int] | None = None)
     kw: dict[str, Any] = {
         "tensor_model_parallel_size": layout.tensor,
         "pipeline_model_parallel_size": layout.pipeline,
-        "sequence_parallel": False,
-        "context_parallel_size": 1,
+        "sequence_parallel": layout.sequence_parallel,
+        "context_parallel_size": layout.context,
         "bf16": layout.precision == "bf16",
         "fp16": layout.precision == "fp16",
         "params_dtype": dtype,
         "pipeline_dtype": dtype,
         "num_layers": sum(layout.layers),
     }
+    if layout.virtual > 1:
+        kw["virtual_pipeline_model_parallel_size"] = layout.virtual
+    kw.update(_moe(layout, arch))
     first, last = _uneven(layout.layers)
     if first is not None:
         kw["num_layers_in_first_pipeline_stage"] = first

@@ -5,7 +5,15 @@ Sections `[job]`, `[training]` (local/global batch, sequence length, mixed preci
 size and module list per stage, context) and `[activation_checkpoint]`, read off
 `engine_layout.read_layout` with the torchtitan menu. ZeRO-0 is DDP (`data_parallel_replicate_
 degree`), ZeRO-3 is FSDP (`data_parallel_shard_degree`, parameters resharded after forward as the
-step model prices). With pipeline stages the local batch holds every micro-batch of a step
+step model prices). Tensor parallelism t is `tensor_parallel_degree` (torchtitan always runs it
+with sequence-parallel norms: the plan's SP lever must be on); context parallelism c is
+`context_parallel_degree` and expert parallelism e `expert_parallel_degree` (with
+`expert_tensor_parallel_degree` = t, the plan's experts being tensor-split too) — both only under
+ZeRO-3, because torchtitan shards parameters over dp_shard x cp whenever cp > 1 and carves its
+expert ways out of those FSDP ways (torchtitan/distributed/parallel_dims.py); v > 1 model chunks
+per stage are the `Interleaved1F1B` schedule over S x v module lists (a looped schedule: chunk c
+on rank c mod S, as the plan's chunks).
+With pipeline stages the local batch holds every micro-batch of a step
 (`pipeline_parallel_microbatch_size` each); without, micro-batches are gradient-accumulation
 steps (global batch / (local batch x data ways)). The module list names torchtitan's Llama
 modules (tok_embeddings, layers.i, norm, output). O(layers).
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from shardplan.errors import PlanError
 from shardplan.exporters.engine_layout import EngineLayout, architecture, read_layout
 from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
@@ -32,6 +41,7 @@ def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = N
     """The TOML sections as nested dicts (see the module docstring)."""
     zero3 = layout.zero == 3
     pp = layout.pipeline > 1
+    _check_sharded(layout)
     local = layout.micro_batch_size * (layout.micro_batches if pp else 1)
     parallelism: dict[str, object] = {
         "data_parallel_replicate_degree": 1 if zero3 else layout.data,
@@ -39,10 +49,14 @@ def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = N
         "fsdp_reshard_after_forward": "always" if zero3 else "default",
         "tensor_parallel_degree": layout.tensor,
         "pipeline_parallel_degree": layout.pipeline,
-        "context_parallel_degree": 1,
+        "context_parallel_degree": layout.context,
     }
+    if layout.expert > 1:
+        parallelism["expert_parallel_degree"] = layout.expert
+        parallelism["expert_tensor_parallel_degree"] = layout.tensor
     if pp:
-        parallelism["pipeline_parallel_schedule"] = "1F1B"
+        looped = layout.virtual > 1
+        parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if looped else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = layout.micro_batch_size
         parallelism["module_fqns_per_model_part"] = _modules(layout.layers)
     seq = (arch or {}).get("seq", layout.seq_len)
@@ -64,6 +78,18 @@ def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = N
         "parallelism": parallelism,
         "activation_checkpoint": {"mode": layout.recompute.value},
     }
+
+
+def _check_sharded(layout: EngineLayout) -> None:
+    """torchtitan's context and expert parallelism live on FSDP ways (module docstring)."""
+    for ways, what in ((layout.context, "context"), (layout.expert, "expert")):
+        if ways > 1 and layout.zero != 3:
+            raise PlanError(
+                f"torchtitan cannot express {what} parallelism x{ways} with ZeRO-{layout.zero}: "
+                f"its {what}-parallel ways are FSDP ways (dp_shard x cp), so parameters would be "
+                "sharded where the plan replicates them; plan with `shardplan plan MODEL ... "
+                "--target torchtitan` or export with `--to megatron`"
+            )
 
 
 def _modules(layers: tuple[int, ...]) -> list[list[str]]:

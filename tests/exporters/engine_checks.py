@@ -7,10 +7,12 @@ and batch checks run as they would at launch:
 - torchtitan 0.2: its ConfigManager parses the job TOML (`--job.config_file`), then its
   ParallelDims validates the degrees against the world size. torchtitan's package __init__
   imports its Triton float8/MoE kernels, so the config and parallel_dims modules are loaded
-  without it (the package path registered by hand).
+  without it (the package path registered by hand); its device mesh is built (the fake
+  backend), which checks that the expert ways divide the FSDP ways.
 - megatron-core: TransformerConfig(**kwargs) (its __post_init__ checks), then
-  parallel_state.initialize_model_parallel (the world must divide into tensor x pipeline
-  groups; gloo groups off: the fake backend has no gloo) and the
+  parallel_state.initialize_model_parallel (the world must divide into tensor x context x
+  pipeline groups, the expert ways into the data x context ways; gloo groups off: the fake
+  backend has no gloo) and the
   ConstantNumMicroBatchesCalculator (global batch = micro-batch x data ways x micro-batches).
 - deepspeed: DeepSpeedConfig(config, mpu=megatron's parallel_state) — its batch assertion
   train_batch = micro x accumulation x data ways. Its CPU shared-memory kernel (built on
@@ -61,14 +63,19 @@ def check_torchtitan(case: dict) -> dict:
         cp=p.context_parallel_degree,
         tp=p.tensor_parallel_degree,
         pp=p.pipeline_parallel_degree,
-        ep=1,
-        etp=1,
+        ep=p.expert_parallel_degree,
+        etp=p.expert_tensor_parallel_degree,
         world_size=case["world"],
     )
+    _init(case["world"])
+    dims.build_mesh()  # the device mesh of every dimension, EP's FSDP ways included
     return {
         "dp": dims.dp_replicate * dims.dp_shard,
         "tp": dims.tp,
         "pp": dims.pp,
+        "cp": dims.cp,
+        "ep": dims.ep,
+        "schedule": p.pipeline_parallel_schedule,
         "local_batch_size": job.training.local_batch_size,
         "global_batch_size": job.training.global_batch_size,
         "pipeline_microbatch_size": p.pipeline_parallel_microbatch_size,
@@ -84,6 +91,9 @@ def _megatron_groups(case: dict, kw: dict) -> object:
     ps.initialize_model_parallel(
         tensor_model_parallel_size=kw["tensor_model_parallel_size"],
         pipeline_model_parallel_size=kw["pipeline_model_parallel_size"],
+        virtual_pipeline_model_parallel_size=kw.get("virtual_pipeline_model_parallel_size"),
+        context_parallel_size=kw.get("context_parallel_size", 1),
+        expert_model_parallel_size=kw.get("expert_model_parallel_size", 1),
         create_gloo_process_groups=False,
     )
     return ps
@@ -102,7 +112,16 @@ def check_megatron(case: dict) -> dict:
     calc = ConstantNumMicroBatchesCalculator(
         case["global_batch_size"], case["micro_batch_size"], dp, False, 0
     )
-    return {"dp": dp, "micro_batches": calc.get(), "num_layers": cfg.num_layers}
+    return {
+        "dp": dp,
+        "micro_batches": calc.get(),
+        "num_layers": cfg.num_layers,
+        "cp": ps.get_context_parallel_world_size(),
+        "ep": ps.get_expert_model_parallel_world_size(),
+        "vpp": ps.get_virtual_pipeline_model_parallel_world_size(),
+        "sequence_parallel": cfg.sequence_parallel,
+        "num_moe_experts": cfg.num_moe_experts,
+    }
 
 
 def check_deepspeed(case: dict) -> dict:

@@ -1,8 +1,11 @@
 """Engine menus: the training plans torchtitan, Megatron-LM and DeepSpeed can express, searched.
 
 A `Menu` is data: the recomputation modes and ZeRO stages an engine's configuration can say
-(with and without pipeline stages), the precisions, and whether its tensor parallelism needs a
-sequence-parallel lever the step model does not have yet. Every engine configures one layout for
+(with and without pipeline stages), the precisions, whether its tensor parallelism always runs
+the sequence-parallel lever (torchtitan: t > 1 layouts are searched and priced with it on), and
+which of sequence / context / expert parallelism and interleaving its configuration can say
+(what `exporters.engine_layout` accepts; the search below keeps to tensor x pipeline x data).
+Every engine configures one layout for
 the whole run: a tensor-parallel degree t (the innermost rounds of the mesh, Megatron-style cuts,
 `experts.megatron`), a pipeline degree S over the outermost axis with an equal number of
 transformer layers per stage (the embedding on the first stage, the head on the last), data
@@ -59,8 +62,18 @@ class Menu:
     """How layers may split over pipeline stages: "even", "first-last" (first and last stage
     apart from an even middle), "any" (a module list per stage)."""
     tensor_needs_sequence_parallel: bool = False
-    """The engine's tensor parallelism always shards the norms over the sequence (torchtitan);
-    the step model has no such lever yet, so such a menu keeps tensor degree 1."""
+    """The engine's tensor parallelism always shards the norms over the sequence (torchtitan):
+    tensor degree t > 1 only with the sequence-parallel lever on."""
+    sequence_parallel: bool = False
+    """The configuration can say Megatron-style sequence parallelism."""
+    context: bool = False
+    """... context parallelism (the sequence split next to tensor parallelism)."""
+    expert: bool = False
+    """... expert parallelism inside the data-parallel group."""
+    virtual: bool = False
+    """... several model chunks per pipeline stage (interleaved 1F1B)."""
+    instead: str = ""
+    """Where a construct this menu lacks can be said instead (in refusals)."""
 
     def levers(self, stages: int) -> tuple[Levers, ...]:
         """The allowed levers for a plan of `stages` pipeline stages, least intrusive first."""
@@ -69,7 +82,11 @@ class Menu:
 
     def tensor_degrees(self, mesh: Mesh) -> tuple[int, ...]:
         """The tensor degrees this engine can run on `mesh` (`tensor_degrees`)."""
-        return (1,) if self.tensor_needs_sequence_parallel else tensor_degrees(mesh)
+        return tensor_degrees(mesh)
+
+    def sequence_parallel_at(self, tensor: int) -> bool:
+        """Whether the layout of tensor degree `tensor` runs the sequence-parallel lever."""
+        return self.tensor_needs_sequence_parallel and tensor > 1
 
 
 def tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
@@ -84,15 +101,52 @@ MENUS: Mapping[str, Menu] = {
     # torchtitan 0.2 (docs/engines.md): activation_checkpoint.mode none/full (its "selective"
     # keeps matmul outputs, not the step model's selective set); DDP (ZeRO-0) or FSDP (ZeRO-3);
     # its tensor parallelism always shards norms over the sequence (SequenceParallel)
-    "torchtitan": Menu("torchtitan", (_N, _F), (0, 3), (0, 3), ("bf16", "fp32"), "any", True),
+    # (`parallelism.tensor_parallel_degree`); context_parallel_degree, expert_parallel_degree
+    # and the Interleaved1F1B schedule over a module list per chunk
+    # (torchtitan/config/job_config.py)
+    "torchtitan": Menu(
+        "torchtitan",
+        (_N, _F),
+        (0, 3),
+        (0, 3),
+        ("bf16", "fp32"),
+        "any",
+        True,
+        True,
+        True,
+        True,
+        True,
+    ),
     # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1)
+    # --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
+    # --num-virtual-stages-per-pipeline-rank
     "megatron": Menu(
-        "megatron", (_N, _S, _F), (0, 1), (0, 1), ("bf16", "fp16", "fp32"), "first-last"
+        "megatron",
+        (_N, _S, _F),
+        (0, 1),
+        (0, 1),
+        ("bf16", "fp16", "fp32"),
+        "first-last",
+        False,
+        True,
+        True,
+        True,
+        True,
     ),
     # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
     # --checkpoint-activations is full recomputation
-    "deepspeed": Menu("deepspeed", (_N, _F), (0, 1, 2, 3), (0, 1), ("bf16", "fp16", "fp32")),
+    # its config JSON has no sequence, context or expert parallelism and its PipelineEngine no
+    # interleaving: such plans go to Megatron-LM / Megatron-DeepSpeed's own flags
+    "deepspeed": Menu(
+        "deepspeed",
+        (_N, _F),
+        (0, 1, 2, 3),
+        (0, 1),
+        ("bf16", "fp16", "fp32"),
+        instead="the DeepSpeed config JSON has no such key; export with `--to megatron`, or run "
+        "Megatron-DeepSpeed with Megatron-LM's flags for it",
+    ),
 }
 
 
@@ -119,15 +173,17 @@ class _Stages:
         self.opts = opts
         self.cache: dict[tuple[object, ...], tuple[str, tuple[object, ...], StageProfile]] = {}
 
-    def plan(self, sub: Graph, mesh: Mesh, tensor: int) -> tuple[Plan, StageProfile]:
-        key = (mesh.shape, tensor, _fingerprint(sub))
+    def plan(
+        self, sub: Graph, mesh: Mesh, tensor: int, sp: bool = False
+    ) -> tuple[Plan, StageProfile]:
+        key = (mesh.shape, tensor, sp, _fingerprint(sub))
         hit = self.cache.get(key)
         if hit is None:
             if tensor == 1:
                 method, st = "data-parallel", experts.data_parallel(sub, mesh)
             else:
                 method, st = "megatron", experts.megatron(sub, mesh, tensor)
-            prof = profile_stage(sub, mesh, st, self.opts)
+            prof = profile_stage(sub, mesh, st, self.opts, sequence_parallel=sp)
             hit = self.cache[key] = (method, tuple(st[op.name] for op in sub.ops), prof)
         method, cuts, prof = hit
         mapped = {op.name: s for op, s in zip(sub.ops, cuts, strict=True)}  # type: ignore[misc]
@@ -170,15 +226,19 @@ def layout_plan(
     bounds = [*starts, len(graph.ops)]
     smesh = stage_mesh(mesh, n)
     stages = cache or _Stages(opts)
+    sp = layout.levers.sequence_parallel or (menu is not None and menu.sequence_parallel_at(t))
     plans, profiles = [], []
     for s in range(n):
         sub = subgraph(graph, bounds[s], bounds[s + 1], f"{graph.name}.stage{s}")
-        plan, prof = stages.plan(sub, smesh, t)
+        plan, prof = stages.plan(sub, smesh, t, sp)
         plans.append(plan)
         profiles.append(prof)
     tokens = tokens_per_sample(graph, batch // m) if batch // m else 1
     pipe = pipeline_of(plans, mesh, batch, tokens)
-    choices = menu.levers(n) if menu is not None else (layout.levers,)
+    if menu is None:
+        choices: tuple[Levers, ...] = (layout.levers,)
+    else:  # the engine's levers, with the sequence parallelism its tensor layout runs
+        choices = tuple(replace(lv, sequence_parallel=sp) for lv in menu.levers(n))
     best = None
     for lv in choices:
         step = step_cost(profiles, [lv] * n, m, pipe)
@@ -259,8 +319,9 @@ def plan_for_menu(
         )
     plan, t = best
     lv = plan.stages[0].levers
+    sp_text = " (sequence parallel)" if lv.sequence_parallel else ""
     note = (
-        f"{menu.engine} layout: tensor x{t}, pipeline x{plan.pipeline_stages}, "
+        f"{menu.engine} layout: tensor x{t}{sp_text}, pipeline x{plan.pipeline_stages}, "
         f"{plan.micro_batches} micro-batches, {lv.recompute.value} recomputation, ZeRO-{lv.zero} "
         f"on every stage; {steps_note(plan)}"
     )

@@ -1,0 +1,180 @@
+"""Sequence, context and expert parallelism and interleaving in the engine exports: read off
+Megatron-recipe plans (the construction the step search uses), written as each engine's flags,
+accepted by megatron-core's TransformerConfig and parallel_state and by torchtitan's config
+manager and ParallelDims, refused by DeepSpeed naming the route."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from functools import cache
+from pathlib import Path
+
+import pytest
+from test_engines import run_checks  # tests/exporters is on sys.path (rootdir-less test dir)
+
+from shardplan import zoo
+from shardplan.cost import CostOptions
+from shardplan.cost.step import Recompute
+from shardplan.errors import PlanError
+from shardplan.exporters import deepspeed, megatron, torchtitan, training_json
+from shardplan.exporters.engine_layout import architecture, read_layout
+from shardplan.mesh import parse_mesh
+from shardplan.search.step.menus import MENUS
+from shardplan.search.step.recipes import megatron_recipe
+from shardplan.training import Stage, TrainingPlan
+
+MESH = parse_mesh("4x8")
+BATCH = 32
+OPTS = CostOptions.make("shardplan", True, "adam", "bf16")
+GPT = ("gpt2-small", {"small": True, "layers": 8})
+MOE = ("mixtral-8x7b", {"small": True, "layers": 4})
+CASES = {
+    # name: (model, recipe knobs); t=2 x pipeline 2 on 4x8 leaves 8 data ways
+    "sp-interleaved": (GPT, dict(recompute="selective", sequence_parallel=True, virtual_stages=2,
+                                 distributed_optimizer=True)),
+    "cp": (GPT, dict(recompute="full", context=2, sequence_parallel=True)),
+    "cp-zero1": (GPT, dict(recompute="none", context=2, distributed_optimizer=True)),
+    "ep": (MOE, dict(recompute="none", expert=2, sequence_parallel=True)),
+}  # fmt: skip
+
+
+@cache
+def plan_of(case: str) -> TrainingPlan:
+    (name, kw), knobs = CASES[case]
+    tp = megatron_recipe(
+        lambda b: zoo.build(name, batch=b, **kw), BATCH, MESH, OPTS, 2, 2, 1, **knobs
+    )
+    return training_json.from_json(training_json.to_json(tp))  # what `export` reads
+
+
+def arch_of(case: str) -> dict[str, int]:
+    (name, kw), _ = CASES[case]
+    return architecture(name, True, {"layers": kw["layers"]})
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_layout_reads_the_plans_levers(case: str) -> None:
+    tp = plan_of(case)
+    lay = read_layout(tp, MENUS["megatron"])
+    knobs = CASES[case][1]
+    lv = tp.stages[0].levers
+    assert lay.sequence_parallel == lv.sequence_parallel == knobs.get("sequence_parallel", False)
+    assert lay.context == knobs.get("context", 1) and (lay.context > 1) == lv.context_parallel
+    assert lay.expert == knobs.get("expert", 1)
+    assert lay.virtual == tp.virtual_stages == knobs.get("virtual_stages", 1)
+    assert len(lay.layers) == lay.pipeline * lay.virtual
+    assert lay.data * lay.tensor * lay.context * lay.pipeline == MESH.size
+    assert lay.moe == (CASES[case][0] is MOE)
+
+
+def test_megatron_flags_carry_the_levers() -> None:
+    text = {c: megatron.to_megatron(plan_of(c), arch_of(c)) for c in CASES}
+    assert "--sequence-parallel" in text["sp-interleaved"]
+    assert "--num-virtual-stages-per-pipeline-rank 2" in text["sp-interleaved"]
+    assert "--context-parallel-size 2" in text["cp"]
+    assert "--sequence-parallel" not in text["cp-zero1"]
+    moe = arch_of("ep")
+    for part in (
+        f"--num-experts {moe['experts']}",
+        f"--moe-router-topk {moe['top_k']}",
+        f"--moe-ffn-hidden-size {moe['expert_ffn']}",
+        "--expert-model-parallel-size 2",
+    ):
+        assert part in text["ep"]
+    assert "--num-experts" not in text["cp"]
+
+
+def test_megatron_core_accepts_the_levers(tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core", reason="megatron-core: pip install 'shardplan[engines]'")
+    cases, lays = [], []
+    for c in sorted(CASES):
+        lay = read_layout(plan_of(c), MENUS["megatron"])
+        kw = megatron.megatron_kwargs(lay, arch_of(c))
+        ok = {
+            "engine": "megatron",
+            "repo": str(Path(__file__).resolve().parents[2]),
+            "kwargs": kw,
+            "world": MESH.size,
+            "global_batch_size": BATCH,
+            "micro_batch_size": lay.micro_batch_size,
+        }
+        cases += [ok, {**ok, "world": MESH.size // 2 + kw["tensor_model_parallel_size"] + 1}]
+        lays.append(lay)
+    res = run_checks(cases, tmp_path)
+    for i, lay in enumerate(lays):
+        good, bad = res[2 * i : 2 * i + 2]
+        assert good["ok"], good
+        assert (good["dp"], good["micro_batches"]) == (lay.data, lay.micro_batches)
+        assert (good["cp"], good["ep"]) == (lay.context, lay.expert)
+        assert good["vpp"] == (lay.virtual if lay.virtual > 1 else None)
+        assert good["sequence_parallel"] == lay.sequence_parallel
+        assert (good["num_moe_experts"] is not None) == lay.moe
+        assert not bad["ok"], bad
+
+
+def test_torchtitan_accepts_the_levers(tmp_path: Path) -> None:
+    if importlib.util.find_spec("torchtitan") is None:
+        pytest.skip("torchtitan: pip install 'shardplan[engines]'")
+    pytest.importorskip("tyro", reason="torchtitan's config manager needs tyro")
+    cases, lays = [], []
+    for i, c in enumerate(("sp-interleaved", "cp")):
+        tp = _at_zero3(plan_of(c))
+        path = tmp_path / f"job{i}.toml"
+        path.write_text(torchtitan.to_torchtitan(tp, arch_of(c)))
+        cases.append({"engine": "torchtitan", "world": MESH.size, "path": str(path)})
+        lays.append(read_layout(tp, MENUS["torchtitan"]))
+    res = run_checks(cases, tmp_path)
+    for got, lay in zip(res, lays, strict=True):
+        assert got["ok"], got
+        assert (got["tp"], got["pp"], got["cp"], got["dp"]) == (
+            lay.tensor, lay.pipeline, lay.context, lay.data
+        )  # fmt: skip
+        assert got["schedule"] == ("Interleaved1F1B" if lay.virtual > 1 else "1F1B")
+        assert len(got["module_fqns_per_model_part"]) == lay.pipeline * lay.virtual
+
+
+def _at_zero3(tp: TrainingPlan) -> TrainingPlan:
+    """`tp` with ZeRO-3 and full recomputation on every stage (torchtitan's FSDP and AC modes)."""
+    stages = tuple(
+        Stage(s.plan, dataclasses.replace(s.levers, zero=3, recompute=Recompute.FULL))
+        for s in tp.stages
+    )
+    return dataclasses.replace(tp, stages=stages, step=None)
+
+
+def test_torchtitan_refuses_context_parallelism_on_replicated_parameters() -> None:
+    with pytest.raises(PlanError, match="context parallelism x2 with ZeRO-0"):
+        torchtitan.to_torchtitan(
+            dataclasses.replace(
+                plan_of("cp"),
+                stages=tuple(
+                    Stage(s.plan, dataclasses.replace(s.levers, recompute=Recompute.NONE))
+                    for s in plan_of("cp").stages
+                ),
+                step=None,
+            )
+        )
+
+
+@pytest.mark.parametrize("case", ["sp-interleaved", "cp", "ep"])
+def test_deepspeed_refuses_what_its_config_cannot_say(case: str) -> None:
+    with pytest.raises(PlanError, match="--to megatron"):
+        deepspeed.to_deepspeed(plan_of(case))
+
+
+def test_megatron_refuses_an_expert_model_without_its_expert_count() -> None:
+    lay = read_layout(plan_of("ep"), MENUS["megatron"])
+    with pytest.raises(PlanError, match="--num-experts"):
+        megatron.megatron_flags(lay, {})
+    with pytest.raises(PlanError, match="shared"):
+        megatron.megatron_kwargs(lay, {**arch_of("ep"), "shared": 1})
+
+
+def test_a_context_lever_without_context_cuts_is_refused() -> None:
+    tp = plan_of("sp-interleaved")
+    stages = tuple(
+        Stage(s.plan, dataclasses.replace(s.levers, context_parallel=True)) for s in tp.stages
+    )
+    with pytest.raises(PlanError, match="context-parallel lever is on"):
+        read_layout(dataclasses.replace(tp, stages=stages, step=None), MENUS["megatron"])
