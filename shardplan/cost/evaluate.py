@@ -321,14 +321,9 @@ def op_terms(
         else:
             intra, compute = unary(graph, op, strategy, mesh, opts)
         dsts = cache.layouts(op, cid, strategy)[0]
+        intra = _credited(cache, strategies, index, op, intra)
         edges: list[EdgeTerm] = []
         for i, name in enumerate(op.inputs):
-            prev = cache.previous[index][i]
-            if prev is not None:
-                p_op = graph.ops[prev[0]]
-                intra = intra + cache.credit(
-                    name, (p_op, prev[1], strategies[p_op.name]), (op, i, strategy), cid
-                )
             src = out_layout.get(name) or homes.get(name)
             if src is None:
                 continue
@@ -520,7 +515,23 @@ def _own_and_edges(
     price: OpPrice,
 ) -> tuple[CommTerms, CommTerms]:
     """`OpTerms.intra` and `OpTerms.redistribution` of the `index`-th op (see `op_terms`)."""
-    intra, redis = price.intra, ZERO
+    intra, redis = _credited(cache, strategies, index, op, price.intra), ZERO
+    for i, name in enumerate(op.inputs):
+        src = out_layout.get(name) or homes.get(name)
+        if src is not None and src != price.inputs[i]:
+            redis = redis + cache.move(name, src, price.inputs[i])
+    return intra, redis
+
+
+def _credited(
+    cache: ScoreCache,
+    strategies: Mapping[str, Strategy],
+    index: int,
+    op: Op,
+    intra: CommTerms,
+) -> CommTerms:
+    """`intra` less the share credits of the `index`-th op's operands that an earlier reader
+    already gathered (`ScoreCache.credit`), added in operand order."""
     graph, strategy, cid = cache.graph, strategies[op.name], cache.classes[index]
     for i, name in enumerate(op.inputs):
         prev = cache.previous[index][i]
@@ -529,10 +540,7 @@ def _own_and_edges(
             intra = intra + cache.credit(
                 name, (p_op, prev[1], strategies[p_op.name]), (op, i, strategy), cid
             )
-        src = out_layout.get(name) or homes.get(name)
-        if src is not None and src != price.inputs[i]:
-            redis = redis + cache.move(name, src, price.inputs[i])
-    return intra, redis
+    return intra
 
 
 def memory_per_device(
