@@ -524,22 +524,15 @@ def _own_and_edges(
 
 
 def _credited(
-    cache: ScoreCache,
-    strategies: Mapping[str, Strategy],
-    index: int,
-    op: Op,
-    intra: CommTerms,
+    cache: ScoreCache, strategies: Mapping[str, Strategy], index: int, op: Op, intra: CommTerms
 ) -> CommTerms:
-    """`intra` less the share credits of the `index`-th op's operands that an earlier reader
-    already gathered (`ScoreCache.credit`), added in operand order."""
-    graph, strategy, cid = cache.graph, strategies[op.name], cache.classes[index]
-    for i, name in enumerate(op.inputs):
-        prev = cache.previous[index][i]
+    """`intra` with the `index`-th op's share credits (`ScoreCache.credit`), in operand order."""
+    strategy, cid = strategies[op.name], cache.classes[index]
+    for i, (name, prev) in enumerate(zip(op.inputs, cache.previous[index], strict=True)):
         if prev is not None:
-            p_op = graph.ops[prev[0]]
-            intra = intra + cache.credit(
-                name, (p_op, prev[1], strategies[p_op.name]), (op, i, strategy), cid
-            )
+            p_op = cache.graph.ops[prev[0]]
+            earlier = (p_op, prev[1], strategies[p_op.name])
+            intra = intra + cache.credit(name, earlier, (op, i, strategy), cid)
     return intra
 
 
