@@ -112,11 +112,9 @@ def stage_tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
     return tuple(out)
 
 
-def extrapolate(
-    base: StageProfile, q1: StageProfile, q2: StageProfile, k: int, j: int = 2
-) -> StageProfile:
-    """The profile of a chunk of k periods from its own j-period reduction `base` and the
-    per-period increment q2 - q1: additive terms base + (k - j)(q2 - q1); the peaks and the
+def extrapolate(base: StageProfile, q1: StageProfile, q2: StageProfile, k: int) -> StageProfile:
+    """The profile of a chunk of k periods from its own two-period reduction `base` and the
+    per-period increment q2 - q1: additive terms base + (k - 2)(q2 - q1); the peaks and the
     stage inputs are base's (module docstring)."""
     out = {}
     for f in fields(StageProfile):
@@ -124,9 +122,9 @@ def extrapolate(
         if f.name in _PEAKS or f.name in _KEEP:
             out[f.name] = a
         else:
-            out[f.name] = a + (k - j) * (getattr(q2, f.name) - getattr(q1, f.name))
+            out[f.name] = a + (k - 2) * (getattr(q2, f.name) - getattr(q1, f.name))
     out["zero"] = tuple(
-        ZeroStep(*(a + (k - j) * (y - x) for a, x, y in zip(_zs(z), _zs(z1), _zs(z2), strict=True)))
+        ZeroStep(*(a + (k - 2) * (y - x) for a, x, y in zip(_zs(z), _zs(z1), _zs(z2), strict=True)))
         for z, z1, z2 in zip(base.zero, q1.zero, q2.zero, strict=True)
     )
     return StageProfile(**out)
@@ -195,6 +193,7 @@ class StageProfiler:
     ) -> None:
         self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
         self.samples = samples
+        self.moe = any(expert_dim(graph, op) is not None for op in graph.ops)  # once per graph
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
         self.micro_batches = micro_batches
@@ -207,12 +206,11 @@ class StageProfiler:
         out = [Family("drec"), Family("drec", 1, True), Family("data-parallel")]
         for t in stage_tensor_degrees(self.mesh):
             out += [Family("megatron", t), Family("megatron", t, True)]
-        moe = any(expert_dim(self.graph, op) is not None for op in self.graph.ops)
         for t in (1, *stage_tensor_degrees(self.mesh)):
             sps = (False, True) if t > 1 else (False,)
             data = self.mesh.size // t
             degrees = data_degrees(self.mesh, t)
-            if moe:
+            if self.moe:
                 out += [Family("megatron", t, sp, expert=d) for d in degrees for sp in sps]
             # context parallelism: the largest degree the batch leaves idle (fewer ways idle)
             fill = [d for d in degrees if self.samples is not None and self.samples * d <= data]
