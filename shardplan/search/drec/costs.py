@@ -44,7 +44,7 @@ from shardplan.ir.op import Role
 from shardplan.mesh import Mesh, Round
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
 from shardplan.search.drec.fold import op_labels
-from shardplan.search.drec.ledger import RoundLedger, through_chain
+from shardplan.search.drec.ledger import ELSEWHERE, RoundLedger, through_chain
 from shardplan.search.drec.tables import SearchTables, layout
 from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
 
@@ -118,6 +118,10 @@ class RoundCosts(RoundLedger):
         self.group_of, self.param_positions = tables.group_of, tables.param_positions
         self._flex_nbrs = tables.flex_nbrs
         self._in_adj, self._out_adj = tables.in_adj, tables.out_adj
+        self.followers = tables.followers
+        self._follow_key: list[object] = [None] * len(graph.ops)
+        """Per heavy op, this round: its followers' kinds (their prices depend on nothing else)."""
+        self._follow_cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
         self._near_cache: dict[tuple[object, ...], list[float]] = {}
@@ -152,6 +156,34 @@ class RoundCosts(RoundLedger):
                 )
             self._cache[key] = cached
         return cached  # shared: callers copy before changing it
+
+    def _greedy_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
+        """Heavy op i's own costs as the greedy pass prices its cuts: with the extra own cost
+        each cut leaves on the transparent ops that follow its layout (`SearchTables.followers`:
+        a split that reaches them splits their compute too; one that does not leaves them
+        whole), each at its share, over its cheapest cut."""
+        own = RoundCosts._own_costs(self, i, r, charged)
+        followers = self.followers[i]
+        if not followers or self.opts.preset.symbolic:
+            return own
+        st = self.states[i]
+        shared = (
+            tuple(pos for pos, name in enumerate(st.op.inputs) if (name, r) in charged)
+            if charged
+            else ()
+        )
+        key = (r, st.kind, shared, self._follow_key[i])
+        cached = self._follow_cache.get(key)
+        if cached is None:
+            extra = dict.fromkeys(own, 0.0)
+            for t, share, carry in followers:
+                costs = RoundCosts._own_costs(self, t, r, frozenset())
+                floor = min(costs.values())
+                for cut in extra:
+                    c = costs.get(carry.get(cut))
+                    extra[cut] += share * ((costs[None] if c is None else c) - floor)
+            cached = self._follow_cache[key] = {c: v + extra[c] for c, v in own.items()}
+        return cached
 
     def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         st, rnd, opts = self.states[i], self.rounds[r], self.opts
@@ -325,25 +357,40 @@ class RoundCosts(RoundLedger):
         rnd: Round,
         decided: dict[int, str | None],
         only: int | None = None,
+        shared: dict[tuple[object, ...], dict[str | None, float]] | None = None,
     ) -> dict[str | None, float]:
         """Redistribution of each of `cuts` against the decided heavy neighbours: flex edges (a
         split a chain cannot carry gathers on the way), sibling edges (splits must meet on the
         shared op's dims) and other readers of a shared parameter; the neighbours' side is looked
         up once per edge. `only`: the edges to that one decided neighbour alone (the greedy adds
-        them to a neighbour's prices when it decides, instead of pricing all edges again)."""
+        them to a neighbour's prices when it decides, instead of pricing all edges again).
+        Flex edges that can share one layout change are charged once, at the dearest of them
+        (`shared` keeps, per such set, each cut's charge so far): those leaving one output
+        through one transparent op towards one layout with one history (the embeddings' output
+        reaching every layer's readers through the residual stream is gathered once, not once
+        per reader), and those arriving at one input through a chain from producers laid out
+        alike."""
         st = self.states[i]
         op, lay = st.op, self.layouts[i]
         costs = dict.fromkeys(cuts, 0.0)
+        shared = {} if shared is None else shared
 
-        def add(side: int, pos: int, price: Callable[[int], float]) -> None:
+        def add(side: int, pos: int, price: Callable[[int], float], key: object = None) -> None:
             """Each cut's price on one edge, by the layout the cut puts on it (`lay[cut][side]`,
-            0 inputs, 1 outputs, at `pos`)."""
+            0 inputs, 1 outputs, at `pos`); with `key`, only above the set's charge so far."""
             priced: dict[int, float] = {}  # cuts with one layout on the edge price alike
+            charged = None if key is None else shared.setdefault(key, {})
             for cut in cuts:
                 mine = lay[cut][side][pos]
                 c = priced.get(mine)
                 if c is None:
                     c = priced[mine] = price(mine)
+                if charged is not None:
+                    old = charged.get(cut)
+                    if old is not None and c <= old:
+                        continue
+                    charged[cut] = c
+                    c -= old or 0.0
                 costs[cut] += c
 
         for incoming, edges in ((True, st.preds), (False, st.succs)):
@@ -353,21 +400,28 @@ class RoundCosts(RoundLedger):
                     continue
                 if incoming:  # the producer's output layout meets this op's input
                     theirs, side, pos = self._out(j, decided[j], e.out_pos), 0, e.in_pos
+                    seen = e.forward.get(theirs, ELSEWHERE) if theirs >= 0 else theirs
                 else:  # this op's output meets the consumer's input layout
                     theirs, side, pos = self._in(j, decided[j], e.in_pos), 1, e.out_pos
+                    seen = e.backward.get(theirs, ELSEWHERE) if theirs >= 0 else theirs
                 name = op.inputs[pos] if incoming else op.outputs[pos]
                 ctx = self._flex_ctx[id(e)]
-                add(side, pos, partial(self._chain_price, e, theirs, incoming, ctx, name))
-        for k, (other, pos, other_pos, to_other) in enumerate(st.siblings):
+                key = None if e.via < 0 else (side, pos, -1 if incoming else e.via, seen, ctx)
+                add(side, pos, partial(self._chain_price, e, theirs, incoming, ctx, name), key)
+        for k, (other, pos, other_pos, to_other, via) in enumerate(st.siblings):
             if other not in decided or (only is not None and other != only):
                 continue
             theirs = self._out(other, decided[other], other_pos)
             ctx, name = self._sib_ctx[i, k], self.states[other].op.outputs[other_pos]
-            add(1, pos, partial(self._sibling_price, to_other, theirs, ctx, name))
+            seen = ELSEWHERE if theirs >= 0 else theirs
+            for mine, at in to_other.items():
+                seen = mine if at == theirs and theirs >= 0 else seen
+            key = (1, pos, via, seen, ctx)  # one layout change at `via` serves flex edges too
+            add(1, pos, partial(self._sibling_price, to_other, theirs, ctx, name), key)
         if self.param_positions[i]:
-            shared = self._shared_param_costs(i, cuts, decided, only)
+            shared_params = self._shared_param_costs(i, cuts, decided, only)
             for cut in cuts:
-                costs[cut] += shared[cut]
+                costs[cut] += shared_params[cut]
         return costs
 
     def _chain_price(
@@ -524,7 +578,11 @@ class RoundCosts(RoundLedger):
         """The ledger's new round, and no own cost or edge price of the last one."""
         self._cache.clear()
         self._near_cache.clear()
+        self._follow_cache.clear()
         super().begin_round(r)
+        for i in self.heavy:
+            if self.followers[i]:
+                self._follow_key[i] = tuple(self.states[t].kind for t, _, _ in self.followers[i])
 
     def round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""

@@ -42,7 +42,9 @@ def dim_map(op: Op, input_pos: int, output_pos: int = 0) -> dict[int, int]:
 class FlexEdge:
     """Heavy `producer` output `out_pos` reaches heavy `consumer` input `in_pos`.
 
-    `to_consumer` maps the producer's output tensor dims to the consumer's input tensor dims.
+    `to_consumer` maps the producer's output tensor dims to the consumer's input tensor dims;
+    `via` is the transparent op that reads the producer's output on the way (-1: the consumer
+    reads it directly). Edges leaving through one such op share its layout changes.
     """
 
     producer: int
@@ -50,6 +52,7 @@ class FlexEdge:
     consumer: int
     in_pos: int
     to_consumer: tuple[tuple[int, int], ...]
+    via: int = -1
     forward: dict[int, int] = field(default_factory=dict, compare=False, hash=False, repr=False)
     """`to_consumer` as a dict (producer dim -> consumer dim), for look-ups in the search."""
     backward: dict[int, int] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -62,23 +65,24 @@ class FlexEdge:
 
 def heavy_sources(
     graph: Graph, heavy: frozenset[int], tensor: str, mapping: dict[int, int], budget: int = 16
-) -> list[tuple[int, int, dict[int, int]]]:
+) -> list[tuple[int, int, dict[int, int], int]]:
     """The heavy ops whose output reaches `tensor` through transparent ops: (op, output
-    position, its output dim -> the dim `mapping` sends `tensor`'s dim to). Breadth first, at
-    most `budget` transparent ops visited."""
-    found: list[tuple[int, int, dict[int, int]]] = []
-    queue = deque([(tensor, mapping)])
+    position, its output dim -> the dim `mapping` sends `tensor`'s dim to, the transparent op
+    that reads that output on the way or -1). Breadth first, at most `budget` transparent ops
+    visited."""
+    found: list[tuple[int, int, dict[int, int], int]] = []
+    queue = deque([(tensor, mapping, -1)])
     seen = {tensor}
     visited = 0
     while queue:
-        name, current = queue.popleft()
+        name, current, reader = queue.popleft()
         u = graph.producer.get(name)
         if u is None:
             continue
         producer = graph.ops[u]
         out_pos = producer.outputs.index(name)
         if u in heavy:
-            found.append((u, out_pos, current))
+            found.append((u, out_pos, current, reader))
             continue
         visited += 1
         if visited > budget:
@@ -89,7 +93,7 @@ def heavy_sources(
             seen.add(source)
             through = dim_map(producer, j, out_pos)
             composed = {src: current[mid] for src, mid in through.items() if mid in current}
-            queue.append((source, composed))
+            queue.append((source, composed, u))
     return found
 
 
@@ -100,21 +104,24 @@ def build_flex_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -> l
         op = graph.ops[v]
         for in_pos, tensor in enumerate(op.inputs):
             identity = {d: d for d in range(len(graph.tensors[tensor].shape))}
-            for u, out_pos, mapping in heavy_sources(graph, heavy, tensor, identity, budget):
-                edges.append(FlexEdge(u, out_pos, v, in_pos, tuple(sorted(mapping.items()))))
+            for u, out_pos, mapping, via in heavy_sources(graph, heavy, tensor, identity, budget):
+                edges.append(FlexEdge(u, out_pos, v, in_pos, tuple(sorted(mapping.items())), via))
     return edges
 
 
 @dataclass(frozen=True, slots=True)
 class SiblingEdge:
     """Heavy ops `a` and `b` whose outputs meet at one transparent op (two embeddings summed,
-    the two sides of a residual add): they agree when `a_to_b` maps a's split onto b's."""
+    the two sides of a residual add): they agree when `a_to_b` maps a's split onto b's.
+    `a_via`, `b_via`: the transparent op that reads each one's output on the way (`FlexEdge`)."""
 
     a: int
     a_pos: int
     b: int
     b_pos: int
     a_to_b: tuple[tuple[int, int], ...]
+    a_via: int = -1
+    b_via: int = -1
 
 
 def build_sibling_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -> list[SiblingEdge]:
@@ -129,9 +136,10 @@ def build_sibling_edges(graph: Graph, heavy: frozenset[int], budget: int = 16) -
 
 def sibling_sources(
     graph: Graph, heavy: frozenset[int], t: int, budget: int = 16
-) -> list[tuple[int, int, int, int, tuple[tuple[int, int], ...]]]:
-    """(a, a_pos, b, b_pos, a_to_b) of each pair of heavy ops whose outputs meet at transparent
-    op t through different activation inputs of it (none when it has fewer than two)."""
+) -> list[tuple[int, int, int, int, tuple[tuple[int, int], ...], int, int]]:
+    """(a, a_pos, b, b_pos, a_to_b, a_via, b_via) of each pair of heavy ops whose outputs meet at
+    transparent op t through different activation inputs of it (none when it has fewer than
+    two); the vias as `heavy_sources` gives them (t itself when it reads the output)."""
     op = graph.ops[t]
     inputs = [
         (k, name) for k, name in enumerate(op.inputs) if graph.tensors[name].role is Role.ACTIVATION
@@ -141,16 +149,16 @@ def sibling_sources(
     sources = []
     for k, name in inputs:
         to_out = dim_map(op, k, 0)
-        for u, pos, mapping in heavy_sources(graph, heavy, name, to_out, budget):
-            sources.append((k, u, pos, mapping))
+        for u, pos, mapping, via in heavy_sources(graph, heavy, name, to_out, budget):
+            sources.append((k, u, pos, mapping, via if via >= 0 else t))
     found = []
-    for x, (ka, a, a_pos, a_map) in enumerate(sources):
-        for kb, b, b_pos, b_map in sources[x + 1 :]:
+    for x, (ka, a, a_pos, a_map, a_via) in enumerate(sources):
+        for kb, b, b_pos, b_map, b_via in sources[x + 1 :]:
             if ka == kb or a == b:
                 continue
             at_out = {out: dim for dim, out in b_map.items()}
             pairs = tuple(sorted((d, at_out[o]) for d, o in a_map.items() if o in at_out))
-            found.append((a, a_pos, b, b_pos, pairs))
+            found.append((a, a_pos, b, b_pos, pairs, a_via, b_via))
     return found
 
 

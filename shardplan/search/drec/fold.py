@@ -123,19 +123,22 @@ class Fold:
             place = self._reduced_index if x >= late else self._same
             op = full.ops[x]
             if x not in heavy:
-                for a, a_pos, b, b_pos, pairs in sibling_sources(full, heavy, x, budget):
+                for a, a_pos, b, b_pos, pairs, a_via, b_via in sibling_sources(
+                    full, heavy, x, budget
+                ):
                     ra, rb = place(a), place(b)
                     if ra is None or rb is None:
                         return None
-                    siblings.append(SiblingEdge(ra, a_pos, rb, b_pos, pairs))
+                    siblings.append(SiblingEdge(ra, a_pos, rb, b_pos, pairs, a_via, b_via))
                 continue
             for in_pos, tensor in enumerate(op.inputs):
                 identity = {d: d for d in range(len(full.tensors[tensor].shape))}
-                for u, out_pos, mapping in heavy_sources(full, heavy, tensor, identity, budget):
+                for u, out_pos, mapping, via in heavy_sources(full, heavy, tensor, identity, budget):
                     ru = place(u)
                     if ru is None:
                         return None
-                    edges.append(FlexEdge(ru, out_pos, v, in_pos, tuple(sorted(mapping.items()))))
+                    dims = tuple(sorted(mapping.items()))
+                    edges.append(FlexEdge(ru, out_pos, v, in_pos, dims, via))  # via: a key only
         heavy_kept = frozenset(v for v, x in enumerate(kept) if x in heavy)
         return FlexGraph(heavy_kept, tuple(edges), tuple(siblings))
 

@@ -98,8 +98,9 @@ class _OpState:
     cuts: list[str | None] = field(default_factory=list)
     preds: list[FlexEdge] = field(default_factory=list)
     succs: list[FlexEdge] = field(default_factory=list)
-    siblings: list[tuple[int, int, int, dict[int, int]]] = field(default_factory=list)
-    """(other heavy op, my output position, its output position, my dim -> its dim)."""
+    siblings: list[tuple[int, int, int, dict[int, int], int]] = field(default_factory=list)
+    """(other heavy op, my output position, its output position, my dim -> its dim, the
+    transparent op reading my output on the way)."""
     ar_history: dict[tuple[bool, int], list[tuple[int, float, int]]] = field(default_factory=dict)
     """(is_output, position) -> [(round, all-reduce cost charged then, bit mask of the later
     rounds that price assumed would shrink the operand first)]."""
@@ -163,9 +164,11 @@ class RoundLedger:
             _OpState.of(graph, op, label) for op, label in zip(graph.ops, labels, strict=True)
         ]
         for sib in flex.siblings:
-            self.states[sib.a].siblings.append((sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b)))
+            self.states[sib.a].siblings.append(
+                (sib.b, sib.a_pos, sib.b_pos, dict(sib.a_to_b), sib.a_via)
+            )
             back = {b: a for a, b in sib.a_to_b}
-            self.states[sib.b].siblings.append((sib.a, sib.b_pos, sib.a_pos, back))
+            self.states[sib.b].siblings.append((sib.a, sib.b_pos, sib.a_pos, back, sib.b_via))
         for edge in flex.edges:
             self.states[edge.consumer].preds.append(edge)
             self.states[edge.producer].succs.append(edge)
@@ -185,8 +188,9 @@ class RoundLedger:
         self._param_ctx: dict[tuple[int, int, int, int], int] = {}
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
         self._edge_cache: dict[tuple[int, int, int, str], float] = {}
-        self._edge_kinds: dict[tuple[int, int, float, int, bool], float] = {}
-        self._prev_price: dict[tuple[int, float, int, bool], float] = {}
+        self._edge_kinds: dict[tuple[object, ...], float] = {}
+        self._prev_price: dict[tuple[object, ...], float] = {}
+        self._ahead_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self._assumed_cache: dict[tuple[object, ...], int] = {}
         self._reduced_cache: dict[tuple[int, str | None], tuple[tuple[bool, int], ...]] = {}
@@ -399,36 +403,59 @@ class RoundLedger:
     def _edge(self, src: int, dst: int, ctx: int, name: str) -> float:
         """Marginal price of one edge in the current round: round r's layouts `src` -> `dst`
         after the earlier rounds' context `ctx` (caches are cleared every round)."""
-        if src == dst and (src < 0 or not self._ctx_moves[ctx]):
-            return 0.0  # nothing moves now, and no earlier collective shrinks
+        if src == dst and not self._ctx_moves[ctx]:
+            return 0.0  # nothing moves now or before, so nothing grows or shrinks
         key = (src, dst, ctx, name)
         cost = self._edge_cache.get(key)
         if cost is None:
             # tensors of one size, dtype and gradient status price alike: layer copies share it
             t = self.graph.tensors[name]
             width = self.opts.element_bytes(t)
-            kind = (relation(src, dst), ctx, float(t.numel), width, name in self._grad)
+            ahead = self._ahead(t.shape)
+            kind = (relation(src, dst), ctx, float(t.numel), width, name in self._grad, ahead)
             cost = self._edge_kinds.get(kind)
             if cost is None:
                 cost = self._edge_kinds[kind] = self._marginal(*kind)
             self._edge_cache[key] = cost
         return cost
 
-    def _marginal(self, rel: int, ctx: int, numel: float, width: int, grad: bool) -> float:
-        """The edge's price over rounds 0..r minus over rounds 0..r-1 (see the module doc)."""
+    def _ahead(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Per round, the relation an edge of a tensor of `shape` is assumed to have while the
+        round is not decided yet: 0 (split alike on both sides) in a round whose q divides some dim of it, else 1
+        (both replicated). Assumed split, a later round shrinks this round's collective, as the
+        faster later rounds are assumed to shrink an all-reduce (`_assumed`); a later round that
+        does not keep it split repays the growth (the marginal prices still telescope). With
+        the symbolic preset, 1: MindSpore prices a round's edges on their own."""
+        out = self._ahead_cache.get(shape)
+        if out is None:
+            symbolic = self.opts.preset.symbolic
+            out = self._ahead_cache[shape] = tuple(
+                1 if symbolic or not any(n % rnd.q == 0 for n in shape) else 0
+                for rnd in self.rounds
+            )
+        return out
+
+    def _marginal(
+        self, rel: int, ctx: int, numel: float, width: int, grad: bool, ahead: tuple[int, ...]
+    ) -> float:
+        """The edge's price over rounds 0..r, then as assumed (`_ahead`), minus its price over
+        rounds 0..r-1, then as assumed from round r on (see the module doc)."""
         r, rounds, opts = self._r, self.rounds, self.opts
         codes = self._ctxs[ctx]
         src = tuple(_EXAMPLE[c][0] for c in codes)
         dst = tuple(_EXAMPLE[c][1] for c in codes)
-        key = (ctx, numel, width, grad)
+        later_src = tuple(_EXAMPLE[c][0] for c in ahead[r + 1 :])
+        later_dst = tuple(_EXAMPLE[c][1] for c in ahead[r + 1 :])
+        key = (ctx, numel, width, grad, ahead)
         before = self._prev_price.get(key)
         if before is None:
+            a, b = _EXAMPLE[ahead[r]]
             before = self._prev_price[key] = edge_redistribution(
-                src, dst, numel, width, rounds[:r], grad, opts
+                (*src, a, *later_src), (*dst, b, *later_dst), numel, width, rounds, grad, opts
             ).total
         a, b = _EXAMPLE[rel]
         now = edge_redistribution(
-            (*src, a), (*dst, b), numel, width, rounds[: r + 1], grad, opts
+            (*src, a, *later_src), (*dst, b, *later_dst), numel, width, rounds, grad, opts
         ).total
         return now - before
 
@@ -482,7 +509,7 @@ class RoundLedger:
                 chained = [through_chain(e, a, b, True) for a, b in pairs]
                 yield [a for a, _ in chained], [b for _, b in chained]
         for st in states:
-            for other, pos, other_pos, to_other in st.siblings:
+            for other, pos, other_pos, to_other, _ in st.siblings:
                 mine = [
                     to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos][pick]
                 ]

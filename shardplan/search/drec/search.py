@@ -82,10 +82,17 @@ class _Search(RoundCosts):
             return {cut: costs[cut]}
         return costs
 
+    def _greedy_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
+        costs = super()._greedy_costs(i, r, charged)
+        if i in self.fixed:  # as `_own_costs`
+            cut = self.fixed[i][r]
+            return {cut: costs[cut]}
+        return costs
+
     def _order(self, r: int) -> tuple[dict[int, dict[str | None, float]], list[int]]:
         """The heavy ops' own costs in round r, and the order they decide in: heaviest first
         (by their dearest cut, or their cheapest), ties by graph index."""
-        own = {i: self._own_costs(i, r, set()) for i in self.heavy}
+        own = {i: self._greedy_costs(i, r, set()) for i in self.heavy}
         weight = min if self.lightest_cut_order else max
         return own, sorted(self.heavy, key=lambda i: (-weight(own[i].values()), i))
 
@@ -99,6 +106,7 @@ class _Search(RoundCosts):
         deferred: set[int] = set()
         queue = deque(order)
         memo: dict[int, dict[str | None, float]] = {}
+        sets: dict[int, dict[tuple[object, ...], dict[str | None, float]]] = {}
 
         pending: dict[int, list[int]] = {}
         shared = self._group_shares(r, own)
@@ -108,10 +116,11 @@ class _Search(RoundCosts):
             added when it is asked for again (incremental prices)."""
             costs = memo.get(j)
             if costs is None:
-                costs = memo[j] = self._flex_costs(j, list(own[j]), rnd, decided)
+                sets[j] = {}
+                costs = memo[j] = self._flex_costs(j, list(own[j]), rnd, decided, None, sets[j])
                 pending.pop(j, None)
             for k in pending.pop(j, ()):
-                delta = self._flex_costs(j, list(costs), rnd, decided, only=k)
+                delta = self._flex_costs(j, list(costs), rnd, decided, k, sets[j])
                 costs = memo[j] = {c: v + delta[c] for c, v in costs.items()}
             return costs
 
@@ -126,13 +135,13 @@ class _Search(RoundCosts):
                 owed = self._credit_costs(j, r, list(own[j]), decided)
                 flex[j] = {c: v + owed[c] for c, v in flex_of(j).items()}
             if len(group) == 1:  # alone: its own terms do not change with its trial charges
-                costs = self._own_costs(i, r, charged)
+                costs = self._greedy_costs(i, r, charged)
                 totals = {cut: costs[cut] + flex[i][cut] for cut in own[i] if cut in costs}
             for cut in own[i] if len(group) > 1 else ():
                 trial = Overlay(charged)
                 total = 0.0
                 for j in group:  # readers of one tensor decide together: they share its grad
-                    costs = self._own_costs(j, r, trial)
+                    costs = self._greedy_costs(j, r, trial)
                     if cut not in costs:
                         break
                     total += costs[cut] + flex[j][cut]
@@ -141,7 +150,7 @@ class _Search(RoundCosts):
                     totals[cut] = total
             if not totals:  # the readers have no common valid cut: decide alone
                 group = [i]
-                totals = dict(self._own_costs(i, r, charged))
+                totals = dict(self._greedy_costs(i, r, charged))
                 for cut in totals:
                     totals[cut] += flex[i][cut]
             ahead = [self._lookahead(j, decided, shared, flex_of) for j in group]
@@ -184,7 +193,7 @@ class _Search(RoundCosts):
                 trial = Overlay(set())
                 total = 0.0
                 for j in group:
-                    costs = self._own_costs(j, r, trial)
+                    costs = self._greedy_costs(j, r, trial)
                     if cut not in costs:
                         break
                     total += costs[cut]
