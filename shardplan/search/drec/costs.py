@@ -384,13 +384,15 @@ class RoundCosts(RoundLedger):
                 mine = lay[cut][side][pos]
                 c = priced.get(mine)
                 if c is None:
-                    c = priced[mine] = price(mine)
-                if charged is not None:
-                    old = charged.get(cut)
-                    if old is not None and c <= old:
-                        continue
-                    charged[cut] = c
-                    c -= old or 0.0
+                    c = price(mine)
+                    if charged is not None:  # the set's charge for this layout so far
+                        old = charged.get(mine)
+                        if old is not None and c <= old:
+                            c = 0.0
+                        else:
+                            charged[mine] = c
+                            c -= old or 0.0
+                    priced[mine] = c
                 costs[cut] += c
 
         for incoming, edges in ((True, st.preds), (False, st.succs)):
