@@ -7,12 +7,15 @@ sizes left by rounds < r, every candidate cut of an op:
   * own terms: intra-operator collectives (`cost.terms.intra_terms`; gradient all-reduces shrunk
     by the faster rounds that will reduce them first), the extra compute of "no cut", the
     all-reduce "backlog" of earlier slower rounds a cut breaks, and lambda * bytes kept replicated;
+    in the greedy pass, a heavy op's cut also pays what it leaves its followers (the transparent
+    ops that take its layout: `tables.SearchTables.followers`) above their cheapest cuts;
   * redistribution against decided neighbours: through flex edges (heavy to heavy across chains
-    of layout-transparent ops), against immediate neighbours, and between readers of one
-    parameter. An edge's price in round r is its MARGINAL cost: the evaluator's price of the
-    edge over rounds 0..r (`cost.terms.edge_redistribution`) minus its price over rounds
-    0..r-1, given the layouts decided in the earlier rounds (the edge's "context": per earlier
-    round how its two layouts relate, `relation`). Summed over the rounds this telescopes to the
+    of layout-transparent ops; edges one layout change serves are charged once, at the dearest),
+    against immediate neighbours, and between readers of one parameter. An edge's price in
+    round r is its MARGINAL cost (`ledger.RoundLedger._marginal`): the evaluator's price of the
+    edge with rounds 0..r as decided minus with rounds 0..r-1 as decided, the rounds not decided
+    yet assumed split alike on both sides in both (the edge's "context": per earlier round how
+    its two layouts relate, `relation`). Summed over the rounds this telescopes to the
     evaluator's price of the whole edge, multi-round all-to-alls included; a round that keeps a
     split on both sides earns the shrinking of earlier rounds' collectives (a negative price);
   * the full cost of a round's complete assignment, to compare whole-round alternatives.
@@ -42,9 +45,17 @@ from shardplan.cost.terms import (
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh, Round
-from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
+from shardplan.search.drec.flex import (
+    ELSEWHERE,
+    FlexEdge,
+    FlexGraph,
+    build_flex_graph,
+    through_chain,
+)
 from shardplan.search.drec.fold import op_labels
-from shardplan.search.drec.ledger import ELSEWHERE, RoundLedger, through_chain
+from shardplan.search.drec.followers import follower_excess
+from shardplan.search.drec.ledger import RoundLedger
+from shardplan.search.drec.overlay import Charges
 from shardplan.search.drec.tables import SearchTables, layout
 from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
 
@@ -53,29 +64,6 @@ def differs(a: Round, b: Round) -> bool:
     """Whether two rounds cut different ways (q): what one leaves decides what the other can cut
     (a round of 3 after rounds of 2), while rounds of one q can trade their cuts."""
     return a.q != b.q
-
-
-class Overlay:
-    """A set of (tensor, round) charges seen through: `base` plus a few keys added on top, so a
-    trial does not copy the round's whole set (which would make the greedy quadratic)."""
-
-    __slots__ = ("base", "extra")
-
-    def __init__(self, base: set[tuple[str, int]]) -> None:
-        self.base, self.extra = base, set()
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.base or key in self.extra
-
-    def __bool__(self) -> bool:
-        return bool(self.base) or bool(self.extra)
-
-    def add(self, key: tuple[str, int]) -> None:
-        self.extra.add(key)
-
-
-Charges = set[tuple[str, int]] | frozenset[tuple[str, int]] | Overlay
-"""Which inputs' gradients another reader already all-reduces in this round."""
 
 
 class RoundCosts(RoundLedger):
@@ -158,13 +146,10 @@ class RoundCosts(RoundLedger):
         return cached  # shared: callers copy before changing it
 
     def _greedy_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
-        """Heavy op i's own costs as the greedy pass prices its cuts: with the extra own cost
-        each cut leaves on the transparent ops that follow its layout (`SearchTables.followers`:
-        a split that reaches them splits their compute too; one that does not leaves them
-        whole), each at its share, over its cheapest cut."""
+        """Heavy op i's own costs as the greedy pass prices its cuts: with what each leaves the
+        transparent ops that follow its layout paying (`followers.follower_excess`)."""
         own = RoundCosts._own_costs(self, i, r, charged)
-        followers = self.followers[i]
-        if not followers or self.opts.preset.symbolic:
+        if not self.followers[i] or self.opts.preset.symbolic:
             return own
         st = self.states[i]
         shared = (
@@ -175,13 +160,9 @@ class RoundCosts(RoundLedger):
         key = (r, st.kind, shared, self._follow_key[i])
         cached = self._follow_cache.get(key)
         if cached is None:
-            extra = dict.fromkeys(own, 0.0)
-            for t, share, carry in followers:
-                costs = RoundCosts._own_costs(self, t, r, frozenset())
-                floor = min(costs.values())
-                for cut in extra:
-                    c = costs.get(carry.get(cut))
-                    extra[cut] += share * ((costs[None] if c is None else c) - floor)
+            extra = follower_excess(
+                self.followers[i], list(own), lambda t: RoundCosts._own_costs(self, t, r, set())
+            )
             cached = self._follow_cache[key] = {c: v + extra[c] for c, v in own.items()}
         return cached
 
@@ -361,23 +342,20 @@ class RoundCosts(RoundLedger):
     ) -> dict[str | None, float]:
         """Redistribution of each of `cuts` against the decided heavy neighbours: flex edges (a
         split a chain cannot carry gathers on the way), sibling edges (splits must meet on the
-        shared op's dims) and other readers of a shared parameter; the neighbours' side is looked
-        up once per edge. `only`: the edges to that one decided neighbour alone (the greedy adds
-        them to a neighbour's prices when it decides, instead of pricing all edges again).
-        Flex edges that can share one layout change are charged once, at the dearest of them
-        (`shared` keeps, per such set, each cut's charge so far): those leaving one output
-        through one transparent op towards one layout with one history (the embeddings' output
-        reaching every layer's readers through the residual stream is gathered once, not once
-        per reader), and those arriving at one input through a chain from producers laid out
-        alike."""
+        shared op's dims) and other readers of a shared parameter. `only`: the edges to that
+        one decided neighbour alone (added to a neighbour's prices when it decides). Edges one
+        layout change serves are charged once, at the dearest (`shared`: each set's charge per
+        layout so far): those leaving one output through one transparent op towards one layout
+        with one history, and those arriving at one input through a chain from producers
+        laid out alike (the embeddings' output is gathered once, not once per layer's reader)."""
         st = self.states[i]
         op, lay = st.op, self.layouts[i]
         costs = dict.fromkeys(cuts, 0.0)
         shared = {} if shared is None else shared
 
         def add(side: int, pos: int, price: Callable[[int], float], key: object = None) -> None:
-            """Each cut's price on one edge, by the layout the cut puts on it (`lay[cut][side]`,
-            0 inputs, 1 outputs, at `pos`); with `key`, only above the set's charge so far."""
+            """Each cut's price on one edge, by the layout it puts on it (`lay[cut][side][pos]`,
+            side 0 inputs, 1 outputs); with `key`, above the set's charge so far."""
             priced: dict[int, float] = {}  # cuts with one layout on the edge price alike
             charged = None if key is None else shared.setdefault(key, {})
             for cut in cuts:

@@ -21,6 +21,7 @@ from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.ir.signature import major_positions
+from shardplan.sharding import REPLICATED
 
 
 def is_transparent(op: Op) -> bool:
@@ -61,6 +62,28 @@ class FlexEdge:
     def __post_init__(self) -> None:
         object.__setattr__(self, "forward", dict(self.to_consumer))
         object.__setattr__(self, "backward", {c: p for p, c in self.to_consumer})
+
+
+ELSEWHERE = 1 << 20
+"""Layout value of a split on a tensor dim that does not survive a flex chain."""
+
+
+def through_chain(edge: FlexEdge, src: int, dst: int, into_consumer: bool) -> tuple[int, int]:
+    """The (src, dst) layouts an edge's redistribution is priced on once the chain of transparent
+    ops between producer and consumer is taken into account: `into_consumer` when src is the
+    producer's output layout, seen by the consumer; otherwise dst (the consumer's input layout)
+    is seen by the producer. A split the chain cannot carry gathers on the way."""
+    if into_consumer:
+        if src >= 0:
+            src = edge.forward.get(src, ELSEWHERE)
+            if src == ELSEWHERE:
+                dst = REPLICATED
+        return src, dst
+    if dst >= 0:
+        dst = edge.backward.get(dst, REPLICATED)
+    if src >= 0 and src not in edge.forward:
+        dst = REPLICATED
+    return src, dst
 
 
 def heavy_sources(

@@ -133,7 +133,8 @@ class Fold:
                 continue
             for in_pos, tensor in enumerate(op.inputs):
                 identity = {d: d for d in range(len(full.tensors[tensor].shape))}
-                for u, out_pos, mapping, via in heavy_sources(full, heavy, tensor, identity, budget):
+                sources = heavy_sources(full, heavy, tensor, identity, budget)
+                for u, out_pos, mapping, via in sources:
                     ru = place(u)
                     if ru is None:
                         return None

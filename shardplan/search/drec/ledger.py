@@ -5,10 +5,13 @@
 the graph alone decides). Per op, `_OpState`; per round:
   * every operand's layout in the rounds done, and per edge its "context": per earlier round how
     its two layouts relate (`relation`: same split, both replicated, all-to-all, gather, slice).
-    An edge's price in round r is its MARGINAL cost, `cost.terms.edge_redistribution` over rounds
-    0..r minus over 0..r-1 on a representative pair of the same context (the price depends on
-    the layouts only through their relations), so summed over the rounds it telescopes to the
-    evaluator's price of the whole edge (multi-round all-to-alls included);
+    An edge's price in round r is its MARGINAL cost, `cost.terms.edge_redistribution` with
+    rounds 0..r as decided minus with rounds 0..r-1 as decided, on a representative pair of the
+    same context (the price depends on the layouts only through their relations), the rounds
+    after them assumed split alike on both sides where their q divides some dim of the tensor
+    (`_ahead`: so an early round sees the later ones shrink its collectives, as it sees them
+    shrink its all-reduces). Summed over the rounds it telescopes to the evaluator's price of
+    the whole edge (multi-round all-to-alls included);
   * the all-reduces each op paid (priced as if the faster later rounds that can cut the op shrink
     the operand): such a round that neither splits nor reduces it charges the backlog and grows
     the pieces;
@@ -31,15 +34,11 @@ from shardplan.cost.terms import OperandInfo, edge_redistribution, faster, reduc
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh
-from shardplan.search.drec.flex import FlexEdge, FlexGraph
+from shardplan.search.drec.flex import FlexEdge, FlexGraph, through_chain
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
 
 _NONE_CHARGED: frozenset[tuple[str, int]] = frozenset()
-
-ELSEWHERE = 1 << 20
-"""Layout value of a split on a tensor dim that does not survive a flex chain."""
-
 
 _EXAMPLE = ((0, 0), (REPLICATED, REPLICATED), (0, 1), (0, REPLICATED), (REPLICATED, 0))
 """A (src, dst) pair of each `relation` (an edge's price depends on its layouts only so)."""
@@ -53,24 +52,6 @@ def relation(src: int, dst: int) -> int:
     if src >= 0:
         return 2 if dst >= 0 else 3
     return 4
-
-
-def through_chain(edge: FlexEdge, src: int, dst: int, into_consumer: bool) -> tuple[int, int]:
-    """The (src, dst) layouts an edge's redistribution is priced on once the chain of transparent
-    ops between producer and consumer is taken into account: `into_consumer` when src is the
-    producer's output layout, seen by the consumer; otherwise dst (the consumer's input layout)
-    is seen by the producer. A split the chain cannot carry gathers on the way."""
-    if into_consumer:
-        if src >= 0:
-            src = edge.forward.get(src, ELSEWHERE)
-            if src == ELSEWHERE:
-                dst = REPLICATED
-        return src, dst
-    if dst >= 0:
-        dst = edge.backward.get(dst, REPLICATED)
-    if src >= 0 and src not in edge.forward:
-        dst = REPLICATED
-    return src, dst
 
 
 def _trials(decided: dict[int, str | None], i: int, cuts: list[str | None]) -> Iterator[str | None]:
@@ -421,11 +402,11 @@ class RoundLedger:
 
     def _ahead(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Per round, the relation an edge of a tensor of `shape` is assumed to have while the
-        round is not decided yet: 0 (split alike on both sides) in a round whose q divides some dim of it, else 1
-        (both replicated). Assumed split, a later round shrinks this round's collective, as the
-        faster later rounds are assumed to shrink an all-reduce (`_assumed`); a later round that
-        does not keep it split repays the growth (the marginal prices still telescope). With
-        the symbolic preset, 1: MindSpore prices a round's edges on their own."""
+        round is not decided yet: 0 (split alike on both sides) where the round's q divides some
+        dim of it, else 1 (both replicated). Assumed split, a later round shrinks this round's
+        collective, as the faster later rounds are assumed to shrink an all-reduce (`_assumed`);
+        a later round that does not keep it split repays the growth (the marginal prices still
+        telescope). With the symbolic preset, 1: MindSpore prices a round's edges on their own."""
         out = self._ahead_cache.get(shape)
         if out is None:
             symbolic = self.opts.preset.symbolic

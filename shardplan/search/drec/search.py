@@ -7,12 +7,13 @@ Inner pass over the graph, per round r (prices: `costs.RoundCosts`):
      cuts, ties by graph index — each pick the cut c minimising
         own(c) + sum over flex neighbours decided in round r of redist(c) + lookahead(c)
      where own = intra-op collectives + extra compute of "no cut" + backlog [+ lambda * bytes
-     kept replicated, under a memory budget], and lookahead(c) is the largest extra cost c
-     forces on an undecided flex neighbour (its best answer given c and its own decided
-     neighbours, over its best without c; a neighbour that decides with other readers of its
-     input is priced at its share of their total, as they will pay it). Heavy readers of one
-     activation (q, k, v) decide together, since only a common cut lets them share their
-     input's gradient all-reduce;
+     kept replicated, under a memory budget] + what c leaves the transparent ops that follow
+     its layout paying above their cheapest cut (`RoundCosts._greedy_costs`), and
+     lookahead(c) is the largest extra cost c forces on an undecided flex neighbour (its best
+     answer given c and its own decided neighbours, over its best without c; a neighbour that
+     decides with other readers of its input is priced at its share of their total, as they
+     will pay it). Heavy readers of one activation (q, k, v) decide together, since only a
+     common cut lets them share their input's gradient all-reduce;
   2. layout-transparent operators then take their cut from their immediate neighbours: a forward
      pass in topological order, then a backward pass (reverse order) against all neighbours, so a
      chain between two heavy ops carries one layout unless the chain itself forces a change;
@@ -38,9 +39,10 @@ from typing import Any
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.costs import Overlay, RoundCosts, differs
+from shardplan.search.drec.costs import RoundCosts, differs
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.drec.fold import Fold, find_fold, op_labels
+from shardplan.search.drec.overlay import Overlay
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
 

@@ -4,9 +4,11 @@
 operand layouts in one round; its producers and readers (positions and tensors); its parameter
 inputs; per input the previous reader of the same tensor (the evaluator's gradient-share credit)
 and the later readers whose credits follow it; the ops its flex costs read; and the heavy
-readers of one activation that decide together. None of it changes with the rounds, the prices
-or the variant of the search, so the variants of one call share one copy.
-Cost: O(|V| + |E| + flex edges), once per `drec` call.
+readers of one activation that decide together; per heavy op the transparent ops that follow
+its layout (`followers.py`). None of it changes with the rounds, the prices or the variant of
+the search, so the variants of one call share one copy.
+Cost: O(|V| + |E| + flex edges), once per `drec` call (the followers' walk visits each op once,
+times the producers tied for it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 from shardplan.cost.evaluate import previous_consumer
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
-from shardplan.search.drec.flex import FlexGraph, dim_map
+from shardplan.search.drec.flex import FlexGraph
+from shardplan.search.drec.followers import follower_table
 from shardplan.sharding import PARTIAL, REPLICATED, layout_of_cut
 
 Cut = str | None
@@ -69,7 +72,7 @@ class SearchTables:
     """Heavy readers of one activation with the same candidates: they decide together."""
     followers: list[list[tuple[int, float, dict[Cut, Cut]]]]
     """Per heavy op: (transparent op, share, heavy op's cut -> the cut that carries its split
-    into it) of each transparent op whose nearest heavy producer it is (`_followers`)."""
+    into it) of each transparent op whose nearest heavy producer it is (`followers.py`)."""
 
     @staticmethod
     def of(graph: Graph, flex: FlexGraph) -> SearchTables:
@@ -118,7 +121,7 @@ class SearchTables:
             following,
             _flex_neighbours(graph, flex, params),
             _groups(graph, flex, candidates),
-            _followers(graph, flex.heavy, candidates, layouts),
+            follower_table(graph, flex.heavy, candidates, layouts),
         )
 
 
@@ -149,50 +152,3 @@ def _groups(graph: Graph, flex: FlexGraph, candidates: list[list[Cut]]) -> dict[
             for j in group:
                 group_of.setdefault(j, group)
     return group_of
-
-
-def _followers(
-    graph: Graph,
-    heavy: frozenset[int],
-    candidates: list[list[Cut]],
-    layouts: list[dict[Cut, tuple[tuple[int, ...], tuple[int, ...]]]],
-) -> list[list[tuple[int, float, dict[Cut, Cut]]]]:
-    """Each transparent op reached forward from a heavy op's outputs, attributed to its nearest
-    heavy producers (fewest transparent ops between; ties share it equally), with the cut that
-    carries each producer cut's split into it (None: the split does not reach it). A
-    multi-source breadth-first walk: O(|V| + |E|) times the ties."""
-    ops = graph.ops
-    frontier: list[tuple[int, int, int, dict[Cut, int]]] = []
-    for u in sorted(heavy):
-        for p, name in enumerate(ops[u].outputs):
-            dims = {c: layouts[u][c][1][p] for c in candidates[u]}
-            frontier += [(u, t, pos, dims) for t, pos in graph.consumers.get(name, ()) if t not in heavy]
-    owner: dict[int, list[tuple[int, dict[Cut, Cut]]]] = {}
-    while frontier:
-        level: dict[int, dict[int, tuple[int, dict[Cut, int]]]] = {}
-        for u, t, pos, dims in frontier:
-            if t not in owner:
-                level.setdefault(t, {}).setdefault(u, (pos, dims))
-        frontier = []
-        for t, by_source in level.items():
-            owner[t] = []
-            op = ops[t]
-            for u, (pos, dims) in by_source.items():
-                by_dim: dict[int, Cut] = {}
-                for ct in candidates[t]:
-                    if ct is not None:
-                        by_dim.setdefault(layouts[t][ct][0][pos], ct)
-                owner[t].append((u, {c: by_dim.get(d) if d >= 0 else None for c, d in dims.items()}))
-                for q, name in enumerate(op.outputs):
-                    through = dim_map(op, pos, q)
-                    after = {c: through.get(d, REPLICATED) if d >= 0 else d for c, d in dims.items()}
-                    frontier += [
-                        (u, w, w_pos, after)
-                        for w, w_pos in graph.consumers.get(name, ())
-                        if w not in heavy and w not in owner
-                    ]
-    out: list[list[tuple[int, float, dict[Cut, Cut]]]] = [[] for _ in ops]
-    for t in sorted(owner):
-        for u, carry in owner[t]:
-            out[u].append((t, 1.0 / len(owner[t]), carry))
-    return out
