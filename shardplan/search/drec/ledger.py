@@ -171,7 +171,7 @@ class RoundLedger:
         self._edge_cache: dict[tuple[int, int, int, str], float] = {}
         self._edge_kinds: dict[tuple[object, ...], float] = {}
         self._prev_price: dict[tuple[object, ...], float] = {}
-        self._ahead_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._ahead_of: dict[str, tuple[int, ...]] = {}  # `_ahead`, per tensor
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self._assumed_cache: dict[tuple[object, ...], int] = {}
         self._reduced_cache: dict[tuple[int, str | None], tuple[tuple[bool, int], ...]] = {}
@@ -384,15 +384,19 @@ class RoundLedger:
     def _edge(self, src: int, dst: int, ctx: int, name: str) -> float:
         """Marginal price of one edge in the current round: round r's layouts `src` -> `dst`
         after the earlier rounds' context `ctx` (caches are cleared every round)."""
-        if src == dst and not self._ctx_moves[ctx]:
-            return 0.0  # nothing moves now or before, so nothing grows or shrinks
+        if src == dst:
+            if not self._ctx_moves[ctx]:
+                return 0.0  # nothing moves now or before, so nothing grows or shrinks
+            ahead = self._ahead_of.get(name) or self._ahead(name)
+            if ahead[self._r] == (0 if src >= 0 else 1):
+                return 0.0  # this round as the earlier ones assumed it: nothing changes
         key = (src, dst, ctx, name)
         cost = self._edge_cache.get(key)
         if cost is None:
             # tensors of one size, dtype and gradient status price alike: layer copies share it
             t = self.graph.tensors[name]
             width = self.opts.element_bytes(t)
-            ahead = self._ahead(t.shape)
+            ahead = self._ahead_of.get(name) or self._ahead(name)
             kind = (relation(src, dst), ctx, float(t.numel), width, name in self._grad, ahead)
             cost = self._edge_kinds.get(kind)
             if cost is None:
@@ -400,21 +404,16 @@ class RoundLedger:
             self._edge_cache[key] = cost
         return cost
 
-    def _ahead(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """Per round, the relation an edge of a tensor of `shape` is assumed to have while the
+    def _ahead(self, name: str) -> tuple[int, ...]:
+        """Per round, the relation an edge of tensor `name` is assumed to have while the
         round is not decided yet: 0 (split alike on both sides) where the round's q divides some
         dim of it, else 1 (both replicated). Assumed split, a later round shrinks this round's
         collective, as the faster later rounds are assumed to shrink an all-reduce (`_assumed`);
         a later round that does not keep it split repays the growth (the marginal prices still
         telescope). With the symbolic preset, 1: MindSpore prices a round's edges on their own."""
-        out = self._ahead_cache.get(shape)
-        if out is None:
-            symbolic = self.opts.preset.symbolic
-            out = self._ahead_cache[shape] = tuple(
-                1 if symbolic or not any(n % rnd.q == 0 for n in shape) else 0
-                for rnd in self.rounds
-            )
-        return out
+        shape, symbolic = self.graph.tensors[name].shape, self.opts.preset.symbolic
+        ahead = [symbolic or not any(n % rnd.q == 0 for n in shape) for rnd in self.rounds]
+        return self._ahead_of.setdefault(name, tuple(map(int, ahead)))
 
     def _marginal(
         self, rel: int, ctx: int, numel: float, width: int, grad: bool, ahead: tuple[int, ...]
