@@ -107,9 +107,8 @@ class RoundCosts(RoundLedger):
         self._flex_nbrs = tables.flex_nbrs
         self._in_adj, self._out_adj = tables.in_adj, tables.out_adj
         self.followers = tables.followers
-        self._follow_key: list[object] = [None] * len(graph.ops)
-        """Per heavy op, this round: its followers' kinds (their prices depend on nothing else)."""
-        self._follow_cache: dict[tuple[object, ...], dict[str | None, float]] = {}
+        self._follow_cache: dict[tuple[int, tuple[int, ...]], dict[str | None, float]] = {}
+        """(heavy op, inputs another reader reduces) -> `_greedy_costs` this round."""
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
         self._near_cache: dict[tuple[object, ...], list[float]] = {}
@@ -148,22 +147,19 @@ class RoundCosts(RoundLedger):
     def _greedy_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         """Heavy op i's own costs as the greedy pass prices its cuts: with what each leaves the
         transparent ops that follow its layout paying (`followers.follower_excess`)."""
-        own = RoundCosts._own_costs(self, i, r, charged)
         if not self.followers[i] or self.opts.preset.symbolic:
-            return own
-        st = self.states[i]
+            return RoundCosts._own_costs(self, i, r, charged)
+        inputs = self.states[i].op.inputs
         shared = (
-            tuple(pos for pos, name in enumerate(st.op.inputs) if (name, r) in charged)
-            if charged
-            else ()
+            tuple(p for p, name in enumerate(inputs) if (name, r) in charged) if charged else ()
         )
-        key = (r, st.kind, shared, self._follow_key[i])
-        cached = self._follow_cache.get(key)
+        cached = self._follow_cache.get((i, shared))
         if cached is None:
+            own = RoundCosts._own_costs(self, i, r, charged)
             extra = follower_excess(
                 self.followers[i], list(own), lambda t: RoundCosts._own_costs(self, t, r, set())
             )
-            cached = self._follow_cache[key] = {c: v + extra[c] for c, v in own.items()}
+            cached = self._follow_cache[i, shared] = {c: v + extra[c] for c, v in own.items()}
         return cached
 
     def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
@@ -560,9 +556,6 @@ class RoundCosts(RoundLedger):
         self._near_cache.clear()
         self._follow_cache.clear()
         super().begin_round(r)
-        for i in self.heavy:
-            if self.followers[i]:
-                self._follow_key[i] = tuple(self.states[t].kind for t, _, _ in self.followers[i])
 
     def round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""
