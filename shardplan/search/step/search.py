@@ -24,9 +24,9 @@ forward and its own backward each (`cost.terms.compute_cost`: a piece of a split
 computes at least that much), and the step is at least (m + (S - 1) / v) such slots. When a
 layout is first reached its bound is sharpened by the full recomputation its memory forces
 (`bounds`: kept bytes no plan can split below) and it goes back in line if that moved it;
-layouts run in order of the bound and the search stops when the bound reaches the best step. The graph
-at a micro-batch size is built only when a layout needs it. Deterministic. Progress goes to
-`progress`.
+layouts run in order of the bound and the search stops when the bound reaches the best step.
+The graph at a micro-batch size is built only when a layout needs it. Deterministic. Progress
+goes to `progress`.
 """
 
 from __future__ import annotations
