@@ -194,7 +194,12 @@ class StageProfiler:
     ) -> None:
         self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
         self.samples = samples
-        self.moe = any(expert_dim(graph, op) is not None for op in graph.ops)  # once per graph
+        # each expert layer's expert count, once per graph: expert parallelism must divide it
+        self.experts = {
+            op.signature.extents[d]
+            for op in graph.ops
+            if (d := expert_dim(graph, op)) is not None
+        }
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
         self.micro_batches = micro_batches
@@ -205,6 +210,7 @@ class StageProfiler:
         # per (sub-graph, family without SP): its strategies and their plain evaluation
         self.plans: dict[tuple[int, Family], tuple[Graph, dict[str, Strategy] | None, list]] = {}
         self.score_caches: dict[int, tuple[Graph, ScoreCache]] = {}
+        self.megatron: dict[tuple[int, int], tuple[Graph, dict[str, Strategy]]] = {}
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -215,8 +221,9 @@ class StageProfiler:
             sps = (False, True) if t > 1 else (False,)
             data = self.mesh.size // t
             degrees = data_degrees(self.mesh, t)
-            if self.moe:
-                out += [Family("megatron", t, sp, expert=d) for d in degrees for sp in sps]
+            if self.experts:  # degrees that do not divide an expert count cannot split it
+                fits = [d for d in degrees if all(e % d == 0 for e in self.experts)]
+                out += [Family("megatron", t, sp, expert=d) for d in fits for sp in sps]
             # context parallelism: the largest degree the batch leaves idle (fewer ways idle)
             fill = [d for d in degrees if self.samples is not None and self.samples * d <= data]
             if fill:
@@ -230,7 +237,11 @@ class StageProfiler:
         if family.method == "data-parallel":
             return experts.data_parallel(sub, self.mesh)
         if family.method == "megatron":
-            st = experts.megatron(sub, self.mesh, family.tensor)
+            key = (id(sub), family.tensor)  # shared by its expert and context variants
+            found = self.megatron.get(key)
+            if found is None or found[0] is not sub:
+                found = self.megatron[key] = (sub, experts.megatron(sub, self.mesh, family.tensor))
+            st = found[1]
             if family.expert > 1:
                 st = expert_parallel(sub, self.mesh, st, family.expert)
             if family.context > 1:
