@@ -154,12 +154,21 @@ class RoundCosts(RoundLedger):
             tuple(p for p, name in enumerate(inputs) if (name, r) in charged) if charged else ()
         )
         cached = self._follow_cache.get((i, shared))
-        if cached is None:
-            own = RoundCosts._own_costs(self, i, r, charged)
-            extra = follower_excess(
-                self.followers[i], list(own), lambda t: RoundCosts._own_costs(self, t, r, set())
-            )
-            cached = self._follow_cache[i, shared] = {c: v + extra[c] for c, v in own.items()}
+        if cached is None:  # searches that price alike share it at the same states
+            states = self.states
+            key = ("followers", *self._price_key, r, states[i].kind, shared)
+            key += tuple(states[t].kind for t, _, _ in self.followers[i])
+            cached = self._shared_prices.get(key)
+            if cached is not None:  # flag `binding` as computing the prices here would
+                for t in (i, *(f[0] for f in self.followers[i])):
+                    self._assumed(t, r)
+            else:
+                own = RoundCosts._own_costs(self, i, r, charged)
+                extra = follower_excess(
+                    self.followers[i], list(own), lambda t: RoundCosts._own_costs(self, t, r, set())
+                )
+                cached = self._shared_prices[key] = {c: v + extra[c] for c, v in own.items()}
+            self._follow_cache[i, shared] = cached
         return cached
 
     def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
