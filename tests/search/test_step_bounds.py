@@ -35,7 +35,8 @@ def test_chunk_floors_are_below_every_plans_kept_bytes(chunks, plan):
         kept_selective = p.activation_bytes - p.selective_bytes
         assert floor.kept_selective / mesh.size <= kept_selective * (1 + 1e-12)
         assert 0 < floor.kept_selective < floor.kept_none  # attention scores are dropped
-        assert floor.weights / mesh.size <= p.param_bytes
+        for param_bytes in (p.param_bytes, *(z.param_bytes for z in p.zero)):  # ZeRO 0-3
+            assert floor.weights / mesh.size <= param_bytes
 
 
 def _activation_heavy(batch: int):
