@@ -175,15 +175,15 @@ def search_step(
     groups: dict[tuple[int, int], list[Layout]] = {}  # (S, m) -> its layouts, v ascending
     for c in layouts:
         groups.setdefault((c.stages, c.micro_batches), []).append(c)
-    # groups by their v = 1 twin's bound; refined (memory, `bounds`) when first reached
+    # groups by their v = 1 twin's bound; sharpened (memory, `bounds`) when first reached
     heap = [(g[0].bound, key, False) for key, g in groups.items()]
     heapq.heapify(heap)
     while heap:
         bound, key, refined = heapq.heappop(heap)
         if best is not None and bound >= best.step_s:
             break
-        if not refined:
-            sharper = search.refined_bound(groups[key][0])
+        if not refined:  # the least of its layouts' own sharpened bounds (each v its bubble)
+            sharper = min(search.refined_bound(c) for c in groups[key])
             if sharper > bound:  # back in line behind the groups it no longer precedes
                 heapq.heappush(heap, (sharper, key, True))
                 continue
