@@ -10,7 +10,7 @@ the JSON-ready dict. O(stages).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardplan.cost.zero import check_stage
 from shardplan.errors import PlanError
@@ -63,6 +63,17 @@ class Levers:
     def overlaps(self) -> bool:
         """Does the stage overlap anything beyond tensor and context parallelism?"""
         return self.overlap_grad_reduce or self.overlap_p2p or self.prefetch
+
+
+def with_overlap(levers: Levers, overlap: Levers) -> Levers:
+    """`levers` with the overlap fields of `overlap` (what an engine or a knob overlaps)."""
+    return replace(
+        levers,
+        overlap_grad_reduce=overlap.overlap_grad_reduce,
+        overlap_p2p=overlap.overlap_p2p,
+        prefetch=overlap.prefetch,
+        bucket_elements=overlap.bucket_elements,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,4 +186,4 @@ class StepCost:
         }
 
 
-__all__ = ["Levers", "Recompute", "StageCost", "StepCost"]
+__all__ = ["Levers", "Recompute", "StageCost", "StepCost", "with_overlap"]

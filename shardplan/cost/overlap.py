@@ -109,6 +109,20 @@ def exposed_backward(
     return exposed
 
 
+MEGATRON_BUCKET_FLOOR = 40_000_000
+"""megatron-core's default gradient bucket, in parameters, is max(4e7, 1e6 x dp)
+(megatron/core/distributed/distributed_data_parallel.py, `ddp_config.bucket_size`)."""
+MEGATRON_BUCKET_PER_RANK = 1_000_000
+DDP_BUCKET_BYTES = 25 * 2**20
+"""PyTorch DDP's `bucket_cap_mb` default, 25 MiB (torch/nn/parallel/distributed.py,
+`_DEFAULT_BUCKET_CAP_MB`)."""
+
+
+def megatron_bucket(data_ways: int) -> int:
+    """megatron-core's default bucket (parameters) for `data_ways` data-parallel ranks."""
+    return max(MEGATRON_BUCKET_FLOOR, MEGATRON_BUCKET_PER_RANK * data_ways)
+
+
 def exposed_under(collective: float, window: float, pieces: float) -> float:
     """Seconds of a collective of `pieces` equal parts that outlast a compute window (module
     docstring): max(c/k, c - w (k - 1)/k); one piece: all of it."""
@@ -175,11 +189,15 @@ def p2p_exposed(p2p: float, virtual: int, fwd_s: float, bwd_s: float) -> float:
 
 
 __all__ = [
+    "DDP_BUCKET_BYTES",
+    "MEGATRON_BUCKET_FLOOR",
+    "MEGATRON_BUCKET_PER_RANK",
     "ZeroTimes",
     "bucket_count",
     "exposed_backward",
     "exposed_under",
     "has_weight_gradient_gemm",
+    "megatron_bucket",
     "p2p_exposed",
     "zero_exposed",
 ]

@@ -25,6 +25,11 @@ which the bubble (S - 1)/v slot. Then once per step: the data-parallel gradient 
 the evaluator's all-reduce; ZeRO 1-2: z_step), the all-reduce of parameters shared by two
 stages (a tied embedding) and the optimizer step (the slowest device's update bytes over its
 HBM bandwidth, `cost.zero.update_bytes`; ZeRO 1-3 update a 1/ways shard).
+What the engine overlaps beyond that is on the levers (`cost.levers.Levers`, all off by default:
+every term above added): the gradient sync bucket by bucket under the last micro-batch's
+backward, ZeRO-3's gathers prefetched under the previous unit's compute, the pipeline sends
+under a chunk's compute; each leaves exposed(c, w, k) = max(c/k, c - w (k - 1)/k) of a
+collective c in k pieces under a window w (`cost.overlap`), the rest is reported as hidden.
 Memory of stage s: parameter state (ZeRO z: `cost.zero.zero_steps`, the plain plan's formulas),
 plus its in-flight micro-batches of kept activations (1F1B: min(S - s, m); interleaved: the
 warm-up count of `cost.pipeline.interleaved_in_flight`) and the block being rebuilt during

@@ -10,7 +10,8 @@ selective; none), sequence parallelism (`cost.sequence`), v model chunks per dev
 distributed optimizer (ZeRO-1 over the data-parallel group, `cost.zero`), expert parallelism
 (`expert_parallel`: the experts split over the innermost data-parallel ways, all-to-alls priced
 by the evaluator), context parallelism (`experts.context_parallel`: the sequence split on the
-innermost data-parallel rounds, the K/V ring exchange priced by `cost.sequence.ring_terms`).
+innermost data-parallel rounds, the K/V ring exchange priced by `cost.sequence.ring_terms`), and
+Megatron-LM's overlap knobs (`overlap_grad_reduce`, `overlap_p2p`: `cost.overlap`).
 One expert pass per chunk: O(S v (|V| + |E|) rounds).
 """
 
@@ -21,6 +22,7 @@ from dataclasses import replace
 
 from shardplan import checks
 from shardplan.cost import CostOptions
+from shardplan.cost.overlap import megatron_bucket
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, profile_stage
 from shardplan.errors import PlanError
@@ -49,6 +51,8 @@ KNOBS = (
     "context",
     "distributed_optimizer",
     "expert",
+    "overlap_grad_reduce",
+    "overlap_p2p",
 )
 """The recipe's keyword knobs after (build, batch, mesh, opts, tensor, pipeline)."""
 
@@ -254,9 +258,14 @@ def megatron_recipe(
     context: int = 1,
     distributed_optimizer: bool = False,
     expert: int = 1,
+    overlap_grad_reduce: bool = False,
+    overlap_p2p: bool = True,
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh` and the
-    published knobs (module docstring); PlanError for a knob that is unknown or does not fit."""
+    published knobs (module docstring); PlanError for a knob that is unknown or does not fit.
+    Overlap as Megatron-LM's defaults: `overlap_grad_reduce` off (`--overlap-grad-reduce`,
+    buckets of megatron-core's default size), `overlap_p2p` on, which Megatron-LM applies to
+    the interleaved schedule only (v > 1; `--no-overlap-p2p-communication`) (`cost.overlap`)."""
     tensor = checks.positive_int(tensor, "Megatron recipe tensor degree")
     pipeline = checks.positive_int(pipeline, "Megatron recipe pipeline degree")
     micro_batch_size = checks.positive_int(micro_batch_size, "Megatron recipe micro-batch size")
@@ -266,6 +275,8 @@ def megatron_recipe(
     sp_on = _flag("sequence_parallel", sequence_parallel)
     zero = 1 if _flag("distributed_optimizer", distributed_optimizer) else 0
     v = virtual_stages
+    grad_overlap = _flag("overlap_grad_reduce", overlap_grad_reduce)
+    p2p_overlap = _flag("overlap_p2p", overlap_p2p) and v > 1
     data, m = _check_knobs(mesh, batch, tensor, pipeline, micro_batch_size, v, context, expert)
     if sp_on and tensor == 1:
         raise PlanError(
@@ -288,7 +299,16 @@ def megatron_recipe(
             sub, smesh, strategies, opts, sequence_parallel=sp_on, context_parallel=cp
         )
         plan = Plan(sub, smesh, strategies, "megatron", opts, cost=prof.breakdown)
-        stages.append((plan, prof, Levers(rec, zero, sp_on, cp)))
+        levers = Levers(
+            rec,
+            zero,
+            sp_on,
+            cp,
+            overlap_grad_reduce=grad_overlap,
+            overlap_p2p=p2p_overlap,
+            bucket_elements=megatron_bucket(data * context) if grad_overlap else 0,
+        )
+        stages.append((plan, prof, levers))
     tp = assemble(
         probe.name, mesh, batch, stages, m, "megatron-recipe", tokens_per_sample(probe, batch), v
     )
@@ -303,7 +323,9 @@ def megatron_recipe(
             + ("sequence parallel, " if sp_on else "")
             + (f"expert parallel x{expert}, " if expert > 1 else "")
             + (f"context parallel x{context}, " if context > 1 else "")
-            + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO"),
+            + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO")
+            + (", gradient reduce overlapped with the backward" if grad_overlap else "")
+            + (", p2p overlapped with compute" if p2p_overlap else ""),
         ),
         step=tp.step,
     )
