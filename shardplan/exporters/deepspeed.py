@@ -2,8 +2,8 @@
 
 Read off `engine_layout.read_layout` with the DeepSpeed menu: `train_batch_size` (the global
 batch), `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` (= the micro-batches,
-which DeepSpeed's pipeline engine also runs per step), `zero_optimization.stage` (with `overlap_comm`, the gradient-sync overlap lever, at stages >= 1),
-bf16 / fp16,
+which DeepSpeed's pipeline engine also runs per step), `zero_optimization.stage` (with
+`overlap_comm`, the gradient-sync overlap lever, at stages >= 1), bf16 / fp16,
 `activation_checkpointing` under full recomputation and the `pipeline` stage count. Tensor and
 pipeline sizes go on the Megatron-DeepSpeed command line (`megatron_deepspeed_flags`). The config
 JSON has no sequence, context or expert parallelism and DeepSpeed's PipelineEngine no interleaved

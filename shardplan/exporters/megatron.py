@@ -11,12 +11,12 @@ to TP, as the plan's context rounds are), v model chunks per stage as
 plan's chunks; the p2p-overlap lever off as `--no-overlap-p2p-communication`, Megatron-LM's
 default being on since 2023-10 and required at pipeline 2, where the run then overlaps what the
 plan priced exposed), the gradient-sync overlap as `--overlap-grad-reduce` (megatron-core's
-default buckets, what the lever prices), and a model with expert layers as `--num-experts` / `--moe-router-topk` /
-`--moe-ffn-hidden-size` from the zoo with `--expert-model-parallel-size` e (the experts split
-inside the data-parallel group; expert tensor parallelism = t, Megatron's default). Model sizes
-come from the zoo (`architecture`). `megatron_kwargs` are the same choices as `TransformerConfig`
-keyword arguments (dtype names as strings; `transformer_config` builds the object with
-megatron.core, imported lazily). O(1).
+default buckets, what the lever prices), and a model with expert layers as `--num-experts` /
+`--moe-router-topk` / `--moe-ffn-hidden-size` from the zoo with `--expert-model-parallel-size` e
+(the experts split inside the data-parallel group; expert tensor parallelism = t, Megatron's
+default). Model sizes come from the zoo (`architecture`). `megatron_kwargs` are the same
+choices as `TransformerConfig` keyword arguments (dtype names as strings; `transformer_config`
+builds the object with megatron.core, imported lazily). O(1).
 """
 
 from __future__ import annotations
