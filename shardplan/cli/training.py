@@ -269,10 +269,7 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     sec = units.seconds
     rows = (
         ("step time", sec(step.step_s)),
-        (
-            "  pipeline (m + S - 1 slots)" if v == 1 else "  pipeline (m + (S - 1)/v slots)",
-            sec(step.pipeline_s),
-        ),
+        (f"  pipeline ({'m + S - 1' if v == 1 else 'm + (S - 1)/v'} slots)", sec(step.pipeline_s)),
         ("    of which bubble", f"{sec(step.bubble_s)} ({step.bubble_s / step.step_s:.1%})"),
         ("    of which p2p sends", sec(step.p2p_s)),
         *_hidden(step.p2p_hidden_s, "      p2p hidden under compute (not counted)"),

@@ -263,9 +263,8 @@ def megatron_recipe(
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh` and the
     published knobs (module docstring); PlanError for a knob that is unknown or does not fit.
-    Overlap as Megatron-LM's defaults: `overlap_grad_reduce` off (`--overlap-grad-reduce`,
-    buckets of megatron-core's default size), `overlap_p2p` on, which Megatron-LM applies to
-    the interleaved schedule only (v > 1; `--no-overlap-p2p-communication`) (`cost.overlap`)."""
+    Overlap at Megatron-LM's defaults (`cost.overlap`): `overlap_grad_reduce` off (megatron-
+    core's buckets when on), `overlap_p2p` on, applied to the interleaved schedule only."""
     tensor = checks.positive_int(tensor, "Megatron recipe tensor degree")
     pipeline = checks.positive_int(pipeline, "Megatron recipe pipeline degree")
     micro_batch_size = checks.positive_int(micro_batch_size, "Megatron recipe micro-batch size")
@@ -288,44 +287,39 @@ def megatron_recipe(
     if probe is None or graph is None:
         raise PlanError("the Megatron recipe needs the model at the micro-batch size (zoo models)")
     smesh = stage_mesh(mesh, pipeline)
+    levers = Levers(  # every chunk alike; megatron-core buckets over the data x context group
+        rec,
+        zero,
+        sp_on,
+        context > 1,
+        overlap_grad_reduce=grad_overlap,
+        overlap_p2p=p2p_overlap,
+        bucket_elements=megatron_bucket(data * context) if grad_overlap else 0,
+    )
     stages = []
     for sub in stage_graphs(graph, stage_starts(probe, pipeline * v)):
         strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
         if context > 1:
             rounds = context_rounds(smesh, strategies, sub, context)
             strategies = context_parallel(sub, smesh, strategies, rounds)
-        cp = context > 1
         prof = profile_stage(
-            sub, smesh, strategies, opts, sequence_parallel=sp_on, context_parallel=cp
+            sub, smesh, strategies, opts, sequence_parallel=sp_on, context_parallel=context > 1
         )
         plan = Plan(sub, smesh, strategies, "megatron", opts, cost=prof.breakdown)
-        levers = Levers(
-            rec,
-            zero,
-            sp_on,
-            cp,
-            overlap_grad_reduce=grad_overlap,
-            overlap_p2p=p2p_overlap,
-            bucket_elements=megatron_bucket(data * context) if grad_overlap else 0,
-        )
         stages.append((plan, prof, levers))
     tp = assemble(
         probe.name, mesh, batch, stages, m, "megatron-recipe", tokens_per_sample(probe, batch), v
     )
     schedule = f" (interleaved 1F1B, {v} chunks per device)" if v > 1 else ""
-    return replace(
-        tp,
-        axes=axis_summary(tp),
-        notes=(
-            f"Megatron-LM recipe: tensor x{tensor}, pipeline x{pipeline}{schedule}, data "
-            f"x{data}, micro-batch size {micro_batch_size} ({m} micro-batches), {rec.value} "
-            "recomputation, "
-            + ("sequence parallel, " if sp_on else "")
-            + (f"expert parallel x{expert}, " if expert > 1 else "")
-            + (f"context parallel x{context}, " if context > 1 else "")
-            + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO")
-            + (", gradient reduce overlapped with the backward" if grad_overlap else "")
-            + (", p2p overlapped with compute" if p2p_overlap else ""),
-        ),
-        step=tp.step,
+    note = (
+        f"Megatron-LM recipe: tensor x{tensor}, pipeline x{pipeline}{schedule}, data "
+        f"x{data}, micro-batch size {micro_batch_size} ({m} micro-batches), {rec.value} "
+        "recomputation, "
+        + ("sequence parallel, " if sp_on else "")
+        + (f"expert parallel x{expert}, " if expert > 1 else "")
+        + (f"context parallel x{context}, " if context > 1 else "")
+        + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO")
+        + (", gradient reduce overlapped with the backward" if grad_overlap else "")
+        + (", p2p overlapped with compute" if p2p_overlap else "")
     )
+    return replace(tp, axes=axis_summary(tp), notes=(note,), step=tp.step)
