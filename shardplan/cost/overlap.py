@@ -118,6 +118,10 @@ DDP_BUCKET_BYTES = 25 * 2**20
 `_DEFAULT_BUCKET_CAP_MB`)."""
 
 
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed ZeRO's `reduce_bucket_size` default, in elements (deepspeed/runtime/zero/config.py)."""
+
+
 def megatron_bucket(data_ways: int) -> int:
     """megatron-core's default bucket (parameters) for `data_ways` data-parallel ranks."""
     return max(MEGATRON_BUCKET_FLOOR, MEGATRON_BUCKET_PER_RANK * data_ways)
@@ -190,6 +194,7 @@ def p2p_exposed(p2p: float, virtual: int, fwd_s: float, bwd_s: float) -> float:
 
 __all__ = [
     "DDP_BUCKET_BYTES",
+    "DEEPSPEED_REDUCE_BUCKET",
     "MEGATRON_BUCKET_FLOOR",
     "MEGATRON_BUCKET_PER_RANK",
     "ZeroTimes",

@@ -118,3 +118,21 @@ def test_step_search_overlaps_nothing_unless_asked():
     assert on.step.step_s <= plain.step.step_s * (1 + 1e-9)  # hiding never costs time
     with pytest.raises(ShardplanError, match="prefetch must be True or False"):
         sp.plan(_gpt, "2x2", method="step", batch=8, dtype="bf16", prefetch="on")
+
+
+def test_a_configurations_own_overlap_choice_and_its_engines_bucket():
+    from shardplan.importers.engine_config import read_engine_config
+
+    mg = read_engine_config("--tensor-model-parallel-size 2 --overlap-grad-reduce --bf16")
+    assert mg.overlap_grad_reduce is True and "--overlap-grad-reduce" not in mg.ignored
+    assert read_engine_config("--tensor-model-parallel-size 2").overlap_grad_reduce is None
+    lv = MENUS["megatron"].engine_levers(Levers(), 2, data=64, grad_reduce=True)
+    assert (lv.overlap_grad_reduce, lv.bucket_elements) == (True, 64_000_000)  # 1e6 x dp
+    ds = read_engine_config(
+        '{"train_batch_size": 8, "zero_optimization": {"stage": 1, "overlap_comm": true}}'
+    )
+    assert ds.overlap_grad_reduce is True
+    lv = MENUS["deepspeed"].engine_levers(Levers(zero=1), 2, grad_reduce=True)
+    assert lv.bucket_elements == 500_000_000  # DeepSpeed's reduce_bucket_size
+    with pytest.raises(ShardplanError, match="overlap_comm"):
+        read_engine_config('{"train_batch_size": 8, "zero_optimization": {"overlap_comm": 1}}')

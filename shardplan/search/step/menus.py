@@ -31,7 +31,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from shardplan.cost import CostOptions
-from shardplan.cost.overlap import DDP_BUCKET_BYTES
+from shardplan.cost.overlap import (
+    DDP_BUCKET_BYTES,
+    DEEPSPEED_REDUCE_BUCKET,
+    MEGATRON_BUCKET_FLOOR,
+    MEGATRON_BUCKET_PER_RANK,
+)
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, step_cost
 from shardplan.cost.work import ideal_compute, whole_op_bytes
 from shardplan.errors import ArgumentError, InfeasibleError, PlanError, SolverError
@@ -82,17 +87,30 @@ class Menu:
     """ZeRO stages at which the engine overlaps the gradient sync with the backward by default
     (`cost.overlap`)."""
     bucket_bytes: int = 0
-    """... its gradient bucket at ZeRO 0-2 (0: one bucket; ZeRO-3 reduces unit by unit)."""
+    """... its gradient bucket at ZeRO 0-2, in bytes (PyTorch DDP), or in elements:"""
+    bucket_elements: int = 0
+    bucket_per_rank: int = 0
+    """... max(bucket_elements, bucket_per_rank x data ways) (megatron-core); all 0: one bucket
+    (ZeRO-3 reduces unit by unit whatever these are)."""
     prefetch: tuple[int, ...] = ()
     """ZeRO stages at which it prefetches the next unit's parameters (ZeRO-3)."""
     overlap_p2p: bool = False
     """Its interleaved schedule sends under compute by default (plain 1F1B: never)."""
 
-    def engine_levers(self, levers: Levers, width: int, virtual: int = 1) -> Levers:
-        """`levers` with what this engine overlaps by default at their ZeRO stage; `width`: the
-        gradient's bytes per element (the bucket's elements), `virtual`: chunks per device."""
-        grad = levers.zero in self.overlap_grad_reduce
-        bucket = self.bucket_bytes // width if grad and levers.zero < 3 else 0
+    def engine_levers(
+        self,
+        levers: Levers,
+        width: int,
+        virtual: int = 1,
+        data: int = 1,
+        grad_reduce: bool | None = None,
+    ) -> Levers:
+        """`levers` with what this engine overlaps by default at their ZeRO stage (`grad_reduce`:
+        a configuration's own choice for the gradient sync); `width`: the gradient's bytes per
+        element, `virtual`: chunks per device, `data`: data-parallel ways (the bucket's size)."""
+        grad = levers.zero in self.overlap_grad_reduce if grad_reduce is None else grad_reduce
+        bucket = max(self.bucket_bytes // width, self.bucket_elements, self.bucket_per_rank * data)
+        bucket = bucket if grad and levers.zero < 3 else 0
         return replace(
             levers,
             overlap_grad_reduce=grad,
@@ -165,8 +183,10 @@ MENUS: Mapping[str, Menu] = {
         True,
         True,
         True,
-        # --overlap-grad-reduce is off by default; p2p overlap is on for the interleaved
-        # schedule (`--no-overlap-p2p-communication`), which this menu's layouts do not use
+        # --overlap-grad-reduce is off by default (buckets max(4e7, 1e6 x dp) when on); p2p
+        # overlap is on for the interleaved schedule, which this menu's layouts do not use
+        bucket_elements=MEGATRON_BUCKET_FLOOR,
+        bucket_per_rank=MEGATRON_BUCKET_PER_RANK,
         overlap_p2p=True,
     ),
     # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
@@ -185,6 +205,7 @@ MENUS: Mapping[str, Menu] = {
         # zero_optimization.overlap_comm defaults to true at stage 3 only, with the stage-3
         # prefetch (deepspeed/runtime/zero/config.py); the pipeline engine's sends block
         overlap_grad_reduce=(3,),
+        bucket_elements=DEEPSPEED_REDUCE_BUCKET,
         prefetch=(3,),
     ),
 }
@@ -281,7 +302,8 @@ def layout_plan(
         params = graph.parameters  # the gradient's element width sizes the buckets
         width = opts.element_bytes(params[0]) if params else 4
         choices = tuple(
-            menu.engine_levers(replace(lv, sequence_parallel=sp), width) for lv in menu.levers(n)
+            menu.engine_levers(replace(lv, sequence_parallel=sp), width, data=data)
+            for lv in menu.levers(n)
         )
     best = None
     for lv in choices:
