@@ -136,3 +136,35 @@ def test_a_configurations_own_overlap_choice_and_its_engines_bucket():
     assert lv.bucket_elements == 500_000_000  # DeepSpeed's reduce_bucket_size
     with pytest.raises(ShardplanError, match="overlap_comm"):
         read_engine_config('{"train_batch_size": 8, "zero_optimization": {"overlap_comm": 1}}')
+
+
+def test_overlap_levers_round_trip_through_training_json():
+    from shardplan.exporters.training_json import from_json, to_dict, to_json
+
+    tp = megatron_recipe(
+        _gpt,
+        8,
+        parse_mesh("4x2"),
+        CostOptions.make(dtype="bf16"),
+        2,
+        2,
+        1,
+        "full",
+        virtual_stages=2,
+        overlap_grad_reduce=True,
+    )
+    stage = to_dict(tp)["stages"][0]
+    assert (stage["overlap_grad_reduce"], stage["overlap_p2p"], stage["prefetch"]) == (
+        True,
+        True,
+        False,
+    )
+    back = from_json(to_json(tp))
+    assert [s.levers for s in back.stages] == [s.levers for s in tp.stages]
+    assert back.step.step_s == tp.step.step_s and back.step.p2p_hidden_s == tp.step.p2p_hidden_s
+    data = to_dict(tp)
+    for st in data["stages"]:  # a file written before the overlap levers: read as all off
+        for key in ("overlap_grad_reduce", "overlap_p2p", "prefetch", "bucket_elements"):
+            del st[key]
+    old = from_json(data)
+    assert not any(s.levers.overlaps for s in old.stages) and old.step.hidden_s == 0
