@@ -163,7 +163,7 @@ def search_step(
     mesh = at_precision(problem.mesh, opts)
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
-    search = _Search(problem, mesh, planner or _drec_planner, overlap or Levers())
+    search = _Search(problem, mesh, planner or _drec_planner, overlap)
     layouts = _layouts(
         problem.graph, search.probe_split, mesh, batch, opts, stages, search.chunk_starts
     )
@@ -333,8 +333,11 @@ class _Search:
     """Evaluates layouts; caches the graphs per micro-batch size, their segments, the profilers
     per (micro-batch size, stage mesh) and D-Rec's per-segment strategies."""
 
-    def __init__(self, problem: Problem, mesh: Mesh, planner: Planner, overlap: Levers) -> None:
-        self.problem, self.mesh, self.planner, self.overlap = problem, mesh, planner, overlap
+    def __init__(
+        self, problem: Problem, mesh: Mesh, planner: Planner, overlap: Levers | None = None
+    ) -> None:
+        self.problem, self.mesh, self.planner = problem, mesh, planner
+        self.overlap = overlap or Levers()  # nothing overlapped beyond TP / CP
         self.build = problem.builder()
         self.ids: dict[tuple[object, ...], int] = {}
         self.built: dict[int, tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None] = {}
