@@ -124,16 +124,19 @@ def profile_stage(
     param_layouts: Mapping[str, Layout] | None = None,
     sequence_parallel: bool = False,
     context_parallel: bool = False,
+    cache: ScoreCache | None = None,
+    plain: CostBreakdown | None = None,
 ) -> StageProfile:
     """Read one stage's per-micro-batch terms off the evaluator (see the module docstring).
 
     `sequence_parallel`: compute, activations, gradient sync and ZeRO of the plan's sequence-
     parallel layout (`cost.sequence`), collectives of the tensor-parallel plan (the reduce-scatter
-    + all-gather pair moves what the all-reduce did)."""
+    + all-gather pair moves what the all-reduce did). `cache` (of graph, mesh, opts) and `plain`
+    (`strategies`' own evaluation) let a plan's plain and SP profiles share prices: same result."""
     if not opts.train:
         raise PlanError("the training-step model needs training options (train=True)")
-    cache = ScoreCache(graph, mesh, opts)  # both evaluations and the forward share op prices
-    cost = plain = evaluate_strategies(graph, mesh, strategies, opts, param_layouts, cache)
+    cache = cache or ScoreCache(graph, mesh, opts)  # evaluations and forward share op prices
+    cost = plain = plain or evaluate_strategies(graph, mesh, strategies, opts, param_layouts, cache)
     stored = strategies
     if sequence_parallel:
         strategies = sequence_parallel_strategies(graph, mesh, strategies)

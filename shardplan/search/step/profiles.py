@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
 from shardplan.cost import CostOptions
+from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
 from shardplan.cost.levers import with_overlap
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, stage_cost
@@ -200,13 +201,23 @@ class StageProfiler:
     ) -> None:
         self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
         self.samples = samples
-        self.moe = any(expert_dim(graph, op) is not None for op in graph.ops)  # once per graph
+        # each expert layer's expert count, once per graph: expert parallelism must divide it
+        self.experts = {
+            op.signature.extents[d]
+            for op in graph.ops
+            if (d := expert_dim(graph, op)) is not None
+        }
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
         self.micro_batches = micro_batches
         self.cache: dict[tuple[object, ...], StageProfile | None] = {}
         self.increments: dict[Family, tuple[StageProfile, StageProfile] | None] = {}
         self.reduced: dict[tuple[object, ...], tuple[Graph | None, list[int]]] = {}
+        self.wholes: dict[tuple[int, int], Graph] = {}
+        # per (sub-graph, family without SP): its strategies and their plain evaluation
+        self.plans: dict[tuple[int, Family], tuple[Graph, dict[str, Strategy] | None, list]] = {}
+        self.score_caches: dict[int, tuple[Graph, ScoreCache]] = {}
+        self.megatron: dict[tuple[int, int], tuple[Graph, dict[str, Strategy]]] = {}
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -217,8 +228,9 @@ class StageProfiler:
             sps = (False, True) if t > 1 else (False,)
             data = self.mesh.size // t
             degrees = data_degrees(self.mesh, t)
-            if self.moe:
-                out += [Family("megatron", t, sp, expert=d) for d in degrees for sp in sps]
+            if self.experts:  # degrees that do not divide an expert count cannot split it
+                fits = [d for d in degrees if all(e % d == 0 for e in self.experts)]
+                out += [Family("megatron", t, sp, expert=d) for d in fits for sp in sps]
             # context parallelism: the largest degree the batch leaves idle (fewer ways idle)
             fill = [d for d in degrees if self.samples is not None and self.samples * d <= data]
             if fill:
@@ -232,7 +244,11 @@ class StageProfiler:
         if family.method == "data-parallel":
             return experts.data_parallel(sub, self.mesh)
         if family.method == "megatron":
-            st = experts.megatron(sub, self.mesh, family.tensor)
+            key = (id(sub), family.tensor)  # shared by its expert and context variants
+            found = self.megatron.get(key)
+            if found is None or found[0] is not sub:
+                found = self.megatron[key] = (sub, experts.megatron(sub, self.mesh, family.tensor))
+            st = found[1]
             if family.expert > 1:
                 st = expert_parallel(sub, self.mesh, st, family.expert)
             if family.context > 1:
@@ -256,17 +272,42 @@ class StageProfiler:
         return out
 
     def _exact(self, sub: Graph, family: Family, seg_range: Sequence[int]) -> StageProfile | None:
-        try:
-            st = self.strategies(sub, family, seg_range)
-        except PlanError:  # experts or context that do not divide this chunk's dims
+        plain_family = replace(family, sequence_parallel=False)  # the same strategies
+        key = (id(sub), plain_family)
+        found = self.plans.get(key)
+        if found is None or found[0] is not sub:
+            try:
+                st = self.strategies(sub, family, seg_range)
+            except PlanError:  # experts or context that do not divide this chunk's dims
+                found = self.plans[key] = (sub, None, [])
+            else:
+                found = self.plans[key] = (sub, {op.name: st[op.name] for op in sub.ops}, [])
+        _, strategies, plain = found
+        if strategies is None:
             return None
-        st = {op.name: st[op.name] for op in sub.ops}
         sp = family.sequence_parallel
-        if sp and not tensor_rounds(sub, self.mesh, st):
+        if sp and not tensor_rounds(sub, self.mesh, strategies):
             return None  # nothing to split along the sequence: the family is not distinct
+        cache = self._score_cache(sub)
+        if not plain:  # the plan's own evaluation, shared by its sequence-parallel twin
+            plain.append(evaluate_strategies(sub, self.mesh, strategies, self.opts, None, cache))
         return profile_stage(
-            sub, self.mesh, st, self.opts, sequence_parallel=sp, context_parallel=family.context > 1
+            sub,
+            self.mesh,
+            strategies,
+            self.opts,
+            sequence_parallel=sp,
+            context_parallel=family.context > 1,
+            cache=cache,
+            plain=plain[0],
         )
+
+    def _score_cache(self, sub: Graph) -> ScoreCache:
+        """One `ScoreCache` per sub-graph, shared by every family's plans of it."""
+        found = self.score_caches.get(id(sub))
+        if found is None or found[0] is not sub:
+            found = self.score_caches[id(sub)] = (sub, ScoreCache(sub, self.mesh, self.opts))
+        return found[1]
 
     def profile(self, a: int, e: int, family: Family) -> StageProfile | None:
         """The profile of chunk [a, e) (segments) under `family`; None when the family does not
@@ -299,8 +340,9 @@ class StageProfiler:
     def _whole(self, a: int, e: int, family: Family) -> StageProfile | None:
         key = (family, tuple(self.prints[a:e]))
         if key not in self.cache:
-            sub = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
-            self.cache[key] = self._exact(sub, family, range(a, e))
+            if (a, e) not in self.wholes:  # one sub-graph for every family
+                self.wholes[a, e] = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
+            self.cache[key] = self._exact(self.wholes[a, e], family, range(a, e))
         return self.cache[key]
 
     def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:

@@ -21,14 +21,17 @@ ways of each tensor degree (every micro-batch size per rank) or one of `micro_ba
 Bound (proven): per micro-batch a device runs a piece of each op of its chunks, which takes at
 least the op's launch floor and its FLOPs and bytes at the global batch / (m n) at the roofline,
 forward and its own backward each (`cost.terms.compute_cost`: a piece of a split op moves and
-computes at least that much), and the step is at least (m + (S - 1) / v) such slots; layouts run
-in order of the bound and the search stops when the bound reaches the best step found. The graph
-at a micro-batch size is built only when a layout needs it. Deterministic. Progress goes to
-`progress`.
+computes at least that much), and the step is at least (m + (S - 1) / v) such slots. When a
+layout is first reached its bound is sharpened by the full recomputation its memory forces
+(`bounds`: kept bytes no plan can split below) and it goes back in line if that moved it;
+layouts run in order of the bound and the search stops when the bound reaches the best step.
+The graph at a micro-batch size is built only when a layout needs it. Deterministic. Progress
+goes to `progress`.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -46,6 +49,7 @@ from shardplan.ir.segments import Segment, segments
 from shardplan.mesh import Mesh
 from shardplan.problem import Problem
 from shardplan.search.drec.search import drec
+from shardplan.search.step.bounds import ChunkFloors, chunk_floors, forced_floor
 from shardplan.search.step.notes import axis_summary, lever_notes
 from shardplan.search.step.profiles import (
     LEVERS,
@@ -165,39 +169,49 @@ def search_step(
     start = time.perf_counter()
     search = _Search(problem, mesh, planner or _drec_planner, overlap)
     layouts = _layouts(
-        problem.graph, search.probe_split, mesh, batch, opts, stages, search.chunk_starts
+        problem.graph, search.probe_split, mesh, batch, stages, search.chunk_starts, search.ideal
     )
     say(f"  {len(layouts)} layouts (stages x chunks x micro-batch size), in order of their bound")
     best: Choice | None = None
     tried = 0
     flat: dict[tuple[int, int], Choice | None] = {}  # (S, m) -> its v = 1 result
-    twins = {(c.stages, c.micro_batches): c.bound for c in layouts if c.virtual == 1}
-
-    def flat_bound(c: Layout) -> float:
-        return twins[c.stages, c.micro_batches]
-
-    for layout in layouts:
-        if best is not None and flat_bound(layout) >= best.step_s:
-            say(f"  the remaining layouts cannot beat {units.seconds(best.step_s)} (bound)")
+    groups: dict[tuple[int, int], list[Layout]] = {}  # (S, m) -> its layouts, v ascending
+    for c in layouts:
+        groups.setdefault((c.stages, c.micro_batches), []).append(c)
+    # groups by their v = 1 twin's bound; refined (memory, `bounds`) when first reached
+    heap = [(g[0].bound, key, False) for key, g in groups.items()]
+    heapq.heapify(heap)
+    while heap:
+        bound, key, refined = heapq.heappop(heap)
+        if best is not None and bound >= best.step_s:
             break
-        key = (layout.stages, layout.micro_batches)
-        if layout.virtual > 1 and not _worth_interleaving(layout, flat.get(key), best):
-            continue
-        tried += 1
-        choice = search.evaluate(layout, say)
-        if layout.virtual == 1:
-            flat[key] = choice
-        elapsed = time.perf_counter() - start
-        if choice is None:
-            say(f"  {layout.text()}: does not fit ({elapsed:.1f} s)")
-            continue
-        say(
-            f"  {layout.text()}: step {units.seconds(choice.step_s)}, "
-            f"{units.nbytes(choice.memory)}/device, {search.drec_runs[0]} D-Rec runs so far "
-            f"({elapsed:.1f} s)"
-        )
-        if best is None or _better(choice, best):
-            best = choice
+        if not refined:
+            sharper = search.refined_bound(groups[key][0])
+            if sharper > bound:  # back in line behind the groups it no longer precedes
+                heapq.heappush(heap, (sharper, key, True))
+                continue
+        for layout in groups[key]:
+            if best is not None and groups[key][0].bound >= best.step_s:
+                break  # an interleaved layout's own bound is below its v = 1 twin's
+            if layout.virtual > 1 and not _worth_interleaving(layout, flat.get(key), best):
+                continue
+            tried += 1
+            choice = search.evaluate(layout, say)
+            if layout.virtual == 1:
+                flat[key] = choice
+            elapsed = time.perf_counter() - start
+            if choice is None:
+                say(f"  {layout.text()}: does not fit ({elapsed:.1f} s)")
+                continue
+            say(
+                f"  {layout.text()}: step {units.seconds(choice.step_s)}, "
+                f"{units.nbytes(choice.memory)}/device, {search.drec_runs[0]} D-Rec runs so "
+                f"far ({elapsed:.1f} s)"
+            )
+            if best is None or _better(choice, best):
+                best = choice
+    if best is not None:
+        say(f"  the remaining layouts cannot beat {units.seconds(best.step_s)} (bound)")
     if best is None:
         raise search.infeasible(tried)
     tp = search.materialize(best)
@@ -280,9 +294,9 @@ def _layouts(
     split: LayerSplit,
     mesh: Mesh,
     batch: int,
-    opts: CostOptions,
     stages: Sequence[int] | None,
     starts_of: Callable[[int], list[int]],
+    ideal_seconds: tuple[np.ndarray, ...],
 ) -> list[Layout]:
     """Every candidate layout with its bound (module docstring), in bound order."""
     segs = segments(probe)
@@ -295,7 +309,7 @@ def _layouts(
             stage_starts(probe, s)  # PlanError: more stages than segments
     else:
         s_options = [s for s in range(1, outer + 1) if outer % s == 0 and s <= len(segs)]
-    ideal, floor, bwd_ideal, bwd_floor = _ideal_seconds(probe, mesh, opts)
+    ideal, floor, bwd_ideal, bwd_floor = ideal_seconds
     op_start = np.array([sg.start for sg in segs] + [len(probe.ops)])
     out = []
     for n_stages in s_options:
@@ -347,6 +361,8 @@ class _Search:
         self.starts: dict[int, list[int]] = {}
         self.leanest: tuple[float, str] | None = None
         probe = problem.graph
+        self.ideal = _ideal_seconds(probe, mesh, problem.options)
+        self.floors: dict[tuple[int, int], list[ChunkFloors]] = {}
         psegs = segments(probe)
         self.probe_split = layer_split(segment_prints(probe, psegs, self.ids))
         self.built[problem.global_batch] = (
@@ -366,6 +382,33 @@ class _Search:
                 prints = segment_prints(g, segs, self.ids)
                 self.built[b] = (g, segs, prints, layer_split(prints))
         return self.built[b]
+
+    def refined_bound(self, layout: Layout) -> float:
+        """`layout`'s bound with the full recomputation its memory forces (`bounds`)."""
+        built, budget = self.graph(layout.sample), self.problem.budget
+        probe_segs = self.built[self.problem.global_batch][1]  # type: ignore[index]
+        if built is None or budget is None or len(built[1]) != len(probe_segs):
+            return layout.bound
+        graph, segs = built[0], built[1]
+        n, m, v = layout.stages, layout.micro_batches, layout.virtual
+        starts = self.chunk_starts(n * v)
+        key = (layout.sample, n * v)
+        if key not in self.floors:
+            self.floors[key] = chunk_floors(graph, segs, starts, self.problem.options)
+        devices = stage_mesh(self.mesh, n).size
+        ideal, floor, bwd_ideal, bwd_floor = self.ideal
+        forward = np.maximum(floor, ideal / (m * devices))
+        piece = forward + np.maximum(bwd_floor, bwd_ideal / (m * devices))
+        ends = [*starts[1:], len(probe_segs)]
+        ranges = [
+            (probe_segs[a].start, probe_segs[e - 1].stop)
+            for a, e in zip(starts, ends, strict=True)
+        ]
+        forced = forced_floor(self.floors[key], forward, ranges, n, v, m, devices, budget)
+        heaviest = max(
+            sum(float(piece[a:e].sum()) for a, e in ranges[d::n]) + forced[d] for d in range(n)
+        )
+        return max(layout.bound, (m + (n - 1) / v) * heaviest)
 
     def chunk_starts(self, chunks: int) -> list[int]:
         if chunks not in self.starts:

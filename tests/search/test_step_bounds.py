@@ -1,0 +1,59 @@
+"""The memory-aware layout bound (search/step/bounds.py): its byte floors are below what the step
+model keeps under any plan, and pruning by it never changes the search's result."""
+
+import pytest
+
+import shardplan as sp
+from shardplan import zoo
+from shardplan.cost import CostOptions
+from shardplan.cost.step import profile_stage
+from shardplan.ir.segments import segments
+from shardplan.mesh import parse_mesh
+from shardplan.search import experts
+from shardplan.search.step import search as step_search
+from shardplan.search.step.bounds import chunk_floors
+from shardplan.search.step.stages import stage_graphs, stage_starts
+
+
+def _gpt(batch: int):
+    return zoo.build("gpt3", batch=batch, layers=4, hidden=64, heads=4, vocab=200, seq=32)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("plan", ["data-parallel", "megatron"])
+def test_chunk_floors_are_below_every_plans_kept_bytes(chunks, plan):
+    graph, opts, mesh = _gpt(8), CostOptions.make(dtype="bf16"), parse_mesh("2x2")
+    starts = stage_starts(graph, chunks)
+    floors = chunk_floors(graph, segments(graph), starts, opts)
+    for sub, floor in zip(stage_graphs(graph, starts), floors, strict=True):
+        if plan == "megatron":
+            strategies = experts.megatron(sub, mesh, 2)
+        else:
+            strategies = experts.data_parallel(sub, mesh)
+        p = profile_stage(sub, mesh, strategies, opts)
+        assert floor.kept_none / mesh.size <= p.activation_bytes * (1 + 1e-12)
+        kept_selective = p.activation_bytes - p.selective_bytes
+        assert floor.kept_selective / mesh.size <= kept_selective * (1 + 1e-12)
+        assert 0 < floor.kept_selective < floor.kept_none  # attention scores are dropped
+        assert floor.weights / mesh.size <= p.param_bytes
+
+
+def _activation_heavy(batch: int):
+    return zoo.build("gpt3", batch=batch, layers=8, hidden=512, heads=8, vocab=1000, seq=512)
+
+
+def test_pruning_by_the_memory_bound_keeps_the_search_result(monkeypatch):
+    def search():
+        return sp.plan(
+            _activation_heavy, "4x2", method="step", batch=64, dtype="bf16", memory="160MB"
+        )
+
+    sharp = search()
+    monkeypatch.setattr(step_search._Search, "refined_bound", lambda self, layout: layout.bound)
+    plain = search()
+    assert sharp.step.step_s == plain.step.step_s
+    assert [(s.plan.strategies, s.levers) for s in sharp.stages] == [
+        (s.plan.strategies, s.levers) for s in plain.stages
+    ]
+    evaluated = [int(tp.notes[-1].split(" of ")[-2].split()[-1]) for tp in (sharp, plain)]
+    assert evaluated[0] < evaluated[1]  # layouts that must recompute fully were bounded out
