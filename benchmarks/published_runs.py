@@ -26,6 +26,13 @@ of 8; `gpt3` zoo family, which has no dropout):
   (a middle layer of the 22B model on its 8 GPUs at micro-batch 4, forward and backward of the
   step model's stage terms; the backward includes the recomputation).
 
+Overlap: these runs used Megatron-LM of 2021-22, which had neither `--overlap-p2p-communication`
+(Megatron-LM f9283c5, 2023-05; on by default for the interleaved schedule since 4eeff55, 2023-10)
+nor `--overlap-grad-reduce` (2d5220a, 2023-08; off by default): every row is scored with both
+off (`PAPER_ERA`). The last table scores the same configurations with today's Megatron-LM
+defaults (p2p overlapped when interleaved) and with `--overlap-grad-reduce` as well
+(`cost/overlap.py`): what the step model says those would hide, against the same measurements.
+
 Run: python benchmarks/published_runs.py  ->  benchmarks/results/published_runs.{json,md}
 """
 
@@ -66,6 +73,8 @@ SC21 = [  # (model, mesh, batch, tensor, pipeline, measured TFLOP/s per GPU)
 ]
 FULL = dict(recompute="full")
 SEL_SP = dict(recompute="selective", sequence_parallel=True)
+PAPER_ERA = dict(overlap_grad_reduce=False, overlap_p2p=False)  # Megatron-LM 2021-22 (docstring)
+TODAY = ({}, dict(overlap_grad_reduce=True))  # today's defaults; and --overlap-grad-reduce
 MLSYS23 = [  # (model, mesh, batch, tensor, pipeline, micro-batch size, v, knobs, measured s)
     ("22B", "1x8", 4, 8, 1, 4, 1, FULL, 1.42),
     ("22B", "1x8", 4, 8, 1, 4, 1, SEL_SP, 1.10),
@@ -151,7 +160,9 @@ def main() -> None:
     t0 = time.perf_counter()
     sc21, mlsys = [], []
     for model, mesh, batch, t, p, measured in SC21:
-        tp = megatron_recipe(builder(model), batch, parse_mesh(mesh), opts, t, p, 1, "full")
+        tp = megatron_recipe(
+            builder(model), batch, parse_mesh(mesh), opts, t, p, 1, "full", **PAPER_ERA
+        )
         r = terms(tp)
         ratio = r["hardware_tflops_per_device"] / measured
         sc21.append(
@@ -169,7 +180,16 @@ def main() -> None:
         print(f"SC'21 {model}: {ratio:.3f}", file=sys.stderr)
     for model, mesh, batch, t, p, mbs, v, knobs, measured in MLSYS23:
         tp = megatron_recipe(
-            builder(model), batch, parse_mesh(mesh), opts, t, p, mbs, virtual_stages=v, **knobs
+            builder(model),
+            batch,
+            parse_mesh(mesh),
+            opts,
+            t,
+            p,
+            mbs,
+            virtual_stages=v,
+            **knobs,
+            **PAPER_ERA,
         )
         r = terms(tp)
         ratio = r["step_s"] / measured
@@ -191,11 +211,98 @@ def main() -> None:
         )
         print(f"MLSys'23 {model} {label}: {ratio:.3f}", file=sys.stderr)
     layer = layer_times(opts)
+    today = overlap_rows(opts)
     elapsed = time.perf_counter() - t0
     write(
         "published_runs",
-        {**info, "seconds": elapsed, "sc21": sc21, "mlsys23": mlsys, "layer_22b": layer},
-        markdown(info, sc21, mlsys, layer),
+        {
+            **info,
+            "seconds": elapsed,
+            "sc21": sc21,
+            "mlsys23": mlsys,
+            "layer_22b": layer,
+            "todays_overlap": today,
+        },
+        markdown(info, sc21, mlsys, layer) + overlap_markdown(today),
+    )
+
+
+def overlap_rows(opts: CostOptions) -> list[dict[str, Any]]:
+    """Every run again under today's Megatron-LM overlap defaults, then with
+    --overlap-grad-reduce too: step, what each overlap hides, the ratio to the (2021-22)
+    measurement."""
+    sc21 = [(f"SC'21 {r[0]}", *r[:5], 1, 1, FULL, r[5], "TFLOP/s") for r in SC21]
+    mlsys = [
+        (f"MLSys'23 {r[0]} {'sel+SP' if r[7].get('sequence_parallel') else 'full'}", *r, "s")
+        for r in MLSYS23
+    ]
+    out = []
+    for label, model, mesh, batch, t, p, mbs, v, knobs, measured, unit in sc21 + mlsys:
+        for extra in TODAY:
+            tp = megatron_recipe(
+                builder(model),
+                batch,
+                parse_mesh(mesh),
+                opts,
+                t,
+                p,
+                mbs,
+                virtual_stages=v,
+                **knobs,
+                **extra,
+            )
+            s = tp.step
+            assert s is not None
+            out.append(
+                {
+                    "run": label,
+                    "knobs": "today's defaults" + (" + overlap_grad_reduce" if extra else ""),
+                    "step_s": s.step_s,
+                    "grad_sync_s": s.sync_s,
+                    "sync_hidden_s": s.sync_hidden_s,
+                    "p2p_s": s.p2p_s,
+                    "p2p_hidden_s": s.p2p_hidden_s,
+                    "tflops_per_device": s.hardware_tflops_per_device,
+                    "measured": f"{measured} {unit}",
+                    "ratio": (s.step_s if unit == "s" else s.hardware_tflops_per_device) / measured,
+                }
+            )
+            print(f"today's overlap: {label} {out[-1]['knobs']}: {s.step_s:.4g} s", file=sys.stderr)
+    return out
+
+
+def overlap_markdown(rows: list[dict[str, Any]]) -> str:
+    md = "\n## The same runs with today's Megatron-LM overlap (not the published configuration)\n\n"
+    md += "Measured without either overlap (Megatron-LM 2021-22); ratio to that measurement "
+    md += "(SC'21: TFLOP/s per GPU counting recomputation, as above).\n\n"
+    return md + table(
+        [
+            "run",
+            "knobs",
+            "step s",
+            "grad sync s",
+            "sync hidden s",
+            "p2p s",
+            "p2p hidden s",
+            "TFLOP/s per GPU",
+            "measured",
+            "predicted / measured",
+        ],
+        [
+            [
+                r["run"],
+                r["knobs"],
+                f"{r['step_s']:.4g}",
+                f"{r['grad_sync_s']:.4g}",
+                f"{r['sync_hidden_s']:.4g}",
+                f"{r['p2p_s']:.4g}",
+                f"{r['p2p_hidden_s']:.4g}",
+                f"{r['tflops_per_device']:.4g}",
+                r["measured"],
+                f"{r['ratio']:.3f}",
+            ]
+            for r in rows
+        ],
     )
 
 
