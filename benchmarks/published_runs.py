@@ -14,6 +14,11 @@ of 8; `gpt3` zoo family, which has no dropout):
   1.7B (24 layers, h 2304, 24 heads; 32 GPUs, batch 512, TP 1, PP 1): 137;
   18.4B (40, 6144, 48; 256 GPUs, batch 1024, TP 8, PP 1): 135;
   145.6B (80, 12288, 96; 1536 GPUs, batch 2304, TP 8, PP 8): 148;
+  and, as held-out rows (added after the model was built, scored the same way): 3.6B (30, 3072,
+  32; 64 GPUs, 512, TP 2): 138; 7.5B (36, 4096, 32; 128, 512, TP 4): 142; 39.1B (48, 8192, 64;
+  512, 1536, TP 8 PP 2): 138; 76.1B (60, 10240, 80; 1024, 1792, TP 8 PP 4): 140; 310.1B (96, 16384,
+  128; 1920, 2160, TP 8 PP 16): 155; 529.6B (105, 20480, 128; 2520, 2520, PP 35): 163; 1008.0B (128,
+  25600, 160; 3072, 3072, PP 64): 163;
   micro-batch size 1, full recomputation, plain 1F1B (the configuration benchmarks/
   megatron_table.py has used; the table does not list the micro-batch size).
 - Korthikanti et al., MLSys'23 ("Reducing Activation Recomputation"), s/iteration, full
@@ -65,11 +70,28 @@ MODELS = {
     "145.6B": dict(layers=80, hidden=12288, heads=96),
     "22B": dict(layers=48, hidden=6144, heads=64),
     "175B": dict(layers=96, hidden=12288, heads=96),
+    "3.6B": dict(layers=30, hidden=3072, heads=32),
+    "7.5B": dict(layers=36, hidden=4096, heads=32),
+    "39.1B": dict(layers=48, hidden=8192, heads=64),
+    "76.1B": dict(layers=60, hidden=10240, heads=80),
+    "310.1B": dict(layers=96, hidden=16384, heads=128),
+    "529.6B": dict(layers=105, hidden=20480, heads=128),
+    "1008.0B": dict(layers=128, hidden=25600, heads=160),
 }
 SC21 = [  # (model, mesh, batch, tensor, pipeline, measured TFLOP/s per GPU)
     ("1.7B", "4x8", 512, 1, 1, 137),
     ("18.4B", "32x8", 1024, 8, 1, 135),
     ("145.6B", "192x8", 2304, 8, 8, 148),
+]
+DEVELOPMENT = {(r[0], r[1]) for r in SC21}
+SC21_OTHER = [  # the table's other rows: scored the same way, never looked at while building
+    ("3.6B", "8x8", 512, 2, 1, 138),
+    ("7.5B", "16x8", 512, 4, 1, 142),
+    ("39.1B", "64x8", 1536, 8, 2, 138),
+    ("76.1B", "128x8", 1792, 8, 4, 140),
+    ("310.1B", "240x8", 2160, 8, 16, 155),
+    ("529.6B", "315x8", 2520, 8, 35, 163),
+    ("1008.0B", "384x8", 3072, 8, 64, 163),
 ]
 FULL = dict(recompute="full")
 SEL_SP = dict(recompute="selective", sequence_parallel=True)
@@ -159,7 +181,7 @@ def main() -> None:
     opts = CostOptions.make(dtype="bf16")
     t0 = time.perf_counter()
     sc21, mlsys = [], []
-    for model, mesh, batch, t, p, measured in SC21:
+    for model, mesh, batch, t, p, measured in SC21 + SC21_OTHER:
         tp = megatron_recipe(
             builder(model), batch, parse_mesh(mesh), opts, t, p, 1, "full", **PAPER_ERA
         )
@@ -168,6 +190,7 @@ def main() -> None:
         sc21.append(
             {
                 "model": model,
+                "row": "development" if (model, mesh) in DEVELOPMENT else "held out",
                 "mesh": mesh,
                 "batch": batch,
                 "tensor": t,
@@ -319,6 +342,7 @@ def markdown(
     md += table(
         [
             "model",
+            "row",
             "GPUs (mesh)",
             "batch",
             "TP x PP",
@@ -336,6 +360,7 @@ def markdown(
         [
             [
                 r["model"],
+                r["row"],
                 r["mesh"],
                 r["batch"],
                 f"{r['tensor']} x {r['pipeline']}",

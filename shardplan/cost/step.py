@@ -70,7 +70,7 @@ from shardplan.cost.zero import (
 )
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Role
+from shardplan.ir.op import Op, Role
 from shardplan.ir.segments import Segment, segments
 from shardplan.ir.traits import Saved, saved_for_backward
 from shardplan.mesh import Mesh, Round
@@ -302,6 +302,24 @@ def block_starts(
     return [k for k, fp in enumerate(prints) if k == 0 or fp == opener or counts[fp] < top]
 
 
+def selective_drops(graph: Graph, ops: Sequence[Op]) -> list[tuple[Op, str]]:
+    """What selective recomputation drops in one segment's `ops`: (op, result) for results
+    larger than the widest result of an op reading a parameter (attention scores, softmax);
+    none in a segment without such an op."""
+    widest = max(
+        (
+            graph.tensors[n].numel
+            for op in ops
+            if any(graph.tensors[t].role is Role.PARAMETER for t in op.inputs)
+            for n in op.outputs
+        ),
+        default=None,
+    )
+    if widest is None:
+        return []
+    return [(op, n) for op in ops for n in op.outputs if graph.tensors[n].numel > widest]
+
+
 def _activations(
     graph: Graph,
     prices: Sequence[OpPrice],
@@ -339,19 +357,7 @@ def _activations(
         block = graph.ops[segs[a].start : segs[b - 1].stop]
         seg_peak = max(seg_peak, sum(kept(n) for op in block for n in op.outputs if n != exit_))
     for seg in segs:
-        ops = graph.ops[seg.start : seg.stop]
-        widest = max(
-            (
-                graph.tensors[n].numel
-                for op in ops
-                if any(graph.tensors[t].role is Role.PARAMETER for t in op.inputs)
-                for n in op.outputs
-            ),
-            default=None,
-        )
-        if widest is None:
-            continue  # no parameter op: nothing to compare against
-        dropped = [(op, n) for op in ops for n in op.outputs if graph.tensors[n].numel > widest]
+        dropped = selective_drops(graph, graph.ops[seg.start : seg.stop])
         seg_bytes = sum(kept(n) for _, n in dropped)
         sel_bytes += seg_bytes
         sel_peak = max(sel_peak, seg_bytes)
