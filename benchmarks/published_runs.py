@@ -14,6 +14,11 @@ of 8; `gpt3` zoo family, which has no dropout):
   1.7B (24 layers, h 2304, 24 heads; 32 GPUs, batch 512, TP 1, PP 1): 137;
   18.4B (40, 6144, 48; 256 GPUs, batch 1024, TP 8, PP 1): 135;
   145.6B (80, 12288, 96; 1536 GPUs, batch 2304, TP 8, PP 8): 148;
+  and, as held-out rows (added after the model was built, scored the same way): 3.6B (30, 3072,
+  32; 64 GPUs, 512, TP 2): 138; 7.5B (36, 4096, 32; 128, 512, TP 4): 142; 39.1B (48, 8192, 64;
+  512, 1536, TP 8 PP 2): 138; 76.1B (60, 10240, 80; 1024, 1792, TP 8 PP 4): 140; 310.1B (96, 16384,
+  128; 1920, 2160, TP 8 PP 16): 155; 529.6B (105, 20480, 128; 2520, 2520, PP 35): 163; 1008.0B (128,
+  25600, 160; 3072, 3072, PP 64): 163;
   micro-batch size 1, full recomputation, plain 1F1B (the configuration benchmarks/
   megatron_table.py has used; the table does not list the micro-batch size).
 - Korthikanti et al., MLSys'23 ("Reducing Activation Recomputation"), s/iteration, full
@@ -25,6 +30,13 @@ of 8; `gpt3` zoo family, which has no dropout):
   parallel 7.2 / 11.8, full recompute 7.7 / 19.5, selective 7.7 / 13.2, selective + SP 7.2 / 13.1
   (a middle layer of the 22B model on its 8 GPUs at micro-batch 4, forward and backward of the
   step model's stage terms; the backward includes the recomputation).
+
+Overlap: these runs used Megatron-LM of 2021-22, which had neither `--overlap-p2p-communication`
+(Megatron-LM f9283c5, 2023-05; on by default for the interleaved schedule since 4eeff55, 2023-10)
+nor `--overlap-grad-reduce` (2d5220a, 2023-08; off by default): every row is scored with both
+off (`PAPER_ERA`). The last table scores the same configurations with today's Megatron-LM
+defaults (p2p overlapped when interleaved) and with `--overlap-grad-reduce` as well
+(`cost/overlap.py`): what the step model says those would hide, against the same measurements.
 
 Run: python benchmarks/published_runs.py  ->  benchmarks/results/published_runs.{json,md}
 """
@@ -58,14 +70,33 @@ MODELS = {
     "145.6B": dict(layers=80, hidden=12288, heads=96),
     "22B": dict(layers=48, hidden=6144, heads=64),
     "175B": dict(layers=96, hidden=12288, heads=96),
+    "3.6B": dict(layers=30, hidden=3072, heads=32),
+    "7.5B": dict(layers=36, hidden=4096, heads=32),
+    "39.1B": dict(layers=48, hidden=8192, heads=64),
+    "76.1B": dict(layers=60, hidden=10240, heads=80),
+    "310.1B": dict(layers=96, hidden=16384, heads=128),
+    "529.6B": dict(layers=105, hidden=20480, heads=128),
+    "1008.0B": dict(layers=128, hidden=25600, heads=160),
 }
 SC21 = [  # (model, mesh, batch, tensor, pipeline, measured TFLOP/s per GPU)
     ("1.7B", "4x8", 512, 1, 1, 137),
     ("18.4B", "32x8", 1024, 8, 1, 135),
     ("145.6B", "192x8", 2304, 8, 8, 148),
 ]
+DEVELOPMENT = {(r[0], r[1]) for r in SC21}
+SC21_OTHER = [  # the table's other rows: scored the same way, never looked at while building
+    ("3.6B", "8x8", 512, 2, 1, 138),
+    ("7.5B", "16x8", 512, 4, 1, 142),
+    ("39.1B", "64x8", 1536, 8, 2, 138),
+    ("76.1B", "128x8", 1792, 8, 4, 140),
+    ("310.1B", "240x8", 2160, 8, 16, 155),
+    ("529.6B", "315x8", 2520, 8, 35, 163),
+    ("1008.0B", "384x8", 3072, 8, 64, 163),
+]
 FULL = dict(recompute="full")
 SEL_SP = dict(recompute="selective", sequence_parallel=True)
+PAPER_ERA = dict(overlap_grad_reduce=False, overlap_p2p=False)  # Megatron-LM 2021-22 (docstring)
+TODAY = ({}, dict(overlap_grad_reduce=True))  # today's defaults; and --overlap-grad-reduce
 MLSYS23 = [  # (model, mesh, batch, tensor, pipeline, micro-batch size, v, knobs, measured s)
     ("22B", "1x8", 4, 8, 1, 4, 1, FULL, 1.42),
     ("22B", "1x8", 4, 8, 1, 4, 1, SEL_SP, 1.10),
@@ -150,13 +181,16 @@ def main() -> None:
     opts = CostOptions.make(dtype="bf16")
     t0 = time.perf_counter()
     sc21, mlsys = [], []
-    for model, mesh, batch, t, p, measured in SC21:
-        tp = megatron_recipe(builder(model), batch, parse_mesh(mesh), opts, t, p, 1, "full")
+    for model, mesh, batch, t, p, measured in SC21 + SC21_OTHER:
+        tp = megatron_recipe(
+            builder(model), batch, parse_mesh(mesh), opts, t, p, 1, "full", **PAPER_ERA
+        )
         r = terms(tp)
         ratio = r["hardware_tflops_per_device"] / measured
         sc21.append(
             {
                 "model": model,
+                "row": "development" if (model, mesh) in DEVELOPMENT else "held out",
                 "mesh": mesh,
                 "batch": batch,
                 "tensor": t,
@@ -169,7 +203,16 @@ def main() -> None:
         print(f"SC'21 {model}: {ratio:.3f}", file=sys.stderr)
     for model, mesh, batch, t, p, mbs, v, knobs, measured in MLSYS23:
         tp = megatron_recipe(
-            builder(model), batch, parse_mesh(mesh), opts, t, p, mbs, virtual_stages=v, **knobs
+            builder(model),
+            batch,
+            parse_mesh(mesh),
+            opts,
+            t,
+            p,
+            mbs,
+            virtual_stages=v,
+            **knobs,
+            **PAPER_ERA,
         )
         r = terms(tp)
         ratio = r["step_s"] / measured
@@ -191,11 +234,98 @@ def main() -> None:
         )
         print(f"MLSys'23 {model} {label}: {ratio:.3f}", file=sys.stderr)
     layer = layer_times(opts)
+    today = overlap_rows(opts)
     elapsed = time.perf_counter() - t0
     write(
         "published_runs",
-        {**info, "seconds": elapsed, "sc21": sc21, "mlsys23": mlsys, "layer_22b": layer},
-        markdown(info, sc21, mlsys, layer),
+        {
+            **info,
+            "seconds": elapsed,
+            "sc21": sc21,
+            "mlsys23": mlsys,
+            "layer_22b": layer,
+            "todays_overlap": today,
+        },
+        markdown(info, sc21, mlsys, layer) + overlap_markdown(today),
+    )
+
+
+def overlap_rows(opts: CostOptions) -> list[dict[str, Any]]:
+    """Every run again under today's Megatron-LM overlap defaults, then with
+    --overlap-grad-reduce too: step, what each overlap hides, the ratio to the (2021-22)
+    measurement."""
+    sc21 = [(f"SC'21 {r[0]}", *r[:5], 1, 1, FULL, r[5], "TFLOP/s") for r in SC21]
+    mlsys = [
+        (f"MLSys'23 {r[0]} {'sel+SP' if r[7].get('sequence_parallel') else 'full'}", *r, "s")
+        for r in MLSYS23
+    ]
+    out = []
+    for label, model, mesh, batch, t, p, mbs, v, knobs, measured, unit in sc21 + mlsys:
+        for extra in TODAY:
+            tp = megatron_recipe(
+                builder(model),
+                batch,
+                parse_mesh(mesh),
+                opts,
+                t,
+                p,
+                mbs,
+                virtual_stages=v,
+                **knobs,
+                **extra,
+            )
+            s = tp.step
+            assert s is not None
+            out.append(
+                {
+                    "run": label,
+                    "knobs": "today's defaults" + (" + overlap_grad_reduce" if extra else ""),
+                    "step_s": s.step_s,
+                    "grad_sync_s": s.sync_s,
+                    "sync_hidden_s": s.sync_hidden_s,
+                    "p2p_s": s.p2p_s,
+                    "p2p_hidden_s": s.p2p_hidden_s,
+                    "tflops_per_device": s.hardware_tflops_per_device,
+                    "measured": f"{measured} {unit}",
+                    "ratio": (s.step_s if unit == "s" else s.hardware_tflops_per_device) / measured,
+                }
+            )
+            print(f"today's overlap: {label} {out[-1]['knobs']}: {s.step_s:.4g} s", file=sys.stderr)
+    return out
+
+
+def overlap_markdown(rows: list[dict[str, Any]]) -> str:
+    md = "\n## The same runs with today's Megatron-LM overlap (not the published configuration)\n\n"
+    md += "Measured without either overlap (Megatron-LM 2021-22); ratio to that measurement "
+    md += "(SC'21: TFLOP/s per GPU counting recomputation, as above).\n\n"
+    return md + table(
+        [
+            "run",
+            "knobs",
+            "step s",
+            "grad sync s",
+            "sync hidden s",
+            "p2p s",
+            "p2p hidden s",
+            "TFLOP/s per GPU",
+            "measured",
+            "predicted / measured",
+        ],
+        [
+            [
+                r["run"],
+                r["knobs"],
+                f"{r['step_s']:.4g}",
+                f"{r['grad_sync_s']:.4g}",
+                f"{r['sync_hidden_s']:.4g}",
+                f"{r['p2p_s']:.4g}",
+                f"{r['p2p_hidden_s']:.4g}",
+                f"{r['tflops_per_device']:.4g}",
+                r["measured"],
+                f"{r['ratio']:.3f}",
+            ]
+            for r in rows
+        ],
     )
 
 
@@ -212,6 +342,7 @@ def markdown(
     md += table(
         [
             "model",
+            "row",
             "GPUs (mesh)",
             "batch",
             "TP x PP",
@@ -229,6 +360,7 @@ def markdown(
         [
             [
                 r["model"],
+                r["row"],
                 r["mesh"],
                 r["batch"],
                 f"{r['tensor']} x {r['pipeline']}",

@@ -67,7 +67,13 @@ def engine_plan(
         if graph is None:
             raise PlanError("--from-config needs a zoo model (rebuilt at the micro-batch size)")
         say(f"scoring the {cfg.engine} config on mesh {mesh.text()} ...")
-        tp = layout_plan(graph, batch, mesh, opts, layout)
+        params = graph.parameters  # the engine overlaps what it does by default
+        width = opts.element_bytes(params[0]) if params else 4
+        data = mesh.size // (layout.tensor * layout.pipeline)
+        levers = get_menu(cfg.engine).engine_levers(
+            layout.levers, width, data=data, grad_reduce=cfg.overlap_grad_reduce
+        )
+        tp = layout_plan(graph, batch, mesh, opts, replace(layout, levers=levers))
         assert tp is not None and tp.step is not None
         notes = [f"{cfg.engine} config {args.from_config}: {_layout_text(layout)}", *cfg.notes]
         if cfg.ignored:

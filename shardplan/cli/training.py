@@ -40,6 +40,9 @@ RECIPE_FLAGS = (
     "distributed_optimizer",
     "expert",
 )
+OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_p2p", "prefetch")
+"""Overlap knobs (on / off; None: the method's default): the step search takes all three, the
+Megatron recipe the first two (its ZeRO is the distributed optimizer, nothing to prefetch)."""
 
 
 def wants_training_plan(args: argparse.Namespace) -> bool:
@@ -76,11 +79,28 @@ def _refuse_spmd_flags(args: argparse.Namespace) -> None:
                 f"{', '.join(knobs)} set the Megatron recipe's knobs: add --method "
                 "megatron-recipe (the step search chooses them itself)"
             )
+    overlap = [f"--{k.replace('_', '-')}" for k in OVERLAP_FLAGS if _overlap(args, k) is not None]
+    if overlap and (args.from_config or args.target):
+        raise SolverError(
+            f"{', '.join(overlap)}: --target and --from-config price what the engine overlaps "
+            "by default (docs/engines.md); drop the flag"
+        )
+    if args.method == "megatron-recipe" and _overlap(args, "prefetch") is not None:
+        raise SolverError(
+            "--prefetch overlaps ZeRO-3's gathers; the Megatron recipe's ZeRO is the distributed "
+            "optimizer (ZeRO-1), which gathers nothing per micro-batch: drop it"
+        )
 
 
 def _knob(args: argparse.Namespace, name: str) -> Any:
     value = getattr(args, name, None)
     return None if value is False else value
+
+
+def _overlap(args: argparse.Namespace, name: str) -> bool | None:
+    """An overlap flag as given (--X: True, --no-X: False), None when left out."""
+    value = getattr(args, name, None)
+    return value if isinstance(value, bool) else None
 
 
 def builder_of(args: argparse.Namespace, graph: Graph, batch: int) -> Any:
@@ -113,6 +133,7 @@ def run_training_plan(args: argparse.Namespace) -> int:
         progress.update(f"searching stages x micro-batches for {graph.name} on {args.mesh} ...")
     else:
         options = {k: _knob(args, k) for k in RECIPE_FLAGS if _knob(args, k) is not None}
+    options.update((k, _overlap(args, k)) for k in OVERLAP_FLAGS if _overlap(args, k) is not None)
     if args.from_config or args.target:
         tp = _engine_plan(args, graph, batch, progress.note)
     else:
@@ -248,14 +269,14 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     sec = units.seconds
     rows = (
         ("step time", sec(step.step_s)),
-        (
-            "  pipeline (m + S - 1 slots)" if v == 1 else "  pipeline (m + (S - 1)/v slots)",
-            sec(step.pipeline_s),
-        ),
+        (f"  pipeline ({'m + S - 1' if v == 1 else 'm + (S - 1)/v'} slots)", sec(step.pipeline_s)),
         ("    of which bubble", f"{sec(step.bubble_s)} ({step.bubble_s / step.step_s:.1%})"),
         ("    of which p2p sends", sec(step.p2p_s)),
+        *_hidden(step.p2p_hidden_s, "      p2p hidden under compute (not counted)"),
         ("    of which recomputation", sec(step.recompute_s)),
+        *_hidden(step.zero_hidden_s, "    ZeRO collectives hidden under compute (not counted)"),
         ("  gradient sync (once per step)", sec(step.sync_s)),
+        *_hidden(step.sync_hidden_s, "    hidden under the backward (not counted)"),
         ("  optimizer step (once per step)", sec(step.optimizer_s)),
         (
             "throughput",
@@ -279,6 +300,11 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
 
     for s, stage in enumerate(tp.stages):  # a stage that splits nothing says so on stderr
         warn_split(stage.plan, f"stage {s}: " if tp.pipeline_stages > 1 else "")
+
+
+def _hidden(seconds: float, label: str) -> list[tuple[str, str]]:
+    """A row for what the engine's overlap hid of a term (cost/overlap.py), when it hid any."""
+    return [(label, units.seconds(seconds))] if seconds > 0 else []
 
 
 def add_dtype_argument(p: argparse.ArgumentParser) -> None:
@@ -328,6 +354,29 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="optimizer state split over the data-parallel group (ZeRO-1)",
     )
+    o = p.add_argument_group(
+        "Overlap of data-parallel and pipeline collectives (--method step or megatron-recipe)"
+    )
+    for flag, what in (
+        (
+            "overlap-grad-reduce",
+            "the gradient all-reduce / reduce-scatter bucket by bucket under the backward "
+            "(Megatron-LM --overlap-grad-reduce; default off)",
+        ),
+        (
+            "overlap-p2p",
+            "pipeline sends under the chunks' compute (Megatron-LM's default for the interleaved "
+            "schedule: on with --method megatron-recipe, off for the search)",
+        ),
+        (
+            "prefetch",
+            "ZeRO-3: gather the next unit's parameters under this one's compute (FSDP / "
+            "DeepSpeed prefetch; --method step only; default off)",
+        ),
+    ):
+        o.add_argument(
+            f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=what
+        )
 
 
 def verify_training_plan(args: argparse.Namespace) -> int:

@@ -25,6 +25,11 @@ which the bubble (S - 1)/v slot. Then once per step: the data-parallel gradient 
 the evaluator's all-reduce; ZeRO 1-2: z_step), the all-reduce of parameters shared by two
 stages (a tied embedding) and the optimizer step (the slowest device's update bytes over its
 HBM bandwidth, `cost.zero.update_bytes`; ZeRO 1-3 update a 1/ways shard).
+What the engine overlaps beyond that is on the levers (`cost.levers.Levers`, all off by default:
+every term above added): the gradient sync bucket by bucket under the last micro-batch's
+backward, ZeRO-3's gathers prefetched under the previous unit's compute, the pipeline sends
+under a chunk's compute; each leaves exposed(c, w, k) = max(c/k, c - w (k - 1)/k) of a
+collective c in k pieces under a window w (`cost.overlap`), the rest is reported as hidden.
 Memory of stage s: parameter state (ZeRO z: `cost.zero.zero_steps`, the plain plan's formulas),
 plus its in-flight micro-batches of kept activations (1F1B: min(S - s, m); interleaved: the
 warm-up count of `cost.pipeline.interleaved_in_flight`) and the block being rebuilt during
@@ -36,7 +41,6 @@ stage's ops: O(stages x ops).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -46,7 +50,8 @@ from shardplan.cost.evaluate import (
     evaluate_strategies,
     round_numels,
 )
-from shardplan.cost.overlap import exposed_backward
+from shardplan.cost.levers import Levers, Recompute, StageCost, StepCost
+from shardplan.cost.overlap import exposed_backward, p2p_exposed, zero_exposed
 from shardplan.cost.pipeline import (
     Pipeline,
     interleaved_bubble_slots,
@@ -58,14 +63,14 @@ from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
 from shardplan.cost.zero import (
     ZeroParam,
     ZeroStep,
-    check_stage,
+    gradient_elements,
     update_bytes,
     zero_params,
     zero_steps,
 )
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Role
+from shardplan.ir.op import Op, Role
 from shardplan.ir.segments import Segment, segments
 from shardplan.ir.traits import Saved, saved_for_backward
 from shardplan.mesh import Mesh, Round
@@ -73,33 +78,6 @@ from shardplan.sharding import Layout, Strategy, operand_layouts, resolved
 
 OpLayouts = tuple[tuple[Layout, ...], tuple[Layout, ...]]
 """An op's (input layouts, resolved result layouts) under its strategy."""
-
-
-class Recompute(enum.Enum):
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-@dataclass(frozen=True, slots=True)
-class Levers:
-    """Per-stage choices: activation recomputation, the ZeRO stage (0-3), sequence and context
-    parallelism."""
-
-    recompute: Recompute = Recompute.NONE
-    zero: int = 0
-    sequence_parallel: bool = False
-    """Megatron-LM sequence parallelism over the stage's tensor-parallel group (`cost.sequence`).
-    The distributed optimizer of Megatron-LM is `zero=1` over the data-parallel group."""
-    context_parallel: bool = False
-    """The stage plan's activation all-gathers are context parallelism's ring exchange of K/V,
-    overlapped with the attention (`cost.sequence.ring_terms`)."""
-
-    def __post_init__(self) -> None:
-        check_stage(self.zero)
-        for name in ("sequence_parallel", "context_parallel"):
-            if not isinstance(getattr(self, name), bool):
-                raise PlanError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +109,11 @@ class StageProfile:
     breakdown: CostBreakdown
     sequence_parallel: bool = False
     context_parallel: bool = False
+    grad_elements: float = 0.0
+    """Gradient elements one device holds (each parameter needing one, in its home layout):
+    what the data-parallel sync moves, cut into buckets (`cost.overlap.zero_exposed`)."""
+    blocks: float = 1.0
+    """Repeated blocks of the stage (`block_starts`): the units ZeRO-3 gathers one by one."""
 
 
 def profile_stage(
@@ -199,6 +182,8 @@ def profile_stage(
         breakdown=plain,
         sequence_parallel=sequence_parallel,
         context_parallel=context_parallel,
+        grad_elements=gradient_elements(graph, rounds, params),
+        blocks=act.blocks,
     )
 
 
@@ -229,6 +214,7 @@ class _Activations:
     selective_flops: float
     checkpoints: float
     segment_peak: float
+    blocks: int
 
 
 def saved_bytes(
@@ -316,6 +302,24 @@ def block_starts(
     return [k for k, fp in enumerate(prints) if k == 0 or fp == opener or counts[fp] < top]
 
 
+def selective_drops(graph: Graph, ops: Sequence[Op]) -> list[tuple[Op, str]]:
+    """What selective recomputation drops in one segment's `ops`: (op, result) for results
+    larger than the widest result of an op reading a parameter (attention scores, softmax);
+    none in a segment without such an op."""
+    widest = max(
+        (
+            graph.tensors[n].numel
+            for op in ops
+            if any(graph.tensors[t].role is Role.PARAMETER for t in op.inputs)
+            for n in op.outputs
+        ),
+        default=None,
+    )
+    if widest is None:
+        return []
+    return [(op, n) for op in ops for n in op.outputs if graph.tensors[n].numel > widest]
+
+
 def _activations(
     graph: Graph,
     prices: Sequence[OpPrice],
@@ -353,19 +357,7 @@ def _activations(
         block = graph.ops[segs[a].start : segs[b - 1].stop]
         seg_peak = max(seg_peak, sum(kept(n) for op in block for n in op.outputs if n != exit_))
     for seg in segs:
-        ops = graph.ops[seg.start : seg.stop]
-        widest = max(
-            (
-                graph.tensors[n].numel
-                for op in ops
-                if any(graph.tensors[t].role is Role.PARAMETER for t in op.inputs)
-                for n in op.outputs
-            ),
-            default=None,
-        )
-        if widest is None:
-            continue  # no parameter op: nothing to compare against
-        dropped = [(op, n) for op in ops for n in op.outputs if graph.tensors[n].numel > widest]
+        dropped = selective_drops(graph, graph.ops[seg.start : seg.stop])
         seg_bytes = sum(kept(n) for _, n in dropped)
         sel_bytes += seg_bytes
         sel_peak = max(sel_peak, seg_bytes)
@@ -373,36 +365,16 @@ def _activations(
         sel_s += sum(op_compute[op.name] for op in producers)
         sel_flops += sum(op.flops for op in producers)
     return _Activations(
-        sum(saved.values()), inputs, sel_bytes, sel_peak, sel_s, sel_flops, ckpt, seg_peak
+        sum(saved.values()),
+        inputs,
+        sel_bytes,
+        sel_peak,
+        sel_s,
+        sel_flops,
+        ckpt,
+        seg_peak,
+        len(starts),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class StageCost:
-    """One stage under its levers: per-micro-batch times, per-step sync, memory per device."""
-
-    fwd_s: float
-    bwd_s: float
-    recompute_s: float
-    zero_per_micro_batch_s: float
-    comm_s: float
-    """Collectives per micro-batch (forward, backward, ZeRO gathers), not counting recompute."""
-    sync_s: float
-    param_bytes: float
-    activation_bytes: float
-    in_flight: float
-    """Micro-batches of this stage's kept activations held at its peak (fractional when
-    interleaved: chunks of 1/v of the stage)."""
-    kept_bytes: float = 0.0
-    """Activations kept per micro-batch for the backward (under the recomputation lever)."""
-    rebuilt_bytes: float = 0.0
-    """The recomputation working set during one backward."""
-    optimizer_s: float = 0.0
-    """The optimizer step once per training step, after the pipeline has drained."""
-
-    @property
-    def memory_bytes(self) -> float:
-        return self.param_bytes + self.activation_bytes
 
 
 def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: float) -> StageCost:
@@ -413,14 +385,9 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
                 f"levers ask for {name}={getattr(levers, name)} on a stage profiled with "
                 f"{name}={getattr(p, name)}; profile_stage(..., {name}=...) must match"
             )
-    z = levers.zero
-    if z == 0:
-        zfwd, zbwd, sync, param_bytes = 0.0, 0.0, p.grad_sync_s, p.param_bytes
-    else:  # ZeRO's collectives and state split: cost/zero.py alone prices them
-        zs = p.zero[z - 1]
-        zfwd, zbwd, sync, param_bytes = zs.fwd_s, zs.bwd_s, zs.step_s, zs.param_bytes
+    z = levers.zero  # ZeRO's collectives and state split: cost/zero.py alone prices them
+    param_bytes = p.param_bytes if z == 0 else p.zero[z - 1].param_bytes
     update = p.update_s if z == 0 else p.update_sharded_s
-    per_mb = zfwd + zbwd
     if levers.recompute is Recompute.FULL:
         recompute = p.fwd_compute_s + p.fwd_comm_s
         kept, rebuilt = p.checkpoint_bytes + p.input_bytes, p.segment_peak_bytes
@@ -429,6 +396,9 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
         kept, rebuilt = p.activation_bytes - p.selective_bytes, p.selective_peak_bytes
     else:
         recompute, kept, rebuilt = 0.0, p.activation_bytes, 0.0
+    zt = zero_exposed(p, levers, recompute)  # what the engine's overlap leaves (cost.overlap)
+    zfwd, zbwd, sync = zt.fwd_s, zt.bwd_s, zt.sync_s
+    per_mb = zfwd + zbwd
     fwd = p.fwd_compute_s + p.fwd_comm_s + zfwd
     bwd = p.bwd_compute_s + p.bwd_comm_s + recompute + zbwd
     return StageCost(
@@ -444,6 +414,8 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
         kept_bytes=kept,
         rebuilt_bytes=rebuilt,
         optimizer_s=update,
+        sync_hidden_s=zt.sync_hidden_s,
+        zero_hidden_s=zt.hidden_per_micro_batch_s,
     )
 
 
@@ -465,66 +437,9 @@ def _device_cost(chunks: Sequence[StageCost], in_flight: float) -> StageCost:
         kept_bytes=kept,
         rebuilt_bytes=rebuilt,
         optimizer_s=sum(c.optimizer_s for c in chunks),
+        sync_hidden_s=sum(c.sync_hidden_s for c in chunks),
+        zero_hidden_s=sum(c.zero_hidden_s for c in chunks),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class StepCost:
-    """The whole training step. Times in seconds; memory in bytes per device."""
-
-    step_s: float
-    pipeline_s: float
-    bubble_s: float
-    p2p_s: float
-    sync_s: float
-    recompute_s: float
-    micro_batches: int
-    stages: tuple[StageCost, ...]
-    samples_per_s: float
-    tokens_per_s: float
-    model_flops: float
-    hardware_flops: float
-    tflops_per_device: float
-    hardware_tflops_per_device: float
-    peak_fraction: float
-    optimizer_s: float = 0.0
-    """The slowest device's optimizer step (`StageCost.optimizer_s`)."""
-
-    @property
-    def memory_per_device(self) -> float:
-        return max(s.memory_bytes for s in self.stages)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "step_s": self.step_s,
-            "pipeline_s": self.pipeline_s,
-            "bubble_s": self.bubble_s,
-            "p2p_s": self.p2p_s,
-            "sync_s": self.sync_s,
-            "optimizer_s": self.optimizer_s,
-            "recompute_s": self.recompute_s,
-            "micro_batches": self.micro_batches,
-            "samples_per_s": self.samples_per_s,
-            "tokens_per_s": self.tokens_per_s,
-            "model_flops": self.model_flops,
-            "tflops_per_device": self.tflops_per_device,
-            "hardware_tflops_per_device": self.hardware_tflops_per_device,
-            "peak_fraction": self.peak_fraction,
-            "memory_per_device_bytes": self.memory_per_device,
-            "stages": [
-                {
-                    "fwd_s": s.fwd_s,
-                    "bwd_s": s.bwd_s,
-                    "recompute_s": s.recompute_s,
-                    "comm_s": s.comm_s,
-                    "sync_s": s.sync_s,
-                    "param_bytes": s.param_bytes,
-                    "activation_bytes": s.activation_bytes,
-                    "in_flight": s.in_flight,
-                }
-                for s in self.stages
-            ],
-        }
 
 
 def step_cost(
@@ -562,10 +477,16 @@ def step_cost(
         )
     p2p = max((b / pipe.bandwidth_bytes_per_s for b in pipe.p2p_bytes), default=0.0)
     # each micro-batch crosses v boundaries per device and direction (Narayanan et al. §2.2.2)
-    slot = max(s.fwd_s + s.bwd_s for s in stages) + 2 * v * p2p
+    sends = 2 * v * p2p
+    if all(lv.overlap_p2p for lv in levers):  # under the slowest device's chunks (cost.overlap)
+        top = max(stages, key=lambda s: s.fwd_s + s.bwd_s)
+        sends = p2p_exposed(p2p, v, top.fwd_s, top.bwd_s)
+    slot = max(s.fwd_s + s.bwd_s for s in stages) + sends
     bubble_slots = interleaved_bubble_slots(n_stages, v)
     pipeline = (m + bubble_slots) * slot
     sync = max(s.sync_s for s in stages) + pipe.shared_sync_s
+    unhidden = max(s.sync_s + s.sync_hidden_s for s in stages) + pipe.shared_sync_s
+    p2p_hidden = (m + bubble_slots) * (2 * v * p2p - sends)  # 0.0 without the overlap
     optimizer = max(s.optimizer_s for s in stages)
     step = pipeline + sync + optimizer
     model_flops = pipe.training_flops_factor * m * sum(p.flops for p in profiles)
@@ -583,7 +504,7 @@ def step_cost(
         step_s=step,
         pipeline_s=pipeline,
         bubble_s=bubble_slots * slot,
-        p2p_s=(m + bubble_slots) * 2 * v * p2p,
+        p2p_s=(m + bubble_slots) * 2 * v * p2p - p2p_hidden,
         sync_s=sync,
         recompute_s=m * max(s.recompute_s for s in stages),
         micro_batches=m,
@@ -596,4 +517,7 @@ def step_cost(
         hardware_tflops_per_device=hardware / step / pipe.devices / 1e12,
         peak_fraction=per_device / pipe.peak_flops_per_s,
         optimizer_s=optimizer,
+        sync_hidden_s=unhidden - sync if any(s.sync_hidden_s for s in stages) else 0.0,
+        p2p_hidden_s=p2p_hidden,
+        zero_hidden_s=m * max(s.zero_hidden_s for s in stages),
     )

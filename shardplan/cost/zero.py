@@ -324,6 +324,18 @@ def update_bytes(
     return plain, sharded
 
 
+def gradient_elements(
+    graph: Graph, rounds: Sequence[Round], params: Mapping[str, ZeroParam]
+) -> float:
+    """Gradient elements one device holds: each parameter needing a gradient, in its home
+    layout (what the data-parallel all-reduce or reduce-scatter moves). O(params x rounds)."""
+    return sum(
+        _local_numel(graph.tensors[p.name].numel, p.home, rounds)
+        for p in params.values()
+        if p.name in graph.requires_grad
+    )
+
+
 def _local_numel(numel: int, layout: Layout, rounds: Sequence[Round]) -> float:
     """Elements of a tensor held by one device in `layout` (its split rounds divide it)."""
     local = float(numel)
@@ -403,6 +415,7 @@ __all__ = [
     "check_stage",
     "check_zero_options",
     "gather_terms",
+    "gradient_elements",
     "zero_bytes",
     "zero_layout",
     "zero_layouts",

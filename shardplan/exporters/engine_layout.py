@@ -41,7 +41,12 @@ from shardplan.search.step.recipes import context_rounds, expert_dim, expert_par
 from shardplan.sharding import Strategy
 from shardplan.training import TrainingPlan
 
-_MAPPED_LEVERS = frozenset({"recompute", "zero", "sequence_parallel", "context_parallel"})
+_MAPPED_LEVERS = frozenset(
+    {
+        "recompute", "zero", "sequence_parallel", "context_parallel", "overlap_grad_reduce",
+        "overlap_p2p", "prefetch", "bucket_elements",
+    }
+)  # fmt: skip
 """Levers fields the exporters map; any other field set away from its default is refused."""
 _MAPPED_PLAN = frozenset(
     {
@@ -84,6 +89,10 @@ class EngineLayout:
     """Model chunks per pipeline stage (interleaved 1F1B when > 1)."""
     moe: bool = False
     """The model has expert layers (the engines need their expert count and routing)."""
+    overlap_grad_reduce: bool = False
+    """The gradient sync overlapped with the backward (the stage lever, `cost.overlap`)."""
+    overlap_p2p: bool = False
+    """Pipeline sends overlapped with compute (the stage lever)."""
 
 
 def _refuse(engine: str, where: str, construct: str) -> PlanError:
@@ -283,6 +292,8 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
         expert=d.expert,
         virtual=tp.virtual_stages,
         moe=moe,
+        overlap_grad_reduce=lv.overlap_grad_reduce,
+        overlap_p2p=lv.overlap_p2p,
     )
 
 

@@ -8,12 +8,15 @@ layer per checkpoint), ZeRO-1 as `--use-distributed-optimizer`, uneven first / l
 context parallelism c as `--context-parallel-size` (Megatron orders ranks tp-cp-ep-dp-pp: CP next
 to TP, as the plan's context rounds are), v model chunks per stage as
 `--num-virtual-stages-per-pipeline-rank` (interleaved 1F1B, chunk c on stage c mod S, as the
-plan's chunks), and a model with expert layers as `--num-experts` / `--moe-router-topk` /
-`--moe-ffn-hidden-size` from the zoo with `--expert-model-parallel-size` e (the experts split
-inside the data-parallel group; expert tensor parallelism = t, Megatron's default). Model sizes
-come from the zoo (`architecture`). `megatron_kwargs` are the same choices as `TransformerConfig`
-keyword arguments (dtype names as strings; `transformer_config` builds the object with
-megatron.core, imported lazily). O(1).
+plan's chunks; the p2p-overlap lever off as `--no-overlap-p2p-communication`, Megatron-LM's
+default being on since 2023-10 and required at pipeline 2, where the run then overlaps what the
+plan priced exposed), the gradient-sync overlap as `--overlap-grad-reduce` (megatron-core's
+default buckets, what the lever prices), and a model with expert layers as `--num-experts` /
+`--moe-router-topk` / `--moe-ffn-hidden-size` from the zoo with `--expert-model-parallel-size` e
+(the experts split inside the data-parallel group; expert tensor parallelism = t, Megatron's
+default). Model sizes come from the zoo (`architecture`). `megatron_kwargs` are the same
+choices as `TransformerConfig` keyword arguments (dtype names as strings; `transformer_config`
+builds the object with megatron.core, imported lazily). O(1).
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
         flags += ["--context-parallel-size", str(layout.context)]
     if layout.virtual > 1:
         flags += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual)]
+        if not layout.overlap_p2p and layout.pipeline > 2:  # Megatron-LM overlaps by default
+            flags.append("--no-overlap-p2p-communication")
+    if layout.overlap_grad_reduce:
+        flags.append("--overlap-grad-reduce")
     moe = _moe(layout, arch)
     for key, flag in _MOE_FLAGS:
         if key in moe:
@@ -162,6 +169,7 @@ def megatron_kwargs(layout: EngineLayout, arch: Mapping[str, int] | None = None)
     }
     if layout.virtual > 1:
         kw["virtual_pipeline_model_parallel_size"] = layout.virtual
+        kw["overlap_p2p_comm"] = layout.overlap_p2p or layout.pipeline <= 2
     kw.update(_moe(layout, arch))
     first, last = _uneven(layout.layers)
     if first is not None:

@@ -2,7 +2,8 @@
 
 The stage plans (model chunks when interleaved: `virtual_stages` per device) are stored in the
 plan schema (`plan_json`), with each stage's levers (recompute, zero, sequence_parallel,
-context_parallel; the last two optional, default false) and its
+context_parallel, overlap_grad_reduce, overlap_p2p, prefetch, bucket_elements; all but the
+first two optional, default false / 0) and its
 place in the model (`first_index`: the index of its first op; `model_ops`: the model's op
 count), the mesh, the batch, the micro-batch size, the number of micro-batches and the Problem
 (budget, batch); the step cost is stored for readers and recomputed on load
@@ -49,6 +50,8 @@ SCHEMA = "shardplan.training/3"
 """/2 (issue 22) adds `problem` (budget, batch); /3 (issue 28) `first_index`, `model_ops` and
 `micro_batch_size`, so a missing or moved stage is found; /1 and /2 files still read."""
 SCHEMAS = ("shardplan.training/1", "shardplan.training/2", SCHEMA)
+_FLAGS = ("sequence_parallel", "context_parallel", "overlap_grad_reduce", "overlap_p2p", "prefetch")
+"""The stage levers stored as true / false (optional on read: false)."""
 _FIX = "regenerate it with `shardplan plan MODEL --mesh M --dtype bf16 --json FILE`"
 
 
@@ -82,6 +85,10 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
                 "first_index": first,
                 "sequence_parallel": s.levers.sequence_parallel,
                 "context_parallel": s.levers.context_parallel,
+                "overlap_grad_reduce": s.levers.overlap_grad_reduce,
+                "overlap_p2p": s.levers.overlap_p2p,
+                "prefetch": s.levers.prefetch,
+                "bucket_elements": s.levers.bucket_elements,
                 "first_op": s.plan.graph.ops[0].name,
                 "last_op": s.plan.graph.ops[-1].name,
                 "plan": plan_json.to_dict(s.plan),
@@ -168,9 +175,10 @@ def _check_top(data: dict[str, Any]) -> None:
         n += len(ops)
         _str(s.get("recompute"), f"{p}.recompute")
         _int(s.get("zero"), f"{p}.zero (the ZeRO stage)", 0, 3)
-        for lever in ("sequence_parallel", "context_parallel"):
+        for lever in _FLAGS:
             if not isinstance(s.get(lever, False), bool):
                 raise _fail(f"{p}.{lever}", "true or false", s[lever])
+        _int(s.get("bucket_elements", 0), f"{p}.bucket_elements", 0)
     if total is not None and n != total:
         raise PlanError(
             f"training plan stages hold {n} ops but the model has model_ops={total}: a stage is "
@@ -221,8 +229,8 @@ def from_json(text: str | bytes | dict[str, Any]) -> TrainingPlan:
                 Levers(
                     Recompute(s["recompute"]),
                     s["zero"],
-                    s.get("sequence_parallel", False),
-                    s.get("context_parallel", False),
+                    **{lever: s.get(lever, False) for lever in _FLAGS},
+                    bucket_elements=s.get("bucket_elements", 0),
                 ),
             )
             for p, s in zip(plans, data["stages"], strict=True)

@@ -4,7 +4,8 @@ Formats, by content: a torchtitan job TOML (a `[parallelism]` or `[training]` ta
 DeepSpeed config JSON (an object with `train_batch_size` or `train_micro_batch_size_per_gpu`),
 else Megatron-LM / Megatron-DeepSpeed command-line flags (shell words; flags shardplan does not
 model are listed in `ignored`). Each gives tensor and pipeline degrees, the per-rank micro-batch
-size, the global batch when it says one, recomputation, ZeRO stage and precision; `layout`
+size, the global batch when it says one, recomputation, ZeRO stage, precision and whether the
+gradient sync overlaps the backward (when the file says; else the engine's default); `layout`
 turns them into the `menus.Layout` of a mesh (data ways = devices / (tensor x pipeline)).
 Approximations are listed in `notes` (torchtitan's selective checkpointing is scored as the
 step model's selective recomputation; its tensor parallelism without sequence parallelism).
@@ -39,6 +40,10 @@ class EngineConfig:
     dtype: str | None
     notes: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
+    overlap_grad_reduce: bool | None = None
+    """The configuration's own choice of overlapping the gradient sync (Megatron-LM
+    `--overlap-grad-reduce`, DeepSpeed `zero_optimization.overlap_comm`); None: the engine's
+    default (`menus.Menu.engine_levers`)."""
 
     def layout(self, mesh: Mesh, batch: int) -> Layout:
         """The layout on `mesh` for a global batch `batch` (PlanError when they disagree)."""
@@ -105,6 +110,11 @@ def read_torchtitan(data: dict[str, Any]) -> EngineConfig:
 
 def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
     zero = data.get("zero_optimization", {}).get("stage", 0)
+    overlap = data.get("zero_optimization", {}).get("overlap_comm")
+    if overlap is not None and not isinstance(overlap, bool):
+        raise ArgumentError(
+            f"config field zero_optimization.overlap_comm = {overlap!r} is not true or false"
+        )
     dtype = "bf16" if data.get("bf16", {}).get("enabled") else None
     dtype = "fp16" if data.get("fp16", {}).get("enabled") else dtype
     batch = data.get("train_batch_size")
@@ -118,6 +128,7 @@ def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
         _int(zero, "zero_optimization.stage") if zero else 0,
         dtype,
         ("tensor degree from tensor_parallel.autotp_size (Megatron-DeepSpeed sets it by flag)",),
+        overlap_grad_reduce=overlap,
     )
 
 
@@ -131,7 +142,13 @@ _VALUE_FLAGS = {
     "--recompute-method": "method",  # uniform/block: how full recomputation groups layers
     "--recompute-num-layers": "per_checkpoint",
 }
-_SWITCHES = {"--use-distributed-optimizer", "--bf16", "--fp16", "--checkpoint-activations"}
+_SWITCHES = {
+    "--use-distributed-optimizer",
+    "--bf16",
+    "--fp16",
+    "--checkpoint-activations",
+    "--overlap-grad-reduce",
+}
 
 
 def read_megatron(text: str) -> EngineConfig:
@@ -176,6 +193,7 @@ def read_megatron(text: str) -> EngineConfig:
         dtype,
         (),
         tuple(ignored),
+        overlap_grad_reduce=True if "--overlap-grad-reduce" in switches else None,
     )
 
 

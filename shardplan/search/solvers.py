@@ -77,11 +77,16 @@ class DpOptions:
 @dataclass(frozen=True, slots=True)
 class StepOptions:
     """The training-step search's options: `stages` (the pipeline depths to try; None: every
-    divisor of the outermost mesh axis the model's segments allow) and `progress` (a callable
-    that receives one line per candidate tried)."""
+    divisor of the outermost mesh axis the model's segments allow), `progress` (a callable
+    that receives one line per candidate tried) and what the engine overlaps beyond tensor and
+    context parallelism (`cost.overlap`; off: every collective added, the plans engine-neutral):
+    `overlap_grad_reduce`, `overlap_p2p`, `prefetch` (ZeRO-3)."""
 
     stages: tuple[int, ...] | None = None
     progress: Callable[[str], None] | None = None
+    overlap_grad_reduce: bool = False
+    overlap_p2p: bool = False
+    prefetch: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +94,9 @@ class RecipeOptions:
     """The Megatron-LM recipe's knobs (`search.step.recipes.megatron_recipe`): tensor-parallel
     ways (default: the innermost mesh axis, one node), pipeline stages (default 1), micro-batch
     size, recomputation ("full", "selective", "none"); the step model's further levers where it
-    has them (sequence_parallel, virtual_stages, context, distributed_optimizer, expert)."""
+    has them (sequence_parallel, virtual_stages, context, distributed_optimizer, expert); the
+    overlap knobs at Megatron-LM's defaults unless given (overlap_grad_reduce off, overlap_p2p
+    on for the interleaved schedule)."""
 
     tensor: int = UNSET
     pipeline: int = UNSET
@@ -100,6 +107,8 @@ class RecipeOptions:
     context: int = UNSET
     distributed_optimizer: bool = UNSET
     expert: int = UNSET
+    overlap_grad_reduce: bool = UNSET
+    overlap_p2p: bool = UNSET
 
 
 def given(options: Any) -> dict[str, Any]:
@@ -175,10 +184,18 @@ def _check_step(problem: Problem, method: str) -> None:
 
 
 def _run_step(problem: Problem, options: StepOptions, start: float) -> TrainingPlan:
+    from shardplan.cost.levers import Levers
+    from shardplan.cost.overlap import MEGATRON_BUCKET_FLOOR
     from shardplan.search.step.search import search_step
 
     _check_step(problem, "step")
-    return search_step(problem, options.progress, stages=options.stages)
+    overlap = Levers(
+        overlap_grad_reduce=options.overlap_grad_reduce,
+        overlap_p2p=options.overlap_p2p,
+        prefetch=options.prefetch,
+        bucket_elements=MEGATRON_BUCKET_FLOOR if options.overlap_grad_reduce else 0,
+    )
+    return search_step(problem, options.progress, stages=options.stages, overlap=overlap)
 
 
 def _run_recipe(problem: Problem, options: RecipeOptions, start: float) -> TrainingPlan:
@@ -192,7 +209,12 @@ def _run_recipe(problem: Problem, options: RecipeOptions, start: float) -> Train
     tensor = knobs.pop("tensor", problem.mesh.shape[-1])
     pipeline = knobs.pop("pipeline", 1)
     tp = megatron_recipe(
-        problem.builder(), problem.global_batch, problem.mesh, problem.options, tensor, pipeline,
+        problem.builder(),
+        problem.global_batch,
+        problem.mesh,
+        problem.options,
+        tensor,
+        pipeline,
         **knobs,
     )
     return replace(tp, search_seconds=time.perf_counter() - start, step=tp.step)
@@ -254,7 +276,13 @@ def solver_options(method: str, options: Mapping[str, Any]) -> Any:
             checks.positive_int(options[key], key)
     if "recompute" in options:
         checks.choice(options["recompute"], "recompute", ["full", "selective", "none"])
-    for key in ("sequence_parallel", "distributed_optimizer"):
+    for key in (
+        "sequence_parallel",
+        "distributed_optimizer",
+        "overlap_grad_reduce",
+        "overlap_p2p",
+        "prefetch",
+    ):
         if key in options:
             checks.boolean(options[key], key)
     if options.get("stages") is not None:

@@ -86,3 +86,25 @@ def test_zoo_llms_plan_a_training_step(capsys):
         args = ["plan", name, "--small", "--batch", "8", "--mesh", "2x4", "--dtype", "bf16"]
         assert main([*args, "--memory", "80GB"]) == 0
         assert "model FLOP/s per device" in capsys.readouterr().out
+
+
+def test_overlap_flags_reach_the_plan_and_its_breakdown(tmp_path, capsys):
+    out_file = tmp_path / "train.json"
+    args = ["plan", "gpt3", "--small", "--batch", "8", "--mesh", "4x2", "--dtype", "bf16"]
+    recipe = [*args, "--method", "megatron-recipe", "--pipeline", "2", "--virtual-stages", "2"]
+    assert main([*recipe, "--overlap-grad-reduce", "--json", str(out_file), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "p2p hidden under compute (not counted)" in out  # the recipe's default when interleaved
+    lv = training_json.from_json(out_file.read_text()).stages[0].levers
+    assert lv.overlap_grad_reduce and lv.overlap_p2p
+    assert main([*recipe, "--no-overlap-p2p", "--json", str(out_file), "-q"]) == 0
+    assert "p2p hidden" not in capsys.readouterr().out
+    assert not training_json.from_json(out_file.read_text()).stages[0].levers.overlap_p2p
+
+
+def test_overlap_flags_that_do_not_apply_are_refused(capsys):
+    args = ["plan", "gpt3", "--small", "--batch", "8", "--mesh", "4x2", "--dtype", "bf16"]
+    assert main([*args, "--method", "megatron-recipe", "--prefetch"]) == 9
+    assert "--prefetch overlaps ZeRO-3's gathers" in capsys.readouterr().err
+    assert main([*args, "--target", "torchtitan", "--overlap-p2p"]) == 9
+    assert "price what the engine overlaps by default" in capsys.readouterr().err

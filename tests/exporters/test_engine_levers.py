@@ -36,6 +36,8 @@ CASES = {
     "cp": (GPT, dict(recompute="full", context=2, sequence_parallel=True)),
     "cp-zero1": (GPT, dict(recompute="none", context=2, distributed_optimizer=True)),
     "ep": (MOE, dict(recompute="none", expert=2, sequence_parallel=True)),
+    "overlap": (GPT, dict(recompute="full", virtual_stages=2, distributed_optimizer=True,
+                          overlap_grad_reduce=True, overlap_p2p=False)),
 }  # fmt: skip
 
 
@@ -178,3 +180,34 @@ def test_a_context_lever_without_context_cuts_is_refused() -> None:
     )
     with pytest.raises(PlanError, match="context-parallel lever is on"):
         read_layout(dataclasses.replace(tp, stages=stages, step=None), MENUS["megatron"])
+
+
+def test_overlap_levers_round_trip_and_become_megatron_flags() -> None:
+    tp = plan_of("overlap")  # read back from its JSON
+    lv = tp.stages[0].levers
+    # data ways 8: megatron-core's default bucket max(4e7, 1e6 x 8) parameters
+    assert (lv.overlap_grad_reduce, lv.overlap_p2p, lv.bucket_elements) == (True, False, 40_000_000)
+    lay = read_layout(tp, MENUS["megatron"])
+    assert (lay.overlap_grad_reduce, lay.overlap_p2p) == (True, False)
+    flags = megatron.megatron_flags(lay, arch_of("overlap"))
+    assert "--overlap-grad-reduce" in flags
+    # Megatron-LM requires the p2p overlap of an interleaved schedule at pipeline 2
+    assert "--no-overlap-p2p-communication" not in flags
+    assert megatron.megatron_kwargs(lay, arch_of("overlap"))["overlap_p2p_comm"] is True
+    deeper = dataclasses.replace(lay, pipeline=4, layers=lay.layers * 2)
+    assert "--no-overlap-p2p-communication" in megatron.megatron_flags(deeper)
+    assert megatron.megatron_kwargs(deeper)["overlap_p2p_comm"] is False
+    # the search's plans (no overlap) on a plain schedule: no overlap flag at all
+    plain = megatron.megatron_flags(read_layout(plan_of("cp"), MENUS["megatron"]))
+    assert not any("overlap" in f for f in plain)
+
+
+def test_deepspeed_writes_overlap_comm_at_zero_stages_that_have_it() -> None:
+    lay = read_layout(plan_of("overlap"), MENUS["megatron"])
+    zero1 = dataclasses.replace(lay, virtual=1, layers=(4, 4), overlap_p2p=False)
+    assert deepspeed.deepspeed_config(zero1)["zero_optimization"] == {
+        "stage": 1,
+        "overlap_comm": True,
+    }
+    zero0 = dataclasses.replace(zero1, zero=0, overlap_grad_reduce=False)
+    assert deepspeed.deepspeed_config(zero0)["zero_optimization"] == {"stage": 0}

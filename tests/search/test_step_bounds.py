@@ -35,7 +35,8 @@ def test_chunk_floors_are_below_every_plans_kept_bytes(chunks, plan):
         kept_selective = p.activation_bytes - p.selective_bytes
         assert floor.kept_selective / mesh.size <= kept_selective * (1 + 1e-12)
         assert 0 < floor.kept_selective < floor.kept_none  # attention scores are dropped
-        assert floor.weights / mesh.size <= p.param_bytes
+        for param_bytes in (p.param_bytes, *(z.param_bytes for z in p.zero)):  # ZeRO 0-3
+            assert floor.weights / mesh.size <= param_bytes
 
 
 def _activation_heavy(batch: int):
@@ -57,3 +58,27 @@ def test_pruning_by_the_memory_bound_keeps_the_search_result(monkeypatch):
     ]
     evaluated = [int(tp.notes[-1].split(" of ")[-2].split()[-1]) for tp in (sharp, plain)]
     assert evaluated[0] < evaluated[1]  # layouts that must recompute fully were bounded out
+
+
+@pytest.mark.parametrize("memory", ["120MB", "160MB"])
+def test_every_layouts_sharpened_bound_is_below_its_step(memory):
+    # each layout's own bound (its v, bubble and in-flight count), interleaved ones included:
+    # a group of layouts goes back in line by the least of them, never by its v = 1 twin's
+    from shardplan.problem import Problem
+    from shardplan.search.step.search import _drec_planner, _layouts, _Search
+    from shardplan.training import at_precision
+
+    opts = CostOptions.make(dtype="bf16")
+    mesh = parse_mesh("4x2")
+    probe = _activation_heavy(64)
+    problem = Problem(probe, mesh, opts, float(memory[:-2]) * 1e6, None, 64, _activation_heavy)
+    search = _Search(problem, at_precision(problem.mesh, opts), _drec_planner)
+    layouts = _layouts(probe, search.probe_split, search.mesh, 64, None, search.chunk_starts,
+                       search.ideal)
+    checked = 0
+    for layout in layouts:
+        choice = search.evaluate(layout, lambda _m: None)
+        if choice is not None:
+            assert search.refined_bound(layout) <= choice.step_s * (1 + 1e-9)
+            checked += 1
+    assert checked >= 5 and any(c.virtual > 1 for c in layouts)

@@ -27,6 +27,7 @@ import numpy as np
 
 from shardplan.cost import CostOptions
 from shardplan.cost.pipeline import interleaved_in_flight
+from shardplan.cost.step import selective_drops
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.ir.segments import Segment
@@ -82,23 +83,8 @@ def chunk_floors(
 
 
 def _dropped(graph: Graph, segs: Sequence[Segment]) -> set[str]:
-    """Results selective recomputation drops: per segment, those larger than the widest result
-    of an op reading a parameter (`cost.step._activations`)."""
-    out: set[str] = set()
-    for seg in segs:
-        ops = graph.ops[seg.start : seg.stop]
-        widest = max(
-            (
-                graph.tensors[n].numel
-                for op in ops
-                if any(graph.tensors[t].role is Role.PARAMETER for t in op.inputs)
-                for n in op.outputs
-            ),
-            default=None,
-        )
-        if widest is not None:
-            out.update(n for op in ops for n in op.outputs if graph.tensors[n].numel > widest)
-    return out
+    """Results selective recomputation drops, segment by segment (`cost.step.selective_drops`)."""
+    return {n for seg in segs for _, n in selective_drops(graph, graph.ops[seg.start : seg.stop])}
 
 
 def forced_floor(

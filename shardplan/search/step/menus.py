@@ -18,7 +18,10 @@ the budget is kept; layouts run in order of the training search's lower bound
 (search/step/search.py) and the search stops when the bound reaches the best step found.
 `layout_plan` builds one such plan (also used to score a user's config).
 Layers are the longest periodic run of segment fingerprints (`layer_split`), so no op name is
-read. Cost: O(S-options x t-options x sizes x distinct stages x evaluator).
+read. Each engine's levers carry what it overlaps by default (`Menu.engine_levers`,
+`cost.overlap`): torchtitan its DDP / FSDP2 gradient sync and FSDP2 prefetch, DeepSpeed ZeRO-3's
+`overlap_comm` and prefetch, Megatron-LM nothing beyond tensor parallelism (its p2p overlap needs
+the interleaved schedule). Cost: O(S-options x t-options x sizes x distinct stages x evaluator).
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from shardplan.cost import CostOptions
+from shardplan.cost.overlap import (
+    DDP_BUCKET_BYTES,
+    DEEPSPEED_REDUCE_BUCKET,
+    MEGATRON_BUCKET_FLOOR,
+    MEGATRON_BUCKET_PER_RANK,
+)
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, step_cost
 from shardplan.cost.work import ideal_compute, whole_op_bytes
 from shardplan.errors import ArgumentError, InfeasibleError, PlanError, SolverError
@@ -74,6 +83,41 @@ class Menu:
     """... several model chunks per pipeline stage (interleaved 1F1B)."""
     instead: str = ""
     """Where a construct this menu lacks can be said instead (in refusals)."""
+    overlap_grad_reduce: tuple[int, ...] = ()
+    """ZeRO stages at which the engine overlaps the gradient sync with the backward by default
+    (`cost.overlap`)."""
+    bucket_bytes: int = 0
+    """... its gradient bucket at ZeRO 0-2, in bytes (PyTorch DDP), or in elements:"""
+    bucket_elements: int = 0
+    bucket_per_rank: int = 0
+    """... max(bucket_elements, bucket_per_rank x data ways) (megatron-core); all 0: one bucket
+    (ZeRO-3 reduces unit by unit whatever these are)."""
+    prefetch: tuple[int, ...] = ()
+    """ZeRO stages at which it prefetches the next unit's parameters (ZeRO-3)."""
+    overlap_p2p: bool = False
+    """Its interleaved schedule sends under compute by default (plain 1F1B: never)."""
+
+    def engine_levers(
+        self,
+        levers: Levers,
+        width: int,
+        virtual: int = 1,
+        data: int = 1,
+        grad_reduce: bool | None = None,
+    ) -> Levers:
+        """`levers` with what this engine overlaps by default at their ZeRO stage (`grad_reduce`:
+        a configuration's own choice for the gradient sync); `width`: the gradient's bytes per
+        element, `virtual`: chunks per device, `data`: data-parallel ways (the bucket's size)."""
+        grad = levers.zero in self.overlap_grad_reduce if grad_reduce is None else grad_reduce
+        bucket = max(self.bucket_bytes // width, self.bucket_elements, self.bucket_per_rank * data)
+        bucket = bucket if grad and levers.zero < 3 else 0
+        return replace(
+            levers,
+            overlap_grad_reduce=grad,
+            prefetch=levers.zero in self.prefetch,
+            overlap_p2p=self.overlap_p2p and virtual > 1,
+            bucket_elements=bucket,
+        )
 
     def levers(self, stages: int) -> tuple[Levers, ...]:
         """The allowed levers for a plan of `stages` pipeline stages, least intrusive first."""
@@ -116,6 +160,13 @@ MENUS: Mapping[str, Menu] = {
         True,
         True,
         True,
+        # DDP (`replicate`) all-reduces 25 MiB buckets from autograd hooks, FSDP2 reduce-
+        # scatters and prefetches unit by unit (each TransformerBlock is `fully_shard`ed);
+        # torch.distributed.pipelining's 1F1B waits each send with the next receive
+        # (schedules.py, Schedule1F1B._step_microbatches): no p2p overlap
+        overlap_grad_reduce=(0, 3),
+        bucket_bytes=DDP_BUCKET_BYTES,
+        prefetch=(3,),
     ),
     # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1)
     # --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
@@ -132,6 +183,11 @@ MENUS: Mapping[str, Menu] = {
         True,
         True,
         True,
+        # --overlap-grad-reduce is off by default (buckets max(4e7, 1e6 x dp) when on); p2p
+        # overlap is on for the interleaved schedule, which this menu's layouts do not use
+        bucket_elements=MEGATRON_BUCKET_FLOOR,
+        bucket_per_rank=MEGATRON_BUCKET_PER_RANK,
+        overlap_p2p=True,
     ),
     # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
@@ -146,6 +202,11 @@ MENUS: Mapping[str, Menu] = {
         ("bf16", "fp16", "fp32"),
         instead="the DeepSpeed config JSON has no such key; export with `--to megatron`, or run "
         "Megatron-DeepSpeed with Megatron-LM's flags for it",
+        # zero_optimization.overlap_comm defaults to true at stage 3 only, with the stage-3
+        # prefetch (deepspeed/runtime/zero/config.py); the pipeline engine's sends block
+        overlap_grad_reduce=(3,),
+        bucket_elements=DEEPSPEED_REDUCE_BUCKET,
+        prefetch=(3,),
     ),
 }
 
@@ -238,7 +299,12 @@ def layout_plan(
     if menu is None:
         choices: tuple[Levers, ...] = (layout.levers,)
     else:  # the engine's levers, with the sequence parallelism its tensor layout runs
-        choices = tuple(replace(lv, sequence_parallel=sp) for lv in menu.levers(n))
+        params = graph.parameters  # the gradient's element width sizes the buckets
+        width = opts.element_bytes(params[0]) if params else 4
+        choices = tuple(
+            menu.engine_levers(replace(lv, sequence_parallel=sp), width, data=data)
+            for lv in menu.levers(n)
+        )
     best = None
     for lv in choices:
         step = step_cost(profiles, [lv] * n, m, pipe)

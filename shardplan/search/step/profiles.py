@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields, replace
 
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
+from shardplan.cost.levers import with_overlap
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, stage_cost
 from shardplan.cost.zero import ZeroStep
@@ -153,14 +154,20 @@ def _zs(z: ZeroStep) -> tuple[float, float, float, float]:
 
 
 def choose_levers(
-    profile: StageProfile, m: int, in_flight: int, slots: int, budget: float | None
+    profile: StageProfile,
+    m: int,
+    in_flight: int,
+    slots: int,
+    budget: float | None,
+    overlap: Levers | None = None,
 ) -> tuple[float, Levers] | None:
     """The levers giving this stage the shortest (slots x slot share + sync + optimizer step)
-    within `budget`, with that time; None when no combination fits."""
+    within `budget`, with that time; None when no combination fits. `overlap`: the overlap
+    fields every lever carries (`cost.levers.with_overlap`)."""
     best: tuple[float, Levers] | None = None
     for lv in LEVERS:
         lv = replace(
-            lv,
+            lv if overlap is None else with_overlap(lv, overlap),
             sequence_parallel=profile.sequence_parallel,
             context_parallel=profile.context_parallel,
         )

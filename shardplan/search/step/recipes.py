@@ -10,7 +10,8 @@ selective; none), sequence parallelism (`cost.sequence`), v model chunks per dev
 distributed optimizer (ZeRO-1 over the data-parallel group, `cost.zero`), expert parallelism
 (`expert_parallel`: the experts split over the innermost data-parallel ways, all-to-alls priced
 by the evaluator), context parallelism (`experts.context_parallel`: the sequence split on the
-innermost data-parallel rounds, the K/V ring exchange priced by `cost.sequence.ring_terms`).
+innermost data-parallel rounds, the K/V ring exchange priced by `cost.sequence.ring_terms`), and
+Megatron-LM's overlap knobs (`overlap_grad_reduce`, `overlap_p2p`: `cost.overlap`).
 One expert pass per chunk: O(S v (|V| + |E|) rounds).
 """
 
@@ -21,6 +22,7 @@ from dataclasses import replace
 
 from shardplan import checks
 from shardplan.cost import CostOptions
+from shardplan.cost.overlap import megatron_bucket
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, profile_stage
 from shardplan.errors import PlanError
@@ -49,6 +51,8 @@ KNOBS = (
     "context",
     "distributed_optimizer",
     "expert",
+    "overlap_grad_reduce",
+    "overlap_p2p",
 )
 """The recipe's keyword knobs after (build, batch, mesh, opts, tensor, pipeline)."""
 
@@ -254,9 +258,13 @@ def megatron_recipe(
     context: int = 1,
     distributed_optimizer: bool = False,
     expert: int = 1,
+    overlap_grad_reduce: bool = False,
+    overlap_p2p: bool = True,
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh` and the
-    published knobs (module docstring); PlanError for a knob that is unknown or does not fit."""
+    published knobs (module docstring); PlanError for a knob that is unknown or does not fit.
+    Overlap at Megatron-LM's defaults (`cost.overlap`): `overlap_grad_reduce` off (megatron-
+    core's buckets when on), `overlap_p2p` on, applied to the interleaved schedule only."""
     tensor = checks.positive_int(tensor, "Megatron recipe tensor degree")
     pipeline = checks.positive_int(pipeline, "Megatron recipe pipeline degree")
     micro_batch_size = checks.positive_int(micro_batch_size, "Megatron recipe micro-batch size")
@@ -266,6 +274,8 @@ def megatron_recipe(
     sp_on = _flag("sequence_parallel", sequence_parallel)
     zero = 1 if _flag("distributed_optimizer", distributed_optimizer) else 0
     v = virtual_stages
+    grad_overlap = _flag("overlap_grad_reduce", overlap_grad_reduce)
+    p2p_overlap = _flag("overlap_p2p", overlap_p2p) and v > 1
     data, m = _check_knobs(mesh, batch, tensor, pipeline, micro_batch_size, v, context, expert)
     if sp_on and tensor == 1:
         raise PlanError(
@@ -277,33 +287,39 @@ def megatron_recipe(
     if probe is None or graph is None:
         raise PlanError("the Megatron recipe needs the model at the micro-batch size (zoo models)")
     smesh = stage_mesh(mesh, pipeline)
+    levers = Levers(  # every chunk alike; megatron-core buckets over the data x context group
+        rec,
+        zero,
+        sp_on,
+        context > 1,
+        overlap_grad_reduce=grad_overlap,
+        overlap_p2p=p2p_overlap,
+        bucket_elements=megatron_bucket(data * context) if grad_overlap else 0,
+    )
     stages = []
     for sub in stage_graphs(graph, stage_starts(probe, pipeline * v)):
         strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
         if context > 1:
             rounds = context_rounds(smesh, strategies, sub, context)
             strategies = context_parallel(sub, smesh, strategies, rounds)
-        cp = context > 1
         prof = profile_stage(
-            sub, smesh, strategies, opts, sequence_parallel=sp_on, context_parallel=cp
+            sub, smesh, strategies, opts, sequence_parallel=sp_on, context_parallel=context > 1
         )
         plan = Plan(sub, smesh, strategies, "megatron", opts, cost=prof.breakdown)
-        stages.append((plan, prof, Levers(rec, zero, sp_on, cp)))
+        stages.append((plan, prof, levers))
     tp = assemble(
         probe.name, mesh, batch, stages, m, "megatron-recipe", tokens_per_sample(probe, batch), v
     )
     schedule = f" (interleaved 1F1B, {v} chunks per device)" if v > 1 else ""
-    return replace(
-        tp,
-        axes=axis_summary(tp),
-        notes=(
-            f"Megatron-LM recipe: tensor x{tensor}, pipeline x{pipeline}{schedule}, data "
-            f"x{data}, micro-batch size {micro_batch_size} ({m} micro-batches), {rec.value} "
-            "recomputation, "
-            + ("sequence parallel, " if sp_on else "")
-            + (f"expert parallel x{expert}, " if expert > 1 else "")
-            + (f"context parallel x{context}, " if context > 1 else "")
-            + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO"),
-        ),
-        step=tp.step,
+    note = (
+        f"Megatron-LM recipe: tensor x{tensor}, pipeline x{pipeline}{schedule}, data "
+        f"x{data}, micro-batch size {micro_batch_size} ({m} micro-batches), {rec.value} "
+        "recomputation, "
+        + ("sequence parallel, " if sp_on else "")
+        + (f"expert parallel x{expert}, " if expert > 1 else "")
+        + (f"context parallel x{context}, " if context > 1 else "")
+        + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO")
+        + (", gradient reduce overlapped with the backward" if grad_overlap else "")
+        + (", p2p overlapped with compute" if p2p_overlap else "")
     )
+    return replace(tp, axes=axis_summary(tp), notes=(note,), step=tp.step)

@@ -40,6 +40,7 @@ import numpy as np
 
 from shardplan import checks, units
 from shardplan.cost import CostOptions
+from shardplan.cost.levers import with_overlap
 from shardplan.cost.step import Levers, StageProfile, step_cost
 from shardplan.cost.work import whole_op_bytes
 from shardplan.errors import InfeasibleError, PlanError, SolverError
@@ -154,17 +155,19 @@ def search_step(
     progress: Progress | None = None,
     planner: Planner | None = None,
     stages: Sequence[int] | None = None,
+    overlap: Levers | None = None,
 ) -> TrainingPlan:
     """Search the layouts, families and levers (module docstring) for `problem` (its builder
     gives the model at each micro-batch size). InfeasibleError naming the leanest candidate
-    when nothing fits the budget."""
+    when nothing fits the budget. `overlap`: the overlap fields every lever carries
+    (`cost.levers.with_overlap`; None: nothing overlapped beyond tensor / context parallelism)."""
     opts, budget, batch = problem.options, problem.budget, problem.global_batch
     if budget is not None:
         checks.memory_bytes(budget, "training memory budget")  # NaN, inf, <= 0: MeshError
     mesh = at_precision(problem.mesh, opts)
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
-    search = _Search(problem, mesh, planner or _drec_planner)
+    search = _Search(problem, mesh, planner or _drec_planner, overlap)
     layouts = _layouts(
         problem.graph, search.probe_split, mesh, batch, stages, search.chunk_starts, search.ideal
     )
@@ -175,15 +178,15 @@ def search_step(
     groups: dict[tuple[int, int], list[Layout]] = {}  # (S, m) -> its layouts, v ascending
     for c in layouts:
         groups.setdefault((c.stages, c.micro_batches), []).append(c)
-    # groups by their v = 1 twin's bound; refined (memory, `bounds`) when first reached
+    # groups by their v = 1 twin's bound; sharpened (memory, `bounds`) when first reached
     heap = [(g[0].bound, key, False) for key, g in groups.items()]
     heapq.heapify(heap)
     while heap:
         bound, key, refined = heapq.heappop(heap)
         if best is not None and bound >= best.step_s:
             break
-        if not refined:
-            sharper = search.refined_bound(groups[key][0])
+        if not refined:  # the least of its layouts' own sharpened bounds (each v its bubble)
+            sharper = min(search.refined_bound(c) for c in groups[key])
             if sharper > bound:  # back in line behind the groups it no longer precedes
                 heapq.heappush(heap, (sharper, key, True))
                 continue
@@ -344,8 +347,11 @@ class _Search:
     """Evaluates layouts; caches the graphs per micro-batch size, their segments, the profilers
     per (micro-batch size, stage mesh) and D-Rec's per-segment strategies."""
 
-    def __init__(self, problem: Problem, mesh: Mesh, planner: Planner) -> None:
+    def __init__(
+        self, problem: Problem, mesh: Mesh, planner: Planner, overlap: Levers | None = None
+    ) -> None:
         self.problem, self.mesh, self.planner = problem, mesh, planner
+        self.overlap = overlap or Levers()  # nothing overlapped beyond TP / CP
         self.build = problem.builder()
         self.ids: dict[tuple[object, ...], int] = {}
         self.built: dict[int, tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None] = {}
@@ -457,7 +463,7 @@ class _Search:
                 continue
             ps = [p for p in profiles if p is not None]
             for lv in LEVERS:
-                lv = family.levers(lv)
+                lv = with_overlap(family.levers(lv), self.overlap)
                 step = step_cost(ps, [lv] * len(ps), m, pipe)
                 mem = step.memory_per_device
                 if budget is not None and mem > budget:
@@ -491,7 +497,11 @@ class _Search:
             options = []
             for family, row in table.items():
                 p = row[c]
-                fit = None if p is None else choose_levers(p, m, min(n - c, m), m + n - 1, budget)
+                fit = (
+                    None
+                    if p is None
+                    else choose_levers(p, m, min(n - c, m), m + n - 1, budget, self.overlap)
+                )
                 if fit is not None and p is not None:
                     options.append((fit[0], len(options), family, fit[1], p))
             if not options:
