@@ -117,6 +117,31 @@ def builder(model: str) -> Any:
     return lambda b: zoo.build("gpt3", batch=b, vocab=51200, seq=2048, max_positions=2048, **m)
 
 
+def recipe(
+    opts: CostOptions,
+    model: str,
+    mesh: str,
+    batch: int,
+    tensor: int,
+    pipeline: int,
+    micro_batch_size: int,
+    virtual: int,
+    knobs: dict[str, Any],
+) -> TrainingPlan:
+    """A published configuration scored by the Megatron recipe."""
+    return megatron_recipe(
+        builder(model),
+        batch,
+        parse_mesh(mesh),
+        opts,
+        tensor,
+        pipeline,
+        micro_batch_size,
+        virtual_stages=virtual,
+        **knobs,
+    )
+
+
 def terms(tp: TrainingPlan) -> dict[str, Any]:
     """The step's terms and memory (what the ratio is made of)."""
     s = tp.step
@@ -182,9 +207,7 @@ def main() -> None:
     t0 = time.perf_counter()
     sc21, mlsys = [], []
     for model, mesh, batch, t, p, measured in SC21 + SC21_OTHER:
-        tp = megatron_recipe(
-            builder(model), batch, parse_mesh(mesh), opts, t, p, 1, "full", **PAPER_ERA
-        )
+        tp = recipe(opts, model, mesh, batch, t, p, 1, 1, {**FULL, **PAPER_ERA})
         r = terms(tp)
         ratio = r["hardware_tflops_per_device"] / measured
         sc21.append(
@@ -202,18 +225,7 @@ def main() -> None:
         )
         print(f"SC'21 {model}: {ratio:.3f}", file=sys.stderr)
     for model, mesh, batch, t, p, mbs, v, knobs, measured in MLSYS23:
-        tp = megatron_recipe(
-            builder(model),
-            batch,
-            parse_mesh(mesh),
-            opts,
-            t,
-            p,
-            mbs,
-            virtual_stages=v,
-            **knobs,
-            **PAPER_ERA,
-        )
+        tp = recipe(opts, model, mesh, batch, t, p, mbs, v, {**knobs, **PAPER_ERA})
         r = terms(tp)
         ratio = r["step_s"] / measured
         label = "selective + SP" if knobs.get("sequence_parallel") else "full recompute"
@@ -262,18 +274,7 @@ def overlap_rows(opts: CostOptions) -> list[dict[str, Any]]:
     out = []
     for label, model, mesh, batch, t, p, mbs, v, knobs, measured, unit in sc21 + mlsys:
         for extra in TODAY:
-            tp = megatron_recipe(
-                builder(model),
-                batch,
-                parse_mesh(mesh),
-                opts,
-                t,
-                p,
-                mbs,
-                virtual_stages=v,
-                **knobs,
-                **extra,
-            )
+            tp = recipe(opts, model, mesh, batch, t, p, mbs, v, {**knobs, **extra})
             s = tp.step
             assert s is not None
             out.append(
