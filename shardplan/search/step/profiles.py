@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
@@ -214,10 +215,7 @@ class StageProfiler:
         self.increments: dict[Family, tuple[StageProfile, StageProfile] | None] = {}
         self.reduced: dict[tuple[object, ...], tuple[Graph | None, list[int]]] = {}
         self.wholes: dict[tuple[int, int], Graph] = {}
-        # per (sub-graph, family without SP): its strategies and their plain evaluation
-        self.plans: dict[tuple[int, Family], tuple[Graph, dict[str, Strategy] | None, list]] = {}
-        self.score_caches: dict[int, tuple[Graph, ScoreCache]] = {}
-        self.megatron: dict[tuple[int, int], tuple[Graph, dict[str, Strategy]]] = {}
+        self.per_sub: dict[tuple[int, object], tuple[Graph, Any]] = {}  # `_per_sub`
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -244,11 +242,8 @@ class StageProfiler:
         if family.method == "data-parallel":
             return experts.data_parallel(sub, self.mesh)
         if family.method == "megatron":
-            key = (id(sub), family.tensor)  # shared by its expert and context variants
-            found = self.megatron.get(key)
-            if found is None or found[0] is not sub:
-                found = self.megatron[key] = (sub, experts.megatron(sub, self.mesh, family.tensor))
-            st = found[1]
+            t = family.tensor  # one Megatron plan for its expert and context variants
+            st = self._per_sub(sub, ("megatron", t), lambda: experts.megatron(sub, self.mesh, t))
             if family.expert > 1:
                 st = expert_parallel(sub, self.mesh, st, family.expert)
             if family.context > 1:
@@ -273,24 +268,20 @@ class StageProfiler:
 
     def _exact(self, sub: Graph, family: Family, seg_range: Sequence[int]) -> StageProfile | None:
         plain_family = replace(family, sequence_parallel=False)  # the same strategies
-        key = (id(sub), plain_family)
-        found = self.plans.get(key)
-        if found is None or found[0] is not sub:
-            try:
-                st = self.strategies(sub, family, seg_range)
-            except PlanError:  # experts or context that do not divide this chunk's dims
-                found = self.plans[key] = (sub, None, [])
-            else:
-                found = self.plans[key] = (sub, {op.name: st[op.name] for op in sub.ops}, [])
-        _, strategies, plain = found
+        strategies = self._per_sub(
+            sub, plain_family, lambda: self._strategies_or_none(sub, family, seg_range)
+        )
         if strategies is None:
             return None
         sp = family.sequence_parallel
         if sp and not tensor_rounds(sub, self.mesh, strategies):
             return None  # nothing to split along the sequence: the family is not distinct
-        cache = self._score_cache(sub)
-        if not plain:  # the plan's own evaluation, shared by its sequence-parallel twin
-            plain.append(evaluate_strategies(sub, self.mesh, strategies, self.opts, None, cache))
+        cache = self._per_sub(sub, "score", lambda: ScoreCache(sub, self.mesh, self.opts))
+        plain = self._per_sub(  # the plan's own evaluation, shared by its sequence-parallel twin
+            sub,
+            ("plain", plain_family),
+            lambda: evaluate_strategies(sub, self.mesh, strategies, self.opts, None, cache),
+        )
         return profile_stage(
             sub,
             self.mesh,
@@ -299,14 +290,25 @@ class StageProfiler:
             sequence_parallel=sp,
             context_parallel=family.context > 1,
             cache=cache,
-            plain=plain[0],
+            plain=plain,
         )
 
-    def _score_cache(self, sub: Graph) -> ScoreCache:
-        """One `ScoreCache` per sub-graph, shared by every family's plans of it."""
-        found = self.score_caches.get(id(sub))
+    def _strategies_or_none(
+        self, sub: Graph, family: Family, seg_range: Sequence[int]
+    ) -> dict[str, Strategy] | None:
+        try:
+            st = self.strategies(sub, family, seg_range)
+        except PlanError:  # experts or context that do not divide this chunk's dims
+            return None
+        return {op.name: st[op.name] for op in sub.ops}
+
+    def _per_sub(self, sub: Graph, key: object, make: Callable[[], Any]) -> Any:
+        """`make()` once per (sub-graph, key), shared by every family that asks: its strategies,
+        their plain evaluation, the `ScoreCache`, the Megatron expert's plan at each degree. Keyed
+        by the sub-graph's identity; the entry holds the sub-graph, so the id is not reused."""
+        found = self.per_sub.get((id(sub), key))
         if found is None or found[0] is not sub:
-            found = self.score_caches[id(sub)] = (sub, ScoreCache(sub, self.mesh, self.opts))
+            found = self.per_sub[id(sub), key] = (sub, make())
         return found[1]
 
     def profile(self, a: int, e: int, family: Family) -> StageProfile | None:
