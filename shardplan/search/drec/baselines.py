@@ -17,6 +17,8 @@ Cost: one expert pass O(|V| + |E|) per round and one evaluation per baseline tha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shardplan import units
 from shardplan.cost import CostOptions, ScoreCache
 from shardplan.ir.graph import Graph
@@ -45,41 +47,43 @@ def baseline_plans(
     whose exact total on the reduced graph (`Fold.total`) reaches it is left out unscored."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     rounds = len(mesh.rounds)
-    replicated = {op.name: (None,) * rounds for op in graph.ops}
     folded = _folded_experts(fold, mesh) if fold is not None else {}
-    dp = folded["data-parallel"][0] if "data-parallel" in folded else None
-    dp = dp or experts.data_parallel(graph, mesh, cache.classes)
-    mega = folded["megatron"][0] if "megatron" in folded else None
-    mega = mega or experts.megatron(graph, mesh, classes=cache.classes)
+    full: dict[str, Callable[[], dict[str, Strategy]]] = {
+        "all-replicated": lambda: {op.name: (None,) * rounds for op in graph.ops},
+        "data-parallel": lambda: experts.data_parallel(graph, mesh, cache.classes),
+        "megatron": lambda: experts.megatron(graph, mesh, classes=cache.classes),
+    }
     candidates = [
-        ("all-replicated", replicated, None),
-        ("data-parallel", dp, None),
-        ("megatron", mega, None),
-        ("fsdp", dp, experts.fsdp_param_layouts),
+        ("all-replicated", None),
+        ("data-parallel", None),
+        ("megatron", None),
+        ("fsdp", experts.fsdp_param_layouts),
     ]
     plans = []
     reduced_cache = ScoreCache(fold.reduced, mesh, opts) if folded and below is not None else None
-    for method, strategies, layouts in candidates:
-        if below is not None and _compute(graph, strategies, cache) >= below:
-            continue
+    made: dict[str, dict[str, Strategy]] = {}  # each expert's full plan, built when first needed
+    for method, layouts in candidates:
         base = "data-parallel" if method == "fsdp" else method  # fsdp: dp's cuts
         if reduced_cache is not None and base in folded:
             assert fold is not None and below is not None
-            reduced = folded[base][1]
             params = layouts(fold.reduced, mesh) if layouts is not None else None
-            total = fold.total(mesh, reduced, opts, params, reduced_cache)
+            total = fold.total(mesh, folded[base], opts, params, reduced_cache)
             if total >= below * (1 + 1e-9) + 1e-30:
                 continue  # the evaluator's total is this one's up to rounding: it cannot win
+        if base not in made:  # the reduced plan expanded (exact: see above), else the full one
+            made[base] = fold.expand(folded[base]) if base in folded else full[base]()  # type: ignore[union-attr]
+        strategies = made[base]
+        if below is not None and _compute(graph, strategies, cache) >= below:
+            continue
         params = layouts(graph, mesh) if layouts is not None else None
         plans.append(scored_plan(graph, mesh, strategies, method, opts, cache, params))
     return plans
 
 
-def _folded_experts(
-    fold: Fold, mesh: Mesh
-) -> dict[str, tuple[dict[str, Strategy], dict[str, Strategy]]]:
-    """Expert plan -> (its strategies of the full graph, of the reduced one), for each expert
-    whose blocks 1 and 2 decide alike on the reduced graph (the others: computed in full)."""
+def _folded_experts(fold: Fold, mesh: Mesh) -> dict[str, dict[str, Strategy]]:
+    """Expert plan -> its strategies of the reduced graph, for each expert whose blocks 1 and 2
+    decide alike there (the others: computed on the full graph); `fold.expand` gives the full
+    plan."""
     reduced = fold.reduced
     rounds = len(mesh.rounds)
     plans = {
@@ -87,7 +91,7 @@ def _folded_experts(
         "data-parallel": experts.data_parallel(reduced, mesh),
         "megatron": experts.megatron(reduced, mesh),
     }
-    return {name: (fold.expand(plan), plan) for name, plan in plans.items() if fold.uniform(plan)}
+    return {name: plan for name, plan in plans.items() if fold.uniform(plan)}
 
 
 def _compute(graph: Graph, strategies: dict[str, Strategy], cache: ScoreCache) -> float:

@@ -84,11 +84,12 @@ class RoundCosts(RoundLedger):
         tables: SearchTables | None = None,
         shared_prices: dict[tuple[object, ...], dict[str | None, float]] | None = None,
         next_round: bool = False,
+        shared_edges: dict[tuple[object, ...], float] | None = None,
     ) -> None:
         flex = flex or build_flex_graph(graph)
         tables = tables or SearchTables.of(graph, flex)
         labels = list(labels) if labels is not None else op_labels(graph)
-        super().__init__(graph, mesh, opts, flex, tables, labels, hopeful)  # the rounds done
+        super().__init__(graph, mesh, opts, flex, tables, labels, hopeful, shared_edges)  # rounds done
         # Price "no cut" by what it adds to the final compute if later rounds cut (telescopes
         # to the exact extra over all rounds) instead of by the local compute of this round.
         self.compute_divisor = [

@@ -122,8 +122,13 @@ class RoundLedger:
         tables: SearchTables,
         labels: Sequence[int],
         hopeful: bool,
+        shared_edges: dict[tuple[object, ...], float] | None = None,
     ) -> None:
         self.graph, self.mesh, self.opts, self.rounds = graph, mesh, opts, mesh.rounds
+        self._shared_edges = shared_edges if shared_edges is not None else {}
+        """(round, context codes, relation, size, width, gradient, `_ahead`) -> marginal price:
+        a pure function of its key (contexts as codes, not this search's ids), so the
+        searches of one call share it."""
         self.hopeful = hopeful
         """Assume every faster later round shrinks an all-reduce, even one that cannot cut the op
         (MindSpore's hierarchical pricing; `_assumed`)."""
@@ -422,6 +427,10 @@ class RoundLedger:
         rounds 0..r-1, then as assumed from round r on (see the module doc)."""
         r, rounds, opts = self._r, self.rounds, self.opts
         codes = self._ctxs[ctx]
+        shared = (r, codes, rel, numel, width, grad, ahead)
+        found = self._shared_edges.get(shared)
+        if found is not None:
+            return found
         src = tuple(_EXAMPLE[c][0] for c in codes)
         dst = tuple(_EXAMPLE[c][1] for c in codes)
         later_src = tuple(_EXAMPLE[c][0] for c in ahead[r + 1 :])
@@ -437,6 +446,7 @@ class RoundLedger:
         now = edge_redistribution(
             (*src, a, *later_src), (*dst, b, *later_dst), numel, width, rounds, grad, opts
         ).total
+        self._shared_edges[shared] = now - before
         return now - before
 
     def _ctx(self, src: Sequence[int], dst: Sequence[int]) -> int:

@@ -535,8 +535,11 @@ def _variants(
         runs.append((0, False, False, False, False, True))  # the next-round lookahead
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
+    edges: dict[tuple[object, ...], float] = {}  # and marginal edge prices
     while runs:
         unused, final_compute, defer, by_min, hopeful, ahead = runs.popleft()
+        if unused and best_score < _unused_floor(graph, mesh, opts, unused, weights):
+            continue  # leaving those rounds unused cannot beat the plan found: not searched
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
@@ -557,6 +560,7 @@ def _variants(
                 fixed=pinned,
                 rounds_seen=rounds_seen,
                 shared_prices=prices,
+                shared_edges=edges,
                 next_round=ahead,
             )
             strategies = search.run()
@@ -576,6 +580,27 @@ def _variants(
         if score < best_score:
             best, best_score = strategies, score
     return best
+
+
+def _unused_floor(
+    graph: Graph, mesh: Mesh, opts: CostOptions, unused: int, weights: Sequence[float] | None
+) -> float:
+    """A lower bound on the score of any plan leaving rounds 0..unused-1 unused: each op's
+    forward compute with its FLOPs split over the remaining rounds' devices at most and no bytes
+    moved (`compute_cost` is a roofline, non-decreasing in FLOPs and bytes; training adds the
+    backward, collectives and memory add >= 0), weighted as the fold scores it; shaved by 1e-9
+    so summation order cannot make it exceed the score. O(|V|)."""
+    from dataclasses import replace
+
+    from shardplan.cost.terms import compute_cost
+
+    ways = math.prod(rnd.q for rnd in mesh.rounds[unused:])
+    forward = replace(opts, train=False)
+    floor = 0.0
+    for i, op in enumerate(graph.ops):
+        w = weights[i] if weights is not None else 1.0
+        floor += w * compute_cost(op.flops / ways, 0.0, forward, mesh)
+    return floor * (1 - 1e-9)
 
 
 def heavy_names(graph: Graph) -> Sequence[str]:
