@@ -28,9 +28,9 @@ costs O(|V| + |E|) look-ups plus O(|E| * rounds) to compute the edges' contexts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace as dataclass_replace
-from functools import partial
+from typing import Any
 
 from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.presets import CostOptions
@@ -89,7 +89,8 @@ class RoundCosts(RoundLedger):
         flex = flex or build_flex_graph(graph)
         tables = tables or SearchTables.of(graph, flex)
         labels = list(labels) if labels is not None else op_labels(graph)
-        super().__init__(graph, mesh, opts, flex, tables, labels, hopeful, shared_edges)  # rounds done
+        # the rounds done
+        super().__init__(graph, mesh, opts, flex, tables, labels, hopeful, shared_edges)
         # Price "no cut" by what it adds to the final compute if later rounds cut (telescopes
         # to the exact extra over all rounds) instead of by the local compute of this round.
         self.compute_divisor = [
@@ -358,27 +359,10 @@ class RoundCosts(RoundLedger):
         op, lay = st.op, self.layouts[i]
         costs = dict.fromkeys(cuts, 0.0)
         shared = {} if shared is None else shared
-
-        def add(side: int, pos: int, price: Callable[[int], float], key: object = None) -> None:
-            """Each cut's price on one edge, by the layout it puts on it (`lay[cut][side][pos]`,
-            side 0 inputs, 1 outputs); with `key`, above the set's charge so far."""
-            priced: dict[int, float] = {}  # cuts with one layout on the edge price alike
-            charged = None if key is None else shared.setdefault(key, {})
-            for cut in cuts:
-                mine = lay[cut][side][pos]
-                c = priced.get(mine)
-                if c is None:
-                    c = price(mine)
-                    if charged is not None:  # the set's charge for this layout so far
-                        old = charged.get(mine)
-                        if old is not None and c <= old:
-                            c = 0.0
-                        else:
-                            charged[mine] = c
-                            c -= old or 0.0
-                    priced[mine] = c
-                costs[cut] += c
-
+        edge = self._edge
+        # (side, pos, set key, flex edge or None for a sibling, incoming, its layout, ctx,
+        # tensor, the sibling's dim map): each edge priced below, in this order
+        tasks: list[tuple[int, int, object, FlexEdge | None, bool, int, int, str, Any]] = []
         for incoming, edges in ((True, st.preds), (False, st.succs)):
             for e in edges:
                 j = e.producer if incoming else e.consumer
@@ -393,7 +377,7 @@ class RoundCosts(RoundLedger):
                 name = op.inputs[pos] if incoming else op.outputs[pos]
                 ctx = self._flex_ctx[id(e)]
                 key = None if e.via < 0 else (side, pos, -1 if incoming else e.via, seen, ctx)
-                add(side, pos, partial(self._chain_price, e, theirs, incoming, ctx, name), key)
+                tasks.append((side, pos, key, e, incoming, theirs, ctx, name, None))
         for k, (other, pos, other_pos, to_other, via) in enumerate(st.siblings):
             if other not in decided or (only is not None and other != only):
                 continue
@@ -403,29 +387,37 @@ class RoundCosts(RoundLedger):
             for mine, at in to_other.items():
                 seen = mine if at == theirs and theirs >= 0 else seen
             key = (1, pos, via, seen, ctx)  # one layout change at `via` serves flex edges too
-            add(1, pos, partial(self._sibling_price, to_other, theirs, ctx, name), key)
+            tasks.append((1, pos, key, None, False, theirs, ctx, name, to_other))
+        for side, pos, key, e, incoming, theirs, ctx, name, to_other in tasks:
+            # each cut's price on the edge, by the layout it puts on it; with `key`, above the
+            # set's charge so far (cuts with one layout on the edge price alike)
+            priced: dict[int, float] = {}
+            charged = None if key is None else shared.setdefault(key, {})
+            for cut in cuts:
+                mine = lay[cut][side][pos]
+                c = priced.get(mine)
+                if c is None:
+                    if e is None:  # a sibling edge: my split carried onto the shared op's dims
+                        met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
+                        c = edge(met, theirs, ctx, name)
+                    elif incoming:  # a flex edge, through the chain's layout rules
+                        c = edge(*through_chain(e, theirs, mine, True), ctx, name)
+                    else:
+                        c = edge(*through_chain(e, mine, theirs, False), ctx, name)
+                    if charged is not None:  # the set's charge for this layout so far
+                        old = charged.get(mine)
+                        if old is not None and c <= old:
+                            c = 0.0
+                        else:
+                            charged[mine] = c
+                            c -= old or 0.0
+                    priced[mine] = c
+                costs[cut] += c
         if self.param_positions[i]:
             shared_params = self._shared_param_costs(i, cuts, decided, only)
             for cut in cuts:
                 costs[cut] += shared_params[cut]
         return costs
-
-    def _chain_price(
-        self, e: FlexEdge, other: int, incoming: bool, ctx: int, name: str, mine: int
-    ) -> float:
-        """Flex edge `e` between this op's layout `mine` and its neighbour's `other` (`incoming`:
-        the neighbour produces), through the chain's layout rules."""
-        if incoming:
-            return self._edge(*through_chain(e, other, mine, True), ctx, name)
-        return self._edge(*through_chain(e, mine, other, False), ctx, name)
-
-    def _sibling_price(
-        self, to_other: dict[int, int], theirs: int, ctx: int, name: str, mine: int
-    ) -> float:
-        """A sibling edge: this op's output layout `mine` carried onto the shared op's dims
-        (`to_other`) against the sibling's `theirs`; a split that cannot meet is priced as is."""
-        met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
-        return self._edge(met, theirs, ctx, name)
 
     def _pair_cost(
         self,
@@ -439,18 +431,16 @@ class RoundCosts(RoundLedger):
         """Redistribution on op j's flex edges to one neighbour (the same chain rules as
         `_flex_costs`), from the layouts on them: `mine` the neighbour's (its outputs into j,
         then its inputs from j), `theirs` j's."""
-        op = self.states[j].op
+        op, flex_ctx, edge = self.states[j].op, self._flex_ctx, self._edge
         cost = 0.0
         k = 0
-        for e in preds:
-            cost += self._chain_price(
-                e, mine[k], True, self._flex_ctx[id(e)], op.inputs[e.in_pos], theirs[k]
-            )
+        for e in preds:  # through the chain's layout rules, as `_flex_costs`
+            src, dst = through_chain(e, mine[k], theirs[k], True)
+            cost += edge(src, dst, flex_ctx[id(e)], op.inputs[e.in_pos])
             k += 1
         for e in succs:
-            cost += self._chain_price(
-                e, mine[k], False, self._flex_ctx[id(e)], op.outputs[e.out_pos], theirs[k]
-            )
+            src, dst = through_chain(e, theirs[k], mine[k], False)
+            cost += edge(src, dst, flex_ctx[id(e)], op.outputs[e.out_pos])
             k += 1
         return cost
 
