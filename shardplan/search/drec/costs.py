@@ -222,8 +222,14 @@ class RoundCosts(RoundLedger):
         outs = [dataclass_replace(x, numel=x.numel / div) for x in outs]
         mesh, opts, q = self.mesh, self.opts, rnd.q
         base = piece_compute(st.op, None, q, flops, ins, outs, opts, mesh, ideal=True)
-        for cut in costs:
-            costs[cut] += piece_compute(st.op, cut, q, flops, ins, outs, opts, mesh) - base
+        lay = self.layouts[i]
+        pieces: dict[object, float] = {}  # a piece's compute depends on the cut only through
+        for cut in costs:  # which operands it splits: cuts splitting alike price alike
+            split = None if cut is None else tuple(x >= 0 for side in lay[cut] for x in side)
+            c = pieces.get(split)
+            if c is None:
+                c = pieces[split] = piece_compute(st.op, cut, q, flops, ins, outs, opts, mesh)
+            costs[cut] += c - base
 
     def _add_next_round(self, i: int, r: int, costs: dict[str | None, float]) -> None:
         """Remaining-rounds-aware price (the lookahead variant): where the next round differs

@@ -28,7 +28,7 @@ from shardplan.plans import Plan, scored_plan, with_zero
 from shardplan.problem import Problem
 from shardplan.search.drec.baselines import baseline_plans, cheapest
 from shardplan.search.drec.fold import Fold
-from shardplan.search.drec.search import drec, drec_folded
+from shardplan.search.drec.search import drec, drec_folded, without_gc_pauses
 from shardplan.sharding import Strategy, check_fixed
 
 __all__ = ["drec_within"]
@@ -40,6 +40,14 @@ def drec_within(
     """D-Rec under the budget, then the cheapest of it and the baselines that fit (baselines.py).
     With `fixed` ops the baselines (which would not keep them) are not compared; the plan is
     D-Rec around the fixed ops or, when cheaper, the free plan with them swapped in."""
+    with without_gc_pauses():  # the baselines and scores too
+        return _drec_within(problem, start, fixed)
+
+
+def _drec_within(
+    problem: Problem, start: float, fixed: Mapping[str, Strategy] | None = None
+) -> Plan:
+    """`drec_within` with the garbage collector paused (`search.without_gc_pauses`)."""
     graph, mesh, opts, budget = problem.graph, problem.mesh, problem.options, problem.budget
     # stages 1-2 split training state: inference and the symbolic preset try stage 3's storage
     free = (1, 2, 3) if opts.train and not opts.preset.symbolic else (3,)
