@@ -472,12 +472,11 @@ class RoundLedger:
             self._contexts(r - 1 if r == self._ctx_round + 1 and r > 0 else None)
             self._ctx_round = r
 
-    def _edge_pairs(self, last: int | None) -> Iterator[tuple[Sequence[int], Sequence[int]]]:
-        """Every edge's layouts in the rounds done (only round `last`'s, when given), in the
-        order of the contexts' tables: inputs of each op (from the producer or the parameter's
-        first reader), flex edges (through their chains), sibling edges."""
+    def _edge_pairs(self) -> Iterator[tuple[Sequence[int], Sequence[int]]]:
+        """Every edge's layouts in the rounds done, in the order of the contexts' tables: inputs
+        of each op (from the producer or the parameter's first reader), flex edges (through
+        their chains), sibling edges."""
         graph, states = self.graph, self.states
-        pick = slice(None) if last is None else slice(last, last + 1)
         for st in states:
             for pos, name in enumerate(st.op.inputs):
                 p = graph.producer.get(name)
@@ -488,34 +487,32 @@ class RoundLedger:
                     src = states[first].in_layouts[first_pos]
                 else:
                     src = st.in_layouts[pos]
-                yield src[pick], st.in_layouts[pos][pick]
+                yield src, st.in_layouts[pos]
         for st in states:
             for e in st.preds:
                 pairs = zip(
-                    states[e.producer].out_layouts[e.out_pos][pick],
-                    st.in_layouts[e.in_pos][pick],
+                    states[e.producer].out_layouts[e.out_pos],
+                    st.in_layouts[e.in_pos],
                     strict=True,
                 )
                 chained = [through_chain(e, a, b, True) for a, b in pairs]
                 yield [a for a, _ in chained], [b for _, b in chained]
         for st in states:
             for other, pos, other_pos, to_other, _ in st.siblings:
-                mine = [
-                    to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos][pick]
-                ]
-                yield mine, states[other].out_layouts[other_pos][pick]
+                mine = [to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos]]
+                yield mine, states[other].out_layouts[other_pos]
 
     def _contexts(self, last: int | None) -> None:
         """Every edge's context from its layouts (`_edge_pairs`): all rounds done (`last`
-        None), or the previous context extended by round `last`'s relation."""
-        ids = iter(self._ctx_list) if last is not None else None
-        out: list[int] = []
-        extend = self._extend
-        for src, dst in self._edge_pairs(last):
-            if ids is None:
-                out.append(self._ctx(src, dst))
-            else:
-                out.append(extend(next(ids), relation(src[0], dst[0])))
+        None), or the previous context extended by round `last`'s relation (`_last_codes`)."""
+        if last is None:
+            out = [self._ctx(src, dst) for src, dst in self._edge_pairs()]
+        else:
+            following, extend = self._ctx_next, self._extend
+            out = []
+            for ctx, code in zip(self._ctx_list, self._last_codes(last), strict=True):
+                nxt = following.get((ctx, code))
+                out.append(extend(ctx, code) if nxt is None else nxt)
         self._ctx_list = out
         k = 0
         self._in_ctx = []
@@ -533,6 +530,38 @@ class RoundLedger:
             for s in range(len(st.siblings)):
                 self._sib_ctx[i, s] = out[k]
                 k += 1
+
+    def _last_codes(self, last: int) -> list[int]:
+        """`relation` of every edge's layouts in round `last` alone, in `_edge_pairs`' order,
+        read off the round's cuts (the layouts `apply_round` appended). O(|E|)."""
+        graph, states, lay = self.graph, self.states, self.layouts
+        now = [lay[i][st.cuts[last]] for i, st in enumerate(states)]  # (ins, outs) per op
+        codes: list[int] = []
+        for i, st in enumerate(states):
+            mine = now[i][0]
+            for pos, name in enumerate(st.op.inputs):
+                p = graph.producer.get(name)
+                if p is not None:
+                    src = now[p][1][self.out_pos[name]]
+                elif graph.tensors[name].role is Role.PARAMETER:
+                    first, first_pos = graph.consumers[name][0]
+                    src = now[first][0][first_pos]
+                else:
+                    src = mine[pos]
+                codes.append(relation(src, mine[pos]))
+        for i, st in enumerate(states):
+            mine = now[i][0]
+            for e in st.preds:
+                codes.append(
+                    relation(*through_chain(e, now[e.producer][1][e.out_pos], mine[e.in_pos], True))
+                )
+        for i, st in enumerate(states):
+            outs = now[i][1]
+            for other, pos, other_pos, to_other, _ in st.siblings:
+                a = outs[pos]
+                a = to_other.get(a, REPLICATED) if a >= 0 else a
+                codes.append(relation(a, now[other][1][other_pos]))
+        return codes
 
     def _extend(self, ctx: int, code: int) -> int:
         """The context `ctx` followed by one more round whose layouts relate as `code`."""
@@ -561,8 +590,9 @@ class RoundLedger:
         """Round r is decided: record its all-reduces, cuts, layouts and the local sizes."""
         rnd = self.rounds[r]
         skipped = []
-        for i in range(len(self.states)):  # before any layout grows: credits compare prefixes
-            self._grow_backlog(i, r, decided.get(i))
+        for i, st in enumerate(self.states):  # before any layout grows: credits compare prefixes
+            if st.ar_history or st.credits:  # else nothing to grow
+                self._grow_backlog(i, r, decided.get(i))
             skipped.append(self._record_all_reduces(i, r, decided))
         for i, st in enumerate(self.states):
             cut = decided.get(i)
