@@ -238,15 +238,18 @@ class _Search(RoundCosts):
             flex = flex_of(j)
             preds, succs, keys, views = self._pair_view(i, j)
             # the pair's edges see only the layouts on them: price each distinct pair once
-            answers: dict[tuple[int, ...], tuple[float, str | None]] = {}
+            answers: dict[tuple[int, ...], float] = {}  # the cheapest of j's cuts per key
             floor = math.inf
             for cj, c in own[j].items():
                 c += flex[cj]
-                floor = min(floor, c)
+                if c < floor:
+                    floor = c
                 key = keys[cj]
-                if c < answers.get(key, (math.inf, None))[0]:
-                    answers[key] = (c, cj)
+                best = answers.get(key)
+                if best is None or c < best:
+                    answers[key] = c
             pairs.append((j, preds, succs, answers, floor, {}, views))
+        pair_cost = self._pair_cost
 
         def regret(cut: str | None) -> float:
             worst = 0.0
@@ -254,11 +257,14 @@ class _Search(RoundCosts):
                 mine = views[cut]
                 forced = forced_by.get(mine)
                 if forced is None:
-                    forced = forced_by[mine] = min(
-                        c + self._pair_cost(j, preds, succs, mine, key, rnd)
-                        for key, (c, _) in answers.items()
-                    )
-                worst = max(worst, forced - floor)
+                    forced = math.inf
+                    for key, c in answers.items():
+                        c += pair_cost(j, preds, succs, mine, key, rnd)
+                        if c < forced:
+                            forced = c
+                    forced_by[mine] = forced
+                if forced - floor > worst:
+                    worst = forced - floor
             return worst
 
         return regret
