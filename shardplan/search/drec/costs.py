@@ -113,6 +113,7 @@ class RoundCosts(RoundLedger):
         """(heavy op, inputs another reader reduces) -> `_greedy_costs` this round."""
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
+        self._edges_to_cache: dict[tuple[int, int], Any] = {}  # `_edges_to`
         self._near_cache: dict[tuple[object, ...], list[float]] = {}
         """(op, operand, neighbour's layout) -> the edge's price under each of op's cuts."""
         self._shared_prices = shared_prices if shared_prices is not None else {}
@@ -369,7 +370,10 @@ class RoundCosts(RoundLedger):
         # (side, pos, set key, flex edge or None for a sibling, incoming, its layout, ctx,
         # tensor, the sibling's dim map): each edge priced below, in this order
         tasks: list[tuple[int, int, object, FlexEdge | None, bool, int, int, str, Any]] = []
-        for incoming, edges in ((True, st.preds), (False, st.succs)):
+        preds, succs, siblings = st.preds, st.succs, enumerate(st.siblings)
+        if only is not None:  # the edges to that one neighbour, in the same order
+            preds, succs, siblings = self._edges_to(i, only)
+        for incoming, edges in ((True, preds), (False, succs)):
             for e in edges:
                 j = e.producer if incoming else e.consumer
                 if j not in decided or (only is not None and j != only):
@@ -384,7 +388,7 @@ class RoundCosts(RoundLedger):
                 ctx = self._flex_ctx[id(e)]
                 key = None if e.via < 0 else (side, pos, -1 if incoming else e.via, seen, ctx)
                 tasks.append((side, pos, key, e, incoming, theirs, ctx, name, None))
-        for k, (other, pos, other_pos, to_other, via) in enumerate(st.siblings):
+        for k, (other, pos, other_pos, to_other, via) in siblings:
             if other not in decided or (only is not None and other != only):
                 continue
             theirs = self._out(other, decided[other], other_pos)
@@ -424,6 +428,21 @@ class RoundCosts(RoundLedger):
             for cut in cuts:
                 costs[cut] += shared_params[cut]
         return costs
+
+    def _edges_to(
+        self, i: int, k: int
+    ) -> tuple[list[FlexEdge], list[FlexEdge], list[tuple[int, Any]]]:
+        """Op i's flex edges from and to op k and its sibling edges (index, entry) with it, in
+        `_flex_costs`' order (static: cached per pair)."""
+        found = self._edges_to_cache.get((i, k))
+        if found is None:
+            st = self.states[i]
+            found = self._edges_to_cache[i, k] = (
+                [e for e in st.preds if e.producer == k],
+                [e for e in st.succs if e.consumer == k],
+                [(n, sib) for n, sib in enumerate(st.siblings) if sib[0] == k],
+            )
+        return found
 
     def _pair_cost(
         self,

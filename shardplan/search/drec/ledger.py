@@ -177,6 +177,8 @@ class RoundLedger:
         self._edge_kinds: dict[tuple[object, ...], float] = {}
         self._prev_price: dict[tuple[object, ...], float] = {}
         self._ahead_of: dict[str, tuple[int, ...]] = {}  # `_ahead`, per tensor
+        self._tensor_form: dict[str, tuple[float, int, bool, tuple[int, ...]]] = {}
+        """Tensor -> (size, element width, gradient status, `_ahead`): its edges' price key."""
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self._assumed_cache: dict[tuple[object, ...], int] = {}
         self._reduced_cache: dict[tuple[int, str | None], tuple[tuple[bool, int], ...]] = {}
@@ -399,10 +401,17 @@ class RoundLedger:
         cost = self._edge_cache.get(key)
         if cost is None:
             # tensors of one size, dtype and gradient status price alike: layer copies share it
-            t = self.graph.tensors[name]
-            width = self.opts.element_bytes(t)
-            ahead = self._ahead_of.get(name) or self._ahead(name)
-            kind = (relation(src, dst), ctx, float(t.numel), width, name in self._grad, ahead)
+            form = self._tensor_form.get(name)
+            if form is None:
+                t = self.graph.tensors[name]
+                ahead = self._ahead_of.get(name) or self._ahead(name)
+                form = self._tensor_form[name] = (
+                    float(t.numel),
+                    self.opts.element_bytes(t),
+                    name in self._grad,
+                    ahead,
+                )
+            kind = (relation(src, dst), ctx, *form)
             cost = self._edge_kinds.get(kind)
             if cost is None:
                 cost = self._edge_kinds[kind] = self._marginal(*kind)
