@@ -54,7 +54,7 @@ from shardplan.search.drec.flex import (
 )
 from shardplan.search.drec.fold import op_labels
 from shardplan.search.drec.followers import follower_excess
-from shardplan.search.drec.ledger import RoundLedger
+from shardplan.search.drec.ledger import EdgeBook, RoundLedger
 from shardplan.search.drec.overlay import Charges
 from shardplan.search.drec.tables import SearchTables, layout
 from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
@@ -84,7 +84,7 @@ class RoundCosts(RoundLedger):
         tables: SearchTables | None = None,
         shared_prices: dict[tuple[object, ...], dict[str | None, float]] | None = None,
         next_round: bool = False,
-        shared_edges: dict[tuple[object, ...], float] | None = None,
+        shared_edges: EdgeBook | None = None,
     ) -> None:
         flex = flex or build_flex_graph(graph)
         tables = tables or SearchTables.of(graph, flex)

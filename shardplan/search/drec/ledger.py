@@ -108,6 +108,39 @@ class _OpState:
         )
 
 
+class EdgeBook:
+    """Edge contexts and their prices, shared by the searches of one `drec` call (one graph,
+    mesh and set of options): a context id stands for its codes (per round done, `relation`)
+    in every search, and an edge's marginal price is a pure function of (layouts, context,
+    tensor), the context holding the round — so a variant that reaches the rounds another did
+    reads their prices instead of pricing them again. No edge price depends on how a variant
+    prices cuts."""
+
+    __slots__ = (
+        "ctx_ids",
+        "ctxs",
+        "ctx_moves",
+        "ctx_next",
+        "edge_cache",
+        "edge_kinds",
+        "prev_price",
+    )
+
+    def __init__(self) -> None:
+        self.ctx_ids: dict[tuple[int, ...], int] = {}
+        self.ctxs: list[tuple[int, ...]] = []
+        self.ctx_moves: list[bool] = []
+        """Per context: whether a layout moved in some round (else an unchanged edge is free)."""
+        self.ctx_next: dict[tuple[int, int], int] = {}
+        """(context, the next round's relation) -> the extended context."""
+        self.edge_cache: dict[tuple[int, int, int, str], float] = {}
+        """(src, dst, context, tensor) -> the edge's marginal price (`RoundLedger._edge`)."""
+        self.edge_kinds: dict[tuple[object, ...], float] = {}
+        """(relation, context, size, width, gradient, `_ahead`) -> the same, per tensor form."""
+        self.prev_price: dict[tuple[object, ...], float] = {}
+        """(context, tensor form) -> its price over the rounds before (`_marginal`)."""
+
+
 class RoundLedger:
     """The rounds done of one D-Rec run: per op its state (`_OpState`), per edge its context,
     and the marginal prices that follow from them. `RoundCosts` prices the round's cuts on
@@ -122,13 +155,10 @@ class RoundLedger:
         tables: SearchTables,
         labels: Sequence[int],
         hopeful: bool,
-        shared_edges: dict[tuple[object, ...], float] | None = None,
+        shared_edges: EdgeBook | None = None,
     ) -> None:
         self.graph, self.mesh, self.opts, self.rounds = graph, mesh, opts, mesh.rounds
-        self._shared_edges = shared_edges if shared_edges is not None else {}
-        """(round, context codes, relation, size, width, gradient, `_ahead`) -> marginal price:
-        a pure function of its key (contexts as codes, not this search's ids), so the
-        searches of one call share it."""
+        book = shared_edges if shared_edges is not None else EdgeBook()
         self.hopeful = hopeful
         """Assume every faster later round shrinks an all-reduce, even one that cannot cut the op
         (MindSpore's hierarchical pricing; `_assumed`)."""
@@ -162,20 +192,19 @@ class RoundLedger:
         self._ctx_round = -1
         """The round the edges' contexts stand at (`begin_round`)."""
         self._ctx_list: list[int] = []
-        self._ctx_next: dict[tuple[int, int], int] = {}
-        # contexts: per earlier round how an edge's layouts relate, as small ids
-        self._ctx_ids: dict[tuple[int, ...], int] = {}
-        self._ctxs: list[tuple[int, ...]] = []
-        self._ctx_moves: list[bool] = []
+        # contexts: per earlier round how an edge's layouts relate, as small ids (`EdgeBook`)
+        self._ctx_next, self._ctx_ids = book.ctx_next, book.ctx_ids
+        self._ctxs, self._ctx_moves = book.ctxs, book.ctx_moves
         self._in_ctx: list[list[int]] = []
         """Per op, per input: the context of the edge into it (producer or parameter home)."""
         self._flex_ctx: dict[int, int] = {}
         self._sib_ctx: dict[tuple[int, int], int] = {}
         self._param_ctx: dict[tuple[int, int, int, int], int] = {}
+        # edge prices, keyed by context (which holds the round): kept across rounds and shared
+        self._edge_cache = book.edge_cache
+        self._edge_kinds = book.edge_kinds
+        self._prev_price = book.prev_price
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
-        self._edge_cache: dict[tuple[int, int, int, str], float] = {}
-        self._edge_kinds: dict[tuple[object, ...], float] = {}
-        self._prev_price: dict[tuple[object, ...], float] = {}
         self._ahead_of: dict[str, tuple[int, ...]] = {}  # `_ahead`, per tensor
         self._tensor_form: dict[str, tuple[float, int, bool, tuple[int, ...]]] = {}
         """Tensor -> (size, element width, gradient status, `_ahead`): its edges' price key."""
@@ -436,10 +465,6 @@ class RoundLedger:
         rounds 0..r-1, then as assumed from round r on (see the module doc)."""
         r, rounds, opts = self._r, self.rounds, self.opts
         codes = self._ctxs[ctx]
-        shared = (r, codes, rel, numel, width, grad, ahead)
-        found = self._shared_edges.get(shared)
-        if found is not None:
-            return found
         src = tuple(_EXAMPLE[c][0] for c in codes)
         dst = tuple(_EXAMPLE[c][1] for c in codes)
         later_src = tuple(_EXAMPLE[c][0] for c in ahead[r + 1 :])
@@ -455,7 +480,6 @@ class RoundLedger:
         now = edge_redistribution(
             (*src, a, *later_src), (*dst, b, *later_dst), numel, width, rounds, grad, opts
         ).total
-        self._shared_edges[shared] = now - before
         return now - before
 
     def _ctx(self, src: Sequence[int], dst: Sequence[int]) -> int:
@@ -471,11 +495,9 @@ class RoundLedger:
     def begin_round(self, r: int) -> None:
         """Clear the round's caches and bring every edge's context to round r: from the last
         round's layouts when the contexts stand at round r - 1 (O(|E|)), else from all the
-        rounds done (O(|E| * r))."""
+        rounds done (O(|E| * r)). Edge prices stay: their contexts hold the round."""
         self._r = r
-        for cache in (self._edge_cache, self._edge_kinds, self._info_cache):
-            cache.clear()
-        self._prev_price.clear()
+        self._info_cache.clear()
         self._param_ctx.clear()
         if r != self._ctx_round:  # contexts depend on the rounds before r only
             self._contexts(r - 1 if r == self._ctx_round + 1 and r > 0 else None)

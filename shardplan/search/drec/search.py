@@ -44,6 +44,7 @@ from shardplan.mesh import Mesh
 from shardplan.search.drec.costs import RoundCosts, differs
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
 from shardplan.search.drec.fold import Fold, find_fold, op_labels
+from shardplan.search.drec.ledger import EdgeBook
 from shardplan.search.drec.overlay import Overlay
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
@@ -574,7 +575,7 @@ def _variants(
         runs.append((0, False, False, False, False, True))  # the next-round lookahead
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
-    edges: dict[tuple[object, ...], float] = {}  # and marginal edge prices
+    edges = EdgeBook()  # and edge contexts and prices
     while runs:
         unused, final_compute, defer, by_min, hopeful, ahead = runs.popleft()
         if unused and best_score < _unused_floor(graph, mesh, opts, unused, weights):
