@@ -176,6 +176,33 @@ class RoundCosts(RoundLedger):
 
     def _compute_own_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
         st, rnd, opts = self.states[i], self.rounds[r], self.opts
+        inputs = st.op.inputs
+        given = tuple(p for p, name in enumerate(inputs) if (name, r) in charged) if charged else ()
+        # intra terms do not depend on how "no cut" is priced: variants that assume alike share
+        key = ("intra", self.hopeful, r, st.kind, given)
+        intra = self._shared_prices.get(key)
+        if intra is None:
+            intra = self._shared_prices[key] = self._intra_costs(i, r, charged)
+        costs = dict(intra)
+        if opts.preset.symbolic:
+            cuts = [c for k, c in costs.items() if k is not None]
+            if None in costs:
+                costs[None] = replicate_symbolic(min(cuts), opts.preset) if cuts else 0.0
+        else:
+            self._add_compute(i, r, costs)
+            self._add_backlog(i, r, costs)
+            if self.next_round and i in self.heavy:
+                self._add_next_round(i, r, costs)
+        if self.memory_lambda:
+            for cut in costs:
+                costs[cut] += self.memory_lambda * self._kept_bytes(i, cut, rnd)
+        return costs
+
+    def _intra_costs(self, i: int, r: int, charged: Charges) -> dict[str | None, float]:
+        """Intra-operator collectives of every valid candidate of op i in round r, the inputs
+        another reader reduces (`charged`) credited: a function of op i's kind, the round and
+        the all-reduce assumption (`_infos`), so variants pricing "no cut" otherwise share it."""
+        st, rnd, opts = self.states[i], self.rounds[r], self.opts
         op = st.op
         ins, outs = self._infos(i, r)
         costs: dict[str | None, float] = {}
@@ -197,18 +224,6 @@ class RoundCosts(RoundLedger):
                 ]
             extent = st.extents[cut] if cut is not None else 1
             costs[cut] = intra_terms(op, cut, rnd, infos, outs, extent, opts).total
-        if opts.preset.symbolic:
-            cuts = [c for k, c in costs.items() if k is not None]
-            if None in costs:
-                costs[None] = replicate_symbolic(min(cuts), opts.preset) if cuts else 0.0
-        else:
-            self._add_compute(i, r, costs)
-            self._add_backlog(i, r, costs)
-            if self.next_round and i in self.heavy:
-                self._add_next_round(i, r, costs)
-        if self.memory_lambda:
-            for cut in costs:
-                costs[cut] += self.memory_lambda * self._kept_bytes(i, cut, rnd)
         return costs
 
     def _add_compute(self, i: int, r: int, costs: dict[str | None, float]) -> None:
