@@ -114,6 +114,7 @@ class RoundCosts(RoundLedger):
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
         self._edges_to_cache: dict[tuple[int, int], Any] = {}  # `_edges_to`
+        self._peers: dict[int, set[int]] = {}  # `_param_peers`
         self._near_cache: dict[tuple[object, ...], list[float]] = {}
         """(op, operand, neighbour's layout) -> the edge's price under each of op's cuts."""
         self._shared_prices = shared_prices if shared_prices is not None else {}
@@ -438,11 +439,21 @@ class RoundCosts(RoundLedger):
                             c -= old or 0.0
                     priced[mine] = c
                 costs[cut] += c
-        if self.param_positions[i]:
+        if self.param_positions[i] and (only is None or only in self._param_peers(i)):
             shared_params = self._shared_param_costs(i, cuts, decided, only)
             for cut in cuts:
                 costs[cut] += shared_params[cut]
         return costs
+
+    def _param_peers(self, i: int) -> set[int]:
+        """The other readers of op i's parameters (static: cached)."""
+        found = self._peers.get(i)
+        if found is None:
+            op, consumers = self.states[i].op, self.graph.consumers
+            found = self._peers[i] = {
+                w for pos in self.param_positions[i] for w, _ in consumers[op.inputs[pos]]
+            } - {i}
+        return found
 
     def _edges_to(
         self, i: int, k: int
