@@ -90,9 +90,6 @@ class _OpState:
     back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
     kind: tuple[object, ...] = ()
     """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
-    in_layouts: list[tuple[int, ...]] = field(default_factory=list)
-    out_layouts: list[tuple[int, ...]] = field(default_factory=list)
-    """Each operand's layout in the rounds done (outputs resolved: partial sums replicated)."""
 
     @staticmethod
     def of(graph: Graph, op: Op, label: int) -> _OpState:
@@ -103,8 +100,6 @@ class _OpState:
             [float(graph.tensors[t].numel) for t in op.inputs],
             [float(graph.tensors[t].numel) for t in op.outputs],
             kind=(label,),
-            in_layouts=[()] * len(op.inputs),
-            out_layouts=[()] * len(op.outputs),
         )
 
 
@@ -507,31 +502,29 @@ class RoundLedger:
         """Every edge's layouts in the rounds done, in the order of the contexts' tables: inputs
         of each op (from the producer or the parameter's first reader), flex edges (through
         their chains), sibling edges."""
-        graph, states = self.graph, self.states
-        for st in states:
+        graph, states, so_far = self.graph, self.states, self._layout_so_far
+        for i, st in enumerate(states):
             for pos, name in enumerate(st.op.inputs):
                 p = graph.producer.get(name)
                 if p is not None:
-                    src = states[p].out_layouts[self.out_pos[name]]
+                    src = so_far(p, self.out_pos[name], True)
                 elif graph.tensors[name].role is Role.PARAMETER:
                     first, first_pos = graph.consumers[name][0]
-                    src = states[first].in_layouts[first_pos]
+                    src = so_far(first, first_pos, False)
                 else:
-                    src = st.in_layouts[pos]
-                yield src, st.in_layouts[pos]
-        for st in states:
+                    src = so_far(i, pos, False)
+                yield src, so_far(i, pos, False)
+        for i, st in enumerate(states):
             for e in st.preds:
                 pairs = zip(
-                    states[e.producer].out_layouts[e.out_pos],
-                    st.in_layouts[e.in_pos],
-                    strict=True,
+                    so_far(e.producer, e.out_pos, True), so_far(i, e.in_pos, False), strict=True
                 )
                 chained = [through_chain(e, a, b, True) for a, b in pairs]
                 yield [a for a, _ in chained], [b for _, b in chained]
-        for st in states:
+        for i, st in enumerate(states):
             for other, pos, other_pos, to_other, _ in st.siblings:
-                mine = [to_other.get(a, REPLICATED) if a >= 0 else a for a in st.out_layouts[pos]]
-                yield mine, states[other].out_layouts[other_pos]
+                mine = [to_other.get(a, REPLICATED) if a >= 0 else a for a in so_far(i, pos, True)]
+                yield mine, so_far(other, other_pos, True)
 
     def _contexts(self, last: int | None) -> None:
         """Every edge's context from its layouts (`_edge_pairs`): all rounds done (`last`
@@ -613,9 +606,23 @@ class RoundLedger:
         ctx = self._param_ctx.get(key)
         if ctx is None:
             ctx = self._param_ctx[key] = self._ctx(
-                self.states[other].in_layouts[other_pos], self.states[i].in_layouts[pos]
+                self._layout_so_far(other, other_pos, False), self._layout_so_far(i, pos, False)
             )
         return ctx
+
+    def _layout_so_far(self, i: int, pos: int, is_output: bool) -> tuple[int, ...]:
+        """Op i's layout of operand `pos` in each round done (outputs resolved: partial sums
+        replicated), from its cuts. O(rounds)."""
+        lay, side = self.layouts[i], int(is_output)
+        return tuple(lay[c][side][pos] for c in self.states[i].cuts)
+
+    def _alike_so_far(self, p: int, p_pos: int, i: int, pos: int) -> bool:
+        """Do op p's input `p_pos` and op i's input `pos` have one layout in every round done?"""
+        lay_p, lay_i = self.layouts[p], self.layouts[i]
+        return all(
+            lay_p[a][0][p_pos] == lay_i[b][0][pos]
+            for a, b in zip(self.states[p].cuts, self.states[i].cuts, strict=True)
+        )
 
     def apply_round(self, r: int, decided: dict[int, str | None]) -> None:
         """Round r is decided: record its all-reduces, cuts, layouts and the local sizes."""
@@ -631,8 +638,6 @@ class RoundLedger:
             # ops of one kind must keep equal all-reduce histories (they share prices)
             st.kind = (*st.kind, (cut, skipped[i]) if skipped[i] else cut)
             ins, outs = self.layouts[i][cut]
-            st.in_layouts = [(*old, new) for old, new in zip(st.in_layouts, ins, strict=True)]
-            st.out_layouts = [(*old, new) for old, new in zip(st.out_layouts, outs, strict=True)]
             if cut is None:
                 continue
             st.extents[cut] //= rnd.q
@@ -664,7 +669,7 @@ class RoundLedger:
                 reduces(op, cut, op.signature.inputs[pos], False, grad, train)
                 and reduces(p_op, p_cut, p_op.signature.inputs[p_pos], False, grad, train)
                 and self._in(p, p_cut, p_pos) == self._in(i, cut, pos)
-                and self.states[p].in_layouts[p_pos] == st.in_layouts[pos]
+                and self._alike_so_far(p, p_pos, i, pos)
             ):
                 out.add((name, r))
         return out
