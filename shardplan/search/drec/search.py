@@ -80,20 +80,6 @@ class _Search(RoundCosts):
         self.history: tuple[tuple[str | None, ...], ...] = ()
         """Every op's cut in each round done: with `pricing`, it determines the state."""
 
-    def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
-        costs = super()._own_costs(i, r, charged)
-        if i in self.fixed:  # a user-fixed op has one candidate: every pass keeps it
-            cut = self.fixed[i][r]
-            return {cut: costs[cut]}
-        return costs
-
-    def _greedy_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
-        costs = super()._greedy_costs(i, r, charged)
-        if i in self.fixed:  # as `_own_costs`
-            cut = self.fixed[i][r]
-            return {cut: costs[cut]}
-        return costs
-
     def _order(self, r: int) -> tuple[dict[int, dict[str | None, float]], list[int]]:
         """The heavy ops' own costs in round r, and the order they decide in: heaviest first
         (by their dearest cut, or their cheapest), ties by graph index."""
@@ -441,6 +427,25 @@ class _Search(RoundCosts):
         return {st.op.name: tuple(st.cuts) for st in self.states}
 
 
+class _PinnedSearch(_Search):
+    """A D-Rec run with user-fixed ops (`--force`): each is its own only candidate in every
+    pass, so its neighbours plan around it. (A subclass, so the unpinned search pays nothing.)"""
+
+    def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
+        costs = super()._own_costs(i, r, charged)
+        if i in self.fixed:  # a user-fixed op has one candidate: every pass keeps it
+            cut = self.fixed[i][r]
+            return {cut: costs[cut]}
+        return costs
+
+    def _greedy_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
+        costs = super()._greedy_costs(i, r, charged)
+        if i in self.fixed:  # as `_own_costs`
+            cut = self.fixed[i][r]
+            return {cut: costs[cut]}
+        return costs
+
+
 def drec(
     graph: Graph,
     mesh: Mesh,
@@ -583,7 +588,7 @@ def _variants(
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
         else:
-            search = _Search(
+            search = (_PinnedSearch if pinned else _Search)(
                 graph,
                 mesh,
                 opts,
