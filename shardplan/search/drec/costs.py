@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace as dataclass_replace
 from typing import Any
 
 from shardplan.cost.collectives import all_reduce_s
@@ -64,6 +63,18 @@ def differs(a: Round, b: Round) -> bool:
     """Whether two rounds cut different ways (q): what one leaves decides what the other can cut
     (a round of 3 after rounds of 2), while rounds of one q can trade their cuts."""
     return a.q != b.q
+
+
+def _scaled(infos: list[OperandInfo], div: float) -> list[OperandInfo]:
+    """The operands with their sizes divided by `div` (themselves when it is 1: x / 1.0 == x)."""
+    if div == 1.0:
+        return infos
+    return [
+        OperandInfo(
+            x.numel / div, x.dtype_bytes, x.role, x.requires_grad, x.ar_divisor, x.grad_shared
+        )
+        for x in infos
+    ]
 
 
 class RoundCosts(RoundLedger):
@@ -235,8 +246,7 @@ class RoundCosts(RoundLedger):
         before = math.prod(self.rounds[j].q for j, c in enumerate(st.cuts) if c is not None)
         flops = st.op.flops / before / div
         ins, outs = self._infos(i, r)
-        ins = [dataclass_replace(x, numel=x.numel / div) for x in ins]
-        outs = [dataclass_replace(x, numel=x.numel / div) for x in outs]
+        ins, outs = _scaled(ins, div), _scaled(outs, div)
         mesh, opts, q = self.mesh, self.opts, rnd.q
         base = piece_compute(st.op, None, q, flops, ins, outs, opts, mesh, ideal=True)
         lay = self.layouts[i]
@@ -270,8 +280,7 @@ class RoundCosts(RoundLedger):
             ins = [info for is_output, _, info, _ in operands if not is_output]
             outs = [info for is_output, _, info, _ in operands if is_output]
             flops = op.flops / before / (q if cut is not None else 1) / div
-            c_ins = [dataclass_replace(x, numel=x.numel / div) for x in ins]
-            c_outs = [dataclass_replace(x, numel=x.numel / div) for x in outs]
+            c_ins, c_outs = _scaled(ins, div), _scaled(outs, div)
             base = piece_compute(op, None, nxt.q, flops, c_ins, c_outs, opts, mesh, ideal=True)
             best = math.inf
             for c in self.candidates[i]:
