@@ -198,3 +198,20 @@ def test_the_search_is_never_slower_than_an_expert_or_context_parallel_recipe(mo
                      recompute="none", **knobs)  # fmt: skip
     found = sp.plan(build, "1x8", "step", batch=batch, dtype="bf16")
     assert found.step.step_s <= recipe.step.step_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("model", ["gpt3", "resnet50", "mixtral-8x7b"])
+def test_a_ranges_fingerprint_is_that_of_its_subgraph(model):
+    from shardplan.ir.segments import subgraph
+    from shardplan.search.step.structure import fingerprint, range_fingerprint
+
+    kw = dict(batch=4, layers=3, hidden=64, heads=4, vocab=100, seq=16) if model == "gpt3" else {}
+    g = zoo.build(model, **kw)
+    segs = segments(g)
+    for a, b in [*zip(segs, segs, strict=True), *zip(segs, segs[2:], strict=False)]:
+        sub = subgraph(g, a.start, b.stop)
+        assert range_fingerprint(g, a.start, b.stop) == fingerprint(sub)
+    # a different structure prints differently
+    assert range_fingerprint(g, segs[0].start, segs[0].stop) != range_fingerprint(
+        g, segs[1].start, segs[1].stop
+    )

@@ -49,7 +49,13 @@ from shardplan.ir.segments import Segment, segments
 from shardplan.mesh import Mesh
 from shardplan.problem import Problem
 from shardplan.search.drec.search import drec
-from shardplan.search.step.bounds import ChunkFloors, chunk_floors, forced_floor
+from shardplan.search.step.bounds import (
+    ChunkFloors,
+    FloorItems,
+    chunk_floors,
+    floor_items,
+    forced_floor,
+)
 from shardplan.search.step.notes import axis_summary, lever_notes
 from shardplan.search.step.profiles import (
     LEVERS,
@@ -363,6 +369,7 @@ class _Search:
         probe = problem.graph
         self.ideal = _ideal_seconds(probe, mesh, problem.options)
         self.floors: dict[tuple[int, int], list[ChunkFloors]] = {}
+        self.floor_items: dict[int, FloorItems] = {}  # per micro-batch size
         psegs = segments(probe)
         self.probe_split = layer_split(segment_prints(probe, psegs, self.ids))
         self.built[problem.global_batch] = (
@@ -394,7 +401,11 @@ class _Search:
         starts = self.chunk_starts(n * v)
         key = (layout.sample, n * v)
         if key not in self.floors:
-            self.floors[key] = chunk_floors(graph, segs, starts, self.problem.options)
+            opts = self.problem.options
+            if layout.sample not in self.floor_items:
+                self.floor_items[layout.sample] = floor_items(graph, segs, opts)
+            items = self.floor_items[layout.sample]
+            self.floors[key] = chunk_floors(graph, segs, starts, opts, items)
         devices = stage_mesh(self.mesh, n).size
         ideal, floor, bwd_ideal, bwd_floor = self.ideal
         forward = np.maximum(floor, ideal / (m * devices))
