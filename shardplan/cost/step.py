@@ -44,12 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shardplan.cost.evaluate import (
-    CostBreakdown,
-    ScoreCache,
-    evaluate_strategies,
-    round_numels,
-)
+from shardplan.cost.evaluate import CostBreakdown, ScoreCache, evaluate_strategies
 from shardplan.cost.levers import Levers, Recompute, StageCost, StepCost
 from shardplan.cost.overlap import exposed_backward, p2p_exposed, zero_exposed
 from shardplan.cost.pipeline import (
@@ -60,6 +55,7 @@ from shardplan.cost.pipeline import (
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.price import OpPrice
 from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
+from shardplan.cost.terms import round_numels
 from shardplan.cost.zero import (
     ZeroParam,
     ZeroStep,

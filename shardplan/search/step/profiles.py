@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from shardplan.cost import CostOptions
-from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
+from shardplan.cost.evaluate import PriceTable, ScoreCache, evaluate_strategies
 from shardplan.cost.levers import with_overlap
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, stage_cost
@@ -216,6 +216,7 @@ class StageProfiler:
         self.reduced: dict[tuple[object, ...], tuple[Graph | None, list[int]]] = {}
         self.wholes: dict[tuple[int, int], Graph] = {}
         self.per_sub: dict[tuple[int, object], tuple[Graph, Any]] = {}  # `_per_sub`
+        self.prices = PriceTable(mesh, opts)  # one price per op class across the sub-graphs
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -276,7 +277,9 @@ class StageProfiler:
         sp = family.sequence_parallel
         if sp and not tensor_rounds(sub, self.mesh, strategies):
             return None  # nothing to split along the sequence: the family is not distinct
-        cache = self._per_sub(sub, "score", lambda: ScoreCache(sub, self.mesh, self.opts))
+        cache = self._per_sub(
+            sub, "score", lambda: ScoreCache(sub, self.mesh, self.opts, self.prices)
+        )
         plain = self._per_sub(  # the plan's own evaluation, shared by its sequence-parallel twin
             sub,
             ("plain", plain_family),
@@ -371,6 +374,7 @@ class StageProfiler:
             self.opts,
             sequence_parallel=family.sequence_parallel,
             context_parallel=family.context > 1,
+            cache=ScoreCache(sub, self.mesh, self.opts, self.prices),
         )
         return Plan(sub, self.mesh, st, family.method, self.opts, cost=prof.breakdown), prof
 
