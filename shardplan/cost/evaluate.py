@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
+from typing import Any
 
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.memory import memory_per_device
@@ -347,6 +348,7 @@ class PriceTable:
         self.credits: dict[tuple[object, ...], CommTerms] = {}
         self.moves: dict[tuple[object, ...], CommTerms] = {}
         self.bytes: dict[tuple[object, ...], float] = {}
+        self.zero: dict[tuple[object, ...], Any] = {}  # `cost.zero.zero_steps`' memo
 
 
 class ScoreCache:
@@ -365,6 +367,7 @@ class ScoreCache:
             table = PriceTable(mesh, opts)
         elif table.mesh != mesh or table.opts != opts:
             raise ValueError("a PriceTable prices one mesh and set of options only")
+        self.table = table
         ids = table.ids
         self.classes = [ids.setdefault(op_key(graph, op), len(ids)) for op in graph.ops]
         self.previous = [
@@ -376,6 +379,7 @@ class ScoreCache:
         self._credits, self._moves = table.credits, table.moves
         self._bytes: dict[tuple[object, ...], float] = {}  # by tensor name: this graph's
         self._sizes = table.bytes  # by (elements, width, layout): any graph's
+        self.memo: dict[str, Any] = {}  # facts of this graph other cost modules derive once
 
     def check(self, graph: Graph, mesh: Mesh, opts: CostOptions) -> None:
         if graph is not self.graph or mesh != self.mesh or opts != self.opts:
