@@ -215,3 +215,28 @@ def test_a_ranges_fingerprint_is_that_of_its_subgraph(model):
     assert range_fingerprint(g, segs[0].start, segs[0].stop) != range_fingerprint(
         g, segs[1].start, segs[1].stop
     )
+
+
+@pytest.mark.parametrize("family_index", [0, 2, 3])
+def test_chunks_of_one_structure_share_one_plan_under_their_own_names(family_index):
+    from shardplan.cost.step import profile_stage
+    from shardplan.search.step.stages import stage_graphs, stage_mesh
+
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(4, stage_mesh(mesh, 1))
+    family = prof.families()[family_index]
+    starts = search.chunk_starts(4)
+    ends = [*starts[1:], len(prof.segs)]
+    subs = stage_graphs(prof.graph, starts)
+    plans = [prof.plan(sub, a, e, family) for sub, a, e in zip(subs, starts, ends, strict=True)]
+    assert len(prof.plans) < len(subs)  # the middle chunks are alike: planned once
+    for sub, a, e, (plan, exact) in zip(subs, starts, ends, plans, strict=True):
+        own = prof.strategies(sub, family, range(a, e))  # planned on its own
+        assert dict(plan.strategies) == {op.name: tuple(own[op.name]) for op in sub.ops}
+        assert [row.name for row in exact.breakdown.ops] == [op.name for op in sub.ops]
+        fresh = profile_stage(
+            sub, prof.mesh, plan.strategies, prof.opts, sequence_parallel=family.sequence_parallel
+        )
+        assert fresh == exact

@@ -216,6 +216,7 @@ class StageProfiler:
         self.reduced: dict[tuple[object, ...], tuple[Graph | None, list[int]]] = {}
         self.wholes: dict[tuple[int, int], Graph] = {}
         self.per_sub: dict[tuple[int, object], tuple[Graph, Any]] = {}  # `_per_sub`
+        self.plans: dict[tuple[object, ...], tuple[tuple[Strategy, ...], StageProfile]] = {}
         self.prices = PriceTable(mesh, opts)  # one price per op class across the sub-graphs
 
     def families(self) -> list[Family]:
@@ -364,18 +365,28 @@ class StageProfiler:
         return self.cache[key]
 
     def plan(self, sub: Graph, a: int, e: int, family: Family) -> tuple[Plan, StageProfile]:
-        """The real plan of chunk [a, e) (its sub-graph `sub`) and its exact profile."""
-        st = self.strategies(sub, family, range(a, e))
-        st = {op.name: st[op.name] for op in sub.ops}
-        prof = profile_stage(
-            sub,
-            self.mesh,
-            st,
-            self.opts,
-            sequence_parallel=family.sequence_parallel,
-            context_parallel=family.context > 1,
-            cache=ScoreCache(sub, self.mesh, self.opts, self.prices),
+        """The real plan of chunk [a, e) (its sub-graph `sub`) and its exact profile; chunks of
+        one structure (`structure.fingerprint`: names aside, the same graph) are planned and
+        profiled once, the others take that plan and profile op by op."""
+        key = (family, tuple(self.prints[a:e]), fingerprint(sub))
+        if key not in self.plans:
+            st = self.strategies(sub, family, range(a, e))
+            st = {op.name: st[op.name] for op in sub.ops}
+            prof = profile_stage(
+                sub,
+                self.mesh,
+                st,
+                self.opts,
+                sequence_parallel=family.sequence_parallel,
+                context_parallel=family.context > 1,
+            )
+            self.plans[key] = (tuple(st[op.name] for op in sub.ops), prof)
+        cuts, prof = self.plans[key]
+        st = {op.name: cut for op, cut in zip(sub.ops, cuts, strict=True)}
+        rows = tuple(
+            replace(row, name=op.name) for op, row in zip(sub.ops, prof.breakdown.ops, strict=True)
         )
+        prof = replace(prof, breakdown=replace(prof.breakdown, ops=rows))
         return Plan(sub, self.mesh, st, family.method, self.opts, cost=prof.breakdown), prof
 
 
