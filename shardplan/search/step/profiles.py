@@ -241,16 +241,24 @@ class StageProfiler:
         self, sub: Graph, family: Family, seg_range: Sequence[int]
     ) -> dict[str, Strategy]:
         """`family`'s strategies for `sub`, whose ops are those of segments `seg_range`."""
+        if family.method in ("data-parallel", "megatron"):
+            # one op classing and one data-parallel walk per sub-graph, shared by every degree
+            classes = self._per_sub(sub, "classes", lambda: experts.op_classes(sub))
+            data = self._per_sub(
+                sub, "data", lambda: experts.data_parallel(sub, self.mesh, classes)
+            )
         if family.method == "data-parallel":
-            return experts.data_parallel(sub, self.mesh)
+            return dict(data)
         if family.method == "megatron":
             t = family.tensor  # one Megatron plan for its expert and context variants
-            st = self._per_sub(sub, ("megatron", t), lambda: experts.megatron(sub, self.mesh, t))
+            st = self._per_sub(
+                sub, ("megatron", t), lambda: experts.megatron(sub, self.mesh, t, classes, data)
+            )
             if family.expert > 1:
                 st = expert_parallel(sub, self.mesh, st, family.expert)
             if family.context > 1:
                 rounds = context_rounds(self.mesh, st, sub, family.context)
-                st = experts.context_parallel(sub, self.mesh, st, rounds)
+                st = experts.context_parallel(sub, self.mesh, st, rounds, classes)
             return st
         out: dict[str, Strategy] = {}
         for k in seg_range:
