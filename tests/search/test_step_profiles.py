@@ -240,3 +240,35 @@ def test_chunks_of_one_structure_share_one_plan_under_their_own_names(family_ind
             sub, prof.mesh, plan.strategies, prof.opts, sequence_parallel=family.sequence_parallel
         )
         assert fresh == exact
+
+
+@pytest.mark.parametrize("budget", [None, 2e6, 6e6, 2e7])
+def test_choose_levers_skips_only_levers_that_cannot_be_faster(budget):
+    """More recomputation at one ZeRO stage only adds time (nothing overlapped): the levers
+    `choose_levers` skips never beat the one it keeps; an exhaustive pass agrees."""
+    from dataclasses import replace as dc_replace
+
+    from shardplan.cost.step import stage_cost
+    from shardplan.search.step.profiles import LEVERS, choose_levers
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(4, stage_mesh(mesh, 2))
+    starts = search.chunk_starts(2)
+    for family in prof.families():
+        p = prof.profile(starts[0], starts[1], family)
+        if p is None:
+            continue
+        got = choose_levers(p, 4, 2, 5, budget)
+        every = []
+        for lv in LEVERS:
+            lv = dc_replace(lv, sequence_parallel=p.sequence_parallel,
+                            context_parallel=p.context_parallel)  # fmt: skip
+            c = stage_cost(p, lv, 4, 2)
+            if budget is None or c.memory_bytes <= budget:
+                every.append(5 * (c.fwd_s + c.bwd_s) + c.sync_s + c.optimizer_s)
+        assert (got is None) == (not every)
+        if got is not None:
+            assert got[0] == pytest.approx(min(every), rel=1e-9)

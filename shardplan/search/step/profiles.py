@@ -166,7 +166,10 @@ def choose_levers(
     within `budget`, with that time; None when no combination fits. `overlap`: the overlap
     fields every lever carries (`cost.levers.with_overlap`)."""
     best: tuple[float, Levers] | None = None
+    fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
     for lv in LEVERS:
+        if lv.zero in fitted and (overlap is None or not overlap.overlaps):
+            continue  # more recomputation only adds time (nothing hides under it)
         lv = replace(
             lv if overlap is None else with_overlap(lv, overlap),
             sequence_parallel=profile.sequence_parallel,
@@ -175,6 +178,7 @@ def choose_levers(
         c = stage_cost(profile, lv, m, in_flight)
         if budget is not None and c.memory_bytes > budget:
             continue
+        fitted.add(lv.zero)
         t = slots * (c.fwd_s + c.bwd_s) + c.sync_s + c.optimizer_s
         if best is None or t < best[0] * (1 - 1e-9):
             best = (t, lv)

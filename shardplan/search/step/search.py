@@ -473,7 +473,10 @@ class _Search:
             if any(p is None for p in profiles):
                 continue
             ps = [p for p in profiles if p is not None]
+            fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
             for lv in LEVERS:
+                if lv.zero in fitted and not self.overlap.overlaps:
+                    continue  # more recomputation only adds time (nothing hides under it)
                 lv = with_overlap(family.levers(lv), self.overlap)
                 step = step_cost(ps, [lv] * len(ps), m, pipe)
                 mem = step.memory_per_device
@@ -481,6 +484,7 @@ class _Search:
                     if self.leanest is None or mem < self.leanest[0]:
                         self.leanest = (mem, f"{layout.text()} {family.text()}")
                     continue
+                fitted.add(lv.zero)
                 choice = Choice(
                     layout,
                     tuple((family, lv) for _ in ps),
