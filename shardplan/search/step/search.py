@@ -371,13 +371,9 @@ class _Search:
         self.floors: dict[tuple[int, int], list[ChunkFloors]] = {}
         self.floor_items: dict[int, FloorItems] = {}  # per micro-batch size
         psegs = segments(probe)
-        self.probe_split = layer_split(segment_prints(probe, psegs, self.ids))
-        self.built[problem.global_batch] = (
-            probe,
-            psegs,
-            segment_prints(probe, psegs, self.ids),
-            self.probe_split,
-        )
+        prints = segment_prints(probe, psegs, self.ids)
+        self.probe_split = layer_split(prints)
+        self.built[problem.global_batch] = (probe, psegs, prints, self.probe_split)
 
     def graph(self, b: int) -> tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None:
         if b not in self.built:
@@ -423,7 +419,8 @@ class _Search:
 
     def chunk_starts(self, chunks: int) -> list[int]:
         if chunks not in self.starts:
-            self.starts[chunks] = stage_starts(self.problem.graph, chunks)
+            probe_segs = self.built[self.problem.global_batch][1]  # type: ignore[index]
+            self.starts[chunks] = stage_starts(self.problem.graph, chunks, probe_segs)
         return self.starts[chunks]
 
     def profiler(self, b: int, smesh: Mesh) -> StageProfiler | None:

@@ -65,10 +65,12 @@ def segment_flops(graph: Graph, segs: Sequence[Segment]) -> list[float]:
     return [sum(op.flops for op in graph.ops[s.start : s.stop]) for s in segs]
 
 
-def stage_starts(probe: Graph, stages: int) -> list[int]:
-    """The first segment of each of `stages` FLOP-balanced stages of `probe` (module docstring);
-    PlanError when the model has fewer segments than stages."""
-    segs = segments(probe)
+def stage_starts(
+    probe: Graph, stages: int, segs: Sequence[Segment] | None = None
+) -> list[int]:
+    """The first segment of each of `stages` FLOP-balanced stages of `probe` (module docstring;
+    `segs`: its segments when known); PlanError when the model has fewer segments than stages."""
+    segs = segments(probe) if segs is None else segs
     if stages < 1 or len(segs) < stages:
         raise PlanError(
             f"{stages} pipeline stages need at least as many segments (repeated blocks); "
