@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
+from typing import Any
 
 from shardplan.cost.collectives import CollectiveKind
+from shardplan.cost.memory import memory_per_device
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.price import (
     OpPrice,
@@ -31,11 +33,9 @@ from shardplan.cost.terms import (
     CommTerms,
     edge_redistribution,
     local_bytes,
-    param_bytes,
     reduces,
-    round_numels,
 )
-from shardplan.cost.zero import ZeroParam, zero_bytes, zero_pricing
+from shardplan.cost.zero import zero_pricing
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
@@ -333,28 +333,53 @@ def op_terms(
         yield OpTerms(index, op, strategy, intra, compute, tuple(edges))
 
 
+class PriceTable:
+    """The prices `ScoreCache`s of several graphs on one mesh under one set of options share
+    (sub-graphs of one model: its pipeline chunks and their reductions): op classes by `op_key`,
+    which holds everything a price reads, so an op priced in one graph is priced in all."""
+
+    def __init__(self, mesh: Mesh, opts: CostOptions) -> None:
+        self.mesh, self.opts = mesh, opts
+        self.ids: dict[tuple[object, ...], int] = {}
+        self.fast = faster_rounds(mesh.rounds)
+        self.forward_opts = dataclass_replace(opts, train=False)
+        self.prices: dict[tuple[int, Strategy], OpPrice] = {}
+        self.valid: set[tuple[object, ...]] = set()  # (class, strategy) pairs checked valid
+        self.credits: dict[tuple[object, ...], CommTerms] = {}
+        self.moves: dict[tuple[object, ...], CommTerms] = {}
+        self.bytes: dict[tuple[object, ...], float] = {}
+        self.zero: dict[tuple[object, ...], Any] = {}  # `cost.zero.zero_steps`' memo
+
+
 class ScoreCache:
     """Prices `evaluate_strategies` reuses while scoring plans of one graph on one mesh under one
     set of options: ops of equal `op_key` (repeated layers) form a class, and a class's own
     prices (`price.OpPrice`: terms, compute, operand layouts) and share credits, like each
-    redistribution, are priced once per strategy. Local to its caller (one search), never
-    module state; O(ops) to build."""
+    redistribution, are priced once per strategy. `table`: a `PriceTable` shared with the caches
+    of other graphs on the same mesh and options (else its own). Local to its caller (one
+    search), never module state; O(ops) to build."""
 
-    def __init__(self, graph: Graph, mesh: Mesh, opts: CostOptions) -> None:
+    def __init__(
+        self, graph: Graph, mesh: Mesh, opts: CostOptions, table: PriceTable | None = None
+    ) -> None:
         self.graph, self.mesh, self.opts = graph, mesh, opts
-        ids: dict[tuple[object, ...], int] = {}
+        if table is None:
+            table = PriceTable(mesh, opts)
+        elif table.mesh != mesh or table.opts != opts:
+            raise ValueError("a PriceTable prices one mesh and set of options only")
+        self.table = table
+        ids = table.ids
         self.classes = [ids.setdefault(op_key(graph, op), len(ids)) for op in graph.ops]
         self.previous = [
             [previous_consumer(graph, name, index, i) for i, name in enumerate(op.inputs)]
             for index, op in enumerate(graph.ops)
         ]
-        self._fast = faster_rounds(mesh.rounds)
-        self._forward_opts = dataclass_replace(opts, train=False)
-        self._prices: dict[tuple[int, Strategy], OpPrice] = {}
-        self.valid: set[tuple[object, ...]] = set()  # (class, strategy) pairs checked valid
-        self._credits: dict[tuple[object, ...], CommTerms] = {}
-        self._moves: dict[tuple[object, ...], CommTerms] = {}
-        self._bytes: dict[tuple[object, ...], float] = {}
+        self._fast, self._forward_opts = table.fast, table.forward_opts
+        self._prices, self.valid = table.prices, table.valid
+        self._credits, self._moves = table.credits, table.moves
+        self._bytes: dict[tuple[object, ...], float] = {}  # by tensor name: this graph's
+        self._sizes = table.bytes  # by (elements, width, layout): any graph's
+        self.memo: dict[str, Any] = {}  # facts of this graph other cost modules derive once
 
     def check(self, graph: Graph, mesh: Mesh, opts: CostOptions) -> None:
         if graph is not self.graph or mesh != self.mesh or opts != self.opts:
@@ -420,9 +445,9 @@ class ScoreCache:
         if found is None:
             t = self.graph.tensors[tensor]
             key = (t.numel, self.opts.element_bytes(t), layout)
-            found = self._bytes.get(key)
+            found = self._sizes.get(key)
             if found is None:
-                found = self._bytes[key] = local_bytes(
+                found = self._sizes[key] = local_bytes(
                     self.graph, tensor, layout, self.mesh.rounds, self.opts
                 )
             self._bytes[tensor, layout] = found
@@ -534,66 +559,3 @@ def _credited(
             earlier = (p_op, prev[1], strategies[p_op.name])
             intra = intra + cache.credit(name, earlier, (op, i, strategy), cid)
     return intra
-
-
-def memory_per_device(
-    graph: Graph,
-    rounds: Sequence[Round],
-    homes: Mapping[str, Layout],
-    out_layout: Mapping[str, Layout],
-    strategies: Mapping[str, Strategy],
-    opts: CostOptions,
-    size: Callable[[str, Layout], float] | None = None,
-    zero: Mapping[str, ZeroParam] | None = None,
-    layouts: Sequence[Sequence[Layout]] | None = None,
-) -> tuple[float, float]:
-    """(parameter state bytes, activation bytes) per device (`size(tensor, layout)`: its local
-    bytes, `local_bytes` unless a `ScoreCache` memoises them; `layouts`: per op, its inputs'
-    layouts when known).
-
-    Training: weights + gradients (dtype each) + optimizer state (fp32) per parameter element held
-    by the device, plus every activation kept for the backward pass and the local inputs.
-    Inference: weights, plus the largest working set of one op (its inputs and outputs).
-    """
-    param_mem = 0.0
-    state: dict[tuple[object, ...], float] = {}  # repeated layers: one price per shape
-    for name, layout in homes.items():
-        t = graph.tensors[name]
-        width = opts.element_bytes(t)
-        key = (t.numel, width, layout, zero[name].ways if zero else None)
-        held = state.get(key)
-        if held is None:
-            elems = round_numels(t.numel, layout, rounds)[-1]
-            held = param_bytes(elems, width, opts)
-            if zero:  # `zero` holds every read parameter: ZeRO divides its state (cost/zero.py)
-                w = elems * width
-                grad = w if opts.train else 0.0
-                held = zero_bytes(w, grad, held - w - grad, zero[name].ways, opts.zero)
-            state[key] = held
-        param_mem += held
-    if size is None:
-
-        def size(name: str, layout: Layout) -> float:
-            return local_bytes(graph, name, layout, rounds, opts)
-
-    def read(index: int, op: Op, i: int) -> Layout:
-        if layouts is not None:
-            return layouts[index][i]
-        return operand_layout(op, strategies[op.name], i)
-
-    if opts.train:
-        act = sum(size(n, lay) for n, lay in out_layout.items())
-        for index, op in enumerate(graph.ops):
-            for i, name in enumerate(op.inputs):
-                t = graph.tensors[name]
-                if t.role is Role.INPUT and graph.consumers[name][0][0] == index:
-                    act += size(name, read(index, op, i))
-        return param_mem, act
-    peak = 0.0
-    for index, op in enumerate(graph.ops):
-        work = sum(size(n, out_layout[n]) for n in op.outputs)
-        for i, name in enumerate(op.inputs):
-            if graph.tensors[name].role is not Role.PARAMETER:
-                work += size(name, read(index, op, i))
-        peak = max(peak, work)
-    return param_mem, peak

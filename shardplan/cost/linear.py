@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardplan.cost.evaluate import local_bytes, round_numels
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.terms import param_bytes
+from shardplan.cost.terms import local_bytes, param_bytes, round_numels
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import Round

@@ -44,12 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shardplan.cost.evaluate import (
-    CostBreakdown,
-    ScoreCache,
-    evaluate_strategies,
-    round_numels,
-)
+from shardplan.cost.evaluate import CostBreakdown, ScoreCache, evaluate_strategies
 from shardplan.cost.levers import Levers, Recompute, StageCost, StepCost
 from shardplan.cost.overlap import exposed_backward, p2p_exposed, zero_exposed
 from shardplan.cost.pipeline import (
@@ -60,6 +55,7 @@ from shardplan.cost.pipeline import (
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.price import OpPrice
 from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
+from shardplan.cost.terms import round_numels
 from shardplan.cost.zero import (
     ZeroParam,
     ZeroStep,
@@ -175,7 +171,7 @@ def profile_stage(
         checkpoint_bytes=act.checkpoints,
         segment_peak_bytes=act.segment_peak,
         param_bytes=cost.param_memory,
-        zero=zero_steps(graph, rounds, strategies, opts, params),
+        zero=zero_steps(graph, rounds, strategies, opts, params, cache.table.zero),
         update_s=update[0],
         update_sharded_s=update[1],
         flops=graph.flops,
@@ -348,16 +344,18 @@ def _activations(
             if graph.tensors[name].role is Role.INPUT and graph.consumers[name][0][0] == index:
                 inputs += size(name, price.inputs[i])
     sel_bytes = sel_peak = sel_s = sel_flops = 0.0
-    segs = segments(graph)
-    starts = block_starts(graph, segs, cache.classes)
+    if "blocks" not in cache.memo:  # the graph's, whatever the strategies
+        segs = segments(graph)
+        drops = [selective_drops(graph, graph.ops[seg.start : seg.stop]) for seg in segs]
+        cache.memo["blocks"] = (segs, block_starts(graph, segs, cache.classes), drops)
+    segs, starts, drops = cache.memo["blocks"]
     ckpt = sum(local(e) for e in (segs[k].entry for k in starts) if e is not None)
     seg_peak = 0.0
     for a, b in zip(starts, [*starts[1:], len(segs)], strict=True):
         exit_ = segs[b].entry if b < len(segs) else None  # kept as the next checkpoint
         block = graph.ops[segs[a].start : segs[b - 1].stop]
         seg_peak = max(seg_peak, sum(kept(n) for op in block for n in op.outputs if n != exit_))
-    for seg in segs:
-        dropped = selective_drops(graph, graph.ops[seg.start : seg.stop])
+    for dropped in drops:
         seg_bytes = sum(kept(n) for _, n in dropped)
         sel_bytes += seg_bytes
         sel_peak = max(sel_peak, seg_bytes)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import ZERO, CommTerms, edge_redistribution, param_bytes
@@ -261,17 +262,21 @@ def zero_steps(
     strategies: Mapping[str, Strategy],
     opts: CostOptions,
     params: Mapping[str, ZeroParam] | None = None,
+    memo: dict[tuple[object, ...], Any] | None = None,
 ) -> tuple[ZeroStep, ...]:
     """`ZeroStep` of a stage's plan at ZeRO stages 1, 2 and 3 (in that order): the parameters'
     `zero_parts` summed, state split by `zero_bytes` over each one's group (O(params rounds^2));
-    `params`: the plan's `zero_params` when known."""
+    `params`: the plan's `zero_params` when known; `memo`: prices kept between calls on the same
+    rounds and options (a `cost.evaluate.PriceTable`'s)."""
     if params is None:
         params = zero_params(graph, rounds, strategies, opts.train)
     fwd = reduce = rest = update = 0.0
     state = [0.0, 0.0, 0.0]
-    # repeated layers: one price and one state split per shape
-    seen: dict[tuple[object, ...], tuple[ZeroParts, tuple[float, ...]]] = {}
-    gathers: dict[tuple[object, ...], CommTerms] = {}  # and one per gather
+    # repeated layers: one price and one state split per shape (key "parts"), one per gather
+    memo = {} if memo is None else memo
+    seen: dict[tuple[object, ...], tuple[ZeroParts, tuple[float, ...]]]
+    seen = memo.setdefault(("parts",), {})
+    gathers: dict[tuple[object, ...], CommTerms] = memo.setdefault(("gathers",), {})
     for p in params.values():
         t = graph.tensors[p.name]
         width = opts.element_bytes(t)

@@ -26,7 +26,7 @@ each group's block once (O(|V| + |E|) over the ops its splits reach).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
@@ -157,7 +157,11 @@ def data_parallel(
 
 
 def context_parallel(
-    graph: Graph, mesh: Mesh, strategies: dict[str, Strategy], rounds: Sequence[int]
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    rounds: Sequence[int],
+    classes: Sequence[int] | None = None,
 ) -> dict[str, Strategy]:
     """`strategies` with the sequence split in `rounds` (context parallelism): dim 1 of the
     graph inputs of rank >= 2 (the sequence of token ids, hidden states, labels) followed
@@ -169,7 +173,7 @@ def context_parallel(
         t = graph.tensors[name]
         return 1 if t.role is Role.INPUT and len(t.shape) >= 2 else None
 
-    cuts = _propagate(graph, mesh, use, seed, _follow)
+    cuts = _propagate(graph, mesh, use, seed, _follow, classes)
     out: dict[str, Strategy] = {}
     for op in graph.ops:
         strategy = list(strategies[op.name])
@@ -342,11 +346,15 @@ def megatron(
     mesh: Mesh,
     tensor_ways: int | None = None,
     classes: Sequence[int] | None = None,
+    data: Mapping[str, Strategy] | None = None,
 ) -> dict[str, Strategy]:
     """Tensor parallel on the innermost mesh axis, data parallel on the outer ones.
 
     `tensor_ways` (a product of the innermost rounds' q, default the whole innermost axis) keeps
-    tensor parallelism on that many innermost ways; the other rounds are data-parallel."""
+    tensor parallelism on that many innermost ways; the other rounds are data-parallel. `data`:
+    `data_parallel(graph, mesh, classes)` when known — its walk's first rounds are this plan's
+    data-parallel walk (the data-parallel rounds come first and a round reads only earlier
+    ones), so the plans at every tensor degree share one walk."""
     inner = len(mesh.shape) - 1
     rounds = mesh.rounds
     tp: set[int] = set()
@@ -363,7 +371,13 @@ def megatron(
         )
     dp = {r.index for r in rounds} - tp
     classes = classes if classes is not None else op_classes(graph)
-    dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow, classes)
+    if data is None:
+        dp_cuts = _propagate(graph, mesh, dp, _batch_seed(graph), _follow, classes)
+    else:
+        dp_cuts = {
+            name: [cut if r in dp else None for r, cut in enumerate(cuts)]
+            for name, cuts in data.items()
+        }
     tp_choice = _tensor_parallel_choice(graph, classes)
     tp_cuts = _propagate(graph, mesh, tp, lambda name: None, tp_choice, classes)
     # both walks shrink extents independently; re-check the merged strategy round by round

@@ -99,6 +99,29 @@ def test_a_shared_cache_scores_like_a_fresh_one():
         )
 
 
+def test_sub_graphs_sharing_a_price_table_score_like_fresh_caches():
+    from shardplan.cost.evaluate import PriceTable
+    from shardplan.ir.segments import subgraph
+
+    opts = CostOptions.make(dtype="bf16")
+    for g, mesh, st in _cases():
+        table = PriceTable(mesh, opts)
+        segs = segments(g)
+        scored = 0
+        # overlapping ranges: a received activation in one is an op result in another
+        for a, b in [(0, len(segs)), (1, len(segs) - 1), (2, len(segs)), (0, 3)]:
+            sub = subgraph(g, segs[a].start, segs[b - 1].stop)
+            scored += len(sub.ops)
+            mine = {op.name: st[op.name] for op in sub.ops}
+            shared = evaluate_strategies(
+                sub, mesh, mine, opts, None, ScoreCache(sub, mesh, opts, table)
+            )
+            assert shared == evaluate_strategies(sub, mesh, mine, opts)
+        assert len(table.ids) < len(g.ops) < scored  # one class per repeated op, across graphs
+    with pytest.raises(ValueError, match="one mesh"):
+        ScoreCache(g, parse_mesh("4"), opts, PriceTable(parse_mesh("8"), opts))
+
+
 def test_zero_steps_with_known_params_and_block_starts_by_class():
     from shardplan.cost.step import block_starts
 

@@ -71,3 +71,29 @@ def test_the_user_model_megatron_plan_is_accepted_by_torch_tp():
     norms = [t for t in p.graph.parameters if t.name.endswith(("n1.weight", "n2.weight"))]
     layouts = p.tensor_layouts()
     assert norms and all(layouts[t.name][-1] < 0 for t in norms)  # RMSNorm weights whole
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh_text"), [("gpt3", "4x8"), ("llama3-8b", "2x2x4"), ("resnet50", "3x4")]
+)
+def test_plans_sharing_one_data_parallel_walk_equal_plans_walking_their_own(model, mesh_text):
+    from shardplan import zoo
+    from shardplan.mesh import parse_mesh
+    from shardplan.search.experts import context_parallel, data_parallel, op_classes
+    from shardplan.search.step.profiles import stage_tensor_degrees
+
+    sizes = dict(zoo.MODELS[model].small) if zoo.MODELS[model].small else {}
+    graph = zoo.build(model, **sizes)
+    mesh = parse_mesh(mesh_text)
+    classes = op_classes(graph)
+    data = data_parallel(graph, mesh, classes)
+    assert data == data_parallel(graph, mesh)
+    degrees = stage_tensor_degrees(mesh)
+    assert degrees
+    for t in degrees:
+        shared = megatron(graph, mesh, t, classes, data)
+        assert shared == megatron(graph, mesh, t)
+        rounds = [0]
+        assert context_parallel(graph, mesh, shared, rounds, classes) == context_parallel(
+            graph, mesh, shared, rounds
+        )

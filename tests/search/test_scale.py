@@ -139,3 +139,27 @@ def test_a_stage_is_segmented_like_the_model():
     got = [(s.start, s.stop) for s in segments(sub)]
     assert got[1:] == inner  # after the partial first segment, the model's own cuts
     assert got[0] == (0, inner[0][0])
+
+
+def test_stage_boundaries_match_every_cut_tried_by_brute_force():
+    import itertools
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        k = rng.randint(1, 9)
+        stages = rng.randint(1, k)
+        costs = [rng.choice([0.0, 1.0, 2.0, 5.0, rng.random()]) for _ in range(k)]
+        starts = balanced_stages(costs, stages)
+        assert starts[0] == 0 and len(starts) == stages and starts == sorted(set(starts))
+
+        best = min(
+            _heaviest(costs, [0, *rest])
+            for rest in itertools.combinations(range(1, k), stages - 1)
+        )
+        assert _heaviest(costs, starts) == pytest.approx(best, abs=1e-12)
+
+
+def _heaviest(costs, cut):
+    bounds = [*cut, len(costs)]
+    return max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))

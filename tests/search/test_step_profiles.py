@@ -198,3 +198,77 @@ def test_the_search_is_never_slower_than_an_expert_or_context_parallel_recipe(mo
                      recompute="none", **knobs)  # fmt: skip
     found = sp.plan(build, "1x8", "step", batch=batch, dtype="bf16")
     assert found.step.step_s <= recipe.step.step_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("model", ["gpt3", "resnet50", "mixtral-8x7b"])
+def test_a_ranges_fingerprint_is_that_of_its_subgraph(model):
+    from shardplan.ir.segments import subgraph
+    from shardplan.search.step.structure import fingerprint, range_fingerprint
+
+    kw = dict(batch=4, layers=3, hidden=64, heads=4, vocab=100, seq=16) if model == "gpt3" else {}
+    g = zoo.build(model, **kw)
+    segs = segments(g)
+    for a, b in [*zip(segs, segs, strict=True), *zip(segs, segs[2:], strict=False)]:
+        sub = subgraph(g, a.start, b.stop)
+        assert range_fingerprint(g, a.start, b.stop) == fingerprint(sub)
+    # a different structure prints differently
+    assert range_fingerprint(g, segs[0].start, segs[0].stop) != range_fingerprint(
+        g, segs[1].start, segs[1].stop
+    )
+
+
+@pytest.mark.parametrize("family_index", [0, 2, 3])
+def test_chunks_of_one_structure_share_one_plan_under_their_own_names(family_index):
+    from shardplan.cost.step import profile_stage
+    from shardplan.search.step.stages import stage_graphs, stage_mesh
+
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(4, stage_mesh(mesh, 1))
+    family = prof.families()[family_index]
+    starts = search.chunk_starts(4)
+    ends = [*starts[1:], len(prof.segs)]
+    subs = stage_graphs(prof.graph, starts)
+    plans = [prof.plan(sub, a, e, family) for sub, a, e in zip(subs, starts, ends, strict=True)]
+    assert len(prof.plans) < len(subs)  # the middle chunks are alike: planned once
+    for sub, a, e, (plan, exact) in zip(subs, starts, ends, plans, strict=True):
+        own = prof.strategies(sub, family, range(a, e))  # planned on its own
+        assert dict(plan.strategies) == {op.name: tuple(own[op.name]) for op in sub.ops}
+        assert [row.name for row in exact.breakdown.ops] == [op.name for op in sub.ops]
+        fresh = profile_stage(
+            sub, prof.mesh, plan.strategies, prof.opts, sequence_parallel=family.sequence_parallel
+        )
+        assert fresh == exact
+
+
+@pytest.mark.parametrize("budget", [None, 2e6, 6e6, 2e7])
+def test_choose_levers_skips_only_levers_that_cannot_be_faster(budget):
+    """More recomputation at one ZeRO stage only adds time (nothing overlapped): the levers
+    `choose_levers` skips never beat the one it keeps; an exhaustive pass agrees."""
+    from dataclasses import replace as dc_replace
+
+    from shardplan.cost.step import stage_cost
+    from shardplan.search.step.profiles import LEVERS, choose_levers
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(4, stage_mesh(mesh, 2))
+    starts = search.chunk_starts(2)
+    for family in prof.families():
+        p = prof.profile(starts[0], starts[1], family)
+        if p is None:
+            continue
+        got = choose_levers(p, 4, 2, 5, budget)
+        every = []
+        for lv in LEVERS:
+            lv = dc_replace(lv, sequence_parallel=p.sequence_parallel,
+                            context_parallel=p.context_parallel)  # fmt: skip
+            c = stage_cost(p, lv, 4, 2)
+            if budget is None or c.memory_bytes <= budget:
+                every.append(5 * (c.fwd_s + c.bwd_s) + c.sync_s + c.optimizer_s)
+        assert (got is None) == (not every)
+        if got is not None:
+            assert got[0] == pytest.approx(min(every), rel=1e-9)

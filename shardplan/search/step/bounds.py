@@ -15,7 +15,7 @@ recomputes fully: its slot pays at least the forward floor of every op of C once
 that leaves selective recomputation's own, smaller, floor out). Floors are the layout bound's
 per-op pieces (`ideal / (m n)`, at least the launch floor), so the refined bound stays a lower
 bound of every assignment the search scores.
-O(ops) per (micro-batch size, chunking), from the graph at the micro-batch size.
+O(operands) once per micro-batch size (`floor_items`), then O(ops) numpy per chunking.
 """
 
 from __future__ import annotations
@@ -43,43 +43,94 @@ class ChunkFloors:
     kept_selective: float
 
 
-def chunk_floors(
-    graph: Graph, segs: Sequence[Segment], starts: Sequence[int], opts: CostOptions
-) -> list[ChunkFloors]:
-    """Per chunk (segments starts[c] .. starts[c + 1] - 1): its `ChunkFloors`."""
-    chunk_of_op = np.zeros(len(graph.ops), dtype=int)
-    ends = [*starts[1:], len(segs)]
-    for c, (a, e) in enumerate(zip(starts, ends, strict=True)):
-        chunk_of_op[segs[a].start : segs[e - 1].stop] = c
-    saved: list[dict[str, float]] = [{} for _ in starts]  # as `cost.step.saved_bytes` keys them
-    weights = [0.0] * len(starts)
-    seen_params: set[str] = set()
+@dataclass(frozen=True, slots=True)
+class FloorItems:
+    """A graph's byte items, read once and summed per chunking (`chunk_floors`): each
+    parameter at its first reader; each kept tensor (as `cost.step.saved_bytes` keys it) at its
+    producer, counted when the producer keeps it or a reader keeping its inputs sits in the same
+    chunk (one made in another chunk is a stage input, left out: a floor)."""
+
+    param_op: np.ndarray
+    param_bytes: np.ndarray
+    kept_op: np.ndarray
+    kept_bytes: np.ndarray
+    kept_always: np.ndarray
+    kept_dropped: np.ndarray
+    """Whether selective recomputation drops the item (`cost.step.selective_drops`)."""
+    reader_item: np.ndarray
+    reader_op: np.ndarray
+    """(item, op) pairs: an op keeping its inputs reads the item."""
+
+
+def floor_items(graph: Graph, segs: Sequence[Segment], opts: CostOptions) -> FloorItems:
+    """`graph`'s `FloorItems`, O(operands)."""
+    param_first: dict[str, tuple[int, float]] = {}
+    items: dict[str, list] = {}  # key -> [producer, bytes, always, dropped]
+    readers: list[tuple[str, int]] = []
     dropped = _dropped(graph, segs)
     for index, op in enumerate(graph.ops):
-        c = int(chunk_of_op[index])
         rule = saved_for_backward(op.kind)
         for name in op.inputs:
             t = graph.tensors[name]
             if t.role is Role.PARAMETER:
-                if name not in seen_params:  # a shared parameter's bytes once
-                    seen_params.add(name)
-                    weights[c] += t.numel * opts.element_bytes(t)
+                param_first.setdefault(name, (index, t.numel * opts.element_bytes(t)))
             elif rule is Saved.INPUTS and name in graph.producer:
-                home = int(chunk_of_op[graph.producer[name]])
-                if home == c:  # made outside the chunk: a stage input, not counted (a floor)
-                    saved[c].setdefault(name, t.numel * opts.element_bytes(t))
+                producer = graph.producer[name]
+                items.setdefault(
+                    name, [producer, t.numel * opts.element_bytes(t), False, name in dropped]
+                )
+                readers.append((name, index))
         for name in op.outputs if rule is not Saved.INPUTS else ():
             t = graph.tensors[name]
             if rule is Saved.OUTPUTS:
-                saved[c].setdefault(name, t.numel * opts.element_bytes(t))
+                item = items.setdefault(
+                    name, [index, t.numel * opts.element_bytes(t), False, name in dropped]
+                )
+                item[2] = True
             elif rule is Saved.MASK:
-                saved[c].setdefault(f"{name}:mask", float(t.numel))
-    out = []
-    for c, kept in enumerate(saved):
-        gone = sum(kept.get(n, 0.0) + kept.get(f"{n}:mask", 0.0) for n in dropped)
-        total = sum(kept.values())
-        out.append(ChunkFloors(weights[c], total, total - gone))
-    return out
+                items[f"{name}:mask"] = [index, float(t.numel), True, name in dropped]
+    keys = {k: i for i, k in enumerate(items)}
+    rows = list(items.values())
+    pairs = [(keys[name], index) for name, index in readers]
+    return FloorItems(
+        np.array([i for i, _ in param_first.values()], dtype=int),
+        np.array([b for _, b in param_first.values()], dtype=float),
+        np.array([r[0] for r in rows], dtype=int),
+        np.array([r[1] for r in rows], dtype=float),
+        np.array([r[2] for r in rows], dtype=bool),
+        np.array([r[3] for r in rows], dtype=bool),
+        np.array([i for i, _ in pairs], dtype=int),
+        np.array([o for _, o in pairs], dtype=int),
+    )
+
+
+def chunk_floors(
+    graph: Graph,
+    segs: Sequence[Segment],
+    starts: Sequence[int],
+    opts: CostOptions,
+    items: FloorItems | None = None,
+) -> list[ChunkFloors]:
+    """Per chunk (segments starts[c] .. starts[c + 1] - 1): its `ChunkFloors`. `items`: the
+    graph's `floor_items` when already read (one per graph, any number of chunkings)."""
+    items = items or floor_items(graph, segs, opts)
+    chunks = len(starts)
+    chunk_of_op = np.zeros(len(graph.ops), dtype=int)
+    ends = [*starts[1:], len(segs)]
+    for c, (a, e) in enumerate(zip(starts, ends, strict=True)):
+        chunk_of_op[segs[a].start : segs[e - 1].stop] = c
+    weights = np.bincount(chunk_of_op[items.param_op], items.param_bytes, chunks)
+    home = chunk_of_op[items.kept_op]
+    counted = items.kept_always.copy()
+    near = chunk_of_op[items.reader_op] == home[items.reader_item]
+    counted[items.reader_item[near]] = True
+    total = np.bincount(home[counted], items.kept_bytes[counted], chunks)
+    gone_mask = counted & items.kept_dropped
+    gone = np.bincount(home[gone_mask], items.kept_bytes[gone_mask], chunks)
+    return [
+        ChunkFloors(float(weights[c]), float(total[c]), float(total[c] - gone[c]))
+        for c in range(chunks)
+    ]
 
 
 def _dropped(graph: Graph, segs: Sequence[Segment]) -> set[str]:
@@ -117,4 +168,4 @@ def forced_floor(
     return out
 
 
-__all__ = ["ChunkFloors", "chunk_floors", "forced_floor"]
+__all__ = ["ChunkFloors", "FloorItems", "chunk_floors", "floor_items", "forced_floor"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from shardplan.cost import CostOptions
-from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
+from shardplan.cost.evaluate import PriceTable, ScoreCache, evaluate_strategies
 from shardplan.cost.levers import with_overlap
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, stage_cost
@@ -166,7 +166,10 @@ def choose_levers(
     within `budget`, with that time; None when no combination fits. `overlap`: the overlap
     fields every lever carries (`cost.levers.with_overlap`)."""
     best: tuple[float, Levers] | None = None
+    fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
     for lv in LEVERS:
+        if lv.zero in fitted and (overlap is None or not overlap.overlaps):
+            continue  # more recomputation only adds time (nothing hides under it)
         lv = replace(
             lv if overlap is None else with_overlap(lv, overlap),
             sequence_parallel=profile.sequence_parallel,
@@ -175,6 +178,7 @@ def choose_levers(
         c = stage_cost(profile, lv, m, in_flight)
         if budget is not None and c.memory_bytes > budget:
             continue
+        fitted.add(lv.zero)
         t = slots * (c.fwd_s + c.bwd_s) + c.sync_s + c.optimizer_s
         if best is None or t < best[0] * (1 - 1e-9):
             best = (t, lv)
@@ -216,6 +220,8 @@ class StageProfiler:
         self.reduced: dict[tuple[object, ...], tuple[Graph | None, list[int]]] = {}
         self.wholes: dict[tuple[int, int], Graph] = {}
         self.per_sub: dict[tuple[int, object], tuple[Graph, Any]] = {}  # `_per_sub`
+        self.plans: dict[tuple[object, ...], tuple[tuple[Strategy, ...], StageProfile]] = {}
+        self.prices = PriceTable(mesh, opts)  # one price per op class across the sub-graphs
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -239,16 +245,24 @@ class StageProfiler:
         self, sub: Graph, family: Family, seg_range: Sequence[int]
     ) -> dict[str, Strategy]:
         """`family`'s strategies for `sub`, whose ops are those of segments `seg_range`."""
+        if family.method in ("data-parallel", "megatron"):
+            # one op classing and one data-parallel walk per sub-graph, shared by every degree
+            classes = self._per_sub(sub, "classes", lambda: experts.op_classes(sub))
+            data = self._per_sub(
+                sub, "data", lambda: experts.data_parallel(sub, self.mesh, classes)
+            )
         if family.method == "data-parallel":
-            return experts.data_parallel(sub, self.mesh)
+            return dict(data)
         if family.method == "megatron":
             t = family.tensor  # one Megatron plan for its expert and context variants
-            st = self._per_sub(sub, ("megatron", t), lambda: experts.megatron(sub, self.mesh, t))
+            st = self._per_sub(
+                sub, ("megatron", t), lambda: experts.megatron(sub, self.mesh, t, classes, data)
+            )
             if family.expert > 1:
                 st = expert_parallel(sub, self.mesh, st, family.expert)
             if family.context > 1:
                 rounds = context_rounds(self.mesh, st, sub, family.context)
-                st = experts.context_parallel(sub, self.mesh, st, rounds)
+                st = experts.context_parallel(sub, self.mesh, st, rounds, classes)
             return st
         out: dict[str, Strategy] = {}
         for k in seg_range:
@@ -276,7 +290,9 @@ class StageProfiler:
         sp = family.sequence_parallel
         if sp and not tensor_rounds(sub, self.mesh, strategies):
             return None  # nothing to split along the sequence: the family is not distinct
-        cache = self._per_sub(sub, "score", lambda: ScoreCache(sub, self.mesh, self.opts))
+        cache = self._per_sub(
+            sub, "score", lambda: ScoreCache(sub, self.mesh, self.opts, self.prices)
+        )
         plain = self._per_sub(  # the plan's own evaluation, shared by its sequence-parallel twin
             sub,
             ("plain", plain_family),
@@ -361,17 +377,28 @@ class StageProfiler:
         return self.cache[key]
 
     def plan(self, sub: Graph, a: int, e: int, family: Family) -> tuple[Plan, StageProfile]:
-        """The real plan of chunk [a, e) (its sub-graph `sub`) and its exact profile."""
-        st = self.strategies(sub, family, range(a, e))
-        st = {op.name: st[op.name] for op in sub.ops}
-        prof = profile_stage(
-            sub,
-            self.mesh,
-            st,
-            self.opts,
-            sequence_parallel=family.sequence_parallel,
-            context_parallel=family.context > 1,
+        """The real plan of chunk [a, e) (its sub-graph `sub`) and its exact profile; chunks of
+        one structure (`structure.fingerprint`: names aside, the same graph) are planned and
+        profiled once, the others take that plan and profile op by op."""
+        key = (family, tuple(self.prints[a:e]), fingerprint(sub))
+        if key not in self.plans:
+            st = self.strategies(sub, family, range(a, e))
+            st = {op.name: st[op.name] for op in sub.ops}
+            prof = profile_stage(
+                sub,
+                self.mesh,
+                st,
+                self.opts,
+                sequence_parallel=family.sequence_parallel,
+                context_parallel=family.context > 1,
+            )
+            self.plans[key] = (tuple(st[op.name] for op in sub.ops), prof)
+        cuts, prof = self.plans[key]
+        st = {op.name: cut for op, cut in zip(sub.ops, cuts, strict=True)}
+        rows = tuple(
+            replace(row, name=op.name) for op, row in zip(sub.ops, prof.breakdown.ops, strict=True)
         )
+        prof = replace(prof, breakdown=replace(prof.breakdown, ops=rows))
         return Plan(sub, self.mesh, st, family.method, self.opts, cost=prof.breakdown), prof
 
 

@@ -49,7 +49,13 @@ from shardplan.ir.segments import Segment, segments
 from shardplan.mesh import Mesh
 from shardplan.problem import Problem
 from shardplan.search.drec.search import drec
-from shardplan.search.step.bounds import ChunkFloors, chunk_floors, forced_floor
+from shardplan.search.step.bounds import (
+    ChunkFloors,
+    FloorItems,
+    chunk_floors,
+    floor_items,
+    forced_floor,
+)
 from shardplan.search.step.notes import axis_summary, lever_notes
 from shardplan.search.step.profiles import (
     LEVERS,
@@ -363,14 +369,11 @@ class _Search:
         probe = problem.graph
         self.ideal = _ideal_seconds(probe, mesh, problem.options)
         self.floors: dict[tuple[int, int], list[ChunkFloors]] = {}
+        self.floor_items: dict[int, FloorItems] = {}  # per micro-batch size
         psegs = segments(probe)
-        self.probe_split = layer_split(segment_prints(probe, psegs, self.ids))
-        self.built[problem.global_batch] = (
-            probe,
-            psegs,
-            segment_prints(probe, psegs, self.ids),
-            self.probe_split,
-        )
+        prints = segment_prints(probe, psegs, self.ids)
+        self.probe_split = layer_split(prints)
+        self.built[problem.global_batch] = (probe, psegs, prints, self.probe_split)
 
     def graph(self, b: int) -> tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None:
         if b not in self.built:
@@ -394,7 +397,11 @@ class _Search:
         starts = self.chunk_starts(n * v)
         key = (layout.sample, n * v)
         if key not in self.floors:
-            self.floors[key] = chunk_floors(graph, segs, starts, self.problem.options)
+            opts = self.problem.options
+            if layout.sample not in self.floor_items:
+                self.floor_items[layout.sample] = floor_items(graph, segs, opts)
+            items = self.floor_items[layout.sample]
+            self.floors[key] = chunk_floors(graph, segs, starts, opts, items)
         devices = stage_mesh(self.mesh, n).size
         ideal, floor, bwd_ideal, bwd_floor = self.ideal
         forward = np.maximum(floor, ideal / (m * devices))
@@ -412,7 +419,8 @@ class _Search:
 
     def chunk_starts(self, chunks: int) -> list[int]:
         if chunks not in self.starts:
-            self.starts[chunks] = stage_starts(self.problem.graph, chunks)
+            probe_segs = self.built[self.problem.global_batch][1]  # type: ignore[index]
+            self.starts[chunks] = stage_starts(self.problem.graph, chunks, probe_segs)
         return self.starts[chunks]
 
     def profiler(self, b: int, smesh: Mesh) -> StageProfiler | None:
@@ -462,7 +470,10 @@ class _Search:
             if any(p is None for p in profiles):
                 continue
             ps = [p for p in profiles if p is not None]
+            fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
             for lv in LEVERS:
+                if lv.zero in fitted and not self.overlap.overlaps:
+                    continue  # more recomputation only adds time (nothing hides under it)
                 lv = with_overlap(family.levers(lv), self.overlap)
                 step = step_cost(ps, [lv] * len(ps), m, pipe)
                 mem = step.memory_per_device
@@ -470,6 +481,7 @@ class _Search:
                     if self.leanest is None or mem < self.leanest[0]:
                         self.leanest = (mem, f"{layout.text()} {family.text()}")
                     continue
+                fitted.add(lv.zero)
                 choice = Choice(
                     layout,
                     tuple((family, lv) for _ in ps),

@@ -2,9 +2,9 @@
 
 A model is cut into S contiguous stages over whole segments (`ir/segments`: the repeated blocks)
 so that the largest stage's FLOPs are least: f[s][j] = min_i max(f[s-1][i], F[j] - F[i]) over
-segment prefixes, O(K^2 S) with numpy over i. The cut is found on the graph at the global batch
-and applied, by segment index, to the graph at the micro-batch size. A stage runs on the
-outermost mesh axis divided by S times the other axes.
+segment prefixes, O(K^2 S), one numpy array over (i, j) per s. The cut is found on the graph at
+the global batch and applied, by segment index, to the graph at the micro-batch size. A stage
+runs on the outermost mesh axis divided by S times the other axes.
 """
 
 from __future__ import annotations
@@ -34,12 +34,16 @@ def balanced_stages(costs: Sequence[float], stages: int) -> list[int]:
     f = np.full((stages + 1, k + 1), np.inf)
     arg = np.zeros((stages + 1, k + 1), dtype=int)
     f[0, 0] = 0.0
+    span = prefix[None, :] - prefix[:, None]  # span[i, j]: the sum of costs[i:j]
+    below = np.tril(np.ones((k + 1, k + 1), dtype=bool))  # i >= j: no group, never chosen
     for s in range(1, stages + 1):
-        for j in range(s, k + 1):
-            i = np.arange(s - 1, j)
-            vals = np.maximum(f[s - 1, i], prefix[j] - prefix[i])
-            best = int(np.argmin(vals))
-            f[s, j], arg[s, j] = vals[best], i[best]
+        # vals[i, j] = max(f[s-1, i], span[i, j]) over i in [s - 1, j); argmin keeps the first i
+        vals = np.maximum(f[s - 1][:, None], span)
+        vals[below] = np.inf
+        vals[: s - 1] = np.inf
+        best = np.argmin(vals[:, s:], axis=0)
+        f[s, s:] = vals[best, np.arange(s, k + 1)]
+        arg[s, s:] = best
     starts, j = [], k
     for s in range(stages, 0, -1):
         j = int(arg[s, j])
@@ -61,10 +65,12 @@ def segment_flops(graph: Graph, segs: Sequence[Segment]) -> list[float]:
     return [sum(op.flops for op in graph.ops[s.start : s.stop]) for s in segs]
 
 
-def stage_starts(probe: Graph, stages: int) -> list[int]:
-    """The first segment of each of `stages` FLOP-balanced stages of `probe` (module docstring);
-    PlanError when the model has fewer segments than stages."""
-    segs = segments(probe)
+def stage_starts(
+    probe: Graph, stages: int, segs: Sequence[Segment] | None = None
+) -> list[int]:
+    """The first segment of each of `stages` FLOP-balanced stages of `probe` (module docstring;
+    `segs`: its segments when known); PlanError when the model has fewer segments than stages."""
+    segs = segments(probe) if segs is None else segs
     if stages < 1 or len(segs) < stages:
         raise PlanError(
             f"{stages} pipeline stages need at least as many segments (repeated blocks); "

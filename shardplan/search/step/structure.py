@@ -17,23 +17,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from shardplan.ir.graph import Graph
+from shardplan.ir.op import Role
 from shardplan.ir.segments import Segment, graph_of_ops, segments, subgraph
 
 
 def fingerprint(graph: Graph) -> tuple[object, ...]:
     """Structure of a graph up to names: equal fingerprints get equal D-Rec strategies."""
+    return range_fingerprint(graph, 0, len(graph.ops))
+
+
+def range_fingerprint(graph: Graph, start: int, stop: int) -> tuple[object, ...]:
+    """`fingerprint(subgraph(graph, start, stop))` without building the sub-graph: an
+    activation made before `start` is read as the sub-graph's received input."""
     seen: dict[str, int] = {}
     out: list[object] = []
-    for i, op in enumerate(graph.ops):
+    for i in range(start, stop):
+        op = graph.ops[i]
         refs: list[object] = []
         for name in op.inputs:
             t = graph.tensors[name]
             p = graph.producer.get(name)
-            if p is not None:
+            if p is not None and start <= p < i:
                 refs.append(("op", i - p, graph.ops[p].outputs.index(name)))
             else:
-                first = seen.setdefault(name, i)
-                refs.append(("t", t.shape, t.role.value, t.dtype_bytes, t.received, first))
+                first = seen.setdefault(name, i - start)
+                if t.role is Role.ACTIVATION:  # made outside the range (`segments.subgraph`)
+                    refs.append(("t", t.shape, Role.INPUT.value, t.dtype_bytes, True, first))
+                else:
+                    refs.append(("t", t.shape, t.role.value, t.dtype_bytes, t.received, first))
         out.append((op.kind, op.signature.text(), op.flops, op.attrs, tuple(refs)))
     return tuple(out)
 
@@ -82,7 +93,7 @@ def segment_prints(
     """Each segment's fingerprint as a small int (equal structure, equal int; `ids` shares the
     numbering between graphs), O(ops)."""
     ids = {} if ids is None else ids
-    return [ids.setdefault(fingerprint(subgraph(graph, s.start, s.stop)), len(ids)) for s in segs]
+    return [ids.setdefault(range_fingerprint(graph, s.start, s.stop), len(ids)) for s in segs]
 
 
 def graph_layers(graph: Graph) -> LayerSplit:
