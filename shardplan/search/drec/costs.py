@@ -532,11 +532,11 @@ class RoundCosts(RoundLedger):
         edge's prices over op i's cuts, given its neighbour's layout, are kept for the round
         (settling revisits the same pairs), and added in edge order as before."""
         layouts = self.layouts
-        costs = (
-            self._shared_param_costs(i, cuts, decided)
-            if self.param_positions[i]
-            else (dict.fromkeys(cuts, 0.0))
-        )
+        if self.param_positions[i]:
+            shared = self._shared_param_costs(i, cuts, decided)
+            costs = [shared[cut] for cut in cuts]  # per cut, in `cuts` order
+        else:
+            costs = [0.0] * len(cuts)
         known = self._near_cache
         for pos, name, p, p_pos in self._in_adj[i]:
             if p in decided:
@@ -545,8 +545,7 @@ class RoundCosts(RoundLedger):
                 prices = known.get(key)
                 if prices is None:
                     prices = known[key] = self._edge_prices(i, cuts, pos, src, True, i, pos, name)
-                for cut, c in zip(cuts, prices, strict=True):
-                    costs[cut] += c
+                costs = [a + b for a, b in zip(costs, prices, strict=True)]
         for pos, name, users in self._out_adj[i]:
             for w, w_pos in users:
                 if w in decided:
@@ -557,9 +556,8 @@ class RoundCosts(RoundLedger):
                         prices = known[key] = self._edge_prices(
                             i, cuts, pos, dst, False, w, w_pos, name
                         )
-                    for cut, c in zip(cuts, prices, strict=True):
-                        costs[cut] += c
-        return costs
+                    costs = [a + b for a, b in zip(costs, prices, strict=True)]
+        return dict(zip(cuts, costs, strict=True))
 
     def _edge_prices(
         self,
