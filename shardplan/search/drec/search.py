@@ -124,7 +124,8 @@ class _Search(RoundCosts):
             flex = {}
             for j in group:  # with the credits the cut makes a tensor's other readers repay
                 owed = self._credit_costs(j, r, list(own[j]), decided)
-                flex[j] = {c: v + owed[c] for c, v in flex_of(j).items()}
+                mine = flex_of(j)  # read only: nothing owed leaves it as it is (v + 0.0 == v)
+                flex[j] = {c: v + owed[c] for c, v in mine.items()} if any(owed.values()) else mine
             if len(group) == 1:  # alone: its own terms do not change with its trial charges
                 costs = self._greedy_costs(i, r, charged)
                 totals = {cut: costs[cut] + flex[i][cut] for cut in own[i] if cut in costs}
