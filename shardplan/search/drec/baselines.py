@@ -17,7 +17,7 @@ Cost: one expert pass O(|V| + |E|) per round and one evaluation per baseline tha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from shardplan import units
 from shardplan.cost import CostOptions, ScoreCache
@@ -36,6 +36,7 @@ def baseline_plans(
     cache: ScoreCache | None = None,
     below: float | None = None,
     fold: Fold | None = None,
+    found: Mapping[str, Strategy] | None = None,
 ) -> list[Plan]:
     """All-replicated, data-parallel, megatron and fsdp plans of `graph`, each scored (sharing
     `cache` with the search's own scoring when given). With `below` (the cost a baseline must
@@ -44,7 +45,10 @@ def baseline_plans(
     With `fold` (repeated blocks of `graph`, `fold.py`) the expert plans are propagated on its
     reduced graph and expanded — exact when blocks 1 and 2 decide alike: the experts are
     forward passes, so every later block then sees what block 2 saw — and, with `below`, one
-    whose exact total on the reduced graph (`Fold.total`) reaches it is left out unscored."""
+    whose exact total on the reduced graph (`Fold.total`) reaches it is left out unscored.
+    `found` (the strategies of the plan that scored `below`, stored as its first readers read
+    them): a baseline with exactly those strategies and no storage layouts of its own is that
+    plan, so it costs `below` and cannot beat it: it is left out unscored too."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     rounds = len(mesh.rounds)
     folded = _folded_experts(fold, mesh) if fold is not None else {}
@@ -73,6 +77,8 @@ def baseline_plans(
         if base not in made:  # the reduced plan expanded (exact: see above), else the full one
             made[base] = fold.expand(folded[base]) if base in folded else full[base]()  # type: ignore[union-attr]
         strategies = made[base]
+        if below is not None and layouts is None and strategies == found:
+            continue  # D-Rec's own plan: the same cost
         if below is not None and _compute(graph, strategies, cache) >= below:
             continue
         params = layouts(graph, mesh) if layouts is not None else None

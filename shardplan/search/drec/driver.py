@@ -68,7 +68,10 @@ def _drec_within(
         found = with_zero(found, problem.zero)
     beat = found.cost.total if found is not None and found.cost is not None else None
     exact = problem.zero is None or problem.zero == 0  # baselines compared at stage 0
-    baselines = baseline_plans(graph, mesh, opts, cache, beat, fold if exact else None)
+    # D-Rec's own plan among the baselines is not scored again (at stage 0, stored as read)
+    own = found.strategies if found is not None and not found.param_layouts else None
+    own = own if own is not None and found.zero == 0 and not problem.zero else None
+    baselines = baseline_plans(graph, mesh, opts, cache, beat, fold if exact else None, own)
     if problem.zero:  # compared at the stage asked for
         baselines = [with_zero(b, problem.zero) for b in baselines]
     best = cheapest(found, baselines, budget, time.perf_counter() - start)
