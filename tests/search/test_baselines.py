@@ -112,3 +112,18 @@ def test_expert_plans_through_the_fold_are_the_full_graphs(model, mesh):
     assert len(baseline_plans(graph, m, opts, below=below, fold=fold)) < len(
         baseline_plans(graph, m, opts, below=below)
     )
+
+
+def test_drec_own_plan_among_baselines_is_not_scored_again():
+    """A baseline with exactly D-Rec's strategies (no storage layouts) costs what D-Rec's plan
+    does, so it cannot beat it and is left out; FSDP (its own layouts) is still compared."""
+    from shardplan.search import experts
+
+    graph, m = zoo.build("gpt3", small=True), parse_mesh("8")
+    opts = CostOptions.make()
+    dp = experts.data_parallel(graph, m)
+    cost = plan(graph, "8", method="data-parallel").cost.total
+    scored = {b.method for b in baseline_plans(graph, m, opts, below=cost * 1.5)}
+    assert "data-parallel" in scored
+    kept = {b.method for b in baseline_plans(graph, m, opts, below=cost * 1.5, found=dp)}
+    assert kept == scored - {"data-parallel"}

@@ -141,3 +141,63 @@ def test_variants_sharing_rounds_decide_as_alone(model, mesh):
         assert sharing.binding == alone.binding
         if not by_min:  # the same search again: every round was reused, none recorded
             assert len(shared) == recorded
+
+
+@pytest.mark.parametrize(("model", "mesh"), [("gpt3", "2x4"), ("bert-base", "12")])
+def test_variants_sharing_prices_decide_as_alone(model, mesh):
+    """Searches sharing own prices, intra prices and one EdgeBook (contexts and edge prices kept
+    across rounds) plan exactly as each does alone, whatever ran before them."""
+    from shardplan.cost import CostOptions
+    from shardplan.search.drec.ledger import EdgeBook
+    from shardplan.search.drec.search import _Search
+
+    graph, m, opts = sp.zoo.build(model, small=True), sp.parse_mesh(mesh), CostOptions.make()
+    prices: dict = {}
+    book = EdgeBook()
+    for final, by_min in ((False, False), (True, False), (False, True)):
+        alone = _Search(graph, m, opts, 0.0, 0, final, lightest_cut_order=by_min)
+        sharing = _Search(
+            graph, m, opts, 0.0, 0, final, lightest_cut_order=by_min,
+            shared_prices=prices, shared_edges=book,
+        )  # fmt: skip
+        assert sharing.run() == alone.run()
+    assert book.edge_cache and any(key[0] == "intra" for key in prices)
+
+
+@pytest.mark.parametrize(("model", "mesh"), [("gpt3", "2x4"), ("alexnet", "4x2"), ("mlp", "8")])
+def test_unused_floor_bounds_plans_leaving_rounds_unused(model, mesh):
+    """The floor that bounds the unused-axis variants out is below the evaluator's score of
+    any plan leaving those rounds unused: the variant's own plan, and all-replicated."""
+    from shardplan.cost import CostOptions, evaluate_strategies
+    from shardplan.search.drec.search import _Search, _unused_floor
+
+    graph, m, opts = sp.zoo.build(model, small=True), sp.parse_mesh(mesh), CostOptions.make()
+    rounds = len(m.rounds)
+    for unused in range(1, rounds + 1):
+        floor = _unused_floor(graph, m, opts, unused, None)
+        assert floor > 0
+        if unused < rounds:
+            strategies = _Search(graph, m, opts, 0.0, unused).run()
+        else:
+            strategies = {op.name: (None,) * rounds for op in graph.ops}
+        assert all(s[:unused] == (None,) * unused for s in strategies.values())
+        assert floor <= evaluate_strategies(graph, m, strategies, opts).total
+
+
+def test_search_restores_the_garbage_collector():
+    """D-Rec pauses the cyclic collector while it runs and leaves it as it found it."""
+    import gc
+
+    from shardplan.cost import CostOptions
+    from shardplan.search.drec.search import drec
+
+    graph, m, opts = sp.zoo.build("mlp", small=True), sp.parse_mesh("4"), CostOptions.make()
+    assert gc.isenabled()
+    drec(graph, m, opts)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        drec(graph, m, opts)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
