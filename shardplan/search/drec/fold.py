@@ -46,7 +46,7 @@ from shardplan.search.drec.flex import (
     heavy_sources,
     sibling_sources,
 )
-from shardplan.sharding import Layout, Strategy, check_strategy
+from shardplan.sharding import Layout, Strategy, check_strategies
 
 KEPT = 4
 """Blocks the reduced graph keeps: 0, 1, 2 and the last."""
@@ -228,13 +228,13 @@ class Fold:
         reduced graph (block 2's terms and memory pieces count n-3 times); `cache`, a
         `ScoreCache` of the reduced graph, keeps prices across the plans one search scores."""
         graph, rounds = self.reduced, mesh.rounds
-        for op in graph.ops:
-            check_strategy(op, plan[op.name], rounds)
+        cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+        # every op checked, each (class, strategy) once across the plans the cache scores
+        check_strategies(graph.ops, plan, rounds, cache.classes, cache.valid)
         weights = self.round_weights()
         homes = param_homes(graph, plan)
         total = 0.0
         layouts = output_layouts(graph, plan)
-        cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
         terms = op_terms(graph, mesh, plan, opts, homes, layouts, cache=cache)
         for t in terms:
             total += weights[t.index] * (t.intra.total + t.compute + t.redistribution.total)
@@ -249,20 +249,28 @@ class Fold:
         return total
 
 
-def _label(graph: Graph, op: Op) -> tuple[object, ...]:
-    """What makes two ops interchangeable for the search and the evaluator."""
+def _label(
+    graph: Graph, op: Op, forms: dict[str, tuple[object, ...]] | None = None
+) -> tuple[object, ...]:
+    """What makes two ops interchangeable for the search and the evaluator (`forms`: the
+    operands' parts already built, by tensor)."""
     tensors, grad = graph.tensors, graph.requires_grad
-    operands = tuple(
-        (tensors[t].shape, tensors[t].dtype_bytes, tensors[t].role, t in grad)
-        for t in (*op.inputs, *op.outputs)
-    )
-    return (op.kind, op.signature, op.flops, op.attrs, operands)
+    forms = {} if forms is None else forms
+    parts: list[tuple[object, ...]] = []
+    for t in (*op.inputs, *op.outputs):
+        form = forms.get(t)
+        if form is None:
+            tensor = tensors[t]
+            form = forms[t] = (tensor.shape, tensor.dtype_bytes, tensor.role, t in grad)
+        parts.append(form)
+    return (op.kind, op.signature, op.flops, op.attrs, tuple(parts))
 
 
 def op_labels(graph: Graph) -> list[int]:
     """Per op, a small int equal for interchangeable ops (same `_label`)."""
     ids: dict[tuple[object, ...], int] = {}
-    return [ids.setdefault(_label(graph, op), len(ids)) for op in graph.ops]
+    forms: dict[str, tuple[object, ...]] = {}  # each tensor's part of `_label`, built once
+    return [ids.setdefault(_label(graph, op, forms), len(ids)) for op in graph.ops]
 
 
 def _consistent(graph: Graph, start: int, period: int, k: int) -> bool:
