@@ -19,10 +19,12 @@ sizes left by rounds < r, every candidate cut of an op:
     evaluator's price of the whole edge, multi-round all-to-alls included; a round that keeps a
     split on both sides earns the shrinking of earlier rounds' collectives (a negative price);
   * the full cost of a round's complete assignment, to compare whole-round alternatives.
-Every price is a dictionary look-up after its first computation (caches are per round; own terms
-are keyed by (op label, cuts so far) and edges by (relation, context, size, dtype, gradient
-status), so identical ops of repeated layers share them), so each is O(1) amortised and a round
-costs O(|V| + |E|) look-ups plus O(|E| * rounds) to compute the edges' contexts.
+Every price is a dictionary look-up after its first computation (own terms are keyed by (round,
+op label, cuts so far), intra terms shared by variants that assume all-reduces alike; edges by
+(relation, context, size, dtype, gradient status) in a `ledger.EdgeBook` the variants of one
+call share, a context holding its round; so identical ops of repeated layers share them), so
+each is O(1) amortised and a round costs O(|V| + |E|) look-ups plus O(|E|) to extend the edges'
+contexts.
 """
 
 from __future__ import annotations

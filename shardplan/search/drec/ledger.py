@@ -19,8 +19,9 @@ the graph alone decides). Per op, `_OpState`; per round:
     previous reader, same layout, both reduce): owed back in the round where their layouts part;
   * each operand's size before round r and the hierarchical all-reduce divisor (`_infos`: the
     faster rounds done that reduced it, the faster later ones assumed to, `_assumed`).
-`begin_round` computes the round's contexts in O(|E| * r); `apply_round` records a decided round
-in O(|V| * operands); a marginal price costs O(r ** 2) once per (relation, context, tensor kind).
+`begin_round` extends the edges' contexts by the last round in O(|E|) (O(|E| * r) from scratch);
+`apply_round` records a decided round in O(|V| * operands); a marginal price costs O(r ** 2) once
+per (relation, context, tensor kind) for all the variants of one call (`EdgeBook`).
 """
 
 from __future__ import annotations
