@@ -148,8 +148,8 @@ def test_variants_sharing_prices_decide_as_alone(model, mesh):
     """Searches sharing own prices, intra prices and one EdgeBook (contexts and edge prices kept
     across rounds) plan exactly as each does alone, whatever ran before them."""
     from shardplan.cost import CostOptions
-    from shardplan.search.drec.ledger import EdgeBook
     from shardplan.search.drec.search import _Search
+    from shardplan.search.drec.state import EdgeBook
 
     graph, m, opts = sp.zoo.build(model, small=True), sp.parse_mesh(mesh), CostOptions.make()
     prices: dict = {}

@@ -2,7 +2,7 @@
 
 `RoundLedger` is the state the rounds done leave in one D-Rec run (the base of
 `costs.RoundCosts`, which prices the current round's cuts on it; `tables.SearchTables` holds what
-the graph alone decides). Per op, `_OpState`; per round:
+the graph alone decides). Per op, `OpState`; per round:
   * every operand's layout in the rounds done, and per edge its "context": per earlier round how
     its two layouts relate (`relation`: same split, both replicated, all-to-all, gather, slice).
     An edge's price in round r is its MARGINAL cost, `cost.terms.edge_redistribution` with
@@ -27,118 +27,23 @@ per (relation, context, tensor kind) for all the variants of one call (`EdgeBook
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 from shardplan.cost.collectives import all_reduce_s
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.terms import OperandInfo, edge_redistribution, faster, reduces
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Op, Role
+from shardplan.ir.op import Role
 from shardplan.mesh import Mesh
-from shardplan.search.drec.flex import FlexEdge, FlexGraph, through_chain
+from shardplan.search.drec.flex import FlexGraph, through_chain
+from shardplan.search.drec.state import EXAMPLE, EdgeBook, OpState, relation, trials
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
 
 _NONE_CHARGED: frozenset[tuple[str, int]] = frozenset()
 
-_EXAMPLE = ((0, 0), (REPLICATED, REPLICATED), (0, 1), (0, REPLICATED), (REPLICATED, 0))
-"""A (src, dst) pair of each `relation` (an edge's price depends on its layouts only so)."""
-
-
-def relation(src: int, dst: int) -> int:
-    """How an edge's two layouts relate in one round: 0 the same split, 1 both replicated,
-    2 split -> other split (all-to-all), 3 split -> replicated, 4 replicated -> split."""
-    if src == dst:
-        return 0 if src >= 0 else 1
-    if src >= 0:
-        return 2 if dst >= 0 else 3
-    return 4
-
-
-def _trials(decided: dict[int, str | None], i: int, cuts: list[str | None]) -> Iterator[str | None]:
-    """Each cut of op i, set in `decided` while the caller prices it; `decided` is restored."""
-    had, old = i in decided, decided.get(i)
-    try:
-        for cut in cuts:
-            decided[i] = cut
-            yield cut
-    finally:
-        if had:
-            decided[i] = old
-        else:
-            decided.pop(i, None)
-
-
-@dataclass(slots=True)
-class _OpState:
-    """Mutable per-search state of one op (local to one `drec` call)."""
-
-    op: Op
-    extents: dict[str, int]
-    in_numel: list[float]
-    out_numel: list[float]
-    cuts: list[str | None] = field(default_factory=list)
-    preds: list[FlexEdge] = field(default_factory=list)
-    succs: list[FlexEdge] = field(default_factory=list)
-    siblings: list[tuple[int, int, int, dict[int, int], int]] = field(default_factory=list)
-    """(other heavy op, my output position, its output position, my dim -> its dim, the
-    transparent op reading my output on the way)."""
-    ar_history: dict[tuple[bool, int], list[tuple[int, float, int]]] = field(default_factory=dict)
-    """(is_output, position) -> [(round, all-reduce cost charged then, bit mask of the later
-    rounds that price assumed would shrink the operand first)]."""
-    credits: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
-    """Input position -> [(round, all-reduce cost the previous reader paid for it then, mask)]: owed
-    back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
-    kind: tuple[object, ...] = ()
-    """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
-
-    @staticmethod
-    def of(graph: Graph, op: Op, label: int) -> _OpState:
-        """Op's state before the first round (`label`: its `fold.op_labels` label)."""
-        return _OpState(
-            op,
-            op.signature.extents,
-            [float(graph.tensors[t].numel) for t in op.inputs],
-            [float(graph.tensors[t].numel) for t in op.outputs],
-            kind=(label,),
-        )
-
-
-class EdgeBook:
-    """Edge contexts and their prices, shared by the searches of one `drec` call (one graph,
-    mesh and set of options): a context id stands for its codes (per round done, `relation`)
-    in every search, and an edge's marginal price is a pure function of (layouts, context,
-    tensor), the context holding the round — so a variant that reaches the rounds another did
-    reads their prices instead of pricing them again. No edge price depends on how a variant
-    prices cuts."""
-
-    __slots__ = (
-        "ctx_ids",
-        "ctxs",
-        "ctx_moves",
-        "ctx_next",
-        "edge_cache",
-        "edge_kinds",
-        "prev_price",
-    )
-
-    def __init__(self) -> None:
-        self.ctx_ids: dict[tuple[int, ...], int] = {}
-        self.ctxs: list[tuple[int, ...]] = []
-        self.ctx_moves: list[bool] = []
-        """Per context: whether a layout moved in some round (else an unchanged edge is free)."""
-        self.ctx_next: dict[tuple[int, int], int] = {}
-        """(context, the next round's relation) -> the extended context."""
-        self.edge_cache: dict[tuple[int, int, int, str], float] = {}
-        """(src, dst, context, tensor) -> the edge's marginal price (`RoundLedger._edge`)."""
-        self.edge_kinds: dict[tuple[object, ...], float] = {}
-        """(relation, context, size, width, gradient, `_ahead`) -> the same, per tensor form."""
-        self.prev_price: dict[tuple[object, ...], float] = {}
-        """(context, tensor form) -> its price over the rounds before (`_marginal`)."""
-
 
 class RoundLedger:
-    """The rounds done of one D-Rec run: per op its state (`_OpState`), per edge its context,
+    """The rounds done of one D-Rec run: per op its state (`OpState`), per edge its context,
     and the marginal prices that follow from them. `RoundCosts` prices the round's cuts on
     top of it (its subclass: one pricer, split by concern)."""
 
@@ -173,7 +78,7 @@ class RoundLedger:
         ]
         """Per round: (round, q) of every faster other round (hierarchical all-reduces)."""
         self.states = [
-            _OpState.of(graph, op, label) for op, label in zip(graph.ops, labels, strict=True)
+            OpState.of(graph, op, label) for op, label in zip(graph.ops, labels, strict=True)
         ]
         for sib in flex.siblings:
             self.states[sib.a].siblings.append(
@@ -335,7 +240,7 @@ class RoundLedger:
         costs = dict.fromkeys(cuts, 0.0)
         if not later and not mine:
             return costs
-        for cut in _trials(decided, i, cuts):  # `_parted` reads op i's cut from `decided`
+        for cut in trials(decided, i, cuts):  # `_parted` reads op i's cut from `decided`
             own = self._revoked(i, r, decided) if mine else 0.0
             costs[cut] = own + sum(self._revoked(j, r, decided) for j in later)
         return costs
@@ -356,7 +261,7 @@ class RoundLedger:
             return alone, extra  # no other reader of its inputs: no credit either way
         own: dict[str | None, float] = {}
         owed = self._credit_costs(i, r, cuts, decided)
-        for cut in _trials(decided, i, cuts):  # credits read op i's cut from `decided`
+        for cut in trials(decided, i, cuts):  # credits read op i's cut from `decided`
             own[cut] = self._own_costs(i, r, self._credited(i, r, decided))[cut]
             extra[cut] += owed[cut]
             for j in later:
@@ -461,18 +366,18 @@ class RoundLedger:
         rounds 0..r-1, then as assumed from round r on (see the module doc)."""
         r, rounds, opts = self._r, self.rounds, self.opts
         codes = self._ctxs[ctx]
-        src = tuple(_EXAMPLE[c][0] for c in codes)
-        dst = tuple(_EXAMPLE[c][1] for c in codes)
-        later_src = tuple(_EXAMPLE[c][0] for c in ahead[r + 1 :])
-        later_dst = tuple(_EXAMPLE[c][1] for c in ahead[r + 1 :])
+        src = tuple(EXAMPLE[c][0] for c in codes)
+        dst = tuple(EXAMPLE[c][1] for c in codes)
+        later_src = tuple(EXAMPLE[c][0] for c in ahead[r + 1 :])
+        later_dst = tuple(EXAMPLE[c][1] for c in ahead[r + 1 :])
         key = (ctx, numel, width, grad, ahead)
         before = self._prev_price.get(key)
         if before is None:
-            a, b = _EXAMPLE[ahead[r]]
+            a, b = EXAMPLE[ahead[r]]
             before = self._prev_price[key] = edge_redistribution(
                 (*src, a, *later_src), (*dst, b, *later_dst), numel, width, rounds, grad, opts
             ).total
-        a, b = _EXAMPLE[rel]
+        a, b = EXAMPLE[rel]
         now = edge_redistribution(
             (*src, a, *later_src), (*dst, b, *later_dst), numel, width, rounds, grad, opts
         ).total

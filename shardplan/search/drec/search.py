@@ -30,22 +30,22 @@ graph, logarithmic in the devices.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.costs import RoundCosts, differs
-from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph, heavy_ops
+from shardplan.search.drec.costs import RoundCosts
+from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
 from shardplan.search.drec.fold import Fold, find_fold, op_labels
-from shardplan.search.drec.ledger import EdgeBook
+from shardplan.search.drec.gates import unused_floor, without_gc_pauses
+from shardplan.search.drec.nextround import differs
 from shardplan.search.drec.overlay import Overlay
+from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
 
@@ -123,8 +123,7 @@ class _Search(RoundCosts):
             totals: dict[str | None, float] = {}
             flex = {}
             for j in group:  # with the credits the cut makes a tensor's other readers repay
-                owed = self._credit_costs(j, r, list(own[j]), decided)
-                mine = flex_of(j)  # read only: nothing owed leaves it as it is (v + 0.0 == v)
+                owed, mine = self._credit_costs(j, r, list(own[j]), decided), flex_of(j)
                 flex[j] = {c: v + owed[c] for c, v in mine.items()} if any(owed.values()) else mine
             if len(group) == 1:  # alone: its own terms do not change with its trial charges
                 costs = self._greedy_costs(i, r, charged)
@@ -146,8 +145,7 @@ class _Search(RoundCosts):
                 for cut in totals:
                     totals[cut] += flex[i][cut]
             ahead = [self._lookahead(j, decided, shared, flex_of) for j in group]
-            # regrets are >= 0: a cut whose own total exceeds the cheapest cut's total plus
-            # regret cannot win (nor tie), so its regret is never priced
+            # regrets >= 0: a cut above the cheapest's total plus regret cannot win: not priced
             first = min(totals, key=totals.__getitem__)
             regrets = dict.fromkeys(totals, math.inf)
             regrets[first] = max(f(first) for f in ahead)
@@ -197,9 +195,7 @@ class _Search(RoundCosts):
         return out
 
     @staticmethod
-    def _indifferent(
-        totals: dict[str | None, float], regrets: dict[str | None, float], cut: str | None
-    ) -> bool:
+    def _indifferent(totals: dict[Any, float], regrets: dict[Any, float], cut: Any) -> bool:
         """Another cut ties with the pick (a batched matmul free to cut batch or heads)."""
         best = totals[cut] + regrets[cut]
         return any(c != cut and totals[c] + regrets[c] <= best * (1 + 1e-9) + 1e-30 for c in totals)
@@ -429,8 +425,7 @@ class _Search(RoundCosts):
 
 
 class _PinnedSearch(_Search):
-    """A D-Rec run with user-fixed ops (`--force`): each is its own only candidate in every
-    pass, so its neighbours plan around it. (A subclass, so the unpinned search pays nothing.)"""
+    """D-Rec with user-fixed ops (`--force`), each its own only candidate in every pass."""
 
     def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
         costs = super()._own_costs(i, r, charged)
@@ -482,48 +477,25 @@ def drec_folded(
         decide after the others, following them;
       * the leading mesh axes left unused (every op replicated across them): a slow inter-node
         axis often costs more than it saves for small batches, which no single round sees,
-        down to the fully replicated plan — not searched when the compute such a plan must pay
-        at least (its FLOPs over the devices left, `_unused_floor`) already reaches the best
-        score found (GPT-3 175B on 1,024 devices: 8 devices' worth of compute is far above the
-        plan the first variants find);
-      * heavy ops taken by their dearest cut first (MindSpore since 2022) and, in the first
-        variant's setting, by their cheapest cut first (MindSpore 2020): an op with one terrible
-        cut (attention scores cut along its contraction) otherwise decides before the ops it
-        should follow;
-      * all-reduces priced assuming the faster later rounds shrink them only where those rounds
-        can cut the op, and (rerun only when that changed a price: a round of 3 on models sized
-        in powers of two) assuming they all do, as MindSpore does — each is wrong somewhere;
-      * when some round cuts another number of ways than the one after it (mesh 12 = 2 x 2 x 3,
-        20 = 2 x 2 x 5), heavy ops' cuts also priced by their
-        cheapest own price in that next round (`RoundCosts._add_next_round`): a tensor-parallel
-        cut before a round of 3 leaves it all-reducing whole logits where a batch cut would have
-        halved them (GPT-3's tied output layer on mesh 12: 1.121 -> 1.014 of the ILP optimum).
-        Rounds alike can trade their cuts, so no lookahead runs between them; and it is a variant,
+        down to the fully replicated plan — not searched when `gates.unused_floor` reaches
+        the best score found (it cannot win);
+      * heavy ops taken by their dearest cut first (MindSpore since 2022) and by their cheapest
+        (MindSpore 2020): an op with one terrible cut (attention scores along their contraction)
+        otherwise decides before the ops it should follow;
+      * all-reduces priced assuming the faster later rounds shrink them only where they can cut
+        the op, and (rerun when that changed a price) that they all do, as MindSpore does;
+      * when some round cuts another number of ways than the next (mesh 12 = 2 x 2 x 3), heavy
+        ops' cuts also priced by their cheapest own price in that next round (`nextround.py`;
+        GPT-3's tied output layer on mesh 12: 1.121 -> 1.014 of the ILP optimum); a variant,
         not the pricing: it over-weighs the next round where edges decide (an MoE layer on 12).
     That is at most 2 * (3 + mesh axes) + 1 linear searches; the unused-axis ones are shorter. With
     the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
-    A run of >= 6 identical blocks (layers) is folded (`fold.py`): the variants search blocks
-    0, 1, 2 and the last, and when blocks 1 and 2 decide alike every interior block takes that
-    decision; otherwise (or with `fold=False`) the full graph is searched.
-    """
+    A run of >= 6 identical blocks is folded (`fold.py`): the variants search blocks 0, 1, 2 and
+    the last; when blocks 1 and 2 decide alike every interior block takes that decision, else
+    (or with `fold=False`) the full graph is searched."""
     with without_gc_pauses():
         return _drec_folded(graph, mesh, opts, memory_lambda, fold, fixed)
-
-
-@contextmanager
-def without_gc_pauses() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a search runs, then restored as it was.
-    The search makes ~10^6 short-lived objects, none in a reference cycle it needs freed
-    early; each collection they trigger walks the long-lived ones too (the graph: a
-    full pass costs ~0.03 s on GPT-3 175B's 2,886 ops), which is pure overhead here."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _drec_folded(
@@ -584,7 +556,7 @@ def _variants(
     edges = EdgeBook()  # and edge contexts and prices
     while runs:
         unused, final_compute, defer, by_min, hopeful, ahead = runs.popleft()
-        if unused and best_score < _unused_floor(graph, mesh, opts, unused, weights):
+        if unused and best_score < unused_floor(graph, mesh, opts, unused, weights):
             continue  # leaving those rounds unused cannot beat the plan found: not searched
         if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
             strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
@@ -626,28 +598,3 @@ def _variants(
         if score < best_score:
             best, best_score = strategies, score
     return best
-
-
-def _unused_floor(
-    graph: Graph, mesh: Mesh, opts: CostOptions, unused: int, weights: Sequence[float] | None
-) -> float:
-    """A lower bound on the score of any plan leaving rounds 0..unused-1 unused: each op's
-    forward compute with its FLOPs split over the remaining rounds' devices at most and no bytes
-    moved (`compute_cost` is a roofline, non-decreasing in FLOPs and bytes; training adds the
-    backward, collectives and memory add >= 0), weighted as the fold scores it; shaved by 1e-9
-    so summation order cannot make it exceed the score. O(|V|)."""
-    from dataclasses import replace
-
-    from shardplan.cost.terms import compute_cost
-
-    ways = math.prod(rnd.q for rnd in mesh.rounds[unused:])
-    forward = replace(opts, train=False)
-    floor = 0.0
-    for i, op in enumerate(graph.ops):
-        w = weights[i] if weights is not None else 1.0
-        floor += w * compute_cost(op.flops / ways, 0.0, forward, mesh)
-    return floor * (1 - 1e-9)
-
-
-def heavy_names(graph: Graph) -> Sequence[str]:
-    return [graph.ops[i].name for i in sorted(heavy_ops(graph))]

@@ -1,0 +1,113 @@
+"""D-Rec's per-search state: each op's (`OpState`) and the edge contexts and prices the variants
+of one call share (`EdgeBook`), with the relation codes contexts are made of.
+
+`relation` codes how an edge's two layouts relate in one round (same split, both replicated,
+all-to-all, gather, slice); a context is the tuple of an edge's codes over the rounds done, and
+its marginal price depends on the layouts only through them (`ledger.RoundLedger._marginal`).
+All O(1) per call but `trials`, O(cuts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op
+from shardplan.search.drec.flex import FlexEdge
+from shardplan.sharding import REPLICATED
+
+EXAMPLE = ((0, 0), (REPLICATED, REPLICATED), (0, 1), (0, REPLICATED), (REPLICATED, 0))
+"""A (src, dst) pair of each `relation` (an edge's price depends on its layouts only so)."""
+
+
+def relation(src: int, dst: int) -> int:
+    """How an edge's two layouts relate in one round: 0 the same split, 1 both replicated,
+    2 split -> other split (all-to-all), 3 split -> replicated, 4 replicated -> split."""
+    if src == dst:
+        return 0 if src >= 0 else 1
+    if src >= 0:
+        return 2 if dst >= 0 else 3
+    return 4
+
+
+def trials(decided: dict[int, str | None], i: int, cuts: list[str | None]) -> Iterator[str | None]:
+    """Each cut of op i, set in `decided` while the caller prices it; `decided` is restored."""
+    had, old = i in decided, decided.get(i)
+    try:
+        for cut in cuts:
+            decided[i] = cut
+            yield cut
+    finally:
+        if had:
+            decided[i] = old
+        else:
+            decided.pop(i, None)
+
+
+@dataclass(slots=True)
+class OpState:
+    """Mutable per-search state of one op (local to one `drec` call)."""
+
+    op: Op
+    extents: dict[str, int]
+    in_numel: list[float]
+    out_numel: list[float]
+    cuts: list[str | None] = field(default_factory=list)
+    preds: list[FlexEdge] = field(default_factory=list)
+    succs: list[FlexEdge] = field(default_factory=list)
+    siblings: list[tuple[int, int, int, dict[int, int], int]] = field(default_factory=list)
+    """(other heavy op, my output position, its output position, my dim -> its dim, the
+    transparent op reading my output on the way)."""
+    ar_history: dict[tuple[bool, int], list[tuple[int, float, int]]] = field(default_factory=dict)
+    """(is_output, position) -> [(round, all-reduce cost charged then, bit mask of the later
+    rounds that price assumed would shrink the operand first)]."""
+    credits: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
+    """Input position -> [(round, all-reduce cost the previous reader paid for it then, mask)]: owed
+    back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
+    kind: tuple[object, ...] = ()
+    """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
+
+    @staticmethod
+    def of(graph: Graph, op: Op, label: int) -> OpState:
+        """Op's state before the first round (`label`: its `fold.op_labels` label)."""
+        return OpState(
+            op,
+            op.signature.extents,
+            [float(graph.tensors[t].numel) for t in op.inputs],
+            [float(graph.tensors[t].numel) for t in op.outputs],
+            kind=(label,),
+        )
+
+
+class EdgeBook:
+    """Edge contexts and their prices, shared by the searches of one `drec` call (one graph,
+    mesh and set of options): a context id stands for its codes (per round done, `relation`)
+    in every search, and an edge's marginal price is a pure function of (layouts, context,
+    tensor), the context holding the round — so a variant that reaches the rounds another did
+    reads their prices instead of pricing them again. No edge price depends on how a variant
+    prices cuts."""
+
+    __slots__ = (
+        "ctx_ids",
+        "ctxs",
+        "ctx_moves",
+        "ctx_next",
+        "edge_cache",
+        "edge_kinds",
+        "prev_price",
+    )
+
+    def __init__(self) -> None:
+        self.ctx_ids: dict[tuple[int, ...], int] = {}
+        self.ctxs: list[tuple[int, ...]] = []
+        self.ctx_moves: list[bool] = []
+        """Per context: whether a layout moved in some round (else an unchanged edge is free)."""
+        self.ctx_next: dict[tuple[int, int], int] = {}
+        """(context, the next round's relation) -> the extended context."""
+        self.edge_cache: dict[tuple[int, int, int, str], float] = {}
+        """(src, dst, context, tensor) -> the edge's marginal price (`RoundLedger._edge`)."""
+        self.edge_kinds: dict[tuple[object, ...], float] = {}
+        """(relation, context, size, width, gradient, `_ahead`) -> the same, per tensor form."""
+        self.prev_price: dict[tuple[object, ...], float] = {}
+        """(context, tensor form) -> its price over the rounds before (`_marginal`)."""
