@@ -169,12 +169,13 @@ def test_unused_floor_bounds_plans_leaving_rounds_unused(model, mesh):
     """The floor that bounds the unused-axis variants out is below the evaluator's score of
     any plan leaving those rounds unused: the variant's own plan, and all-replicated."""
     from shardplan.cost import CostOptions, evaluate_strategies
-    from shardplan.search.drec.search import _Search, _unused_floor
+    from shardplan.search.drec.gates import unused_floor
+    from shardplan.search.drec.search import _Search
 
     graph, m, opts = sp.zoo.build(model, small=True), sp.parse_mesh(mesh), CostOptions.make()
     rounds = len(m.rounds)
     for unused in range(1, rounds + 1):
-        floor = _unused_floor(graph, m, opts, unused, None)
+        floor = unused_floor(graph, m, opts, unused, None)
         assert floor > 0
         if unused < rounds:
             strategies = _Search(graph, m, opts, 0.0, unused).run()
