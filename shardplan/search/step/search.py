@@ -48,6 +48,7 @@ from shardplan.ir.graph import Graph
 from shardplan.ir.segments import Segment, segments
 from shardplan.mesh import Mesh
 from shardplan.problem import Problem
+from shardplan.search.drec.gates import without_gc_pauses
 from shardplan.search.drec.search import drec
 from shardplan.search.step.bounds import (
     ChunkFloors,
@@ -167,6 +168,17 @@ def search_step(
     gives the model at each micro-batch size). InfeasibleError naming the leanest candidate
     when nothing fits the budget. `overlap`: the overlap fields every lever carries
     (`cost.levers.with_overlap`; None: nothing overlapped beyond tensor / context parallelism)."""
+    with without_gc_pauses():  # millions of short-lived objects, no cycle to free early
+        return _search_step(problem, progress, planner, stages, overlap)
+
+
+def _search_step(
+    problem: Problem,
+    progress: Progress | None,
+    planner: Planner | None,
+    stages: Sequence[int] | None,
+    overlap: Levers | None,
+) -> TrainingPlan:
     opts, budget, batch = problem.options, problem.budget, problem.global_batch
     if budget is not None:
         checks.memory_bytes(budget, "training memory budget")  # NaN, inf, <= 0: MeshError
