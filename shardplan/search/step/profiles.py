@@ -154,6 +154,13 @@ def _zs(z: ZeroStep) -> tuple[float, float, float, float]:
     return (z.fwd_s, z.bwd_s, z.step_s, z.param_bytes)
 
 
+def heavier_than_fitted(lv: Levers, fitted: set[int], overlap: Levers | None) -> bool:
+    """Whether `lv` (walking `LEVERS` in order) recomputes more than a lever of its ZeRO stage
+    that already fits (`fitted`): with nothing overlapped, more recomputation only adds time,
+    so it cannot be faster."""
+    return lv.zero in fitted and (overlap is None or not overlap.overlaps)
+
+
 def choose_levers(
     profile: StageProfile,
     m: int,
@@ -168,8 +175,8 @@ def choose_levers(
     best: tuple[float, Levers] | None = None
     fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
     for lv in LEVERS:
-        if lv.zero in fitted and (overlap is None or not overlap.overlaps):
-            continue  # more recomputation only adds time (nothing hides under it)
+        if heavier_than_fitted(lv, fitted, overlap):
+            continue
         lv = replace(
             lv if overlap is None else with_overlap(lv, overlap),
             sequence_parallel=profile.sequence_parallel,
@@ -245,15 +252,10 @@ class StageProfiler:
         self, sub: Graph, family: Family, seg_range: Sequence[int]
     ) -> dict[str, Strategy]:
         """`family`'s strategies for `sub`, whose ops are those of segments `seg_range`."""
-        if family.method in ("data-parallel", "megatron"):
-            # one op classing and one data-parallel walk per sub-graph, shared by every degree
-            classes = self._per_sub(sub, "classes", lambda: experts.op_classes(sub))
-            data = self._per_sub(
-                sub, "data", lambda: experts.data_parallel(sub, self.mesh, classes)
-            )
         if family.method == "data-parallel":
-            return dict(data)
+            return dict(self._data_walk(sub)[1])
         if family.method == "megatron":
+            classes, data = self._data_walk(sub)
             t = family.tensor  # one Megatron plan for its expert and context variants
             st = self._per_sub(
                 sub, ("megatron", t), lambda: experts.megatron(sub, self.mesh, t, classes, data)
@@ -279,6 +281,13 @@ class StageProfiler:
                 self.counter[0] += 1
             out.update((op.name, s) for op, s in zip(ops, cached, strict=True))
         return out
+
+    def _data_walk(self, sub: Graph) -> tuple[list[int], dict[str, Strategy]]:
+        """`sub`'s op classes and data-parallel plan, once per sub-graph: the data-parallel
+        family's plan and the walk the Megatron expert at every degree starts from."""
+        classes = self._per_sub(sub, "classes", lambda: experts.op_classes(sub))
+        data = self._per_sub(sub, "data", lambda: experts.data_parallel(sub, self.mesh, classes))
+        return classes, data
 
     def _exact(self, sub: Graph, family: Family, seg_range: Sequence[int]) -> StageProfile | None:
         plain_family = replace(family, sequence_parallel=False)  # the same strategies
@@ -407,6 +416,7 @@ __all__ = [
     "Family",
     "StageProfiler",
     "choose_levers",
+    "heavier_than_fitted",
     "extrapolate",
     "fingerprint",
     "stage_tensor_degrees",

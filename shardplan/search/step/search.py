@@ -64,6 +64,7 @@ from shardplan.search.step.profiles import (
     Planner,
     StageProfiler,
     choose_levers,
+    heavier_than_fitted,
     stage_tensor_degrees,
 )
 from shardplan.search.step.stages import (
@@ -484,8 +485,8 @@ class _Search:
             ps = [p for p in profiles if p is not None]
             fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
             for lv in LEVERS:
-                if lv.zero in fitted and not self.overlap.overlaps:
-                    continue  # more recomputation only adds time (nothing hides under it)
+                if heavier_than_fitted(lv, fitted, self.overlap):
+                    continue
                 lv = with_overlap(family.levers(lv), self.overlap)
                 step = step_cost(ps, [lv] * len(ps), m, pipe)
                 mem = step.memory_per_device
