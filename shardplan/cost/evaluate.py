@@ -368,12 +368,8 @@ class ScoreCache:
         elif table.mesh != mesh or table.opts != opts:
             raise ValueError("a PriceTable prices one mesh and set of options only")
         self.table = table
-        ids = table.ids
-        self.classes = [ids.setdefault(op_key(graph, op), len(ids)) for op in graph.ops]
-        self.previous = [
-            [previous_consumer(graph, name, index, i) for i, name in enumerate(op.inputs)]
-            for index, op in enumerate(graph.ops)
-        ]
+        self.classes = op_classes(graph, table.ids)
+        self.previous = previous_consumers(graph)
         self._fast, self._forward_opts = table.fast, table.forward_opts
         self._prices, self.valid = table.prices, table.valid
         self._credits, self._moves = table.credits, table.moves
@@ -470,6 +466,44 @@ def op_key(graph: Graph, op: Op) -> tuple[object, ...]:
         tuple(tensor(t) for t in op.inputs),
         tuple(tensor(t) for t in op.outputs),
     )
+
+
+def op_classes(graph: Graph, ids: dict[tuple[object, ...], int]) -> list[int]:
+    """Per op, its class id in `ids` (`op_key` -> id, new keys numbered in order of first
+    appearance): `op_key` of every op, each tensor's part built once. O(ops + operands)."""
+    tensors, grad = graph.tensors, graph.requires_grad
+    forms: dict[str, tuple[object, ...]] = {}
+
+    def form(name: str) -> tuple[object, ...]:
+        found = forms.get(name)
+        if found is None:
+            t = tensors[name]
+            found = forms[name] = (t.shape, t.dtype_bytes, t.role, name in grad)
+        return found
+
+    return [
+        ids.setdefault(
+            (
+                op.kind,
+                op.signature,
+                op.flops,
+                op.attrs,
+                tuple(map(form, op.inputs)),
+                tuple(map(form, op.outputs)),
+            ),
+            len(ids),
+        )
+        for op in graph.ops
+    ]
+
+
+def previous_consumers(graph: Graph) -> list[list[tuple[int, int] | None]]:
+    """Per op and operand, `previous_consumer` (the tensor's reader just before it), from one
+    pass over the consumer lists. O(operands)."""
+    before: dict[tuple[int, int], tuple[int, int]] = {}
+    for users in graph.consumers.values():
+        before.update(zip(users[1:], users))
+    return [[before.get((index, i)) for i in range(len(op.inputs))] for index, op in enumerate(graph.ops)]
 
 
 def evaluate_strategies(

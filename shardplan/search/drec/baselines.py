@@ -64,7 +64,9 @@ def baseline_plans(
         ("fsdp", experts.fsdp_param_layouts),
     ]
     plans = []
-    reduced_cache = ScoreCache(fold.reduced, mesh, opts) if folded and below is not None else None
+    reduced_cache = (  # its prices in the table the search's scoring filled
+        ScoreCache(fold.reduced, mesh, opts, cache.table) if folded and below is not None else None
+    )
     made: dict[str, dict[str, Strategy]] = {}  # each expert's full plan, built when first needed
     for method, layouts in candidates:
         base = "data-parallel" if method == "fsdp" else method  # fsdp: dp's cuts

@@ -130,8 +130,8 @@ def _drec_search(
 ) -> tuple[Plan, Fold | None]:
     """D-Rec, then (over budget) the memory penalty, then the ZeRO `stages` (module docstring);
     and the fold of repeated blocks D-Rec searched (None: the full graph)."""
-    strategies, folded = drec_folded(graph, mesh, opts, fixed=fixed)
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    strategies, folded = drec_folded(graph, mesh, opts, fixed=fixed, cache=cache)
     notes: list[str] = [folded.note()] if folded is not None else []
     best = replace(
         scored_plan(graph, mesh, strategies, "drec", opts, cache),

@@ -29,6 +29,7 @@ from shardplan.cost.evaluate import (
     ScoreCache,
     evaluate_strategies,
     op_terms,
+    op_classes,
     output_layouts,
     param_homes,
 )
@@ -249,28 +250,11 @@ class Fold:
         return total
 
 
-def _label(
-    graph: Graph, op: Op, forms: dict[str, tuple[object, ...]] | None = None
-) -> tuple[object, ...]:
-    """What makes two ops interchangeable for the search and the evaluator (`forms`: the
-    operands' parts already built, by tensor)."""
-    tensors, grad = graph.tensors, graph.requires_grad
-    forms = {} if forms is None else forms
-    parts: list[tuple[object, ...]] = []
-    for t in (*op.inputs, *op.outputs):
-        form = forms.get(t)
-        if form is None:
-            tensor = tensors[t]
-            form = forms[t] = (tensor.shape, tensor.dtype_bytes, tensor.role, t in grad)
-        parts.append(form)
-    return (op.kind, op.signature, op.flops, op.attrs, tuple(parts))
-
-
 def op_labels(graph: Graph) -> list[int]:
-    """Per op, a small int equal for interchangeable ops (same `_label`)."""
-    ids: dict[tuple[object, ...], int] = {}
-    forms: dict[str, tuple[object, ...]] = {}  # each tensor's part of `_label`, built once
-    return [ids.setdefault(_label(graph, op, forms), len(ids)) for op in graph.ops]
+    """Per op, a small int equal for interchangeable ops: the evaluator's op classes
+    (`cost.evaluate.op_key`: kind, signature, FLOPs, attributes, operand shapes, dtypes, roles and
+    gradient status), numbered in order of first appearance."""
+    return op_classes(graph, {})
 
 
 def _consistent(graph: Graph, start: int, period: int, k: int) -> bool:
@@ -330,9 +314,11 @@ def _run(graph: Graph, labels: list[int], period: int) -> tuple[int, int]:
     return best
 
 
-def find_fold(graph: Graph) -> Fold | None:
-    """The longest run of >= MIN_BLOCKS identical blocks, with its reduced graph, or None."""
-    labels = op_labels(graph)
+def find_fold(graph: Graph, labels: Sequence[int] | None = None) -> Fold | None:
+    """The longest run of >= MIN_BLOCKS identical blocks, with its reduced graph, or None.
+    `labels`: the graph's `op_labels`, or any numbering of the same classes (a `ScoreCache`'s
+    `classes`): only their equality is read."""
+    labels = list(labels) if labels is not None else op_labels(graph)
     last: dict[int, int] = {}
     gaps: Counter[int] = Counter()
     for i, label in enumerate(labels):

@@ -461,9 +461,11 @@ def drec_folded(
     memory_lambda: float = 0.0,
     fold: bool = True,
     fixed: Mapping[str, Strategy] | None = None,
+    cache: Any = None,
 ) -> tuple[dict[str, Strategy], Fold | None]:
     """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the
-    full graph was searched); `memory_lambda` (cost units per byte) penalises cuts that
+    full graph was searched); `cache` (a `ScoreCache` of `graph`, mesh and options) gives the
+    ops' classes to `find_fold` and its price table to the variants' scoring; `memory_lambda` (cost units per byte) penalises cuts that
     keep tensors replicated, used by the memory-aware driver (`driver.py`). `fixed` (op name ->
     strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
     so their neighbours plan around them; variants that would override them are skipped and the
@@ -495,7 +497,7 @@ def drec_folded(
     the last; when blocks 1 and 2 decide alike every interior block takes that decision, else
     (or with `fold=False`) the full graph is searched."""
     with without_gc_pauses():
-        return _drec_folded(graph, mesh, opts, memory_lambda, fold, fixed)
+        return _drec_folded(graph, mesh, opts, memory_lambda, fold, fixed, cache)
 
 
 def _drec_folded(
@@ -505,16 +507,19 @@ def _drec_folded(
     memory_lambda: float,
     fold: bool,
     fixed: Mapping[str, Strategy] | None,
+    cache: Any = None,
 ) -> tuple[dict[str, Strategy], Fold | None]:
     """`drec_folded` with the collector paused."""
-    repeats = find_fold(graph) if fold and not fixed else None
+    labels = cache.classes if cache is not None else None
+    repeats = find_fold(graph, labels) if fold and not fixed else None
     flex = repeats.flex_graph() if repeats is not None else None
+    table = cache.table if cache is not None else None
     if repeats is not None and flex is not None:
-        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
+        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex, table=table)
         if plan is not None:
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
-    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned)
+    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned, table)
     assert plan is not None
     return plan, None
 
@@ -527,8 +532,10 @@ def _variants(
     fold: Fold | None,
     flex: FlexGraph,
     pinned: Mapping[int, Strategy] | None = None,
+    table: Any = None,
 ) -> dict[str, Strategy] | None:
-    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
+    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior);
+    `table`: the `PriceTable` its scoring shares (None: its own)."""
     from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
 
     best: dict[str, Strategy] | None = None
@@ -547,7 +554,7 @@ def _variants(
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
-    cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
+    cache = ScoreCache(graph, mesh, opts, table)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
     if not opts.preset.symbolic and any(map(differs, rounds, rounds[1:])):
         runs.append((0, False, False, False, False, True))  # the next-round lookahead
