@@ -534,19 +534,7 @@ def evaluate_strategies(
     out_layout: dict[str, Layout] = {}
     for op, price in zip(graph.ops, prices, strict=True):
         out_layout.update(zip(op.outputs, price.resolved, strict=True))
-    comm = [0.0] * len(ZERO.values())  # summed field by field, in CommTerms.__add__'s order
-    compute = 0.0
-    rows: list[OpCost] = []
-    for index, (op, price) in enumerate(zip(graph.ops, prices, strict=True)):
-        # `op_terms`' walk, inlined: the same sums in the same order
-        intra, redis = _own_and_edges(cache, strategies, homes, out_layout, index, op, price)
-        if index in zero.by_reader:  # a parameter's ZeRO collectives, on its first reader's row
-            redis = redis + zero.by_reader[index]
-        act = sum(cache.local_bytes(name, out_layout[name]) for name in op.outputs)
-        i_fwd, i_bwd = intra.intra_fwd, intra.intra_bwd
-        rows.append(OpCost(op.name, price.compute, intra.total, redis.total, act, i_fwd, i_bwd))
-        comm = [c + a + b for c, a, b in zip(comm, intra.values(), redis.values(), strict=True)]
-        compute += price.compute
+    rows, comm, compute = _rows(cache, strategies, homes, out_layout, prices, zero.by_reader)
     param_mem, act_mem = memory_per_device(
         graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes, zero.params, ins
     )
@@ -562,6 +550,59 @@ def evaluate_strategies(
         "elements" if opts.preset.symbolic else "s",
         tuple(rows),
     )
+
+
+def _rows(
+    cache: ScoreCache,
+    strategies: Mapping[str, Strategy],
+    homes: Mapping[str, Layout],
+    out_layout: Mapping[str, Layout],
+    prices: Sequence[OpPrice],
+    by_reader: Mapping[int, CommTerms],
+) -> tuple[list[OpCost], list[float], float]:
+    """The breakdown's rows, its communication fields and its compute: `op_terms`' walk inlined
+    (`_own_and_edges`, a parameter's ZeRO collectives on its first reader's row), each field
+    summed op by op as `comm + intra + redistribution` (the same additions in the same order as
+    adding the ops' CommTerms; a field's sum does not depend on the others'). O(operands)."""
+    graph = cache.graph
+    known: dict[int, tuple[tuple[float, ...], float]] = {id(ZERO): (ZERO.values(), ZERO.total)}
+    rows: list[OpCost] = []
+    intras: list[tuple[float, ...]] = []
+    redises: list[tuple[float, ...]] = []
+    compute = 0.0
+    local_bytes, move, previous = cache.local_bytes, cache.move, cache.previous
+    for index, (op, price) in enumerate(zip(graph.ops, prices, strict=True)):
+        intra = price.intra
+        if any(p is not None for p in previous[index]):
+            intra = _credited(cache, strategies, index, op, intra)
+        redis = ZERO
+        for i, name in enumerate(op.inputs):
+            src = out_layout.get(name) or homes.get(name)
+            if src is not None and src != price.inputs[i]:
+                redis = redis + move(name, src, price.inputs[i])
+        if index in by_reader:
+            redis = redis + by_reader[index]
+        # a CommTerms the prices keep (alive, so its id is its own): its fields summed once
+        kept = known.get(id(intra)) if intra is price.intra else None
+        if kept is None:
+            kept = (intra.values(), intra.total)
+            if intra is price.intra:
+                known[id(intra)] = kept
+        intras.append(kept[0])
+        mine = known[id(ZERO)] if redis is ZERO else (redis.values(), redis.total)
+        redises.append(mine[0])
+        act = sum([local_bytes(name, out_layout[name]) for name in op.outputs])
+        rows.append(
+            OpCost(op.name, price.compute, kept[1], mine[1], act, intra.intra_fwd, intra.intra_bwd)
+        )
+        compute += price.compute
+    comm = [0.0] * len(ZERO.values())
+    for f, (a_col, b_col) in enumerate(zip(zip(*intras), zip(*redises), strict=True)):
+        acc = 0.0
+        for a, b in zip(a_col, b_col, strict=True):
+            acc = acc + a + b
+        comm[f] = acc
+    return rows, comm, compute
 
 
 def _own_and_edges(
