@@ -51,7 +51,12 @@ def baseline_plans(
     plan, so it costs `below` and cannot beat it: it is left out unscored too."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     rounds = len(mesh.rounds)
-    folded = _folded_experts(fold, mesh) if fold is not None else {}
+    reduced_cache = (  # its prices in the table the search's scoring filled
+        ScoreCache(fold.reduced, mesh, opts, cache.table)
+        if fold is not None and below is not None
+        else None
+    )
+    folded = _folded_experts(fold, mesh, reduced_cache) if fold is not None else {}
     full: dict[str, Callable[[], dict[str, Strategy]]] = {
         "all-replicated": lambda: {op.name: (None,) * rounds for op in graph.ops},
         "data-parallel": lambda: experts.data_parallel(graph, mesh, cache.classes),
@@ -64,18 +69,17 @@ def baseline_plans(
         ("fsdp", experts.fsdp_param_layouts),
     ]
     plans = []
-    reduced_cache = (  # its prices in the table the search's scoring filled
-        ScoreCache(fold.reduced, mesh, opts, cache.table) if folded and below is not None else None
-    )
     made: dict[str, dict[str, Strategy]] = {}  # each expert's full plan, built when first needed
     for method, layouts in candidates:
         base = "data-parallel" if method == "fsdp" else method  # fsdp: dp's cuts
         if reduced_cache is not None and base in folded:
             assert fold is not None and below is not None
+            reach = below * (1 + 1e-9) + 1e-30  # the evaluator's total up to rounding
+            if _folded_compute(fold, folded[base], reduced_cache) >= reach:
+                continue  # its compute alone (a lower bound of its total) cannot win
             params = layouts(fold.reduced, mesh) if layouts is not None else None
-            total = fold.total(mesh, folded[base], opts, params, reduced_cache)
-            if total >= below * (1 + 1e-9) + 1e-30:
-                continue  # the evaluator's total is this one's up to rounding: it cannot win
+            if fold.total(mesh, folded[base], opts, params, reduced_cache) >= reach:
+                continue
         if base not in made:  # the reduced plan expanded (exact: see above), else the full one
             made[base] = fold.expand(folded[base]) if base in folded else full[base]()  # type: ignore[union-attr]
         strategies = made[base]
@@ -88,18 +92,32 @@ def baseline_plans(
     return plans
 
 
-def _folded_experts(fold: Fold, mesh: Mesh) -> dict[str, dict[str, Strategy]]:
+def _folded_experts(
+    fold: Fold, mesh: Mesh, cache: ScoreCache | None = None
+) -> dict[str, dict[str, Strategy]]:
     """Expert plan -> its strategies of the reduced graph, for each expert whose blocks 1 and 2
     decide alike there (the others: computed on the full graph); `fold.expand` gives the full
-    plan."""
+    plan. `cache`: a `ScoreCache` of the reduced graph, whose classes refine the experts'."""
     reduced = fold.reduced
     rounds = len(mesh.rounds)
+    classes = cache.classes if cache is not None else None
+    data = experts.data_parallel(reduced, mesh, classes)
     plans = {
         "all-replicated": {op.name: (None,) * rounds for op in reduced.ops},
-        "data-parallel": experts.data_parallel(reduced, mesh),
-        "megatron": experts.megatron(reduced, mesh),
+        "data-parallel": data,
+        "megatron": experts.megatron(reduced, mesh, classes=classes, data=data),  # one dp walk
     }
     return {name: plan for name, plan in plans.items() if fold.uniform(plan)}
+
+
+def _folded_compute(fold: Fold, strategies: dict[str, Strategy], cache: ScoreCache) -> float:
+    """The compute term of the expanded plan (a lower bound of its total, as `_compute`), from
+    the reduced graph's (`cache`) with block 2's counted n-3 times (`Fold.round_weights`)."""
+    reduced = fold.reduced
+    return sum(
+        w * cache.unary(op, cid, strategies[op.name])[1]
+        for w, op, cid in zip(fold.round_weights(), reduced.ops, cache.classes, strict=True)
+    )
 
 
 def _compute(graph: Graph, strategies: dict[str, Strategy], cache: ScoreCache) -> float:
