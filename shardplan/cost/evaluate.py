@@ -502,8 +502,11 @@ def previous_consumers(graph: Graph) -> list[list[tuple[int, int] | None]]:
     pass over the consumer lists. O(operands)."""
     before: dict[tuple[int, int], tuple[int, int]] = {}
     for users in graph.consumers.values():
-        before.update(zip(users[1:], users))
-    return [[before.get((index, i)) for i in range(len(op.inputs))] for index, op in enumerate(graph.ops)]
+        before.update(zip(users[1:], users, strict=False))
+    return [
+        [before.get((index, i)) for i in range(len(op.inputs))]
+        for index, op in enumerate(graph.ops)
+    ]
 
 
 def evaluate_strategies(
@@ -597,7 +600,8 @@ def _rows(
         )
         compute += price.compute
     comm = [0.0] * len(ZERO.values())
-    for f, (a_col, b_col) in enumerate(zip(zip(*intras), zip(*redises), strict=True)):
+    columns = zip(zip(*intras, strict=True), zip(*redises, strict=True), strict=True)
+    for f, (a_col, b_col) in enumerate(columns):
         acc = 0.0
         for a, b in zip(a_col, b_col, strict=True):
             acc = acc + a + b

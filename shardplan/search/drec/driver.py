@@ -149,13 +149,14 @@ def _drec_search(
     leanest = best
     for k in range(8):
         lam = base / budget * 4.0**k
-        candidate = Plan(graph, mesh, drec(graph, mesh, opts, lam, fixed=fixed), "drec", opts)
+        strategies = drec(graph, mesh, opts, lam, fixed=fixed, cache=cache)  # its classes, prices
+        candidate = scored_plan(graph, mesh, strategies, "drec", opts, cache)
         assert candidate.cost is not None and leanest.cost is not None
         if candidate.cost.memory_per_device < leanest.cost.memory_per_device:
             leanest = candidate
         if candidate.cost.memory_per_device <= budget:
             notes.append(f"memory penalty lambda=4^{k}*cost/budget made it fit")
-            fit = Plan(graph, mesh, candidate.strategies, "drec", opts, notes=tuple(notes))
+            fit = replace(candidate, notes=tuple(notes))  # scored already
             return _zero_fit(best, best, budget, start, notes, stages, fit), folded
     return _zero_fit(best, leanest, budget, start, notes, stages), folded
 

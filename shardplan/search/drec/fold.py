@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from shardplan.cost.evaluate import (
     ScoreCache,
     evaluate_strategies,
-    op_terms,
     op_classes,
+    op_terms,
     output_layouts,
     param_homes,
 )
@@ -327,6 +327,8 @@ def find_fold(graph: Graph, labels: Sequence[int] | None = None) -> Fold | None:
         last[label] = i
     best: tuple[int, int, int] | None = None  # (ops saved, start, period) ...
     for period, _ in gaps.most_common(3):
+        if best is not None and len(labels) - KEPT * period <= best[0]:
+            continue  # it saves at most the ops past its 4 kept blocks: it cannot save more
         start, count = _run(graph, labels, period)
         if count >= MIN_BLOCKS and (best is None or (count - KEPT) * period > best[0]):
             best = ((count - KEPT) * period, start, period, count)  # type: ignore[assignment]

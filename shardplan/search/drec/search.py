@@ -449,9 +449,10 @@ def drec(
     memory_lambda: float = 0.0,
     fold: bool = True,
     fixed: Mapping[str, Strategy] | None = None,
+    cache: Any = None,
 ) -> dict[str, Strategy]:
     """Strategies of every op by D-Rec (`drec_folded` without the fold it used)."""
-    return drec_folded(graph, mesh, opts, memory_lambda, fold, fixed)[0]
+    return drec_folded(graph, mesh, opts, memory_lambda, fold, fixed, cache)[0]
 
 
 def drec_folded(
@@ -465,8 +466,9 @@ def drec_folded(
 ) -> tuple[dict[str, Strategy], Fold | None]:
     """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the
     full graph was searched); `cache` (a `ScoreCache` of `graph`, mesh and options) gives the
-    ops' classes to `find_fold` and its price table to the variants' scoring; `memory_lambda` (cost units per byte) penalises cuts that
-    keep tensors replicated, used by the memory-aware driver (`driver.py`). `fixed` (op name ->
+    ops' classes to `find_fold` and its price table to the variants' scoring; `memory_lambda`
+    (cost units per byte) penalises cuts that keep tensors replicated, used by the memory-aware
+    driver (`driver.py`). `fixed` (op name ->
     strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
     so their neighbours plan around them; variants that would override them are skipped and the
     graph is not folded (a pinned op makes its layer unlike the others).
