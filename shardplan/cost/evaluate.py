@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 from typing import Any
 
+from shardplan.cost.classes import op_classes, op_key, previous_consumer, previous_consumers
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.memory import memory_per_device
 from shardplan.cost.presets import CostOptions
@@ -215,13 +216,6 @@ def share_credit(
     full = op_intra(graph, c_op, c_strategy, mesh.rounds, opts)
     cut = op_intra(graph, c_op, c_strategy, mesh.rounds, opts, [(c_pos, r) for r in rounds])
     return cut - full
-
-
-def previous_consumer(graph: Graph, tensor: str, op_index: int, pos: int) -> tuple[int, int] | None:
-    """The consumer (op index, operand position) of `tensor` just before (op_index, pos)."""
-    users = graph.consumers.get(tensor, ())
-    k = users.index((op_index, pos))
-    return users[k - 1] if k > 0 else None
 
 
 def param_homes(
@@ -450,63 +444,27 @@ class ScoreCache:
         return found
 
 
-def op_key(graph: Graph, op: Op) -> tuple[object, ...]:
-    """Everything `unary_terms` and `share_credit` read about an op: equal keys give equal
-    terms."""
-
-    def tensor(name: str) -> tuple[object, ...]:
-        t = graph.tensors[name]
-        return (t.shape, t.dtype_bytes, t.role, name in graph.requires_grad)
-
-    return (
-        op.kind,
-        op.signature,
-        op.flops,
-        op.attrs,
-        tuple(tensor(t) for t in op.inputs),
-        tuple(tensor(t) for t in op.outputs),
-    )
-
-
-def op_classes(graph: Graph, ids: dict[tuple[object, ...], int]) -> list[int]:
-    """Per op, its class id in `ids` (`op_key` -> id, new keys numbered in order of first
-    appearance): `op_key` of every op, each tensor's part built once. O(ops + operands)."""
-    tensors, grad = graph.tensors, graph.requires_grad
-    forms: dict[str, tuple[object, ...]] = {}
-
-    def form(name: str) -> tuple[object, ...]:
-        found = forms.get(name)
-        if found is None:
-            t = tensors[name]
-            found = forms[name] = (t.shape, t.dtype_bytes, t.role, name in grad)
-        return found
-
-    return [
-        ids.setdefault(
-            (
-                op.kind,
-                op.signature,
-                op.flops,
-                op.attrs,
-                tuple(map(form, op.inputs)),
-                tuple(map(form, op.outputs)),
-            ),
-            len(ids),
-        )
-        for op in graph.ops
-    ]
-
-
-def previous_consumers(graph: Graph) -> list[list[tuple[int, int] | None]]:
-    """Per op and operand, `previous_consumer` (the tensor's reader just before it), from one
-    pass over the consumer lists. O(operands)."""
-    before: dict[tuple[int, int], tuple[int, int]] = {}
-    for users in graph.consumers.values():
-        before.update(zip(users[1:], users, strict=False))
-    return [
-        [before.get((index, i)) for i in range(len(op.inputs))]
-        for index, op in enumerate(graph.ops)
-    ]
+__all__ = [  # with the per-op facts of `cost.classes` its callers import from here
+    "CostBreakdown",
+    "EdgeTerm",
+    "OpCost",
+    "OpTerms",
+    "PriceTable",
+    "ScoreCache",
+    "edge_terms",
+    "evaluate_strategies",
+    "op_classes",
+    "op_intra",
+    "op_key",
+    "op_terms",
+    "output_layouts",
+    "param_homes",
+    "previous_consumer",
+    "previous_consumers",
+    "share_credit",
+    "shared_rounds",
+    "unary_terms",
+]
 
 
 def evaluate_strategies(

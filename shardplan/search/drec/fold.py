@@ -25,10 +25,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from shardplan.cost.classes import op_classes
 from shardplan.cost.evaluate import (
     ScoreCache,
     evaluate_strategies,
-    op_classes,
     op_terms,
     output_layouts,
     param_homes,

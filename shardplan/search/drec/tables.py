@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardplan.cost.evaluate import previous_consumer
+from shardplan.cost.classes import previous_consumers
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.search.drec.flex import FlexGraph
@@ -100,10 +100,7 @@ class SearchTables:
             [p for p, t in enumerate(op.inputs) if graph.tensors[t].role is Role.PARAMETER]
             for op in ops
         ]
-        prev = [
-            [previous_consumer(graph, name, i, pos) for pos, name in enumerate(op.inputs)]
-            for i, op in enumerate(ops)
-        ]
+        prev = previous_consumers(graph)
         following: list[list[int]] = [[] for _ in ops]
         for j, prevs in enumerate(prev):
             for p in prevs:
