@@ -468,10 +468,10 @@ def drec_folded(
     full graph was searched); `cache` (a `ScoreCache` of `graph`, mesh and options) gives the
     ops' classes to `find_fold` and its price table to the variants' scoring; `memory_lambda`
     (cost units per byte) penalises cuts that keep tensors replicated, used by the memory-aware
-    driver (`driver.py`). `fixed` (op name ->
-    strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
-    so their neighbours plan around them; variants that would override them are skipped and the
-    graph is not folded (a pinned op makes its layer unlike the others).
+    driver (`driver.py`). `fixed` (op name -> strategy, checked by the caller) pins ops: they
+    are their own only candidate in every pass, so their neighbours plan around them; variants
+    that would override them are skipped and the graph is not folded (a pinned op makes its
+    layer unlike the others).
 
     A few variants of the search run and the plan the evaluator scores lower (cost + lambda *
     memory) is kept, each variant correcting a myopia of the round-by-round greedy:
@@ -512,10 +512,9 @@ def _drec_folded(
     cache: Any = None,
 ) -> tuple[dict[str, Strategy], Fold | None]:
     """`drec_folded` with the collector paused."""
-    labels = cache.classes if cache is not None else None
+    labels, table = (cache.classes, cache.table) if cache is not None else (None, None)
     repeats = find_fold(graph, labels) if fold and not fixed else None
     flex = repeats.flex_graph() if repeats is not None else None
-    table = cache.table if cache is not None else None
     if repeats is not None and flex is not None:
         plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex, table=table)
         if plan is not None:
@@ -536,8 +535,8 @@ def _variants(
     pinned: Mapping[int, Strategy] | None = None,
     table: Any = None,
 ) -> dict[str, Strategy] | None:
-    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior);
-    `table`: the `PriceTable` its scoring shares (None: its own)."""
+    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior),
+    scored with prices in `table` (a `PriceTable`; None: its own)."""
     from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
 
     best: dict[str, Strategy] | None = None
