@@ -25,7 +25,12 @@ from types import MappingProxyType
 from typing import Any
 
 from shardplan.checks import MAX_SIZE
+from shardplan.errors import ShardplanError
+from shardplan.ir.catalogue import op_form
 from shardplan.ir.graph import Graph
+from shardplan.ir.op import Op, Tensor
+from shardplan.ir.traits import OPAQUE_KIND
+from shardplan.ir.verify import verify
 
 
 class _Mismatch(Exception):
@@ -91,21 +96,34 @@ class _NotDerived(Exception):
     catalogue writes size-1 dims as broadcasts: another signature, so the builder must say)."""
 
 
-def _apply(rule: Any, base: Any, n: int, a: int) -> Any:
+def _apply(rule: Any, base: Any, n: int, a: int, one: bool = False) -> Any:
+    """`base` (at batch a) at batch n by `rule`; `one`: a number may become 1 (the catalogue
+    derives the op again, `BatchScaling.through_catalogue`)."""
     if rule is _SAME:
         return base
     if isinstance(rule, _Scaled):
         if isinstance(rule.value, int):
-            if (rule.value * n) % a or rule.value * n == a or rule.value * n > MAX_SIZE * a:
+            v = rule.value * n
+            if v % a or (v == a and not one) or v > MAX_SIZE * a:
                 raise _NotDerived
-            return rule.value * n // a
+            return v // a
         return rule.value * n / a
     if isinstance(rule, _Items):
         items = list(base)
         for i, r in rule.changed:
-            items[i] = _apply(r, base[i], n, a)
+            items[i] = _apply(r, base[i], n, a, one)
         return tuple(items)
-    return _rebuilt(base, {name: _apply(r, getattr(base, name), n, a) for name, r in rule.changed})
+    changes = {name: _apply(r, getattr(base, name), n, a, one) for name, r in rule.changed}
+    return _rebuilt(base, changes)
+
+
+def scaled_number(x: int, a: int, y: int, b: int, n: int) -> int | None:
+    """A whole number seen as x at batch a and y at batch b, at batch n: x when x == y, x n / a
+    when proportional and whole, else None."""
+    try:
+        return _apply(_SAME if x == y else _differ(x, y, a, b), x, n, a, one=True)
+    except (_Mismatch, _NotDerived):
+        return None
 
 
 def _rebuilt(base: Any, changes: dict[str, Any]) -> Any:
@@ -142,6 +160,44 @@ class BatchScaling:
                 ops[i] = _apply(rule, ops[i], n, a)
         except _NotDerived:
             return None
+        return self._graph(tensors, ops)
+
+    def through_catalogue(self, n: int) -> Graph | None:
+        """The model at batch `n` with every op derived again by the catalogue (`op_form`) from
+        its scaled input shapes and attributes, its outputs checked against the scaled shapes:
+        a wrong proportional guess is refused here rather than by a third build, and size-1
+        dims get the catalogue's signatures. FLOPs are the catalogue's where the source's were,
+        else scaled. None when refused (an opaque op, a number not whole at n, the catalogue
+        disagreeing). For graphs no third build can check (imports: a trace costs seconds)."""
+        g, a = self.source, self.batch
+        if any(op.kind == OPAQUE_KIND for op in g.ops):
+            return None
+        rules = dict(self.ops)
+        try:
+            tensors = dict(g.tensors)
+            for name, rule in self.tensors:
+                tensors[name] = _apply(rule, tensors[name], n, a, one=True)
+            ops = [self._derived_op(op, rules.get(i), tensors, n) for i, op in enumerate(g.ops)]
+        except (_NotDerived, ShardplanError):
+            return None
+        graph = self._graph(tensors, ops)
+        verify(graph)
+        return graph
+
+    def _derived_op(self, op: Op, rule: Any, tensors: dict[str, Tensor], n: int) -> Op:
+        if rule is None:
+            return op
+        scaled = _apply(rule, op, n, self.batch, one=True)
+        form = op_form(op.kind, [tensors[t].shape for t in op.inputs], dict(scaled.attrs))
+        if tuple(map(tuple, form.output_shapes)) != tuple(tensors[t].shape for t in op.outputs):
+            raise _NotDerived  # the catalogue disagrees with the proportional guess
+        source = self.source
+        own = op_form(op.kind, [source.tensors[t].shape for t in op.inputs], dict(op.attrs))
+        flops = form.flops if own.flops == op.flops else scaled.flops  # a rule's own FLOPs
+        return _rebuilt(scaled, {"signature": form.signature, "flops": flops})
+
+    def _graph(self, tensors: dict[str, Tensor], ops: list[Op]) -> Graph:
+        g = self.source  # the same names, order and roles: the same indexes
         return Graph(
             name=g.name,
             tensors=MappingProxyType(tensors),
@@ -177,4 +233,4 @@ def batch_scaling(first: Graph, a: int, second: Graph, b: int) -> BatchScaling |
     return BatchScaling(first, a, tensors, ops)
 
 
-__all__ = ["BatchScaling", "batch_scaling"]
+__all__ = ["BatchScaling", "batch_scaling", "scaled_number"]

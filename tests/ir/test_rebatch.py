@@ -73,3 +73,11 @@ def test_sizes_that_are_not_whole_or_become_one_refuse():
         len(p.signature.loop_dims) != len(q.signature.loop_dims)
         for p, q in zip(at1.ops, at2.ops, strict=True)
     )
+
+
+def test_through_the_catalogue_size_one_gets_the_catalogues_signatures():
+    gpt = _zoo("gpt3", layers=1, hidden=64, heads=2, vocab=128, seq=16)
+    scaling = batch_scaling(gpt(8), 8, gpt(4), 4)
+    assert scaling is not None
+    for n in (1, 2, 3, 12):
+        assert scaling.through_catalogue(n) == gpt(n), n
