@@ -123,6 +123,49 @@ def test_a_transformer_run_is_extrapolated_not_profiled_whole():
     assert sizes and max(sizes) < len(prof.graph.ops)
 
 
+def _gpt17(batch: int):
+    return zoo.build("gpt3", batch=batch, layers=17, hidden=128, heads=4, vocab=500, seq=32)
+
+
+def test_a_chunk_cut_mid_layer_is_extrapolated_by_its_own_increment():
+    """3 stages of 17 layers start at h.5.ln_2 and h.11.ln_2 (an MLP half first): such a chunk
+    checkpoints other blocks than the first chunk, so its increment is its own, confirmed by its
+    four-period reduction, not the chunk priced whole; and the step is the exact one."""
+    from shardplan.search.step import profiles
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt17, "3x2", batch=12, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(3, stage_mesh(mesh, 3))
+    starts = search.chunk_starts(3)
+    assert prof.graph.ops[prof.segs[starts[1]].start].name == "h.5.ln_2.norm"
+    a, e = starts[1], starts[2]
+    chunk_ops = prof.segs[e - 1].stop - prof.segs[a].start
+    sizes = []
+    real = profiles.profile_stage
+
+    def spy(graph, *args, **kwargs):
+        sizes.append(len(graph.ops))
+        return real(graph, *args, **kwargs)
+
+    profiles.profile_stage = spy
+    checked = 0
+    try:
+        for family in prof.families():
+            if prof.profile(0, starts[1], family) is None:  # the family's reference increment
+                continue  # sequence parallelism with nothing to split: not a distinct family
+            sizes.clear()
+            if prof.profile(a, e, family) is None:
+                continue
+            assert sizes and max(sizes) < chunk_ops, family
+            checked += 1
+    finally:
+        profiles.profile_stage = real
+    assert checked >= 4
+    _check_layout(_gpt17, "3x2", 12, 3, 1, 4)
+
+
 @pytest.mark.parametrize(("dtype", "width"), [("bf16", 2), ("fp32", 4)])
 def test_a_stage_sends_and_keeps_its_activation_at_the_compute_precision(dtype, width):
     """The residual stream crossing a stage boundary (batch x seq x hidden) is an activation:
