@@ -45,7 +45,7 @@ from shardplan.cost.step import Levers, StageProfile, step_cost
 from shardplan.cost.work import whole_op_bytes
 from shardplan.errors import InfeasibleError, PlanError, SolverError
 from shardplan.ir.graph import Graph
-from shardplan.ir.segments import Segment, segments
+from shardplan.ir.segments import segments
 from shardplan.mesh import Mesh
 from shardplan.problem import Problem
 from shardplan.search.drec.gates import without_gc_pauses
@@ -67,13 +67,14 @@ from shardplan.search.step.profiles import (
     heavier_than_fitted,
     stage_tensor_degrees,
 )
+from shardplan.search.step.sizes import Built, ModelSizes
 from shardplan.search.step.stages import (
     stage_graphs,
     stage_mesh,
     stage_starts,
     tokens_per_sample,
 )
-from shardplan.search.step.structure import LayerSplit, layer_split, segment_prints
+from shardplan.search.step.structure import LayerSplit
 from shardplan.sharding import Strategy
 from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_cut
 
@@ -363,17 +364,15 @@ def _layouts(
 
 
 class _Search:
-    """Evaluates layouts; caches the graphs per micro-batch size, their segments, the profilers
-    per (micro-batch size, stage mesh) and D-Rec's per-segment strategies."""
+    """Evaluates layouts; caches the graphs per micro-batch size (`sizes`: built or derived),
+    the profilers per (micro-batch size, stage mesh) and D-Rec's per-segment strategies."""
 
     def __init__(
         self, problem: Problem, mesh: Mesh, planner: Planner, overlap: Levers | None = None
     ) -> None:
         self.problem, self.mesh, self.planner = problem, mesh, planner
         self.overlap = overlap or Levers()  # nothing overlapped beyond TP / CP
-        self.build = problem.builder()
-        self.ids: dict[tuple[object, ...], int] = {}
-        self.built: dict[int, tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None] = {}
+        self.sizes = ModelSizes(problem.builder(), problem.graph, problem.global_batch)
         self.profilers: dict[tuple[int, tuple[int, ...]], StageProfiler] = {}
         self.drec_cache: dict[tuple[object, ...], tuple[Strategy, ...]] = {}
         self.drec_runs = [0]
@@ -383,26 +382,15 @@ class _Search:
         self.ideal = _ideal_seconds(probe, mesh, problem.options)
         self.floors: dict[tuple[int, int], list[ChunkFloors]] = {}
         self.floor_items: dict[int, FloorItems] = {}  # per micro-batch size
-        psegs = segments(probe)
-        prints = segment_prints(probe, psegs, self.ids)
-        self.probe_split = layer_split(prints)
-        self.built[problem.global_batch] = (probe, psegs, prints, self.probe_split)
+        self.probe_split = self.sizes.probe[3]
 
-    def graph(self, b: int) -> tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None:
-        if b not in self.built:
-            g = self.build(b)
-            if g is None:
-                self.built[b] = None
-            else:
-                segs = segments(g)
-                prints = segment_prints(g, segs, self.ids)
-                self.built[b] = (g, segs, prints, layer_split(prints))
-        return self.built[b]
+    def graph(self, b: int) -> Built | None:
+        return self.sizes(b)
 
     def refined_bound(self, layout: Layout) -> float:
         """`layout`'s bound with the full recomputation its memory forces (`bounds`)."""
         built, budget = self.graph(layout.sample), self.problem.budget
-        probe_segs = self.built[self.problem.global_batch][1]  # type: ignore[index]
+        probe_segs = self.sizes.probe[1]
         if built is None or budget is None or len(built[1]) != len(probe_segs):
             return layout.bound
         graph, segs = built[0], built[1]
@@ -432,7 +420,7 @@ class _Search:
 
     def chunk_starts(self, chunks: int) -> list[int]:
         if chunks not in self.starts:
-            probe_segs = self.built[self.problem.global_batch][1]  # type: ignore[index]
+            probe_segs = self.sizes.probe[1]
             self.starts[chunks] = stage_starts(self.problem.graph, chunks, probe_segs)
         return self.starts[chunks]
 
