@@ -41,7 +41,7 @@ from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.costs import RoundCosts
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
-from shardplan.search.drec.fold import Fold, find_fold, op_labels
+from shardplan.search.drec.fold import Fold, find_fold
 from shardplan.search.drec.gates import unused_floor, without_gc_pauses
 from shardplan.search.drec.nextround import differs
 from shardplan.search.drec.overlay import Overlay
@@ -512,15 +512,15 @@ def _drec_folded(
     cache: Any = None,
 ) -> tuple[dict[str, Strategy], Fold | None]:
     """`drec_folded` with the collector paused."""
-    labels, table = (cache.classes, cache.table) if cache is not None else (None, None)
+    labels = cache.classes if cache is not None else None
     repeats = find_fold(graph, labels) if fold and not fixed else None
     flex = repeats.flex_graph() if repeats is not None else None
     if repeats is not None and flex is not None:
-        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex, table=table)
+        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex, cache=cache)
         if plan is not None:
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
-    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned, table)
+    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned, cache)
     assert plan is not None
     return plan, None
 
@@ -533,10 +533,10 @@ def _variants(
     fold: Fold | None,
     flex: FlexGraph,
     pinned: Mapping[int, Strategy] | None = None,
-    table: Any = None,
+    cache: Any = None,
 ) -> dict[str, Strategy] | None:
     """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior),
-    scored with prices in `table` (a `PriceTable`; None: its own)."""
+    scored by `cache` (a `ScoreCache` of `graph`, or of the graph it folds: its price table)."""
     from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
 
     best: dict[str, Strategy] | None = None
@@ -552,10 +552,11 @@ def _variants(
         first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
         variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
     weights = fold.round_weights() if fold is not None else None
-    labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
+    if cache is None or cache.graph is not graph:  # the reduced graph's, on the same prices
+        cache = ScoreCache(graph, mesh, opts, cache.table if cache is not None else None)
+    labels = fold.labels if fold is not None else cache.classes  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
-    cache = ScoreCache(graph, mesh, opts, table)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
     if not opts.preset.symbolic and any(map(differs, rounds, rounds[1:])):
         runs.append((0, False, False, False, False, True))  # the next-round lookahead
