@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardplan import zoo
-from shardplan.cost import CostOptions
+from shardplan.cost import CostOptions, ScoreCache
 from shardplan.cost.evaluate import evaluate_strategies
 from shardplan.errors import InfeasibleError
 from shardplan.ir.graph import GraphBuilder
@@ -96,10 +96,11 @@ def test_expert_plans_through_the_fold_are_the_full_graphs(model, mesh):
     graph, m = zoo.build(model, small=True, layers=8), parse_mesh(mesh)
     fold = find_fold(graph)
     assert fold is not None
-    folded = _folded_experts(fold, m)
-    assert fold.expand(folded["data-parallel"]) == experts.data_parallel(graph, m)
-    assert fold.expand(folded["megatron"]) == experts.megatron(graph, m)
     opts = CostOptions.make()
+    refined = ScoreCache(fold.reduced, m, opts)  # classes finer than the experts' own
+    for folded in (_folded_experts(fold, m), _folded_experts(fold, m, refined)):
+        assert fold.expand(folded["data-parallel"]) == experts.data_parallel(graph, m)
+        assert fold.expand(folded["megatron"]) == experts.megatron(graph, m)
     full = {b.method: b.cost.total for b in baseline_plans(graph, m, opts)}
     through = {b.method: b.cost.total for b in baseline_plans(graph, m, opts, fold=fold)}
     assert through == full
