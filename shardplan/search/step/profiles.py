@@ -215,9 +215,7 @@ class StageProfiler:
         self.samples = samples
         # each expert layer's expert count, once per graph: expert parallelism must divide it
         self.experts = {
-            op.signature.extents[d]
-            for op in graph.ops
-            if (d := expert_dim(graph, op)) is not None
+            op.signature.extents[d] for op in graph.ops if (d := expert_dim(graph, op)) is not None
         }
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
