@@ -252,7 +252,7 @@ class Fold:
 
 def op_labels(graph: Graph) -> list[int]:
     """Per op, a small int equal for interchangeable ops: the evaluator's op classes
-    (`cost.evaluate.op_key`: kind, signature, FLOPs, attributes, operand shapes, dtypes, roles and
+    (`cost.classes.op_key`: kind, signature, FLOPs, attributes, operand shapes, dtypes, roles and
     gradient status), numbered in order of first appearance."""
     return op_classes(graph, {})
 
