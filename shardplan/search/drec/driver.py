@@ -28,7 +28,7 @@ from shardplan.plans import Plan, scored_plan, with_zero
 from shardplan.problem import Problem
 from shardplan.search.drec.baselines import baseline_plans, cheapest
 from shardplan.search.drec.fold import Fold
-from shardplan.search.drec.search import drec, drec_folded, without_gc_pauses
+from shardplan.search.drec.search import drec_folded, without_gc_pauses
 from shardplan.sharding import Strategy, check_fixed
 
 __all__ = ["drec_within"]
@@ -149,7 +149,7 @@ def _drec_search(
     leanest = best
     for k in range(8):
         lam = base / budget * 4.0**k
-        strategies = drec(graph, mesh, opts, lam, fixed=fixed, cache=cache)  # its classes, prices
+        strategies = drec_folded(graph, mesh, opts, lam, fixed=fixed, cache=cache)[0]
         candidate = scored_plan(graph, mesh, strategies, "drec", opts, cache)
         assert candidate.cost is not None and leanest.cost is not None
         if candidate.cost.memory_per_device < leanest.cost.memory_per_device:

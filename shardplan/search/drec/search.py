@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
@@ -449,12 +450,12 @@ def drec(
     memory_lambda: float = 0.0,
     fold: bool = True,
     fixed: Mapping[str, Strategy] | None = None,
-    cache: Any = None,
 ) -> dict[str, Strategy]:
     """Strategies of every op by D-Rec (`drec_folded` without the fold it used)."""
-    return drec_folded(graph, mesh, opts, memory_lambda, fold, fixed, cache)[0]
+    return drec_folded(graph, mesh, opts, memory_lambda, fold, fixed)[0]
 
 
+@without_gc_pauses()  # the collector paused while it runs (`gates.without_gc_pauses`)
 def drec_folded(
     graph: Graph,
     mesh: Mesh,
@@ -462,16 +463,15 @@ def drec_folded(
     memory_lambda: float = 0.0,
     fold: bool = True,
     fixed: Mapping[str, Strategy] | None = None,
-    cache: Any = None,
+    cache: ScoreCache | None = None,
 ) -> tuple[dict[str, Strategy], Fold | None]:
     """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the
-    full graph was searched); `cache` (a `ScoreCache` of `graph`, mesh and options) gives the
-    ops' classes to `find_fold` and its price table to the variants' scoring; `memory_lambda`
-    (cost units per byte) penalises cuts that keep tensors replicated, used by the memory-aware
-    driver (`driver.py`). `fixed` (op name -> strategy, checked by the caller) pins ops: they
-    are their own only candidate in every pass, so their neighbours plan around them; variants
-    that would override them are skipped and the graph is not folded (a pinned op makes its
-    layer unlike the others).
+    full graph was searched); `memory_lambda` (cost units per byte) penalises cuts that keep
+    tensors replicated, used by the memory-aware driver (`driver.py`); `cache`, a `ScoreCache`
+    of `graph`, labels `find_fold`'s ops and prices the variants' scores. `fixed` (op name ->
+    strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
+    so their neighbours plan around them; variants that would override them are skipped and the
+    graph is not folded (a pinned op makes its layer unlike the others).
 
     A few variants of the search run and the plan the evaluator scores lower (cost + lambda *
     memory) is kept, each variant correcting a myopia of the round-by-round greedy:
@@ -498,29 +498,16 @@ def drec_folded(
     A run of >= 6 identical blocks is folded (`fold.py`): the variants search blocks 0, 1, 2 and
     the last; when blocks 1 and 2 decide alike every interior block takes that decision, else
     (or with `fold=False`) the full graph is searched."""
-    with without_gc_pauses():
-        return _drec_folded(graph, mesh, opts, memory_lambda, fold, fixed, cache)
-
-
-def _drec_folded(
-    graph: Graph,
-    mesh: Mesh,
-    opts: CostOptions,
-    memory_lambda: float,
-    fold: bool,
-    fixed: Mapping[str, Strategy] | None,
-    cache: Any = None,
-) -> tuple[dict[str, Strategy], Fold | None]:
-    """`drec_folded` with the collector paused."""
-    labels = cache.classes if cache is not None else None
-    repeats = find_fold(graph, labels) if fold and not fixed else None
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    repeats = find_fold(graph, cache.classes) if fold and not fixed else None
     flex = repeats.flex_graph() if repeats is not None else None
-    if repeats is not None and flex is not None:
-        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex, cache=cache)
+    if repeats is not None and flex is not None:  # the reduced graph scored on the same prices
+        reduced = ScoreCache(repeats.reduced, mesh, opts, cache.table)
+        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex, reduced)
         if plan is not None:
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
-    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned, cache)
+    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), cache, pinned)
     assert plan is not None
     return plan, None
 
@@ -532,13 +519,10 @@ def _variants(
     memory_lambda: float,
     fold: Fold | None,
     flex: FlexGraph,
+    cache: ScoreCache,
     pinned: Mapping[int, Strategy] | None = None,
-    cache: Any = None,
 ) -> dict[str, Strategy] | None:
-    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior),
-    scored by `cache` (a `ScoreCache` of `graph`, or of the graph it folds: its price table)."""
-    from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
-
+    """The variants' best plan of `graph`, scored by `cache` (None: the fold's interior broke)."""
     best: dict[str, Strategy] | None = None
     best_score = float("inf")
     rounds = mesh.rounds
@@ -552,8 +536,6 @@ def _variants(
         first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
         variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
     weights = fold.round_weights() if fold is not None else None
-    if cache is None or cache.graph is not graph:  # the reduced graph's, on the same prices
-        cache = ScoreCache(graph, mesh, opts, cache.table if cache is not None else None)
     labels = fold.labels if fold is not None else cache.classes  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
