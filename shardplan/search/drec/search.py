@@ -45,6 +45,7 @@ from shardplan.search.drec.fold import Fold, find_fold, op_labels
 from shardplan.search.drec.gates import unused_floor, without_gc_pauses
 from shardplan.search.drec.nextround import differs
 from shardplan.search.drec.overlay import Overlay
+from shardplan.search.drec.polish import polish
 from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
@@ -546,6 +547,8 @@ def _variants(
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
+    raw: list[tuple[dict[str, Strategy], float]] = []  # the variants' plans before the polish
+    twins = fold.twins() if fold is not None else None
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
     cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
@@ -585,8 +588,12 @@ def _variants(
             if search.binding and not (unused or final_compute or ahead):  # a round could not cut
                 # where the first variants assumed it would: price them hopefully too
                 runs.appendleft((unused, final_compute, defer, by_min, True, ahead))
-        if any(strategies == plan for plan, _ in scored):
+        if any(strategies == plan for plan, _ in raw):
             continue  # another variant found the same plan: it is scored already
+        raw.append((strategies, 0.0))
+        strategies = polish(graph, mesh, strategies, cache, weights, twins)
+        if any(strategies == plan for plan, _ in scored):
+            continue  # polished into a plan already scored
         if fold is not None:
             if not fold.uniform(strategies):
                 return None
