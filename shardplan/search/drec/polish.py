@@ -30,7 +30,7 @@ from shardplan.cost.evaluate import ScoreCache, _own_and_edges, param_homes
 from shardplan.errors import ShardplanError
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
-from shardplan.sharding import Layout, Strategy, check_strategy
+from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, check_strategy, layout_of_cut
 
 SWEEPS = 3
 """At most this many passes over the graph (each pass is linear; most plans settle in one)."""
@@ -57,6 +57,7 @@ class _Rows:
             if graph.tensors[name].role is Role.PARAMETER and users
         }
         self.touched = [self._touched(i) for i in range(len(ops))]
+        self.invalid: set[tuple[object, ...]] = set()  # (class, strategy) pairs found invalid
 
     def _touched(self, i: int) -> list[int]:
         """Rows that read op i's strategy: its own, its outputs' readers, the next reader of each
@@ -122,7 +123,7 @@ def _best_move(rows: _Rows, unit: list[int]) -> bool:
     touched = sorted({j for i in unit for j in rows.touched[i]})
     before = sum(rows.row(j) for j in touched)
     best, best_cost = current, before - 1e-12 * max(abs(before), 1e-300)
-    for strategy in _neighbours(op, current, rows.mesh, cache, cache.classes[unit[0]]):
+    for strategy in _neighbours(rows, unit[0]):
         for i in unit:
             rows.set(i, strategy)
         cost = sum(rows.row(j) for j in touched)
@@ -133,21 +134,49 @@ def _best_move(rows: _Rows, unit: list[int]) -> bool:
     return best != current
 
 
-def _neighbours(op, current: Strategy, mesh: Mesh, cache: ScoreCache, cid: int) -> list[Strategy]:
-    """Valid strategies differing from `current` in one round's cut (graph order of dims)."""
-    cuts = [None, *(d.name for d in op.signature.loop_dims)]
+def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
+    """Valid strategies one round's cut away from op i's: in round r, no cut, or a cut that
+    splits some operand as its producer, parameter home or a reader splits it in round r (the
+    layouts a move could agree with; any other cut only adds a redistribution)."""
+    graph, cache, op = rows.graph, rows.cache, rows.graph.ops[i]
+    current, cid = rows.plan[op.name], cache.classes[i]
+    sig = op.signature
+    sides: list[tuple[Layout, object, bool]] = []  # (neighbour layout, operand dims, output?)
+    for pos, name in enumerate(op.inputs):
+        src = rows.out.get(name) or rows.homes.get(name)
+        if src is not None:
+            sides.append((src, sig.inputs[pos], False))
+    for pos, name in enumerate(op.outputs):
+        for j, k in graph.consumers.get(name, ()):
+            reader = graph.ops[j]
+            layout = cache.layouts(reader, cache.classes[j], rows.plan[reader.name])[0][k]
+            sides.append((layout, sig.outputs[pos], True))
+    dims = [None, *(d.name for d in sig.loop_dims)]
     out = []
     for r in range(len(current)):
-        for cut in cuts:
-            if cut == current[r]:
-                continue
+        agree = [_agrees(op, current[r], side, r) for side in sides]
+        for cut in dims:
+            if cut == current[r] or not any(
+                not ok and _agrees(op, cut, side, r) for ok, side in zip(agree, sides)
+            ):
+                continue  # agrees with no neighbour the current cut disagrees with
             strategy = (*current[:r], cut, *current[r + 1 :])
             key = (cid, strategy)
             if key not in cache.valid:
+                if key in rows.invalid:
+                    continue
                 try:
-                    check_strategy(op, strategy, mesh.rounds)
+                    check_strategy(op, strategy, rows.mesh.rounds)
                 except ShardplanError:
+                    rows.invalid.add(key)
                     continue
                 cache.valid.add(key)
             out.append(strategy)
     return out
+
+
+def _agrees(op, cut: str | None, side: tuple[Layout, object, bool], r: int) -> bool:
+    """Whether `cut` leaves the operand of `side` laid out as its neighbour has it in round r."""
+    layout, dims, is_output = side
+    mine = layout_of_cut(dims, cut, is_output, op)
+    return (REPLICATED if mine == PARTIAL else mine) == layout[r]
