@@ -24,9 +24,11 @@ Cost: per sweep O(sum over ops of rounds x loop dims x local rows), linear in th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
-from shardplan.cost.evaluate import ScoreCache, _own_and_edges, param_homes
+from shardplan.cost.evaluate import ScoreCache, _own_and_edges, evaluate_strategies, param_homes
+from shardplan.cost.presets import CostOptions
 from shardplan.errors import ShardplanError
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
@@ -40,13 +42,19 @@ class _Rows:
     """The evaluator's rows of one plan, kept current as ops move (`evaluate._own_and_edges`)."""
 
     def __init__(
-        self, graph: Graph, mesh: Mesh, plan: dict[str, Strategy], cache: ScoreCache,
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        plan: dict[str, Strategy],
+        cache: ScoreCache,
         weights: Sequence[float] | None,
     ) -> None:
         self.graph, self.mesh, self.plan, self.cache = graph, mesh, plan, cache
         self.weights = weights
         ops = graph.ops
-        prices = [cache.price(op, cid, plan[op.name]) for op, cid in zip(ops, cache.classes)]
+        prices = [
+            cache.price(op, cid, plan[op.name]) for op, cid in zip(ops, cache.classes, strict=True)
+        ]
         self.homes: dict[str, Layout] = param_homes(graph, plan, None, [p.inputs for p in prices])
         self.out: dict[str, Layout] = {}
         for op, price in zip(ops, prices, strict=True):
@@ -98,16 +106,18 @@ def polish(
     cache: ScoreCache,
     weights: Sequence[float] | None = None,
     twins: Mapping[int, int] | None = None,
+    frozen: Collection[int] | None = None,
 ) -> dict[str, Strategy]:
     """`plan` improved by exact single-op moves (module docstring); `weights` and `twins` (op
-    index -> the index that moves with it) for a folded graph. Never costlier than `plan`."""
+    index -> the index that moves with it) for a folded graph; `frozen`: ops that keep their
+    strategy (user-fixed). Never costlier than `plan`."""
     rows = _Rows(graph, mesh, {k: tuple(v) for k, v in plan.items()}, cache, weights)
-    twins = twins or {}
+    twins, frozen = twins or {}, frozen or ()
     for _ in range(SWEEPS):
         moved = False
         for i in range(len(graph.ops)):
-            if twins.get(i, len(graph.ops)) < i:
-                continue  # moved with its twin
+            if twins.get(i, len(graph.ops)) < i or i in frozen:
+                continue  # moved with its twin, or pinned
             moved |= _best_move(rows, [i, twins[i]] if i in twins else [i])
         if not moved:
             break
@@ -117,7 +127,7 @@ def polish(
 def _best_move(rows: _Rows, unit: list[int]) -> bool:
     """Move the ops of `unit` (alike ops that share one strategy) to the strategy, one round's
     cut away from the current one, that lowers the total most; whether one did."""
-    graph, plan, cache = rows.graph, rows.plan, rows.cache
+    graph, plan = rows.graph, rows.plan
     op = graph.ops[unit[0]]
     current = plan[op.name]
     touched = sorted({j for i in unit for j in rows.touched[i]})
@@ -157,7 +167,7 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
         agree = [_agrees(op, current[r], side, r) for side in sides]
         for cut in dims:
             if cut == current[r] or not any(
-                not ok and _agrees(op, cut, side, r) for ok, side in zip(agree, sides)
+                not ok and _agrees(op, cut, side, r) for ok, side in zip(agree, sides, strict=True)
             ):
                 continue  # agrees with no neighbour the current cut disagrees with
             strategy = (*current[:r], cut, *current[r + 1 :])
@@ -180,3 +190,20 @@ def _agrees(op, cut: str | None, side: tuple[Layout, object, bool], r: int) -> b
     layout, dims, is_output = side
     mine = layout_of_cut(dims, cut, is_output, op)
     return (REPLICATED if mine == PARTIAL else mine) == layout[r]
+
+
+def plan_score(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Any,
+    cache: Any,
+    strategies: dict[str, Strategy],
+) -> float:
+    """cost + lambda * memory of a plan of `graph` (of the full graph when `fold`, a `Fold` of
+    it, is given): what the variants' plans, polished or not, are compared by."""
+    if fold is not None:
+        return fold.score(mesh, strategies, opts, memory_lambda, cache)
+    cost = evaluate_strategies(graph, mesh, strategies, opts, cache=cache)
+    return cost.total + memory_lambda * cost.memory_per_device

@@ -45,7 +45,7 @@ from shardplan.search.drec.fold import Fold, find_fold, op_labels
 from shardplan.search.drec.gates import unused_floor, without_gc_pauses
 from shardplan.search.drec.nextround import differs
 from shardplan.search.drec.overlay import Overlay
-from shardplan.search.drec.polish import polish
+from shardplan.search.drec.polish import plan_score, polish
 from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
@@ -530,7 +530,7 @@ def _variants(
     pinned: Mapping[int, Strategy] | None = None,
 ) -> dict[str, Strategy] | None:
     """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
-    from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
+    from shardplan.cost.evaluate import ScoreCache
 
     best: dict[str, Strategy] | None = None
     best_score = float("inf")
@@ -547,7 +547,7 @@ def _variants(
     weights = fold.round_weights() if fold is not None else None
     labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
-    raw: list[tuple[dict[str, Strategy], float]] = []  # the variants' plans before the polish
+    raw: list[dict[str, Strategy]] = []  # the variants' plans before the polish
     twins = fold.twins() if fold is not None else None
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
     cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
@@ -588,20 +588,19 @@ def _variants(
             if search.binding and not (unused or final_compute or ahead):  # a round could not cut
                 # where the first variants assumed it would: price them hopefully too
                 runs.appendleft((unused, final_compute, defer, by_min, True, ahead))
-        if any(strategies == plan for plan, _ in raw):
+        if strategies in raw:
             continue  # another variant found the same plan: it is scored already
-        raw.append((strategies, 0.0))
-        strategies = polish(graph, mesh, strategies, cache, weights, twins)
-        if any(strategies == plan for plan, _ in scored):
-            continue  # polished into a plan already scored
-        if fold is not None:
-            if not fold.uniform(strategies):
+        raw.append(strategies)
+        plans = [polish(graph, mesh, strategies, cache, weights, twins, frozen=pinned)]
+        if memory_lambda:  # the polish prices time alone: the plan it started from may weigh less
+            plans.append(strategies)
+        for strategies in plans:
+            if any(strategies == plan for plan, _ in scored):
+                continue  # another variant's plan polished into this one: scored already
+            if fold is not None and not fold.uniform(strategies):
                 return None
-            score = fold.score(mesh, strategies, opts, memory_lambda, cache)
-        else:
-            cost = evaluate_strategies(graph, mesh, strategies, opts, cache=cache)
-            score = cost.total + memory_lambda * cost.memory_per_device
-        scored.append((strategies, score))
-        if score < best_score:
-            best, best_score = strategies, score
+            score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, strategies)
+            scored.append((strategies, score))
+            if score < best_score:
+                best, best_score = strategies, score
     return best
