@@ -89,6 +89,12 @@ class _Rows:
         total = price.compute + intra.total + redis.total
         return total * self.weights[j] if self.weights is not None else total
 
+    def compute(self, j: int, strategy: Strategy) -> float:
+        """Row j's compute (weighted) under `strategy`: a floor of its row."""
+        op = self.graph.ops[j]
+        compute = self.cache.price(op, self.cache.classes[j], strategy).compute
+        return compute * self.weights[j] if self.weights is not None else compute
+
     def set(self, i: int, strategy: Strategy) -> None:
         op = self.graph.ops[i]
         self.plan[op.name] = strategy
@@ -126,17 +132,27 @@ def polish(
 
 def _best_move(rows: _Rows, unit: list[int]) -> bool:
     """Move the ops of `unit` (alike ops that share one strategy) to the strategy, one round's
-    cut away from the current one, that lowers the total most; whether one did."""
+    cut away from the current one, that lowers the total most; whether one did. A row costs at
+    least its compute (its collectives, credits included, and redistributions are >= 0), and the
+    other rows' compute does not depend on the move: a candidate whose own compute, then own
+    rows, with that floor cannot beat the best is not priced further."""
     graph, plan = rows.graph, rows.plan
     op = graph.ops[unit[0]]
     current = plan[op.name]
     touched = sorted({j for i in unit for j in rows.touched[i]})
+    others = [j for j in touched if j not in unit]
     before = sum(rows.row(j) for j in touched)
     best, best_cost = current, before - 1e-12 * max(abs(before), 1e-300)
+    floor = sum(rows.compute(j, plan[graph.ops[j].name]) for j in others)
     for strategy in _neighbours(rows, unit[0]):
+        if sum(rows.compute(i, strategy) for i in unit) + floor >= best_cost:
+            continue
         for i in unit:
             rows.set(i, strategy)
-        cost = sum(rows.row(j) for j in touched)
+        own = sum(rows.row(i) for i in unit)
+        if own + floor >= best_cost:
+            continue
+        cost = own + sum(rows.row(j) for j in others)
         if cost < best_cost:
             best, best_cost = strategy, cost
     for i in unit:
