@@ -48,6 +48,7 @@ from shardplan.search.drec.nextround import differs
 from shardplan.search.drec.overlay import Overlay
 from shardplan.search.drec.polish import plan_score, polish
 from shardplan.search.drec.state import EdgeBook
+from shardplan.search.drec.submesh import with_smaller_meshes
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
 
@@ -515,11 +516,14 @@ def _drec_folded(
     repeats = find_fold(graph) if fold and not fixed else None
     flex = repeats.flex_graph() if repeats is not None else None
     if repeats is not None and flex is not None:
-        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
+        plan = with_smaller_meshes(
+            _variants, repeats.reduced, mesh, opts, memory_lambda, repeats, flex
+        )
         if plan is not None:
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
-    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), pinned)
+    flex = build_flex_graph(graph)
+    plan = with_smaller_meshes(_variants, graph, mesh, opts, memory_lambda, None, flex, pinned)
     assert plan is not None
     return plan, None
 
