@@ -493,7 +493,9 @@ def drec_folded(
         not the pricing: it over-weighs the next round where edges decide (an MoE layer on 12).
     Each variant's plan is then polished exactly (`polish.py`: single-op moves across rounds,
     priced by the evaluator's rows), which repairs a round's cut made under assumptions the
-    later rounds broke (an MoE layer on mesh 12: 1.158 -> 1.000 of the ILP optimum).
+    later rounds broke (an MoE layer on mesh 12: 1.158 -> 1.000 of the ILP optimum). When the
+    innermost axis mixes primes, the variants also run on the mesh without its trailing rounds
+    of the largest prime (`submesh.py`; qwen3, 2 layers, on 18: 1.276 -> 1.005).
     That is at most 2 * (3 + mesh axes) + 1 linear searches; the unused-axis ones are shorter. With
     the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
