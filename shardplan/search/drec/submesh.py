@@ -11,9 +11,9 @@ gradients, 1.276 of the ILP optimum, where using only the round of 2 is optimal.
 
 `with_smaller_meshes` searches the mesh without those rounds too (recursively: 30 = 2 x 3 x 5
 tries 6, then 2), pads its plan with "no cut", polishes it on the full mesh and keeps it when
-the full mesh's score is lower. A smaller mesh is not searched when `gates.unused_floor` on its
-devices already reaches the best score. Extra cost: at most one search per distinct prime of
-the innermost axis, each with fewer rounds.
+the full mesh's score is lower. A smaller mesh is not searched when the plan found leaves those
+rounds unused already, nor when `gates.unused_floor` on its devices reaches the best score.
+Extra cost: at most one search per distinct prime of the innermost axis, with fewer rounds.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def with_smaller_meshes(
     if best is None or sub is None:
         return best
     kept = len(sub.rounds)
+    if all(c is None for s in best.values() for c in s[kept:]):
+        return best  # those rounds are unused already: the polish settled the rounds before them
     if pinned and any(c is not None for s in pinned.values() for c in s[kept:]):
         return best  # a user-fixed cut in the rounds left out
     weights = fold.round_weights() if fold is not None else None
