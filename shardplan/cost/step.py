@@ -276,8 +276,10 @@ def block_starts(
 ) -> list[int]:
     """The segments full recomputation checkpoints: the first of each repeated block. Segments of
     equal structure repeat; the most frequent structure (the first of them on a tie) opens each
-    block (a transformer layer's attention half), and a segment that repeats less often than it
-    (an embedding, a head) is a block of its own; without repetition every segment is one.
+    block (a transformer layer's attention half), and a segment whose structure occurs once (an
+    embedding, a head) is a block of its own; without repetition every segment is one. A
+    repeating half is never a block of its own, so a chunk cut mid-layer still checkpoints once
+    per layer (Megatron-LM's uniform method, one layer per checkpoint).
     O(ops); `classes` (a `ScoreCache`'s: equal kind and signature) spell each class once."""
     text: dict[int, tuple[str, str]] = {}
     ops = graph.ops
@@ -295,7 +297,7 @@ def block_starts(
         counts[fp] = counts.get(fp, 0) + 1
     top = max(counts.values())
     opener = next(fp for fp in prints if counts[fp] == top)
-    return [k for k, fp in enumerate(prints) if k == 0 or fp == opener or counts[fp] < top]
+    return [k for k, fp in enumerate(prints) if k == 0 or fp == opener or counts[fp] == 1 < top]
 
 
 def selective_drops(graph: Graph, ops: Sequence[Op]) -> list[tuple[Op, str]]:

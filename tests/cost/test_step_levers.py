@@ -200,3 +200,26 @@ def test_a_transformer_layer_keeps_korthikanti_activations(tensor, sp):
     want = (32 * sbh + 2 * attn) / t if sp else sbh * (8 + 24 / t) + 2 * attn / t
     # the layer's input is a received activation: 16-bit like the rest (`Tensor.received`)
     assert prof.activation_bytes == pytest.approx(want)
+
+
+def test_a_chunk_cut_mid_layer_checkpoints_once_per_layer():
+    # full recomputation keeps one input per transformer layer (Megatron-LM's uniform method,
+    # one layer per checkpoint) whether the chunk starts at a layer or half-way through one:
+    # a half that repeats is never a block of its own, only what occurs once (embedding, head)
+    from shardplan import zoo
+    from shardplan.cost.step import block_starts
+    from shardplan.ir.segments import segments, subgraph
+
+    g = zoo.build("gpt3", batch=2, layers=6, hidden=64, heads=4, seq=16, max_positions=16)
+    segs = segments(g)
+    attn = [k for k, s in enumerate(segs) if g.ops[s.start].name.endswith("ln_1.norm")]
+    mlp = [k for k, s in enumerate(segs) if g.ops[s.start].name.endswith("ln_2.norm")]
+    for first, last in ((attn[1], mlp[4]), (mlp[1], attn[5]), (mlp[1], mlp[4]), (attn[1], attn[5])):
+        chunk = subgraph(g, segs[first].start, segs[last].stop, "chunk")
+        blocks = block_starts(chunk, segments(chunk))
+        layers = sum(1 for k in attn if first <= k <= last)
+        halves = sum(1 for k in mlp if first <= k <= last)
+        assert len(blocks) == max(layers, halves), (first, last, blocks)
+    # the whole model: each prologue and epilogue segment (they occur once), one per layer
+    ends = [k for k in range(len(segs)) if k < attn[0] or k > mlp[-1]]
+    assert block_starts(g, segs) == sorted(ends + attn)

@@ -65,7 +65,8 @@ def test_every_layouts_sharpened_bound_is_below_its_step(memory):
     # each layout's own bound (its v, bubble and in-flight count), interleaved ones included:
     # a group of layouts goes back in line by the least of them, never by its v = 1 twin's
     from shardplan.problem import Problem
-    from shardplan.search.step.search import _drec_planner, _layouts, _Search
+    from shardplan.search.step.layouts import layouts as all_layouts
+    from shardplan.search.step.search import _drec_planner, _Search
     from shardplan.training import at_precision
 
     opts = CostOptions.make(dtype="bf16")
@@ -73,8 +74,8 @@ def test_every_layouts_sharpened_bound_is_below_its_step(memory):
     probe = _activation_heavy(64)
     problem = Problem(probe, mesh, opts, float(memory[:-2]) * 1e6, None, 64, _activation_heavy)
     search = _Search(problem, at_precision(problem.mesh, opts), _drec_planner)
-    layouts = _layouts(probe, search.probe_split, search.mesh, 64, None, search.chunk_starts,
-                       search.ideal)
+    layouts = all_layouts(probe, search.probe_split, search.mesh, 64, None, search.chunk_cuts,
+                          search.ideal)
     checked = 0
     for layout in layouts:
         choice = search.evaluate(layout, lambda _m: None)

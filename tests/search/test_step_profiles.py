@@ -96,31 +96,67 @@ def test_pipeline_terms_read_off_the_cut_equal_those_of_the_stage_graphs(chunks,
     assert pipeline_cut(g, bounds, opts, mesh, 8, 16, virtual) == want
 
 
-def test_a_transformer_run_is_extrapolated_not_profiled_whole():
-    """Every family of a GPT stage takes the extrapolation path (full recomputation's blocks
-    agree from two periods on), so no profile is as large as the chunk."""
+def _profiled_sizes(monkeypatch) -> list[int]:
+    """The op counts of the graphs `profiles` profiles from now on (a spy on profile_stage)."""
     from shardplan.search.step import profiles
-    from shardplan.search.step.stages import stage_mesh
 
-    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
-    mesh = at_precision(problem.mesh, problem.options)
-    search = _Search(problem, mesh, _drec_planner)
-    prof = search.profiler(8, stage_mesh(mesh, 1))
-    sizes = []
+    sizes: list[int] = []
     real = profiles.profile_stage
 
     def spy(graph, *args, **kwargs):
         sizes.append(len(graph.ops))
         return real(graph, *args, **kwargs)
 
-    profiles.profile_stage = spy
-    try:
-        for family in prof.families():
-            assert prof.profile(0, len(prof.segs), family) is not None
-    finally:
-        profiles.profile_stage = real
+    monkeypatch.setattr(profiles, "profile_stage", spy)
+    return sizes
+
+
+def test_a_transformer_run_is_extrapolated_not_profiled_whole(monkeypatch):
+    """Every family of a GPT stage takes the extrapolation path (full recomputation's blocks
+    agree from two periods on), so no profile is as large as the chunk."""
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(8, stage_mesh(mesh, 1))
+    sizes = _profiled_sizes(monkeypatch)
+    for family in prof.families():
+        assert prof.profile(0, len(prof.segs), family) is not None
     assert all(prof.increments[f] is not None for f in prof.families())
     assert sizes and max(sizes) < len(prof.graph.ops)
+
+
+def _gpt17(batch: int):
+    return zoo.build("gpt3", batch=batch, layers=17, hidden=128, heads=4, vocab=500, seq=32)
+
+
+def test_a_chunk_cut_mid_layer_is_extrapolated_by_its_own_increment(monkeypatch):
+    """3 stages of 17 layers start at h.5.ln_2 and h.11.ln_2 (an MLP half first): such a chunk
+    checkpoints other blocks than the first chunk, so its increment is its own, confirmed by its
+    four-period reduction, not the chunk priced whole; and the step is the exact one."""
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt17, "3x2", batch=12, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(3, stage_mesh(mesh, 3))
+    starts = search.chunk_starts(3)
+    assert prof.graph.ops[prof.segs[starts[1]].start].name == "h.5.ln_2.norm"
+    a, e = starts[1], starts[2]
+    chunk_ops = prof.segs[e - 1].stop - prof.segs[a].start
+    sizes = _profiled_sizes(monkeypatch)
+    checked = 0
+    for family in prof.families():
+        if prof.profile(0, starts[1], family) is None:  # the family's reference increment
+            continue  # sequence parallelism with nothing to split: not a distinct family
+        sizes.clear()
+        if prof.profile(a, e, family) is None:
+            continue
+        assert sizes and max(sizes) < chunk_ops, family
+        checked += 1
+    assert checked >= 4
+    _check_layout(_gpt17, "3x2", 12, 3, 1, 4)
 
 
 @pytest.mark.parametrize(("dtype", "width"), [("bf16", 2), ("fp32", 4)])

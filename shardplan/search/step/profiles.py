@@ -215,9 +215,7 @@ class StageProfiler:
         self.samples = samples
         # each expert layer's expert count, once per graph: expert parallelism must divide it
         self.experts = {
-            op.signature.extents[d]
-            for op in graph.ops
-            if (d := expert_dim(graph, op)) is not None
+            op.signature.extents[d] for op in graph.ops if (d := expert_dim(graph, op)) is not None
         }
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
@@ -354,15 +352,18 @@ class StageProfiler:
             )
             self.increments[family] = (own2, own3) if linear else None  # type: ignore[assignment]
         step = self.increments[family]
-        if (
-            own2 is None
-            or own3 is None
-            or step is None
-            or not same_increment(own2, own3, *step)
-            or _peaks(own2) != _peaks(own3)
-        ):  # layers whose plans or blocks do not repeat with the run: price the chunk itself
+        if own2 is None or own3 is None or _peaks(own2) != _peaks(own3):
             return self._whole(a, e, family)
-        return extrapolate(own2, step[0], step[1], shape.periods)
+        if step is not None and same_increment(own2, own3, *step):
+            return extrapolate(own2, step[0], step[1], shape.periods)
+        # another increment (a chunk cut mid-layer checkpoints other blocks): its own, when its
+        # four-period reduction confirms it; else the layers do not repeat: price the chunk
+        own4 = self._reduced(shape, 4, family)
+        if own4 is None or not same_increment(own2, own3, own3, own4):
+            return self._whole(a, e, family)
+        if _peaks(own3) != _peaks(own4):
+            return self._whole(a, e, family)
+        return extrapolate(own2, own2, own3, shape.periods)
 
     def _whole(self, a: int, e: int, family: Family) -> StageProfile | None:
         key = (family, tuple(self.prints[a:e]))

@@ -3,9 +3,11 @@
 megatron_recipe — Megatron-LM as Narayanan et al. (SC'21) and Korthikanti et al. (MLSys'23) run
 it: tensor parallelism on the innermost mesh ways (within a node), pipeline parallelism over the
 outermost axis (nodes), data parallelism on the remaining ways; the model cut into pipeline x v
-FLOP-balanced chunks over whole layers (the same DP over segments the search uses), device group
-d holding chunks d, d + S, ... (interleaved 1F1B when v > 1); m = batch / (data-parallel ways x
-micro-batch size) micro-batches. Knobs as published: recomputation (full, the SC'21 setting;
+chunks of equal whole layers as Megatron-LM cuts it (`stages.aligned_starts`: the embedding with
+the first, the head with the last), FLOP-balanced over segments when the layers do not divide
+evenly (the same cuts the search tries), device group d holding chunks d, d + S, ...
+(interleaved 1F1B when v > 1); m = batch / (data-parallel ways x micro-batch size)
+micro-batches. Knobs as published: recomputation (full, the SC'21 setting;
 selective; none), sequence parallelism (`cost.sequence`), v model chunks per device, the
 distributed optimizer (ZeRO-1 over the data-parallel group, `cost.zero`), expert parallelism
 (`expert_parallel`: the experts split over the innermost data-parallel ways, all-to-alls priced
@@ -29,17 +31,20 @@ from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
+from shardplan.ir.segments import segments
 from shardplan.ir.signature import loop_names, major_positions
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search.experts import context_parallel, megatron
 from shardplan.search.step.notes import axis_summary
 from shardplan.search.step.stages import (
+    aligned_starts,
     stage_graphs,
     stage_mesh,
     stage_starts,
     tokens_per_sample,
 )
+from shardplan.search.step.structure import layer_split, segment_prints
 from shardplan.sharding import Strategy, cut_problem
 from shardplan.training import TrainingPlan, assemble, at_precision
 
@@ -297,7 +302,10 @@ def megatron_recipe(
         bucket_elements=megatron_bucket(data * context) if grad_overlap else 0,
     )
     stages = []
-    for sub in stage_graphs(graph, stage_starts(probe, pipeline * v)):
+    segs = segments(probe)
+    split = layer_split(segment_prints(probe, segs))
+    starts = aligned_starts(split, pipeline * v) or stage_starts(probe, pipeline * v, segs)
+    for sub in stage_graphs(graph, starts):
         strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
         if context > 1:
             rounds = context_rounds(smesh, strategies, sub, context)

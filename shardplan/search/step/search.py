@@ -1,13 +1,14 @@
 """The training-step search: the step model's whole menu, chosen jointly, pruned by a bound.
 
 A candidate layout is (S pipeline stages on the outermost axis, v model chunks per device,
-b samples per micro-batch, m = batch / b micro-batches). Per layout, every chunk (the model cut
-into S x v FLOP-balanced runs of whole segments, `stages.stage_starts`, chunk c on device group
-c mod S) is planned by every family of `profiles.Family` — D-Rec's free per-op cuts, the data-
-parallel expert, the Megatron expert at each tensor degree, each with and without sequence
-parallelism — and priced per micro-batch by the step model (`cost.step`, chunks of one shape once,
-long runs of layers extrapolated from two). Then the levers (recomputation none/selective/full x
-ZeRO 0-3):
+b samples per micro-batch, m = batch / b micro-batches, the chunk cut; `layouts`). Per layout,
+every chunk (the model cut into S x v FLOP-balanced runs of whole segments,
+`stages.stage_starts`, and also, when that differs, into equal whole layers as Megatron-LM cuts
+it, `stages.aligned_starts`; chunk c on device group c mod S) is planned by every family of
+`profiles.Family` — D-Rec's free per-op cuts, the data-parallel expert, the Megatron expert at
+each tensor degree, each with and without sequence parallelism — and priced per micro-batch by
+the step model (`cost.step`, chunks of one shape once, long runs of layers extrapolated from
+two). Then the levers (recomputation none/selective/full x ZeRO 0-3):
   - uniform: one family and one lever on every chunk (what an engine configures: every Megatron
     recipe with tensor t, pipeline S, v chunks, micro-batch size b / data ways is one of these);
   - per stage (v = 1): each stage's family and lever with its shortest (m + S - 1) slot + sync
@@ -18,15 +19,15 @@ is never slower than a Megatron recipe that fits the same budget under the same 
 Layouts: S divides the outer axis (at most one stage per segment); v > 1 when the layer count is
 a multiple of S x v (as Megatron-LM requires) and m a multiple of S; b a multiple of the data
 ways of each tensor degree (every micro-batch size per rank) or one of `micro_batch_options`.
-Bound (proven): per micro-batch a device runs a piece of each op of its chunks, which takes at
-least the op's launch floor and its FLOPs and bytes at the global batch / (m n) at the roofline,
-forward and its own backward each (`cost.terms.compute_cost`: a piece of a split op moves and
-computes at least that much), and the step is at least (m + (S - 1) / v) such slots. When a
-layout is first reached its bound is sharpened by the full recomputation its memory forces
-(`bounds`: kept bytes no plan can split below) and it goes back in line if that moved it;
-layouts run in order of the bound and the search stops when the bound reaches the best step.
-The graph at a micro-batch size is built only when a layout needs it. Deterministic. Progress
-goes to `progress`.
+Bound (proven, `layouts`): per micro-batch a device runs a piece of each op of its chunks, which
+takes at least the op's launch floor and its FLOPs and bytes at the global batch / (m n) at the
+roofline, forward and its own backward each (`cost.terms.compute_cost`: a piece of a split op
+moves and computes at least that much), and the step is at least (m + (S - 1) / v) such slots.
+When a layout is first reached its bound is sharpened by the full recomputation its memory
+forces (`bounds`: kept bytes no plan can split below) and it goes back in line if that moved
+it; layouts run in order of the bound and the search stops when the bound reaches the best
+step. The graph at a micro-batch size is made only when a layout needs it (`sizes`).
+Deterministic. Progress goes to `progress`.
 """
 
 from __future__ import annotations
@@ -42,10 +43,8 @@ from shardplan import checks, units
 from shardplan.cost import CostOptions
 from shardplan.cost.levers import with_overlap
 from shardplan.cost.step import Levers, StageProfile, step_cost
-from shardplan.cost.work import whole_op_bytes
-from shardplan.errors import InfeasibleError, PlanError, SolverError
+from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
-from shardplan.ir.segments import Segment, segments
 from shardplan.mesh import Mesh
 from shardplan.problem import Problem
 from shardplan.search.drec.gates import without_gc_pauses
@@ -57,6 +56,13 @@ from shardplan.search.step.bounds import (
     floor_items,
     forced_floor,
 )
+from shardplan.search.step.layouts import (
+    Layout,
+    ideal_seconds,
+    layouts,
+    micro_batch_options,
+    sample_options,
+)
 from shardplan.search.step.notes import axis_summary, lever_notes
 from shardplan.search.step.profiles import (
     LEVERS,
@@ -65,34 +71,19 @@ from shardplan.search.step.profiles import (
     StageProfiler,
     choose_levers,
     heavier_than_fitted,
-    stage_tensor_degrees,
 )
+from shardplan.search.step.sizes import Built, ModelSizes
 from shardplan.search.step.stages import (
+    aligned_starts,
     stage_graphs,
     stage_mesh,
     stage_starts,
     tokens_per_sample,
 )
-from shardplan.search.step.structure import LayerSplit, layer_split, segment_prints
 from shardplan.sharding import Strategy
 from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_cut
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """One candidate: S stages, v chunks per device, b samples per micro-batch (m of them)."""
-
-    bound: float
-    stages: int
-    virtual: int
-    micro_batches: int
-    sample: int
-
-    def text(self) -> str:
-        v = f" v={self.virtual}" if self.virtual > 1 else ""
-        return f"S={self.stages}{v} m={self.micro_batches} (micro-batch {self.sample})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,37 +97,6 @@ class Choice:
     uniform: bool
     bubble_s: float = 0.0
     p2p_s: float = 0.0
-
-
-def micro_batch_options(batch: int, stage: Mesh) -> list[int]:
-    """Values of m, largest first: micro-batches of one sample per device of the stage, per way
-    of its outermost axis and per way of all axes but the innermost, when they divide the batch,
-    and m = 1 when the stage has more devices than the batch has samples; else the largest m
-    that keeps one sample per way of the outermost axis."""
-    sizes = {
-        stage.size,
-        stage.shape[0] if len(stage.shape) > 1 else stage.size,
-        stage.size // stage.shape[-1],
-    }
-    ms = {batch // b for b in sizes if b <= batch and batch % b == 0}
-    if any(b > batch for b in sizes):  # more devices than samples: the whole batch at once
-        ms.add(1)
-    if ms:
-        return sorted(ms, reverse=True)
-    need = stage.shape[0] if len(stage.shape) > 1 else 1
-    fits = [m for m in range(1, batch + 1) if batch % m == 0 and batch // m >= need]
-    return [max(fits, default=1)]
-
-
-def sample_options(batch: int, stage: Mesh) -> list[int]:
-    """Samples per micro-batch tried on a stage mesh: every multiple of the data ways of each
-    tensor degree (1 and `stage_tensor_degrees`) dividing the batch — every per-rank micro-batch
-    size of every recipe — and those of `micro_batch_options`; ascending."""
-    out = {batch // m for m in micro_batch_options(batch, stage)}
-    for t in (1, *stage_tensor_degrees(stage)):
-        data = stage.size // t
-        out.update(b for b in range(data, batch + 1, data) if batch % b == 0)
-    return sorted(out)
 
 
 def plan_training(
@@ -187,16 +147,16 @@ def _search_step(
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     search = _Search(problem, mesh, planner or _drec_planner, overlap)
-    layouts = _layouts(
-        problem.graph, search.probe_split, mesh, batch, stages, search.chunk_starts, search.ideal
+    found = layouts(
+        problem.graph, search.probe_split, mesh, batch, stages, search.chunk_cuts, search.ideal
     )
-    say(f"  {len(layouts)} layouts (stages x chunks x micro-batch size), in order of their bound")
+    say(f"  {len(found)} layouts (stages x chunks x micro-batch size), in order of their bound")
     best: Choice | None = None
     tried = 0
-    flat: dict[tuple[int, int], Choice | None] = {}  # (S, m) -> its v = 1 result
-    groups: dict[tuple[int, int], list[Layout]] = {}  # (S, m) -> its layouts, v ascending
-    for c in layouts:
-        groups.setdefault((c.stages, c.micro_batches), []).append(c)
+    flat: dict[tuple[int, int, bool], Choice | None] = {}  # a group's v = 1 result
+    groups: dict[tuple[int, int, bool], list[Layout]] = {}  # (S, m, cut) -> layouts, v ascending
+    for c in found:
+        groups.setdefault(c.key(), []).append(c)
     # groups by their v = 1 twin's bound; sharpened (memory, `bounds`) when first reached
     heap = [(g[0].bound, key, False) for key, g in groups.items()]
     heapq.heapify(heap)
@@ -234,7 +194,7 @@ def _search_step(
     if best is None:
         raise search.infeasible(tried)
     tp = search.materialize(best)
-    notes = (*lever_notes(tp, budget), _search_note(best, tried, len(layouts)))
+    notes = (*lever_notes(tp, budget), _search_note(best, tried, len(found)))
     return replace(
         tp,
         axes=axis_summary(tp),
@@ -285,130 +245,40 @@ def _span(xs: list[int]) -> str:
     return ", ".join(map(str, xs))
 
 
-def _ideal_seconds(probe: Graph, mesh: Mesh, opts: CostOptions) -> tuple[np.ndarray, ...]:
-    """Per op, for its forward and for its own backward (`cost.backward`; none when no input
-    needs a gradient): the roofline seconds of the whole op on one device (divided by m x n it
-    bounds a piece's time from below) and the launch floor (every device launches every kernel
-    of an op that computes)."""
-    hw = mesh.hardware
-    n = len(probe.ops)
-    if opts.preset.symbolic or hw is None:
-        return np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
-    bwd_flops = opts.preset.training_flops_factor - 1 if opts.train else 0.0
-    flops_rate = mesh.flops_per_s * hw.flops_efficiency
-    bytes_rate = hw.hbm_bytes_per_s * hw.hbm_efficiency
-    out = np.zeros((4, n))
-    for i, op in enumerate(probe.ops):
-        if op.flops <= 0:
-            continue
-        fwd_bytes, bwd_bytes = whole_op_bytes(probe, op, opts)
-        out[:2, i] = max(op.flops / flops_rate, fwd_bytes / bytes_rate), hw.launch_s
-        if opts.train and bwd_bytes > 0:
-            out[2:, i] = max(bwd_flops * op.flops / flops_rate, bwd_bytes / bytes_rate), hw.launch_s
-    return tuple(out)
-
-
-def _layouts(
-    probe: Graph,
-    split: LayerSplit,
-    mesh: Mesh,
-    batch: int,
-    stages: Sequence[int] | None,
-    starts_of: Callable[[int], list[int]],
-    ideal_seconds: tuple[np.ndarray, ...],
-) -> list[Layout]:
-    """Every candidate layout with its bound (module docstring), in bound order."""
-    segs = segments(probe)
-    outer = mesh.shape[0]
-    if stages is not None:
-        s_options = [checks.positive_int(s, "pipeline stages") for s in stages]
-        for s in s_options:
-            if outer % s:
-                raise PlanError(f"{s} pipeline stages must divide the outermost mesh axis {outer}")
-            stage_starts(probe, s)  # PlanError: more stages than segments
-    else:
-        s_options = [s for s in range(1, outer + 1) if outer % s == 0 and s <= len(segs)]
-    ideal, floor, bwd_ideal, bwd_floor = ideal_seconds
-    op_start = np.array([sg.start for sg in segs] + [len(probe.ops)])
-    out = []
-    for n_stages in s_options:
-        smesh = stage_mesh(mesh, n_stages)
-        vs = [1]
-        if n_stages > 1 and split.layers > 1:
-            vs += [
-                v
-                for v in range(2, split.layers // n_stages + 1)
-                if split.layers % (n_stages * v) == 0 and n_stages * v <= len(segs)
-            ]
-        samples = sample_options(batch, smesh)
-        for v in vs:
-            cuts = op_start[[*starts_of(n_stages * v), len(segs)]]
-            for b in samples:
-                m = batch // b
-                if v > 1 and m % n_stages:
-                    continue
-                k = m * smesh.size
-                piece = np.maximum(floor, ideal / k) + np.maximum(bwd_floor, bwd_ideal / k)
-                per_op = np.concatenate([[0.0], np.cumsum(piece)])
-                chunk = per_op[cuts[1:]] - per_op[cuts[:-1]]
-                heaviest = max(float(chunk[d::n_stages].sum()) for d in range(n_stages))
-                bound = (m + (n_stages - 1) / v) * heaviest
-                out.append(Layout(bound, n_stages, v, m, b))
-    # an interleaved layout right after its v = 1 twin (`_worth_interleaving` reads the twin)
-    flat = {(c.stages, c.micro_batches): c.bound for c in out if c.virtual == 1}
-    return sorted(
-        out,
-        key=lambda c: (flat[c.stages, c.micro_batches], c.stages, c.micro_batches, c.virtual),
-    )
-
-
 class _Search:
-    """Evaluates layouts; caches the graphs per micro-batch size, their segments, the profilers
-    per (micro-batch size, stage mesh) and D-Rec's per-segment strategies."""
+    """Evaluates layouts; caches the graphs per micro-batch size (`sizes`: built or derived),
+    the profilers per (micro-batch size, stage mesh) and D-Rec's per-segment strategies."""
 
     def __init__(
         self, problem: Problem, mesh: Mesh, planner: Planner, overlap: Levers | None = None
     ) -> None:
         self.problem, self.mesh, self.planner = problem, mesh, planner
         self.overlap = overlap or Levers()  # nothing overlapped beyond TP / CP
-        self.build = problem.builder()
-        self.ids: dict[tuple[object, ...], int] = {}
-        self.built: dict[int, tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None] = {}
+        self.sizes = ModelSizes(problem.builder(), problem.graph, problem.global_batch)
         self.profilers: dict[tuple[int, tuple[int, ...]], StageProfiler] = {}
         self.drec_cache: dict[tuple[object, ...], tuple[Strategy, ...]] = {}
         self.drec_runs = [0]
-        self.starts: dict[int, list[int]] = {}
+        self.starts: dict[tuple[int, bool], list[int]] = {}
         self.leanest: tuple[float, str] | None = None
         probe = problem.graph
-        self.ideal = _ideal_seconds(probe, mesh, problem.options)
-        self.floors: dict[tuple[int, int], list[ChunkFloors]] = {}
+        self.ideal = ideal_seconds(probe, mesh, problem.options)
+        self.floors: dict[tuple[int, int, bool], list[ChunkFloors]] = {}
         self.floor_items: dict[int, FloorItems] = {}  # per micro-batch size
-        psegs = segments(probe)
-        prints = segment_prints(probe, psegs, self.ids)
-        self.probe_split = layer_split(prints)
-        self.built[problem.global_batch] = (probe, psegs, prints, self.probe_split)
+        self.probe_split = self.sizes.probe[3]
 
-    def graph(self, b: int) -> tuple[Graph, tuple[Segment, ...], list[int], LayerSplit] | None:
-        if b not in self.built:
-            g = self.build(b)
-            if g is None:
-                self.built[b] = None
-            else:
-                segs = segments(g)
-                prints = segment_prints(g, segs, self.ids)
-                self.built[b] = (g, segs, prints, layer_split(prints))
-        return self.built[b]
+    def graph(self, b: int) -> Built | None:
+        return self.sizes(b)
 
     def refined_bound(self, layout: Layout) -> float:
         """`layout`'s bound with the full recomputation its memory forces (`bounds`)."""
         built, budget = self.graph(layout.sample), self.problem.budget
-        probe_segs = self.built[self.problem.global_batch][1]  # type: ignore[index]
+        probe_segs = self.sizes.probe[1]
         if built is None or budget is None or len(built[1]) != len(probe_segs):
             return layout.bound
         graph, segs = built[0], built[1]
         n, m, v = layout.stages, layout.micro_batches, layout.virtual
-        starts = self.chunk_starts(n * v)
-        key = (layout.sample, n * v)
+        starts = self.chunk_starts(n * v, layout.aligned)
+        key = (layout.sample, n * v, layout.aligned)
         if key not in self.floors:
             opts = self.problem.options
             if layout.sample not in self.floor_items:
@@ -421,8 +291,7 @@ class _Search:
         piece = forward + np.maximum(bwd_floor, bwd_ideal / (m * devices))
         ends = [*starts[1:], len(probe_segs)]
         ranges = [
-            (probe_segs[a].start, probe_segs[e - 1].stop)
-            for a, e in zip(starts, ends, strict=True)
+            (probe_segs[a].start, probe_segs[e - 1].stop) for a, e in zip(starts, ends, strict=True)
         ]
         forced = forced_floor(self.floors[key], forward, ranges, n, v, m, devices, budget)
         heaviest = max(
@@ -430,11 +299,19 @@ class _Search:
         )
         return max(layout.bound, (m + (n - 1) / v) * heaviest)
 
-    def chunk_starts(self, chunks: int) -> list[int]:
-        if chunks not in self.starts:
-            probe_segs = self.built[self.problem.global_batch][1]  # type: ignore[index]
-            self.starts[chunks] = stage_starts(self.problem.graph, chunks, probe_segs)
-        return self.starts[chunks]
+    def chunk_starts(self, chunks: int, aligned: bool = False) -> list[int]:
+        """The first segment of each chunk: FLOP-balanced, or `aligned` (Megatron-LM's cut)."""
+        if (chunks, aligned) not in self.starts:
+            probe, segs = self.sizes.probe[0], self.sizes.probe[1]
+            cut = aligned_starts(self.probe_split, chunks) if aligned else None
+            self.starts[chunks, aligned] = cut or stage_starts(probe, chunks, segs)
+        return self.starts[chunks, aligned]
+
+    def chunk_cuts(self, chunks: int) -> list[tuple[bool, list[int]]]:
+        """The cuts tried: FLOP-balanced, and Megatron-LM's equal layers when that differs (so
+        every recipe's layout is a candidate, `recipes.megatron_recipe`)."""
+        balanced, aligned = self.chunk_starts(chunks), self.chunk_starts(chunks, True)
+        return [(False, balanced)] + ([(True, aligned)] if aligned != balanced else [])
 
     def profiler(self, b: int, smesh: Mesh) -> StageProfiler | None:
         key = (b, smesh.shape)
@@ -466,7 +343,7 @@ class _Search:
         if prof is None:
             say(f"  {layout.text()}: the model cannot be rebuilt at micro-batch {b}; skipped")
             return None
-        starts = self.chunk_starts(n * v)
+        starts = self.chunk_starts(n * v, layout.aligned)
         ranges = list(zip(starts, [*starts[1:], len(prof.segs)], strict=True))
         bounds = [prof.segs[a].start for a in starts] + [len(prof.graph.ops)]
         batch = self.problem.global_batch
@@ -553,7 +430,7 @@ class _Search:
         smesh = stage_mesh(self.mesh, layout.stages)
         prof = self.profiler(layout.sample, smesh)
         assert prof is not None
-        starts = self.chunk_starts(layout.stages * layout.virtual)
+        starts = self.chunk_starts(layout.stages * layout.virtual, layout.aligned)
         ends = [*starts[1:], len(prof.segs)]
         chosen = []
         for sub, a, e, (family, lv) in zip(
@@ -586,12 +463,20 @@ class _Search:
 
 
 def _better(a: Choice, b: Choice) -> bool:
-    """Faster wins; on a tie, fewer stages, then fewer chunks, then fewer micro-batches."""
+    """Faster wins; on a tie, fewer stages, then fewer chunks, then fewer micro-batches, then
+    the FLOP-balanced cut."""
     if a.step_s < b.step_s * (1 - 1e-9):
         return True
     tie = a.step_s <= b.step_s * (1 + 1e-9)
-    key = lambda c: (c.layout.stages, c.layout.virtual, c.layout.micro_batches)  # noqa: E731
+    key = lambda c: (c.layout.stages, c.layout.virtual, c.layout.micro_batches, c.layout.aligned)  # noqa: E731
     return tie and key(a) < key(b)
 
 
-__all__ = ["LEVERS", "micro_batch_options", "plan_training", "sample_options", "search_step"]
+__all__ = [
+    "LEVERS",
+    "Layout",
+    "micro_batch_options",
+    "plan_training",
+    "sample_options",
+    "search_step",
+]

@@ -2,7 +2,10 @@
 
 A model is cut into S contiguous stages over whole segments (`ir/segments`: the repeated blocks)
 so that the largest stage's FLOPs are least: f[s][j] = min_i max(f[s-1][i], F[j] - F[i]) over
-segment prefixes, O(K^2 S), one numpy array over (i, j) per s. The cut is found on the graph at
+segment prefixes, O(K^2 S), one numpy array over (i, j) per s. Or as Megatron-LM cuts it
+(`aligned_starts`): the same number of whole layers per stage (megatron-core's
+`get_num_layers_to_build`: num_layers / (pipeline x virtual) each), the segments before the
+repeated run with the first stage and those after it with the last. The cut is found on the graph at
 the global batch and applied, by segment index, to the graph at the micro-batch size. A stage
 runs on the outermost mesh axis divided by S times the other axes.
 """
@@ -18,6 +21,7 @@ from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import Segment, segments, subgraph
 from shardplan.mesh import Mesh
+from shardplan.search.step.structure import LayerSplit
 
 
 def stage_mesh(mesh: Mesh, stages: int) -> Mesh:
@@ -51,6 +55,15 @@ def balanced_stages(costs: Sequence[float], stages: int) -> list[int]:
     return starts[::-1]
 
 
+def aligned_starts(split: LayerSplit, stages: int) -> list[int] | None:
+    """The first segment of each of `stages` chunks of equal whole layers of the model's
+    repeated run `split` (module docstring); None when the layers do not divide evenly."""
+    if split.layers < 2 or stages > split.layers or split.layers % stages:
+        return None
+    per = split.layers // stages
+    return [0, *(split.layer_start(s * per) for s in range(1, stages))]
+
+
 def tokens_per_sample(graph: Graph, batch: int) -> int:
     """Tokens per sample: the second dim of the first rank-2 graph input of leading dim `batch`
     (token ids), else 1 (then tokens/s equals samples/s)."""
@@ -65,9 +78,7 @@ def segment_flops(graph: Graph, segs: Sequence[Segment]) -> list[float]:
     return [sum(op.flops for op in graph.ops[s.start : s.stop]) for s in segs]
 
 
-def stage_starts(
-    probe: Graph, stages: int, segs: Sequence[Segment] | None = None
-) -> list[int]:
+def stage_starts(probe: Graph, stages: int, segs: Sequence[Segment] | None = None) -> list[int]:
     """The first segment of each of `stages` FLOP-balanced stages of `probe` (module docstring;
     `segs`: its segments when known); PlanError when the model has fewer segments than stages."""
     segs = segments(probe) if segs is None else segs
