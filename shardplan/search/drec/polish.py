@@ -117,6 +117,8 @@ def polish(
     """`plan` improved by exact single-op moves (module docstring); `weights` and `twins` (op
     index -> the index that moves with it) for a folded graph; `frozen`: ops that keep their
     strategy (user-fixed). Never costlier than `plan`."""
+    if cache.opts.zero:  # ZeRO's storage collectives are not in the rows (searches price 0)
+        return dict(plan)
     rows = _Rows(graph, mesh, {k: tuple(v) for k, v in plan.items()}, cache, weights)
     twins, frozen = twins or {}, frozen or ()
     for _ in range(SWEEPS):
