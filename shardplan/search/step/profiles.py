@@ -192,6 +192,13 @@ def choose_levers(
     return best
 
 
+def expert_counts(graph: Graph) -> frozenset[int]:
+    """The expert count of each expert layer of `graph` (`recipes.expert_dim`), O(ops)."""
+    return frozenset(
+        op.signature.extents[d] for op in graph.ops if (d := expert_dim(graph, op)) is not None
+    )
+
+
 class StageProfiler:
     """Profiles of chunks of one graph (the model at one micro-batch size) on one stage mesh,
     by family; D-Rec's per-segment strategies are shared by every graph and mesh through
@@ -210,13 +217,12 @@ class StageProfiler:
         counter: list[int],
         micro_batches: int = 1,
         samples: int | None = None,
+        experts: frozenset[int] | None = None,
     ) -> None:
         self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
         self.samples = samples
-        # each expert layer's expert count, once per graph: expert parallelism must divide it
-        self.experts = {
-            op.signature.extents[d] for op in graph.ops if (d := expert_dim(graph, op)) is not None
-        }
+        # each expert layer's expert count: expert parallelism must divide it
+        self.experts = expert_counts(graph) if experts is None else experts
         self.mesh, self.opts, self.planner = mesh, opts, planner
         self.drec_cache, self.counter = drec_cache, counter
         self.micro_batches = micro_batches

@@ -104,10 +104,12 @@ def _check_knobs(
     if mesh.shape[0] % pipeline:
         raise PlanError(
             f"pipeline degree {pipeline} does not divide the outermost mesh axis {mesh.shape[0]}"
+            " (pipeline stages split it); pick --pipeline among its divisors"
         )
     if mesh.size % (tensor * pipeline):
         raise PlanError(
-            f"tensor {tensor} x pipeline {pipeline} does not divide {mesh.size} devices"
+            f"tensor {tensor} x pipeline {pipeline} does not divide {mesh.size} devices; pick "
+            "--tensor and --pipeline whose product divides the mesh"
         )
     if v > 1 and pipeline == 1:
         raise PlanError(
@@ -128,7 +130,9 @@ def _check_knobs(
     per_step = data * mbs
     if batch % per_step:
         raise PlanError(
-            f"batch {batch} is not a multiple of data-parallel ways {data} x micro-batch size {mbs}"
+            f"batch {batch} is not a multiple of data-parallel ways {data} x micro-batch size "
+            f"{mbs}; use a batch that is, a smaller --micro-batch-size, or more tensor or "
+            "pipeline ways"
         )
     m = batch // per_step
     if v > 1 and m % pipeline:

@@ -70,6 +70,7 @@ from shardplan.search.step.profiles import (
     Planner,
     StageProfiler,
     choose_levers,
+    expert_counts,
     heavier_than_fitted,
 )
 from shardplan.search.step.sizes import Built, ModelSizes
@@ -256,6 +257,7 @@ class _Search:
         self.overlap = overlap or Levers()  # nothing overlapped beyond TP / CP
         self.sizes = ModelSizes(problem.builder(), problem.graph, problem.global_batch)
         self.profilers: dict[tuple[int, tuple[int, ...]], StageProfiler] = {}
+        self.experts: dict[int, frozenset[int]] = {}  # per micro-batch size
         self.drec_cache: dict[tuple[object, ...], tuple[Strategy, ...]] = {}
         self.drec_runs = [0]
         self.starts: dict[tuple[int, bool], list[int]] = {}
@@ -320,6 +322,8 @@ class _Search:
             if built is None:
                 return None
             g, segs, prints, split = built
+            if b not in self.experts:  # once per graph, shared by its stage meshes
+                self.experts[b] = expert_counts(g)
             self.profilers[key] = StageProfiler(
                 g,
                 segs,
@@ -332,6 +336,7 @@ class _Search:
                 self.drec_runs,
                 self.problem.global_batch // b,
                 b,
+                self.experts[b],
             )
         return self.profilers[key]
 
