@@ -252,6 +252,14 @@ def _cut_rounds(
     return tuple(out)
 
 
+def megatron_starts(probe: Graph, chunks: int) -> list[int]:
+    """The first segment of each chunk as Megatron-LM cuts the model (`stages.aligned_starts`),
+    FLOP-balanced when its layers do not divide evenly."""
+    segs = segments(probe)
+    split = layer_split(segment_prints(probe, segs))
+    return aligned_starts(split, chunks) or stage_starts(probe, chunks, segs)
+
+
 def megatron_recipe(
     build: Callable[[int], Graph | None],
     batch: int,
@@ -306,10 +314,7 @@ def megatron_recipe(
         bucket_elements=megatron_bucket(data * context) if grad_overlap else 0,
     )
     stages = []
-    segs = segments(probe)
-    split = layer_split(segment_prints(probe, segs))
-    starts = aligned_starts(split, pipeline * v) or stage_starts(probe, pipeline * v, segs)
-    for sub in stage_graphs(graph, starts):
+    for sub in stage_graphs(graph, megatron_starts(probe, pipeline * v)):
         strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
         if context > 1:
             rounds = context_rounds(smesh, strategies, sub, context)
