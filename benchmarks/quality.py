@@ -1,9 +1,12 @@
 """Quality of D-Rec: its plan's cost over the ILP optimum of the same cost model.
 
-For every zoo model at a reduced size (transformers: one layer at their real width, sequence and
-batch; the other models at their default sizes) x meshes 8, 2x8, 4x8, 6, 12 (training, shardplan
-preset, a100 machine): the ILP's status and cost (optimal, or the best plan and HiGHS's dual
-bound when the time limit stopped it), D-Rec's cost and gap = D-Rec / ILP, the best expert plan
+For every zoo model x meshes 8, 2x8, 4x8, 6, 12 (training, shardplan preset, a100 machine): the
+classic transformers of `LAYERED` (BERT, GPT-2, GPT-3, ViT) with one layer at their real width,
+sequence and batch, every other model at its default size — the LLM zoo entries (llama3-*,
+qwen3-*, mixtral-*, deepseek-*, moe-llm, ...) at full depth, so that repeated-layer folding and
+many-layer plans are measured too (their ILPs are larger; the time limit may stop some): the
+ILP's status and cost (optimal, or the best plan and HiGHS's dual bound when the time limit
+stopped it), D-Rec's cost and gap = D-Rec / ILP, the best expert plan
 (data-parallel, megatron, fsdp) over the ILP, and where D-Rec misses: the ops whose strategy
 differs from the ILP's, ranked by how much D-Rec's plan would gain from taking the ILP's strategy
 for that op alone (a single-op swap, priced by the same cost model).
@@ -241,8 +244,9 @@ def markdown(rows: list[dict[str, Any]], command: str, time_limit: float, versio
     md = f"# D-Rec quality against the ILP optimum\n\nCommand: `{command}` (source {version})\n\n"
     md += (
         "Cost model: shardplan preset (seconds per training step, a100 machine), training with "
-        "Adam. Transformers are built with one layer at their real width/sequence/batch, the "
-        f"other models at their default sizes. ILP time limit {time_limit:g} s per case.\n\n"
+        f"Adam. {', '.join(sorted(LAYERED))} are built with one layer at their real "
+        "width/sequence/batch; every other model (the LLM zoo entries at full depth) at its "
+        f"default size. ILP time limit {time_limit:g} s per case.\n\n"
     )
     if done:
         worst = max(done, key=lambda r: r["gap"])

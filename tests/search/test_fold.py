@@ -7,7 +7,7 @@ import random
 import pytest
 
 import shardplan as sp
-from shardplan.cost import CostOptions, ScoreCache, evaluate_strategies
+from shardplan.cost import CostOptions, evaluate_strategies
 from shardplan.search.drec.fold import find_fold
 from shardplan.search.drec.search import _variants, drec
 from shardplan.sharding import cut_problem, local_extents
@@ -97,8 +97,7 @@ def test_folded_search_finds_the_full_search_plan(model, layers, mesh):
     assert fold is not None
     flex = fold.flex_graph()
     assert flex is not None
-    cache = ScoreCache(fold.reduced, mesh, OPTS)
-    assert _variants(fold.reduced, mesh, OPTS, 0.0, fold, flex, cache) is not None  # fold used
+    assert _variants(fold.reduced, mesh, OPTS, 0.0, fold, flex) is not None  # the fold is used
     assert drec(graph, mesh, OPTS) == drec(graph, mesh, OPTS, fold=False)
 
 

@@ -65,3 +65,15 @@ def test_a_precision_the_engine_lacks_is_an_argument_error() -> None:
     opts = CostOptions.make("shardplan", True, "adam", "fp16")
     with pytest.raises(ArgumentError, match="torchtitan trains in bf16, fp32"):
         plan_for_menu(lambda b: None, 8, parse_mesh("8"), opts, None, MENUS["torchtitan"])
+
+
+def test_an_engine_without_any_layout_says_why_not_that_nothing_fits():
+    from shardplan import zoo
+    from shardplan.errors import InfeasibleError
+
+    build = lambda b: zoo.build("bert-base", small=True, batch=b)  # noqa: E731
+    opts = CostOptions.make(dtype="fp32")
+    with pytest.raises(InfeasibleError, match="deepspeed has no layout of .* on mesh 5 at batch 2"):
+        plan_for_menu(build, 2, parse_mesh("5"), opts, None, MENUS["deepspeed"])
+    with pytest.raises(InfeasibleError, match=r"fits 10 KB per device on mesh 8 \(\d+ layouts"):
+        plan_for_menu(build, 8, parse_mesh("8"), opts, 1e4, MENUS["deepspeed"])

@@ -189,6 +189,16 @@ class Fold:
             max(place[u], place[v]) == KEPT and min(place[u], place[v]) <= 0 for u, v in pairs
         )
 
+    def twins(self) -> dict[int, int]:
+        """Reduced-graph op index -> its twin's, for each op of blocks 1 and 2 (both ways)."""
+        ops, index = self.full.ops, self.reduced.op_index
+        first = self.start + self.period
+        pairs = [
+            (index[ops[first + j].name], index[ops[first + self.period + j].name])
+            for j in range(self.period)
+        ]
+        return {a: b for a, b in pairs} | {b: a for a, b in pairs}
+
     def uniform(self, plan: Mapping[str, Strategy]) -> bool:
         """Blocks 1 and 2 of a reduced plan decide alike (the interior's fixed point)."""
         ops = self.full.ops

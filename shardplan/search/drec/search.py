@@ -22,7 +22,8 @@ Inner pass over the graph, per round r (prices: `costs.RoundCosts`):
      left unused (all replicated); the cheapest is locally improved op by op (bounded worklist).
 `drec()` runs this for a few variants (how "no cut" is priced, which heavy ops go first, leading
 mesh axes left unused, how hopefully all-reduces are priced, whether heavy ops see the next
-round) and keeps the plan the evaluator scores lowest.
+round), polishes each plan by exact single-op moves across rounds (`polish.py`, linear per
+sweep) and keeps the plan the evaluator scores lowest.
 Cost: per round O(|V| log |V| + |E| * budget) — a sort plus dictionary look-ups — so the search is
 O((|V| log |V| + |E|) * rounds * variants), variants <= 2 * (3 + mesh axes) + 1: linear in the
 graph, logarithmic in the devices.
@@ -36,17 +37,18 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.costs import RoundCosts
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
-from shardplan.search.drec.fold import Fold, find_fold
+from shardplan.search.drec.fold import Fold, find_fold, op_labels
 from shardplan.search.drec.gates import unused_floor, without_gc_pauses
 from shardplan.search.drec.nextround import differs
 from shardplan.search.drec.overlay import Overlay
+from shardplan.search.drec.polish import plan_score, polish
 from shardplan.search.drec.state import EdgeBook
+from shardplan.search.drec.submesh import with_smaller_meshes
 from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy, cut_problem
 
@@ -455,7 +457,6 @@ def drec(
     return drec_folded(graph, mesh, opts, memory_lambda, fold, fixed)[0]
 
 
-@without_gc_pauses()  # the collector paused while it runs (`gates.without_gc_pauses`)
 def drec_folded(
     graph: Graph,
     mesh: Mesh,
@@ -463,12 +464,12 @@ def drec_folded(
     memory_lambda: float = 0.0,
     fold: bool = True,
     fixed: Mapping[str, Strategy] | None = None,
-    cache: ScoreCache | None = None,
+    cache: Any = None,
 ) -> tuple[dict[str, Strategy], Fold | None]:
     """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the
-    full graph was searched); `memory_lambda` (cost units per byte) penalises cuts that keep
-    tensors replicated, used by the memory-aware driver (`driver.py`); `cache`, a `ScoreCache`
-    of `graph`, labels `find_fold`'s ops and prices the variants' scores. `fixed` (op name ->
+    full graph was searched; `cache`, a `ScoreCache` of `graph`, labels `find_fold`'s ops);
+    `memory_lambda` (cost units per byte) penalises cuts that keep tensors replicated, used by
+    the memory-aware driver (`driver.py`). `fixed` (op name ->
     strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
     so their neighbours plan around them; variants that would override them are skipped and the
     graph is not folded (a pinned op makes its layer unlike the others).
@@ -492,22 +493,43 @@ def drec_folded(
         ops' cuts also priced by their cheapest own price in that next round (`nextround.py`;
         GPT-3's tied output layer on mesh 12: 1.121 -> 1.014 of the ILP optimum); a variant,
         not the pricing: it over-weighs the next round where edges decide (an MoE layer on 12).
+    Each variant's plan is then polished exactly (`polish.py`: single-op moves across rounds,
+    priced by the evaluator's rows), which repairs a round's cut made under assumptions the
+    later rounds broke (an MoE layer on mesh 12: 1.158 -> 1.000 of the ILP optimum). When the
+    innermost axis mixes primes, the variants also run on the mesh without its trailing rounds
+    of the largest prime (`submesh.py`; qwen3, 2 layers, on 18: 1.276 -> 1.005).
     That is at most 2 * (3 + mesh axes) + 1 linear searches; the unused-axis ones are shorter. With
     the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
     A run of >= 6 identical blocks is folded (`fold.py`): the variants search blocks 0, 1, 2 and
     the last; when blocks 1 and 2 decide alike every interior block takes that decision, else
     (or with `fold=False`) the full graph is searched."""
-    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
-    repeats = find_fold(graph, cache.classes) if fold and not fixed else None
+    with without_gc_pauses():
+        return _drec_folded(graph, mesh, opts, memory_lambda, fold, fixed, cache)
+
+
+def _drec_folded(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: bool,
+    fixed: Mapping[str, Strategy] | None,
+    cache: Any = None,
+) -> tuple[dict[str, Strategy], Fold | None]:
+    """`drec_folded` with the collector paused."""
+    labels = cache.classes if cache is not None else None  # the front door's classes
+    repeats = find_fold(graph, labels) if fold and not fixed else None
     flex = repeats.flex_graph() if repeats is not None else None
-    if repeats is not None and flex is not None:  # the reduced graph scored on the same prices
-        reduced = ScoreCache(repeats.reduced, mesh, opts, cache.table)
-        plan = _variants(repeats.reduced, mesh, opts, memory_lambda, repeats, flex, reduced)
+    if repeats is not None and flex is not None:
+        plan = with_smaller_meshes(
+            _variants, repeats.reduced, mesh, opts, memory_lambda, repeats, flex
+        )
         if plan is not None:
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
-    plan = _variants(graph, mesh, opts, memory_lambda, None, build_flex_graph(graph), cache, pinned)
+    flex = build_flex_graph(graph)
+    plan = with_smaller_meshes(_variants, graph, mesh, opts, memory_lambda, None, flex, pinned)
     assert plan is not None
     return plan, None
 
@@ -519,10 +541,11 @@ def _variants(
     memory_lambda: float,
     fold: Fold | None,
     flex: FlexGraph,
-    cache: ScoreCache,
     pinned: Mapping[int, Strategy] | None = None,
 ) -> dict[str, Strategy] | None:
-    """The variants' best plan of `graph`, scored by `cache` (None: the fold's interior broke)."""
+    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
+    from shardplan.cost.evaluate import ScoreCache
+
     best: dict[str, Strategy] | None = None
     best_score = float("inf")
     rounds = mesh.rounds
@@ -536,9 +559,12 @@ def _variants(
         first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
         variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
     weights = fold.round_weights() if fold is not None else None
-    labels = fold.labels if fold is not None else cache.classes  # the same for every variant
+    labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
     scored: list[tuple[dict[str, Strategy], float]] = []
+    raw: list[dict[str, Strategy]] = []  # the variants' plans before the polish
+    twins = fold.twins() if fold is not None else None
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
+    cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
     runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
     if not opts.preset.symbolic and any(map(differs, rounds, rounds[1:])):
         runs.append((0, False, False, False, False, True))  # the next-round lookahead
@@ -576,16 +602,19 @@ def _variants(
             if search.binding and not (unused or final_compute or ahead):  # a round could not cut
                 # where the first variants assumed it would: price them hopefully too
                 runs.appendleft((unused, final_compute, defer, by_min, True, ahead))
-        if any(strategies == plan for plan, _ in scored):
+        if strategies in raw:
             continue  # another variant found the same plan: it is scored already
-        if fold is not None:
-            if not fold.uniform(strategies):
+        raw.append(strategies)
+        plans = [polish(graph, mesh, strategies, cache, weights, twins, frozen=pinned)]
+        if memory_lambda:  # the polish prices time alone: the plan it started from may weigh less
+            plans.append(strategies)
+        for strategies in plans:
+            if any(strategies == plan for plan, _ in scored):
+                continue  # another variant's plan polished into this one: scored already
+            if fold is not None and not fold.uniform(strategies):
                 return None
-            score = fold.score(mesh, strategies, opts, memory_lambda, cache)
-        else:
-            cost = evaluate_strategies(graph, mesh, strategies, opts, cache=cache)
-            score = cost.total + memory_lambda * cost.memory_per_device
-        scored.append((strategies, score))
-        if score < best_score:
-            best, best_score = strategies, score
+            score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, strategies)
+            scored.append((strategies, score))
+            if score < best_score:
+                best, best_score = strategies, score
     return best

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from shardplan import units
 from shardplan.cost import CostOptions
 from shardplan.cost.overlap import (
     DDP_BUCKET_BYTES,
@@ -47,7 +48,7 @@ from shardplan.plans import Plan
 from shardplan.search import experts
 from shardplan.search.step.notes import axis_summary, steps_note
 from shardplan.search.step.profiles import LEVERS, stage_tensor_degrees
-from shardplan.search.step.stages import stage_mesh, tokens_per_sample
+from shardplan.search.step.stages import aligned_starts, stage_mesh, tokens_per_sample
 from shardplan.search.step.structure import LayerSplit, graph_layers, layer_split
 from shardplan.search.step.structure import fingerprint as _fingerprint
 from shardplan.training import Stage, TrainingPlan, at_precision, pipeline_of
@@ -282,9 +283,7 @@ def layout_plan(
     if split.layers % n:
         raise PlanError(f"{split.layers} layers do not split evenly over {n} pipeline stages")
     segs = segments(graph)
-    per = split.layers // n
-    starts = [0] + [segs[split.layer_start(s * per)].start for s in range(1, n)]
-    bounds = [*starts, len(graph.ops)]
+    bounds = [*(segs[k].start for k in aligned_starts(split, n) or [0]), len(graph.ops)]
     smesh = stage_mesh(mesh, n)
     stages = cache or _Stages(opts)
     sp = layout.levers.sequence_parallel or (menu is not None and menu.sequence_parallel_at(t))
@@ -376,12 +375,20 @@ def plan_for_menu(
         say(f"  {menu.engine}: {label}: step {tp.step.step_s:.4g} s")
         if best is None or _faster(tp, best[0]):
             best = (tp, t)
-    if best is None:
+    if best is None and not candidates:
         raise InfeasibleError(
-            f"no {menu.engine} layout of {probe.name!r} fits "
-            f"{(budget or 0) / 1e9:.3g} GB per device on mesh {mesh.text()} ({tried} layouts "
-            f"of tensor x pipeline x data x micro-batch size with {menu.engine}'s recomputation "
-            "and ZeRO); use more devices, a larger --memory, or drop --target"
+            f"{menu.engine} has no layout of {probe.name!r} on mesh {mesh.text()} at batch "
+            f"{batch}: its pipeline stages must divide the outermost axis and the "
+            f"{split.layers} layers, and the batch must split over the data-parallel ways in "
+            f"micro-batches of {', '.join(map(str, MICRO_BATCH_SIZES))}; try another --batch or "
+            "--mesh, or drop --target"
+        )
+    if best is None:
+        room = f"fits {units.nbytes(budget)} per device" if budget is not None else "fits"
+        raise InfeasibleError(
+            f"no {menu.engine} layout of {probe.name!r} {room} on mesh {mesh.text()} ({tried} "
+            f"layouts of tensor x pipeline x data x micro-batch size with {menu.engine}'s "
+            "recomputation and ZeRO); use more devices, a larger --memory, or drop --target"
         )
     plan, t = best
     lv = plan.stages[0].levers
@@ -412,9 +419,7 @@ def _candidates(
     outer = mesh.shape[0]
     for n in (s for s in range(1, outer + 1) if outer % s == 0 and split.layers % s == 0):
         smesh = stage_mesh(mesh, n)
-        per = split.layers // n
-        bounds = [0] + [segs[split.layer_start(s * per)].start for s in range(1, n)]
-        bounds.append(len(probe.ops))
+        bounds = [*(segs[k].start for k in aligned_starts(split, n) or [0]), len(probe.ops)]
         for t in menu.tensor_degrees(smesh):
             data = smesh.size // t
             for mbs in MICRO_BATCH_SIZES:

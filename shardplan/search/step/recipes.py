@@ -104,10 +104,12 @@ def _check_knobs(
     if mesh.shape[0] % pipeline:
         raise PlanError(
             f"pipeline degree {pipeline} does not divide the outermost mesh axis {mesh.shape[0]}"
+            " (pipeline stages split it); pick --pipeline among its divisors"
         )
     if mesh.size % (tensor * pipeline):
         raise PlanError(
-            f"tensor {tensor} x pipeline {pipeline} does not divide {mesh.size} devices"
+            f"tensor {tensor} x pipeline {pipeline} does not divide {mesh.size} devices; pick "
+            "--tensor and --pipeline whose product divides the mesh"
         )
     if v > 1 and pipeline == 1:
         raise PlanError(
@@ -128,7 +130,9 @@ def _check_knobs(
     per_step = data * mbs
     if batch % per_step:
         raise PlanError(
-            f"batch {batch} is not a multiple of data-parallel ways {data} x micro-batch size {mbs}"
+            f"batch {batch} is not a multiple of data-parallel ways {data} x micro-batch size "
+            f"{mbs}; use a batch that is, a smaller --micro-batch-size, or more tensor or "
+            "pipeline ways"
         )
     m = batch // per_step
     if v > 1 and m % pipeline:
@@ -248,6 +252,14 @@ def _cut_rounds(
     return tuple(out)
 
 
+def megatron_starts(probe: Graph, chunks: int) -> list[int]:
+    """The first segment of each chunk as Megatron-LM cuts the model (`stages.aligned_starts`),
+    FLOP-balanced when its layers do not divide evenly."""
+    segs = segments(probe)
+    split = layer_split(segment_prints(probe, segs))
+    return aligned_starts(split, chunks) or stage_starts(probe, chunks, segs)
+
+
 def megatron_recipe(
     build: Callable[[int], Graph | None],
     batch: int,
@@ -302,10 +314,7 @@ def megatron_recipe(
         bucket_elements=megatron_bucket(data * context) if grad_overlap else 0,
     )
     stages = []
-    segs = segments(probe)
-    split = layer_split(segment_prints(probe, segs))
-    starts = aligned_starts(split, pipeline * v) or stage_starts(probe, pipeline * v, segs)
-    for sub in stage_graphs(graph, starts):
+    for sub in stage_graphs(graph, megatron_starts(probe, pipeline * v)):
         strategies = expert_parallel(sub, smesh, megatron(sub, smesh, tensor), expert)
         if context > 1:
             rounds = context_rounds(smesh, strategies, sub, context)

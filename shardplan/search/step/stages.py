@@ -58,7 +58,9 @@ def balanced_stages(costs: Sequence[float], stages: int) -> list[int]:
 def aligned_starts(split: LayerSplit, stages: int) -> list[int] | None:
     """The first segment of each of `stages` chunks of equal whole layers of the model's
     repeated run `split` (module docstring); None when the layers do not divide evenly."""
-    if split.layers < 2 or stages > split.layers or split.layers % stages:
+    if stages == 1:
+        return [0]
+    if stages > split.layers or split.layers % stages:
         return None
     per = split.layers // stages
     return [0, *(split.layer_start(s * per) for s in range(1, stages))]
