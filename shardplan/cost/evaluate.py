@@ -457,6 +457,7 @@ __all__ = [  # with the per-op facts of `cost.classes` its callers import from h
     "op_intra",
     "op_key",
     "op_terms",
+    "own_and_edges",
     "output_layouts",
     "param_homes",
     "previous_consumer",
@@ -522,7 +523,7 @@ def _rows(
     by_reader: Mapping[int, CommTerms],
 ) -> tuple[list[OpCost], list[float], float]:
     """The breakdown's rows, its communication fields and its compute: `op_terms`' walk inlined
-    (`_own_and_edges`, a parameter's ZeRO collectives on its first reader's row), each field
+    (`own_and_edges`, a parameter's ZeRO collectives on its first reader's row), each field
     summed op by op as `comm + intra + redistribution` (the same additions in the same order as
     adding the ops' CommTerms; a field's sum does not depend on the others'). O(operands)."""
     graph = cache.graph
@@ -567,7 +568,7 @@ def _rows(
     return rows, comm, compute
 
 
-def _own_and_edges(
+def own_and_edges(
     cache: ScoreCache,
     strategies: Mapping[str, Strategy],
     homes: Mapping[str, Layout],

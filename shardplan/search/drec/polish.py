@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from shardplan.cost.evaluate import ScoreCache, _own_and_edges, evaluate_strategies, param_homes
+from shardplan.cost.evaluate import ScoreCache, evaluate_strategies, own_and_edges, param_homes
 from shardplan.cost.presets import CostOptions
 from shardplan.errors import ShardplanError
 from shardplan.ir.graph import Graph, Role
@@ -39,7 +39,7 @@ SWEEPS = 3
 
 
 class _Rows:
-    """The evaluator's rows of one plan, kept current as ops move (`evaluate._own_and_edges`)."""
+    """The evaluator's rows of one plan, kept current as ops move (`evaluate.own_and_edges`)."""
 
     def __init__(
         self,
@@ -85,7 +85,7 @@ class _Rows:
     def row(self, j: int) -> float:
         op = self.graph.ops[j]
         price = self.cache.price(op, self.cache.classes[j], self.plan[op.name])
-        intra, redis = _own_and_edges(self.cache, self.plan, self.homes, self.out, j, op, price)
+        intra, redis = own_and_edges(self.cache, self.plan, self.homes, self.out, j, op, price)
         total = price.compute + intra.total + redis.total
         return total * self.weights[j] if self.weights is not None else total
 

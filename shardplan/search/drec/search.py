@@ -42,14 +42,11 @@ from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.costs import RoundCosts
 from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
-from shardplan.search.drec.fold import Fold, find_fold, op_labels
-from shardplan.search.drec.gates import unused_floor, without_gc_pauses
-from shardplan.search.drec.nextround import differs
+from shardplan.search.drec.fold import Fold, find_fold
+from shardplan.search.drec.gates import without_gc_pauses
 from shardplan.search.drec.overlay import Overlay
-from shardplan.search.drec.polish import plan_score, polish
-from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.submesh import with_smaller_meshes
-from shardplan.search.drec.tables import SearchTables
+from shardplan.search.drec.variants import best_variant
 from shardplan.sharding import Strategy, cut_problem
 
 
@@ -543,78 +540,7 @@ def _variants(
     flex: FlexGraph,
     pinned: Mapping[int, Strategy] | None = None,
 ) -> dict[str, Strategy] | None:
-    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior)."""
-    from shardplan.cost.evaluate import ScoreCache
-
-    best: dict[str, Strategy] | None = None
-    best_score = float("inf")
-    rounds = mesh.rounds
-    axis_ends = [r for r in range(1, len(rounds)) if rounds[r].mesh_axis != rounds[r - 1].mesh_axis]
-    variants = [(0, False, False, False), (0, True, True, False)]
-    variants += [(k, False, False, False) for k in [*axis_ends, len(rounds)]]
-    variants.insert(1, (0, False, False, True))
-    if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
-        variants = variants[:1]
-    if pinned:  # a variant leaving rounds unused must not override a fixed cut in them
-        first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
-        variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
-    weights = fold.round_weights() if fold is not None else None
-    labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
-    scored: list[tuple[dict[str, Strategy], float]] = []
-    raw: list[dict[str, Strategy]] = []  # the variants' plans before the polish
-    twins = fold.twins() if fold is not None else None
-    tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
-    cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
-    runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
-    if not opts.preset.symbolic and any(map(differs, rounds, rounds[1:])):
-        runs.append((0, False, False, False, False, True))  # the next-round lookahead
-    rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
-    prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
-    edges = EdgeBook()  # and edge contexts and prices
-    while runs:
-        unused, final_compute, defer, by_min, hopeful, ahead = runs.popleft()
-        if unused and best_score < unused_floor(graph, mesh, opts, unused, weights):
-            continue  # leaving those rounds unused cannot beat the plan found: not searched
-        if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
-            strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
-        else:
-            search = (_PinnedSearch if pinned else _Search)(
-                graph,
-                mesh,
-                opts,
-                memory_lambda,
-                unused,
-                final_compute,
-                flex,
-                weights,
-                labels,
-                hopeful=hopeful,
-                tables=tables,
-                defer_ties=defer,
-                lightest_cut_order=by_min,
-                fixed=pinned,
-                rounds_seen=rounds_seen,
-                shared_prices=prices,
-                shared_edges=edges,
-                next_round=ahead,
-            )
-            strategies = search.run()
-            if search.binding and not (unused or final_compute or ahead):  # a round could not cut
-                # where the first variants assumed it would: price them hopefully too
-                runs.appendleft((unused, final_compute, defer, by_min, True, ahead))
-        if strategies in raw:
-            continue  # another variant found the same plan: it is scored already
-        raw.append(strategies)
-        plans = [polish(graph, mesh, strategies, cache, weights, twins, frozen=pinned)]
-        if memory_lambda:  # the polish prices time alone: the plan it started from may weigh less
-            plans.append(strategies)
-        for strategies in plans:
-            if any(strategies == plan for plan, _ in scored):
-                continue  # another variant's plan polished into this one: scored already
-            if fold is not None and not fold.uniform(strategies):
-                return None
-            score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, strategies)
-            scored.append((strategies, score))
-            if score < best_score:
-                best, best_score = strategies, score
-    return best
+    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior),
+    each variant a `_Search` (`_PinnedSearch` with pinned ops; `variants.best_variant`)."""
+    search_class = _PinnedSearch if pinned else _Search
+    return best_variant(graph, mesh, opts, memory_lambda, fold, flex, pinned, search_class)

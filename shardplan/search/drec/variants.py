@@ -1,0 +1,128 @@
+"""D-Rec's variants: which greedy searches one call runs, and the best of their polished plans.
+
+Each variant (`search.drec_folded`'s docstring: "no cut" priced two ways, leading axes left
+unused, heavy ops by their dearest or cheapest cut, hopeful all-reduces, the next-round
+lookahead) is one linear `search._Search` run over the rounds; its plan is polished
+(`polish.py`) and scored by the evaluator, and the lowest score is kept. Variants share the
+graph's tables, own prices and edge contexts (`tables.py`, `state.py`), the rounds an earlier
+variant already decided alike, and one `ScoreCache` for scoring. A variant leaving rounds unused
+is skipped when `gates.unused_floor` shows it cannot win. O(variants x linear search).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shardplan.cost.evaluate import ScoreCache
+from shardplan.cost.presets import CostOptions
+from shardplan.ir.graph import Graph
+from shardplan.mesh import Mesh
+from shardplan.search.drec.flex import FlexGraph
+from shardplan.search.drec.fold import Fold, op_labels
+from shardplan.search.drec.gates import unused_floor
+from shardplan.search.drec.nextround import differs
+from shardplan.search.drec.polish import plan_score, polish
+from shardplan.search.drec.state import EdgeBook
+from shardplan.search.drec.tables import SearchTables
+from shardplan.sharding import Strategy
+
+
+def variant_runs(
+    mesh: Mesh, opts: CostOptions, pinned: Mapping[int, Strategy] | None
+) -> deque[tuple[int, bool, bool, bool, bool, bool]]:
+    """The variants to run (`search.drec_folded`'s docstring), as (rounds left unused, final
+    compute, ties deferred, lightest cut first, hopeful all-reduces, next-round lookahead)."""
+    rounds = mesh.rounds
+    axis_ends = [r for r in range(1, len(rounds)) if rounds[r].mesh_axis != rounds[r - 1].mesh_axis]
+    variants = [(0, False, False, False), (0, True, True, False)]
+    variants += [(k, False, False, False) for k in [*axis_ends, len(rounds)]]
+    variants.insert(1, (0, False, False, True))
+    if opts.preset.symbolic:  # MindSpore's constants: its one greedy pass, to reproduce it
+        variants = variants[:1]
+    if pinned:  # a variant leaving rounds unused must not override a fixed cut in them
+        first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
+        variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
+    runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
+    if not opts.preset.symbolic and any(map(differs, rounds, rounds[1:])):
+        runs.append((0, False, False, False, False, True))  # the next-round lookahead
+    return runs
+
+
+def best_variant(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Fold | None,
+    flex: FlexGraph,
+    pinned: Mapping[int, Strategy] | None,
+    search_class: Callable[..., Any],
+) -> dict[str, Strategy] | None:
+    """Every variant's plan, polished (`polish.py`), the lowest scored kept; None when a variant
+    broke `fold`'s uniform interior. `search_class` runs one variant (`search._Search`)."""
+    best: dict[str, Strategy] | None = None
+    best_score = float("inf")
+    rounds = mesh.rounds
+    weights = fold.round_weights() if fold is not None else None
+    labels = fold.labels if fold is not None else op_labels(graph)  # the same for every variant
+    scored: list[tuple[dict[str, Strategy], float]] = []
+    raw: list[dict[str, Strategy]] = []  # the variants' plans before the polish
+    twins = fold.twins() if fold is not None else None
+    tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
+    cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
+    runs = variant_runs(mesh, opts, pinned)
+    rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
+    prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
+    edges = EdgeBook()  # and edge contexts and prices
+    while runs:
+        unused, final_compute, defer, by_min, hopeful, ahead = runs.popleft()
+        if unused and best_score < unused_floor(graph, mesh, opts, unused, weights):
+            continue  # leaving those rounds unused cannot beat the plan found: not searched
+        if unused == len(rounds) and not pinned:  # nothing left to search: all replicated
+            strategies = {op.name: (None,) * len(rounds) for op in graph.ops}
+        else:
+            search = search_class(
+                graph,
+                mesh,
+                opts,
+                memory_lambda,
+                unused,
+                final_compute,
+                flex,
+                weights,
+                labels,
+                hopeful=hopeful,
+                tables=tables,
+                defer_ties=defer,
+                lightest_cut_order=by_min,
+                fixed=pinned,
+                rounds_seen=rounds_seen,
+                shared_prices=prices,
+                shared_edges=edges,
+                next_round=ahead,
+            )
+            strategies = search.run()
+            if search.binding and not (unused or final_compute or ahead):  # a round could not cut
+                # where the first variants assumed it would: price them hopefully too
+                runs.appendleft((unused, final_compute, defer, by_min, True, ahead))
+        if strategies in raw:
+            continue  # another variant found the same plan: it is scored already
+        raw.append(strategies)
+        plans = [polish(graph, mesh, strategies, cache, weights, twins, frozen=pinned)]
+        if memory_lambda:  # the polish prices time alone: the plan it started from may weigh less
+            plans.append(strategies)
+        for strategies in plans:
+            if any(strategies == plan for plan, _ in scored):
+                continue  # another variant's plan polished into this one: scored already
+            if fold is not None and not fold.uniform(strategies):
+                return None
+            score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, strategies)
+            scored.append((strategies, score))
+            if score < best_score:
+                best, best_score = strategies, score
+    return best
+
+
+__all__ = ["best_variant", "variant_runs"]
