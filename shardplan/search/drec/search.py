@@ -35,13 +35,14 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.costs import RoundCosts
-from shardplan.search.drec.flex import FlexEdge, FlexGraph, build_flex_graph
+from shardplan.search.drec.flex import FlexEdge, build_flex_graph
 from shardplan.search.drec.fold import Fold, find_fold
 from shardplan.search.drec.gates import without_gc_pauses
 from shardplan.search.drec.overlay import Overlay
@@ -531,16 +532,6 @@ def _drec_folded(
     return plan, None
 
 
-def _variants(
-    graph: Graph,
-    mesh: Mesh,
-    opts: CostOptions,
-    memory_lambda: float,
-    fold: Fold | None,
-    flex: FlexGraph,
-    pinned: Mapping[int, Strategy] | None = None,
-) -> dict[str, Strategy] | None:
-    """The variants' best plan of `graph` (None: a variant broke `fold`'s uniform interior),
-    each variant a `_Search` (`_PinnedSearch` with pinned ops; `variants.best_variant`)."""
-    search_class = _PinnedSearch if pinned else _Search
-    return best_variant(graph, mesh, opts, memory_lambda, fold, flex, pinned, search_class)
+# the variants' best plan of a graph (None: a variant broke the fold's uniform interior), each
+# variant one `_Search` (`_PinnedSearch` with pinned ops)
+_variants = partial(best_variant, searches=(_Search, _PinnedSearch))

@@ -57,11 +57,14 @@ def best_variant(
     memory_lambda: float,
     fold: Fold | None,
     flex: FlexGraph,
-    pinned: Mapping[int, Strategy] | None,
-    search_class: Callable[..., Any],
+    pinned: Mapping[int, Strategy] | None = None,
+    *,
+    searches: tuple[Callable[..., Any], Callable[..., Any]],
 ) -> dict[str, Strategy] | None:
     """Every variant's plan, polished (`polish.py`), the lowest scored kept; None when a variant
-    broke `fold`'s uniform interior. `search_class` runs one variant (`search._Search`)."""
+    broke `fold`'s uniform interior. `searches`: the class running one variant, and the one
+    running it with pinned ops (`search._Search`, `search._PinnedSearch`)."""
+    search_class = searches[1] if pinned else searches[0]
     best: dict[str, Strategy] | None = None
     best_score = float("inf")
     rounds = mesh.rounds
