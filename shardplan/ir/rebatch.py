@@ -11,8 +11,9 @@ differs — a dim neither equal nor proportional (FLOPs quadratic in the batch, 
 a bound), another op list, another name — gives None: the caller builds. A number that must stay
 whole and would not at n, or would become 1 (the catalogue writes size-1 dims as broadcasts, a
 different signature), also gives None. Two builds cannot rule out a builder whose sizes change
-course at a third batch, so the caller checks one derived graph against a real build before
-trusting the rest (`training` search: `search.step.search._Search.graph`).
+course at a third batch, so the training search checks one derived graph against a real build
+before trusting the rest (`search.step.sizes.ModelSizes`); imports, where a third trace costs
+seconds, derive every op again through the catalogue instead (`BatchScaling.through_catalogue`).
 O(ops + tensors) to learn and per derived graph, without the builder's catalogue calls,
 topological sort and verification.
 """
