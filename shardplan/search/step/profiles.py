@@ -348,14 +348,7 @@ class StageProfiler:
             return self._whole(a, e, family)
         own2, own3 = (self._reduced(shape, j, family) for j in (2, 3))
         if family not in self.increments:  # the first chunk of the run priced under this family
-            own4 = self._reduced(shape, 4, family)
-            linear = (
-                own2 is not None
-                and own3 is not None
-                and own4 is not None
-                and same_increment(own2, own3, own3, own4)
-                and _peaks(own3) == _peaks(own4)
-            )
+            linear = self._confirmed(shape, family, own2, own3)
             self.increments[family] = (own2, own3) if linear else None  # type: ignore[assignment]
         step = self.increments[family]
         if own2 is None or own3 is None or _peaks(own2) != _peaks(own3):
@@ -364,12 +357,27 @@ class StageProfiler:
             return extrapolate(own2, step[0], step[1], shape.periods)
         # another increment (a chunk cut mid-layer checkpoints other blocks): its own, when its
         # four-period reduction confirms it; else the layers do not repeat: price the chunk
-        own4 = self._reduced(shape, 4, family)
-        if own4 is None or not same_increment(own2, own3, own3, own4):
-            return self._whole(a, e, family)
-        if _peaks(own3) != _peaks(own4):
+        if not self._confirmed(shape, family, own2, own3):
             return self._whole(a, e, family)
         return extrapolate(own2, own2, own3, shape.periods)
+
+    def _confirmed(
+        self,
+        shape: ChunkShape,
+        family: Family,
+        own2: StageProfile | None,
+        own3: StageProfile | None,
+    ) -> bool:
+        """Whether the four-period reduction adds what the three-period one added to the two-
+        period one, with the same peaks: the increment own3 - own2 is the chunk's per period."""
+        if own2 is None or own3 is None:
+            return False
+        own4 = self._reduced(shape, 4, family)
+        return (
+            own4 is not None
+            and same_increment(own2, own3, own3, own4)
+            and _peaks(own3) == _peaks(own4)
+        )
 
     def _whole(self, a: int, e: int, family: Family) -> StageProfile | None:
         key = (family, tuple(self.prints[a:e]))

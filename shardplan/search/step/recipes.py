@@ -31,20 +31,17 @@ from shardplan.errors import PlanError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
-from shardplan.ir.segments import segments
 from shardplan.ir.signature import loop_names, major_positions
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search.experts import context_parallel, megatron
 from shardplan.search.step.notes import axis_summary
 from shardplan.search.step.stages import (
-    aligned_starts,
+    megatron_starts,
     stage_graphs,
     stage_mesh,
-    stage_starts,
     tokens_per_sample,
 )
-from shardplan.search.step.structure import layer_split, segment_prints
 from shardplan.sharding import Strategy, cut_problem
 from shardplan.training import TrainingPlan, assemble, at_precision
 
@@ -250,14 +247,6 @@ def _cut_rounds(
         extents[dim] //= mesh.rounds[r].q
         out[r] = dim
     return tuple(out)
-
-
-def megatron_starts(probe: Graph, chunks: int) -> list[int]:
-    """The first segment of each chunk as Megatron-LM cuts the model (`stages.aligned_starts`),
-    FLOP-balanced when its layers do not divide evenly."""
-    segs = segments(probe)
-    split = layer_split(segment_prints(probe, segs))
-    return aligned_starts(split, chunks) or stage_starts(probe, chunks, segs)
 
 
 def megatron_recipe(

@@ -75,7 +75,7 @@ from shardplan.search.step.profiles import (
 )
 from shardplan.search.step.sizes import Built, ModelSizes
 from shardplan.search.step.stages import (
-    aligned_starts,
+    megatron_starts,
     stage_graphs,
     stage_mesh,
     stage_starts,
@@ -305,8 +305,11 @@ class _Search:
         """The first segment of each chunk: FLOP-balanced, or `aligned` (Megatron-LM's cut)."""
         if (chunks, aligned) not in self.starts:
             probe, segs = self.sizes.probe[0], self.sizes.probe[1]
-            cut = aligned_starts(self.probe_split, chunks) if aligned else None
-            self.starts[chunks, aligned] = cut or stage_starts(probe, chunks, segs)
+            self.starts[chunks, aligned] = (
+                megatron_starts(probe, chunks, segs, self.probe_split)
+                if aligned
+                else stage_starts(probe, chunks, segs)
+            )
         return self.starts[chunks, aligned]
 
     def chunk_cuts(self, chunks: int) -> list[tuple[bool, list[int]]]:

@@ -44,10 +44,9 @@ class ModelSizes:
             if g is not None:
                 self.derived += 1
                 segs = self.probe[1]  # the same ops, order and roles as the probe
-            else:
-                g = self._built(b)
-                segs = None if g is None else segments(g)
-            if g is None or segs is None:
+            elif (g := self._built(b)) is not None:
+                segs = segments(g)
+            if g is None:
                 self.built[b] = None
             else:
                 prints = segment_prints(g, segs, self.ids)

@@ -21,7 +21,7 @@ from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import Segment, segments, subgraph
 from shardplan.mesh import Mesh
-from shardplan.search.step.structure import LayerSplit
+from shardplan.search.step.structure import LayerSplit, layer_split, segment_prints
 
 
 def stage_mesh(mesh: Mesh, stages: int) -> Mesh:
@@ -64,6 +64,20 @@ def aligned_starts(split: LayerSplit, stages: int) -> list[int] | None:
         return None
     per = split.layers // stages
     return [0, *(split.layer_start(s * per) for s in range(1, stages))]
+
+
+def megatron_starts(
+    probe: Graph,
+    chunks: int,
+    segs: Sequence[Segment] | None = None,
+    split: LayerSplit | None = None,
+) -> list[int]:
+    """The first segment of each chunk as Megatron-LM cuts the model (`aligned_starts`),
+    FLOP-balanced (`stage_starts`) when its layers do not divide evenly; `segs` and `split`:
+    the probe's segments and layer split when known."""
+    segs = segments(probe) if segs is None else segs
+    split = layer_split(segment_prints(probe, segs)) if split is None else split
+    return aligned_starts(split, chunks) or stage_starts(probe, chunks, segs)
 
 
 def tokens_per_sample(graph: Graph, batch: int) -> int:
