@@ -61,6 +61,9 @@ from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.tables import SearchTables, layout
 from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
 
+_UNDECIDED = 0
+"""An op not decided yet, in `_local_costs`' memo keys (never a cut: cuts are names or None)."""
+
 
 class RoundCosts(NextRoundPrices, RoundLedger):
     """One D-Rec call's state and per-round prices (no module state)."""
@@ -111,14 +114,19 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
         self._edges_to_cache: dict[tuple[int, int], Any] = {}  # `_edges_to`
         self._peers: dict[int, set[int]] = {}  # `_param_peers`
-        self._near_cache: dict[tuple[object, ...], list[float]] = {}
-        """(op, operand, neighbour's layout) -> the edge's price under each of op's cuts."""
+        self._near_cache = self._near_book
+        """(op, operand, neighbour's layout, context, cuts) -> the edge's price under each cut:
+        kept across rounds and shared by the variants (`EdgeBook.near`; the context holds the
+        round)."""
         self._shared_prices = shared_prices if shared_prices is not None else {}
         """The same, for every search of one call that prices alike (an op's kind holds its
         whole state: searches that reach it price it alike)."""
         self._price_key = (tuple(self.compute_divisor), hopeful, memory_lambda, next_round)
         self._reduced_inputs: list[dict[str | None, tuple[str, ...]]] = [{} for _ in graph.ops]
         """Per op, per cut: the inputs whose gradient the cut all-reduces."""
+        self._local_deps = tables.local_deps
+        self._local_memo: dict[tuple[object, ...], Any] = {}
+        """(op, the cuts its local costs read) -> `_local_costs` this round."""
         self.begin_round(0)
 
     # -- per-round helpers --------------------------------------------------------------------
@@ -430,19 +438,21 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
     ) -> dict[str | None, float]:
         """Redistribution of each candidate against the immediate neighbours decided so far. An
-        edge's prices over op i's cuts, given its neighbour's layout, are kept for the round
-        (settling revisits the same pairs), and added in edge order as before."""
+        edge's prices over op i's cuts, given its neighbour's layout and its context, are kept
+        (settling revisits the same pairs, other rounds and variants the same contexts), and
+        added in edge order as before."""
         layouts = self.layouts
         if self.param_positions[i]:
             shared = self._shared_param_costs(i, cuts, decided)
             costs = [shared[cut] for cut in cuts]  # per cut, in `cuts` order
         else:
             costs = [0.0] * len(cuts)
-        known = self._near_cache
+        known, in_ctx, valid = self._near_cache, self._in_ctx, tuple(cuts)
+        ctx_i = in_ctx[i]
         for pos, name, p, p_pos in self._in_adj[i]:
             if p in decided:
                 src = layouts[p][decided[p]][1][p_pos]
-                key = (i, pos, src)
+                key = (i, pos, src, ctx_i[pos], valid)
                 prices = known.get(key)
                 if prices is None:
                     prices = known[key] = self._edge_prices(i, cuts, pos, src, True, i, pos, name)
@@ -451,7 +461,7 @@ class RoundCosts(NextRoundPrices, RoundLedger):
             for w, w_pos in users:
                 if w in decided:
                     dst = layouts[w][decided[w]][0][w_pos]
-                    key = (i, pos, w, w_pos, dst)
+                    key = (i, pos, w, w_pos, dst, in_ctx[w][w_pos], valid)
                     prices = known.get(key)
                     if prices is None:
                         prices = known[key] = self._edge_prices(
@@ -478,6 +488,17 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         if incoming:
             return [edge(other, lay[cut][0][pos], ctx, name) for cut in cuts]
         return [edge(lay[cut][1][pos], other, ctx, name) for cut in cuts]
+
+    def _local_costs(
+        self, i: int, r: int, decided: dict[int, str | None]
+    ) -> tuple[dict[str | None, float], dict[str | None, float]]:
+        """`RoundLedger._local_costs`, kept for the round by the cuts it reads (`local_deps`):
+        settling and improving revisit ops whose neighbours did not change. Callers only read."""
+        key = (i, *[decided.get(j, _UNDECIDED) for j in self._local_deps[i]])
+        found = self._local_memo.get(key)
+        if found is None:
+            found = self._local_memo[key] = super()._local_costs(i, r, decided)
+        return found
 
     @staticmethod
     def _pick(costs: dict[str | None, float], extra: dict[str | None, float]) -> str | None:
@@ -512,7 +533,7 @@ class RoundCosts(NextRoundPrices, RoundLedger):
     def begin_round(self, r: int) -> None:
         """The ledger's new round, and no own cost or edge price of the last one."""
         self._cache.clear()
-        self._near_cache.clear()
+        self._local_memo.clear()
         self._follow_cache.clear()
         super().begin_round(r)
 

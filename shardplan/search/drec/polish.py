@@ -59,13 +59,24 @@ class _Rows:
         self.out: dict[str, Layout] = {}
         for op, price in zip(ops, prices, strict=True):
             self.out.update(zip(op.outputs, price.resolved, strict=True))
-        self.first_reader = {  # parameter -> its first reader, whose layout is its home
+        static = cache.memo.get("polish")  # the graph's alone: one copy for every polish
+        if static is None:
+            static = cache.memo["polish"] = self._static()
+        self.first_reader, self.touched = static
+        self.invalid: set[tuple[object, ...]] = set()  # (class, strategy) pairs found invalid
+        self.values: dict[int, float] = {}
+        """Row -> its value under the current plan (`current`), dropped when an op it reads
+        moves."""
+
+    def _static(self) -> tuple[dict[str, int], list[list[int]]]:
+        """Parameter -> its first reader (whose layout is its home), and per op `_touched`."""
+        graph = self.graph
+        self.first_reader = {
             name: users[0][0]
             for name, users in graph.consumers.items()
             if graph.tensors[name].role is Role.PARAMETER and users
         }
-        self.touched = [self._touched(i) for i in range(len(ops))]
-        self.invalid: set[tuple[object, ...]] = set()  # (class, strategy) pairs found invalid
+        return self.first_reader, [self._touched(i) for i in range(len(graph.ops))]
 
     def _touched(self, i: int) -> list[int]:
         """Rows that read op i's strategy: its own, its outputs' readers, the next reader of each
@@ -88,6 +99,18 @@ class _Rows:
         intra, redis = own_and_edges(self.cache, self.plan, self.homes, self.out, j, op, price)
         total = price.compute + intra.total + redis.total
         return total * self.weights[j] if self.weights is not None else total
+
+    def current(self, j: int) -> float:
+        """`row(j)` under the current plan, kept until an op it reads moves (`moved`)."""
+        value = self.values.get(j)
+        if value is None:
+            value = self.values[j] = self.row(j)
+        return value
+
+    def moved(self, i: int) -> None:
+        """Op i's strategy changed: the rows that read it are priced again when asked for."""
+        for j in self.touched[i]:
+            self.values.pop(j, None)
 
     def compute(self, j: int, strategy: Strategy) -> float:
         """Row j's compute (weighted) under `strategy`: a floor of its row."""
@@ -143,7 +166,7 @@ def _best_move(rows: _Rows, unit: list[int]) -> bool:
     current = plan[op.name]
     touched = sorted({j for i in unit for j in rows.touched[i]})
     others = [j for j in touched if j not in unit]
-    before = sum(rows.row(j) for j in touched)
+    before = sum(rows.current(j) for j in touched)
     best, best_cost = current, before - 1e-12 * max(abs(before), 1e-300)
     floor = sum(rows.compute(j, plan[graph.ops[j].name]) for j in others)
     for strategy in _neighbours(rows, unit[0]):
@@ -159,6 +182,8 @@ def _best_move(rows: _Rows, unit: list[int]) -> bool:
             best, best_cost = strategy, cost
     for i in unit:
         rows.set(i, best)
+        if best != current:
+            rows.moved(i)
     return best != current
 
 
@@ -180,12 +205,16 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
             layout = cache.layouts(reader, cache.classes[j], rows.plan[reader.name])[0][k]
             sides.append((layout, sig.outputs[pos], True))
     dims = [None, *(d.name for d in sig.loop_dims)]
+    # each cut's layout of each side, in any round: a cut lays an operand out alike every round
+    mine = {cut: [_layout(op, cut, side) for side in sides] for cut in {*dims, *current}}
     out = []
     for r in range(len(current)):
-        agree = [_agrees(op, current[r], side, r) for side in sides]
+        theirs = [side[0][r] for side in sides]
+        agree = [a == b for a, b in zip(mine[current[r]], theirs, strict=True)]
         for cut in dims:
             if cut == current[r] or not any(
-                not ok and _agrees(op, cut, side, r) for ok, side in zip(agree, sides, strict=True)
+                not ok and a == b
+                for ok, a, b in zip(agree, mine[cut], theirs, strict=True)
             ):
                 continue  # agrees with no neighbour the current cut disagrees with
             strategy = (*current[:r], cut, *current[r + 1 :])
@@ -203,11 +232,12 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
     return out
 
 
-def _agrees(op, cut: str | None, side: tuple[Layout, object, bool], r: int) -> bool:
-    """Whether `cut` leaves the operand of `side` laid out as its neighbour has it in round r."""
-    layout, dims, is_output = side
+def _layout(op, cut: str | None, side: tuple[Layout, object, bool]) -> int:
+    """The layout `cut` leaves the operand of `side` in, in one round (partial sums: replicated);
+    a move agrees with the neighbour in round r when it equals the neighbour's layout there."""
+    _, dims, is_output = side
     mine = layout_of_cut(dims, cut, is_output, op)
-    return (REPLICATED if mine == PARTIAL else mine) == layout[r]
+    return REPLICATED if mine == PARTIAL else mine
 
 
 def plan_score(

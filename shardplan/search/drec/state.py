@@ -96,6 +96,7 @@ class EdgeBook:
         "edge_cache",
         "edge_kinds",
         "prev_price",
+        "near",
     )
 
     def __init__(self) -> None:
@@ -111,3 +112,6 @@ class EdgeBook:
         """(relation, context, size, width, gradient, `_ahead`) -> the same, per tensor form."""
         self.prev_price: dict[tuple[object, ...], float] = {}
         """(context, tensor form) -> its price over the rounds before (`_marginal`)."""
+        self.near: dict[tuple[object, ...], list[float]] = {}
+        """(op, operand, neighbour's layout, context, the op's valid cuts) -> the edge's price
+        under each cut (`RoundCosts._near_costs`): the same edge prices, per op."""
