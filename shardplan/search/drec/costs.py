@@ -442,11 +442,10 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         (settling revisits the same pairs, other rounds and variants the same contexts), and
         added in edge order as before."""
         layouts = self.layouts
-        if self.param_positions[i]:
+        costs: list[float] | None = None  # none yet: all zero (the first row is kept as is)
+        if self.param_positions[i] and any(j in decided for j in self._param_peers(i)):
             shared = self._shared_param_costs(i, cuts, decided)
             costs = [shared[cut] for cut in cuts]  # per cut, in `cuts` order
-        else:
-            costs = [0.0] * len(cuts)
         known, in_ctx, valid = self._near_cache, self._in_ctx, tuple(cuts)
         ctx_i = in_ctx[i]
         for pos, name, p, p_pos in self._in_adj[i]:
@@ -456,7 +455,7 @@ class RoundCosts(NextRoundPrices, RoundLedger):
                 prices = known.get(key)
                 if prices is None:
                     prices = known[key] = self._edge_prices(i, cuts, pos, src, True, i, pos, name)
-                costs = [a + b for a, b in zip(costs, prices, strict=True)]
+                costs = prices if costs is None else [a + b for a, b in zip(costs, prices)]
         for pos, name, users in self._out_adj[i]:
             for w, w_pos in users:
                 if w in decided:
@@ -467,8 +466,10 @@ class RoundCosts(NextRoundPrices, RoundLedger):
                         prices = known[key] = self._edge_prices(
                             i, cuts, pos, dst, False, w, w_pos, name
                         )
-                    costs = [a + b for a, b in zip(costs, prices, strict=True)]
-        return dict(zip(cuts, costs, strict=True))
+                    costs = prices if costs is None else [a + b for a, b in zip(costs, prices)]
+        if costs is None:
+            return dict.fromkeys(cuts, 0.0)
+        return dict(zip(cuts, costs))
 
     def _edge_prices(
         self,
