@@ -302,7 +302,7 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         with one history, and those arriving at one input through a chain from producers
         laid out alike (the embeddings' output is gathered once, not once per layer's reader)."""
         st, lay, costs = self.states[i], self.layouts[i], dict.fromkeys(cuts, 0.0)
-        op, shared, edge = st.op, {} if shared is None else shared, self._edge
+        op, shared, edge, chain = st.op, {} if shared is None else shared, self._edge, self._chain
         tasks: list[tuple[int, int, object, FlexEdge | None, bool, int, int, str, Any]] = []
         preds, succs, siblings = st.preds, st.succs, enumerate(st.siblings)
         if only is not None:  # the edges to that one neighbour, in the same order
@@ -345,9 +345,13 @@ class RoundCosts(NextRoundPrices, RoundLedger):
                         met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
                         c = edge(met, theirs, ctx, name)
                     elif incoming:  # a flex edge, through the chain's layout rules
-                        c = edge(*through_chain(e, theirs, mine, True), ctx, name)
+                        c = chain.get((id(e), True, theirs, mine, ctx))
+                        if c is None:
+                            c = self._chain_price(e, theirs, mine, True, ctx, name)
                     else:
-                        c = edge(*through_chain(e, mine, theirs, False), ctx, name)
+                        c = chain.get((id(e), False, mine, theirs, ctx))
+                        if c is None:
+                            c = self._chain_price(e, mine, theirs, False, ctx, name)
                     if charged is not None:  # the set's charge for this layout so far
                         old = charged.get(mine)
                         if old is not None and c <= old:
@@ -400,18 +404,36 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         """Redistribution on op j's flex edges to one neighbour (the same chain rules as
         `_flex_costs`), from the layouts on them: `mine` the neighbour's (its outputs into j,
         then its inputs from j), `theirs` j's."""
-        op, flex_ctx, edge = self.states[j].op, self._flex_ctx, self._edge
+        op, flex_ctx, chain = self.states[j].op, self._flex_ctx, self._chain
         cost = 0.0
         k = 0
         for e in preds:  # through the chain's layout rules, as `_flex_costs`
-            src, dst = through_chain(e, mine[k], theirs[k], True)
-            cost += edge(src, dst, flex_ctx[id(e)], op.inputs[e.in_pos])
+            eid = id(e)
+            ctx = flex_ctx[eid]
+            c = chain.get((eid, True, mine[k], theirs[k], ctx))
+            if c is None:
+                c = self._chain_price(e, mine[k], theirs[k], True, ctx, op.inputs[e.in_pos])
+            cost += c
             k += 1
         for e in succs:
-            src, dst = through_chain(e, theirs[k], mine[k], False)
-            cost += edge(src, dst, flex_ctx[id(e)], op.outputs[e.out_pos])
+            eid = id(e)
+            ctx = flex_ctx[eid]
+            c = chain.get((eid, False, theirs[k], mine[k], ctx))
+            if c is None:
+                c = self._chain_price(e, theirs[k], mine[k], False, ctx, op.outputs[e.out_pos])
+            cost += c
             k += 1
         return cost
+
+    def _chain_price(
+        self, e: FlexEdge, src: int, dst: int, into_consumer: bool, ctx: int, name: str
+    ) -> float:
+        """`_edge` of flex edge e's layouts through its chain (`flex.through_chain`), kept by
+        (edge, direction, layouts, context) for every round and variant (`EdgeBook.chain`)."""
+        c = self._chain[id(e), into_consumer, src, dst, ctx] = self._edge(
+            *through_chain(e, src, dst, into_consumer), ctx, name
+        )
+        return c
 
     def _shared_param_costs(
         self,

@@ -97,6 +97,7 @@ class EdgeBook:
         "edge_kinds",
         "prev_price",
         "near",
+        "chain",
     )
 
     def __init__(self) -> None:
@@ -115,3 +116,6 @@ class EdgeBook:
         self.near: dict[tuple[object, ...], list[float]] = {}
         """(op, operand, neighbour's layout, context, the op's valid cuts) -> the edge's price
         under each cut (`RoundCosts._near_costs`): the same edge prices, per op."""
+        self.chain: dict[tuple[object, ...], float] = {}
+        """(id of a flex edge, into its consumer?, layouts, context) -> its price through its
+        chain (`RoundCosts._chain_price`; the flex graph outlives the book)."""
