@@ -59,10 +59,7 @@ from shardplan.search.drec.nextround import NextRoundPrices, scaled
 from shardplan.search.drec.overlay import Charges
 from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.tables import SearchTables, layout
-from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
-
-_UNDECIDED = 0
-"""An op not decided yet, in `_local_costs`' memo keys (never a cut: cuts are names or None)."""
+from shardplan.sharding import REPLICATED, layout_of_cut
 
 
 class RoundCosts(NextRoundPrices, RoundLedger):
@@ -124,9 +121,6 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         self._price_key = (tuple(self.compute_divisor), hopeful, memory_lambda, next_round)
         self._reduced_inputs: list[dict[str | None, tuple[str, ...]]] = [{} for _ in graph.ops]
         """Per op, per cut: the inputs whose gradient the cut all-reduces."""
-        self._local_deps = tables.local_deps
-        self._local_memo: dict[tuple[object, ...], Any] = {}
-        """(op, the cuts its local costs read) -> `_local_costs` this round."""
         self.begin_round(0)
 
     # -- per-round helpers --------------------------------------------------------------------
@@ -212,7 +206,7 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         ins, outs = self._infos(i, r)
         costs: dict[str | None, float] = {}
         for cut in self.candidates[i]:
-            if cut is not None and cut_problem(op, cut, st.extents[cut], rnd.q) is not None:
+            if cut is not None and not self._cut_ok(i, cut, rnd.q):
                 continue
             infos = ins
             if cut is not None and charged:
@@ -477,7 +471,10 @@ class RoundCosts(NextRoundPrices, RoundLedger):
                 prices = known.get(key)
                 if prices is None:
                     prices = known[key] = self._edge_prices(i, cuts, pos, src, True, i, pos, name)
-                costs = prices if costs is None else [a + b for a, b in zip(costs, prices)]
+                if costs is None:
+                    costs = prices
+                else:
+                    costs = [a + b for a, b in zip(costs, prices, strict=True)]
         for pos, name, users in self._out_adj[i]:
             for w, w_pos in users:
                 if w in decided:
@@ -488,10 +485,13 @@ class RoundCosts(NextRoundPrices, RoundLedger):
                         prices = known[key] = self._edge_prices(
                             i, cuts, pos, dst, False, w, w_pos, name
                         )
-                    costs = prices if costs is None else [a + b for a, b in zip(costs, prices)]
+                    if costs is None:
+                        costs = prices
+                    else:
+                        costs = [a + b for a, b in zip(costs, prices, strict=True)]
         if costs is None:
             return dict.fromkeys(cuts, 0.0)
-        return dict(zip(cuts, costs))
+        return dict(zip(cuts, costs, strict=True))
 
     def _edge_prices(
         self,
@@ -511,17 +511,6 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         if incoming:
             return [edge(other, lay[cut][0][pos], ctx, name) for cut in cuts]
         return [edge(lay[cut][1][pos], other, ctx, name) for cut in cuts]
-
-    def _local_costs(
-        self, i: int, r: int, decided: dict[int, str | None]
-    ) -> tuple[dict[str | None, float], dict[str | None, float]]:
-        """`RoundLedger._local_costs`, kept for the round by the cuts it reads (`local_deps`):
-        settling and improving revisit ops whose neighbours did not change. Callers only read."""
-        key = (i, *[decided.get(j, _UNDECIDED) for j in self._local_deps[i]])
-        found = self._local_memo.get(key)
-        if found is None:
-            found = self._local_memo[key] = super()._local_costs(i, r, decided)
-        return found
 
     @staticmethod
     def _pick(costs: dict[str | None, float], extra: dict[str | None, float]) -> str | None:
@@ -556,7 +545,6 @@ class RoundCosts(NextRoundPrices, RoundLedger):
     def begin_round(self, r: int) -> None:
         """The ledger's new round, and no own cost or edge price of the last one."""
         self._cache.clear()
-        self._local_memo.clear()
         self._follow_cache.clear()
         super().begin_round(r)
 

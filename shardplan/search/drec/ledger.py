@@ -68,7 +68,7 @@ class RoundLedger:
         self.labels = list(labels)
         """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
         self.layouts, self.out_pos = tables.layouts, tables.out_pos
-        self._candidates = tables.candidates
+        self._candidates, self._valid = tables.candidates, tables.valid
         self._prev_reader, self._next_readers = tables.prev_reader, tables.next_readers
         self._no_prev_reader = tables.no_prev_reader
         self._grad = graph.requires_grad
@@ -138,14 +138,23 @@ class RoundLedger:
                 if j <= r:
                     continue
                 if self.hopeful or any(
-                    c is not None and cut_problem(st.op, c, st.extents[c], q) is None
-                    for c in self._candidates[i]
+                    c is not None and self._cut_ok(i, c, q) for c in self._candidates[i]
                 ):
                     mask |= 1 << j
                 else:
                     self.binding = True
             self._assumed_cache[key] = mask
         return mask
+
+    def _cut_ok(self, i: int, cut: str, q: int) -> bool:
+        """Whether op i can cut `cut` q ways from its local extents (`sharding.cut_problem`),
+        kept per (op, cut, extent, q) for every round and variant (`SearchTables.valid`)."""
+        extent = self.states[i].extents[cut]
+        ok = self._valid.get((i, cut, extent, q))
+        if ok is None:
+            ok = cut_problem(self.states[i].op, cut, extent, q) is None
+            self._valid[i, cut, extent, q] = ok
+        return ok
 
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
         """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds

@@ -209,13 +209,14 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
     mine = {cut: [_layout(op, cut, side) for side in sides] for cut in {*dims, *current}}
     out = []
     for r in range(len(current)):
-        theirs = [side[0][r] for side in sides]
-        agree = [a == b for a, b in zip(mine[current[r]], theirs, strict=True)]
+        now = mine[current[r]]
+        # the sides the current cut disagrees with in round r (their layout): a move must agree
+        # with one of them
+        off = [(k, side[0][r]) for k, side in enumerate(sides) if now[k] != side[0][r]]
+        if not off:
+            continue
         for cut in dims:
-            if cut == current[r] or not any(
-                not ok and a == b
-                for ok, a, b in zip(agree, mine[cut], theirs, strict=True)
-            ):
+            if cut == current[r] or not any(mine[cut][k] == theirs for k, theirs in off):
                 continue  # agrees with no neighbour the current cut disagrees with
             strategy = (*current[:r], cut, *current[r + 1 :])
             key = (cid, strategy)

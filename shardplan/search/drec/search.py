@@ -48,7 +48,7 @@ from shardplan.search.drec.gates import without_gc_pauses
 from shardplan.search.drec.overlay import Overlay
 from shardplan.search.drec.submesh import with_smaller_meshes
 from shardplan.search.drec.variants import best_variant
-from shardplan.sharding import Strategy, cut_problem
+from shardplan.sharding import Strategy
 
 
 class _Search(RoundCosts):
@@ -342,18 +342,17 @@ class _Search(RoundCosts):
             for i in self.heavy:
                 st = self.states[i]
                 cut = st.cuts[-1]
-                valid = cut is not None and cut_problem(st.op, cut, st.extents[cut], rnd.q) is None
+                valid = cut is not None and self._cut_ok(i, cut, rnd.q)
                 previous[i] = cut if valid else None
             out.append(previous)
             previous.update((i, s[r]) for i, s in self.fixed.items() if i in previous)
         leading: dict[int, str | None] = {}
         for i in self.heavy:
-            st = self.states[i]
             leading[i] = next(
                 (
                     c
                     for c in self.candidates[i]
-                    if c is None or cut_problem(st.op, c, st.extents[c], rnd.q) is None
+                    if c is None or self._cut_ok(i, c, rnd.q)
                 ),
                 None,
             )

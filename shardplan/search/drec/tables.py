@@ -13,7 +13,7 @@ times the producers tied for it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardplan.cost.classes import previous_consumers
 from shardplan.ir.graph import Graph
@@ -73,10 +73,9 @@ class SearchTables:
     followers: list[list[tuple[int, float, dict[Cut, Cut]]]]
     """Per heavy op: (transparent op, share, heavy op's cut -> the cut that carries its split
     into it) of each transparent op whose nearest heavy producer it is (`followers.py`)."""
-    local_deps: list[tuple[int, ...]]
-    """Per op: the ops whose cuts its local costs read (`RoundCosts._local_costs`): producers,
-    readers, other readers of its parameters, the readers whose credits follow it, and the
-    previous readers of its inputs and of theirs; itself first."""
+    valid: dict[tuple[int, str, int, int], bool] = field(default_factory=dict)
+    """(op, cut, local extent, q) -> whether the cut is valid (`sharding.cut_problem`): filled
+    as the searches ask (`ledger.RoundLedger._cut_ok`), the same for every round and variant."""
 
     @staticmethod
     def of(graph: Graph, flex: FlexGraph) -> SearchTables:
@@ -123,30 +122,7 @@ class SearchTables:
             _flex_neighbours(graph, flex, params),
             _groups(graph, flex, candidates),
             follower_table(graph, flex.heavy, candidates, layouts),
-            _local_deps(graph, in_adj, out_adj, params, prev, following),
         )
-
-
-def _local_deps(
-    graph: Graph,
-    in_adj: list[list[tuple[int, str, int, int]]],
-    out_adj: list[list[tuple[int, str, tuple[tuple[int, int], ...]]]],
-    params: list[list[int]],
-    prev: list[list[tuple[int, int] | None]],
-    following: list[list[int]],
-) -> list[tuple[int, ...]]:
-    """`SearchTables.local_deps`, in a fixed order (sorted after op i itself)."""
-    out: list[tuple[int, ...]] = []
-    for i, op in enumerate(graph.ops):
-        deps = {p for _, _, p, _ in in_adj[i]}
-        deps |= {w for _, _, users in out_adj[i] for w, _ in users}
-        deps |= {w for pos in params[i] for w, _ in graph.consumers[op.inputs[pos]]}
-        deps |= set(following[i])
-        for j in (i, *following[i]):
-            deps |= {p[0] for p in prev[j] if p is not None}
-        deps.discard(i)
-        out.append((i, *sorted(deps)))
-    return out
 
 
 def _flex_neighbours(graph: Graph, flex: FlexGraph, params: list[list[int]]) -> list[set[int]]:
