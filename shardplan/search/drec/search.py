@@ -349,11 +349,7 @@ class _Search(RoundCosts):
         leading: dict[int, str | None] = {}
         for i in self.heavy:
             leading[i] = next(
-                (
-                    c
-                    for c in self.candidates[i]
-                    if c is None or self._cut_ok(i, c, rnd.q)
-                ),
+                (c for c in self.candidates[i] if c is None or self._cut_ok(i, c, rnd.q)),
                 None,
             )
         out.append(leading)
