@@ -46,12 +46,10 @@ from shardplan.ir.graph import Graph
 from shardplan.ir.op import Role
 from shardplan.mesh import Mesh, Round
 from shardplan.search.drec.flex import (
-    ELSEWHERE,
-    FlexEdge,
     FlexGraph,
     build_flex_graph,
-    through_chain,
 )
+from shardplan.search.drec.flexcosts import FlexPrices
 from shardplan.search.drec.fold import op_labels
 from shardplan.search.drec.followers import follower_excess
 from shardplan.search.drec.ledger import RoundLedger
@@ -59,10 +57,10 @@ from shardplan.search.drec.nextround import NextRoundPrices, scaled
 from shardplan.search.drec.overlay import Charges
 from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.tables import SearchTables, layout
-from shardplan.sharding import REPLICATED, layout_of_cut
+from shardplan.sharding import layout_of_cut
 
 
-class RoundCosts(NextRoundPrices, RoundLedger):
+class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
     """One D-Rec call's state and per-round prices (no module state)."""
 
     def __init__(
@@ -110,6 +108,7 @@ class RoundCosts(NextRoundPrices, RoundLedger):
         self._cache: dict[tuple[object, ...], dict[str | None, float]] = {}
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
         self._edges_to_cache: dict[tuple[int, int], Any] = {}  # `_edges_to`
+        self._pair_task_cache: dict[tuple[int, int], Any] = {}  # `_pair_tasks`
         self._peers: dict[int, set[int]] = {}  # `_param_peers`
         self._near_cache = self._near_book
         """(op, operand, neighbour's layout, context, cuts) -> the edge's price under each cut:
@@ -278,89 +277,6 @@ class RoundCosts(NextRoundPrices, RoundLedger):
                     kept += st.out_numel[pos] * opts.element_bytes(graph.tensors[name])
         return kept * (rnd.q - 1) / rnd.q
 
-    def _flex_costs(
-        self,
-        i: int,
-        cuts: list[str | None],
-        rnd: Round,
-        decided: dict[int, str | None],
-        only: int | None = None,
-        shared: dict[tuple[object, ...], dict[str | None, float]] | None = None,
-    ) -> dict[str | None, float]:
-        """Redistribution of each of `cuts` against the decided heavy neighbours: flex edges (a
-        split a chain cannot carry gathers on the way), sibling edges (splits must meet on the
-        shared op's dims) and other readers of a shared parameter. `only`: the edges to that
-        one decided neighbour alone (added to a neighbour's prices when it decides). Edges one
-        layout change serves are charged once, at the dearest (`shared`: each set's charge per
-        layout so far): those leaving one output through one transparent op towards one layout
-        with one history, and those arriving at one input through a chain from producers
-        laid out alike (the embeddings' output is gathered once, not once per layer's reader)."""
-        st, lay, costs = self.states[i], self.layouts[i], dict.fromkeys(cuts, 0.0)
-        op, shared, edge, chain = st.op, {} if shared is None else shared, self._edge, self._chain
-        tasks: list[tuple[int, int, object, FlexEdge | None, bool, int, int, str, Any]] = []
-        preds, succs, siblings = st.preds, st.succs, enumerate(st.siblings)
-        if only is not None:  # the edges to that one neighbour, in the same order
-            preds, succs, siblings = self._edges_to(i, only)
-        for incoming, edges in ((True, preds), (False, succs)):
-            for e in edges:
-                j = e.producer if incoming else e.consumer
-                if j not in decided or (only is not None and j != only):
-                    continue
-                if incoming:  # the producer's output layout meets this op's input
-                    theirs, side, pos = self._out(j, decided[j], e.out_pos), 0, e.in_pos
-                    seen = e.forward.get(theirs, ELSEWHERE) if theirs >= 0 else theirs
-                else:  # this op's output meets the consumer's input layout
-                    theirs, side, pos = self._in(j, decided[j], e.in_pos), 1, e.out_pos
-                    seen = e.backward.get(theirs, ELSEWHERE) if theirs >= 0 else theirs
-                name = op.inputs[pos] if incoming else op.outputs[pos]
-                ctx = self._flex_ctx[id(e)]
-                key = None if e.via < 0 else (side, pos, -1 if incoming else e.via, seen, ctx)
-                tasks.append((side, pos, key, e, incoming, theirs, ctx, name, None))
-        for k, (other, pos, other_pos, to_other, via) in siblings:
-            if other not in decided or (only is not None and other != only):
-                continue
-            theirs = self._out(other, decided[other], other_pos)
-            ctx, name = self._sib_ctx[i, k], self.states[other].op.outputs[other_pos]
-            seen = ELSEWHERE if theirs >= 0 else theirs
-            for mine, at in to_other.items():
-                seen = mine if at == theirs and theirs >= 0 else seen
-            key = (1, pos, via, seen, ctx)  # one layout change at `via` serves flex edges too
-            tasks.append((1, pos, key, None, False, theirs, ctx, name, to_other))
-        for side, pos, key, e, incoming, theirs, ctx, name, to_other in tasks:
-            # each cut's price on the edge, by the layout it puts on it; with `key`, above the
-            # set's charge so far (cuts with one layout on the edge price alike)
-            priced: dict[int, float] = {}
-            charged = None if key is None else shared.setdefault(key, {})
-            for cut in cuts:
-                mine = lay[cut][side][pos]
-                c = priced.get(mine)
-                if c is None:
-                    if e is None:  # a sibling edge: my split carried onto the shared op's dims
-                        met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
-                        c = edge(met, theirs, ctx, name)
-                    elif incoming:  # a flex edge, through the chain's layout rules
-                        c = chain.get((id(e), True, theirs, mine, ctx))
-                        if c is None:
-                            c = self._chain_price(e, theirs, mine, True, ctx, name)
-                    else:
-                        c = chain.get((id(e), False, mine, theirs, ctx))
-                        if c is None:
-                            c = self._chain_price(e, mine, theirs, False, ctx, name)
-                    if charged is not None:  # the set's charge for this layout so far
-                        old = charged.get(mine)
-                        if old is not None and c <= old:
-                            c = 0.0
-                        else:
-                            charged[mine] = c
-                            c -= old or 0.0
-                    priced[mine] = c
-                costs[cut] += c
-        if self.param_positions[i] and (only is None or only in self._param_peers(i)):
-            shared_params = self._shared_param_costs(i, cuts, decided, only)
-            for cut in cuts:
-                costs[cut] += shared_params[cut]
-        return costs
-
     def _param_peers(self, i: int) -> set[int]:
         """The other readers of op i's parameters (static: cached)."""
         found = self._peers.get(i)
@@ -370,64 +286,6 @@ class RoundCosts(NextRoundPrices, RoundLedger):
                 w for pos in self.param_positions[i] for w, _ in consumers[op.inputs[pos]]
             } - {i}
         return found
-
-    def _edges_to(
-        self, i: int, k: int
-    ) -> tuple[list[FlexEdge], list[FlexEdge], list[tuple[int, Any]]]:
-        """Op i's flex edges from and to op k and its sibling edges (index, entry) with it, in
-        `_flex_costs`' order (static: cached per pair)."""
-        found = self._edges_to_cache.get((i, k))
-        if found is None:
-            st = self.states[i]
-            found = self._edges_to_cache[i, k] = (
-                [e for e in st.preds if e.producer == k],
-                [e for e in st.succs if e.consumer == k],
-                [(n, sib) for n, sib in enumerate(st.siblings) if sib[0] == k],
-            )
-        return found
-
-    def _pair_cost(
-        self,
-        j: int,
-        preds: list[FlexEdge],
-        succs: list[FlexEdge],
-        mine: tuple[int, ...],
-        theirs: tuple[int, ...],
-        rnd: Round,
-    ) -> float:
-        """Redistribution on op j's flex edges to one neighbour (the same chain rules as
-        `_flex_costs`), from the layouts on them: `mine` the neighbour's (its outputs into j,
-        then its inputs from j), `theirs` j's."""
-        op, flex_ctx, chain = self.states[j].op, self._flex_ctx, self._chain
-        cost = 0.0
-        k = 0
-        for e in preds:  # through the chain's layout rules, as `_flex_costs`
-            eid = id(e)
-            ctx = flex_ctx[eid]
-            c = chain.get((eid, True, mine[k], theirs[k], ctx))
-            if c is None:
-                c = self._chain_price(e, mine[k], theirs[k], True, ctx, op.inputs[e.in_pos])
-            cost += c
-            k += 1
-        for e in succs:
-            eid = id(e)
-            ctx = flex_ctx[eid]
-            c = chain.get((eid, False, theirs[k], mine[k], ctx))
-            if c is None:
-                c = self._chain_price(e, theirs[k], mine[k], False, ctx, op.outputs[e.out_pos])
-            cost += c
-            k += 1
-        return cost
-
-    def _chain_price(
-        self, e: FlexEdge, src: int, dst: int, into_consumer: bool, ctx: int, name: str
-    ) -> float:
-        """`_edge` of flex edge e's layouts through its chain (`flex.through_chain`), kept by
-        (edge, direction, layouts, context) for every round and variant (`EdgeBook.chain`)."""
-        c = self._chain[id(e), into_consumer, src, dst, ctx] = self._edge(
-            *through_chain(e, src, dst, into_consumer), ctx, name
-        )
-        return c
 
     def _shared_param_costs(
         self,

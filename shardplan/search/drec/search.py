@@ -112,8 +112,7 @@ class _Search(RoundCosts):
                 costs = memo[j] = self._flex_costs(j, list(own[j]), rnd, decided, None, sets[j])
                 pending.pop(j, None)
             for k in pending.pop(j, ()):
-                delta = self._flex_costs(j, list(costs), rnd, decided, k, sets[j])
-                costs = memo[j] = {c: v + delta[c] for c, v in costs.items()}
+                costs = memo[j] = self._flex_added(j, costs, decided, k, sets[j])
             return costs
 
         while queue:
