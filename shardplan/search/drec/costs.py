@@ -52,7 +52,7 @@ from shardplan.search.drec.flex import (
 from shardplan.search.drec.flexcosts import FlexPrices
 from shardplan.search.drec.fold import op_labels
 from shardplan.search.drec.followers import follower_excess
-from shardplan.search.drec.ledger import RoundLedger
+from shardplan.search.drec.ledger import _NONE_CHARGED, RoundLedger
 from shardplan.search.drec.nextround import NextRoundPrices, scaled
 from shardplan.search.drec.overlay import Charges
 from shardplan.search.drec.state import EdgeBook
@@ -109,6 +109,8 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         """(round, op kind, inputs another reader reduces) -> own cost of each valid cut."""
         self._edges_to_cache: dict[tuple[int, int], Any] = {}  # `_edges_to`
         self._pair_task_cache: dict[tuple[int, int], Any] = {}  # `_pair_tasks`
+        self._cut_layouts: dict[tuple[object, ...], Any] = {}  # `_priced`
+        self._sources = self._input_sources()  # `round_cost`
         self._peers: dict[int, set[int]] = {}  # `_param_peers`
         self._near_cache = self._near_book
         """(op, operand, neighbour's layout, context, cuts) -> the edge's price under each cut:
@@ -408,23 +410,36 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
 
     def round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""
-        graph = self.graph
+        layouts, in_ctx, weights, edge = self.layouts, self._in_ctx, self.weights, self._edge
+        no_prev, sources = self._no_prev_reader, self._sources
         total = 0.0
         for i, st in enumerate(self.states):
-            op, cut = st.op, decided[i]
-            mine = self._own_costs(i, r, self._credited(i, r, decided))[cut]
+            cut = decided[i]
+            credited = _NONE_CHARGED if no_prev[i] else self._credited(i, r, decided)
+            mine = self._own_costs(i, r, credited)[cut]
             if st.credits:
                 mine += self._revoked(i, r, decided)
-            for pos, name in enumerate(op.inputs):
-                dst = self._in(i, cut, pos)
+            ins, ctx = layouts[i][cut][0], in_ctx[i]
+            for pos, name, j, side, j_pos in sources[i]:  # from its producer or parameter home
+                mine += edge(layouts[j][decided[j]][side][j_pos], ins[pos], ctx[pos], name)
+            total += weights[i] * mine  # an op and its incoming edges, for each copy
+        return total
+
+    def _input_sources(self) -> list[list[tuple[int, str, int, int, int]]]:
+        """Per op, the inputs `round_cost` prices an edge into: (position, tensor, the op
+        whose layout it comes from, 1 for its output or 0 for its input (a parameter's first
+        reader), that operand's position), in input order."""
+        graph = self.graph
+        out: list[list[tuple[int, str, int, int, int]]] = []
+        for i, st in enumerate(self.states):
+            row: list[tuple[int, str, int, int, int]] = []
+            for pos, name in enumerate(st.op.inputs):
                 p = graph.producer.get(name)
                 if p is not None:
-                    src = self._out(p, decided[p], self.out_pos[name])
-                    mine += self._edge(src, dst, self._in_ctx[i][pos], name)
+                    row.append((pos, name, p, 1, self.out_pos[name]))
                 elif graph.tensors[name].role is Role.PARAMETER:
                     first, first_pos = graph.consumers[name][0]
                     if first != i:
-                        src = self._in(first, decided[first], first_pos)
-                        mine += self._edge(src, dst, self._in_ctx[i][pos], name)
-            total += self.weights[i] * mine  # an op and its incoming edges, for each copy
-        return total
+                        row.append((pos, name, first, 0, first_pos))
+            out.append(row)
+        return out

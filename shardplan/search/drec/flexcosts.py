@@ -152,35 +152,37 @@ class FlexPrices:
         by the layout it puts on the edge (cuts laying it out alike price alike); with the
         task's set key, above the set's charge so far for that layout (`shared`, updated)."""
         side, pos, key, e, incoming, theirs, ctx, name, to_other = task
-        lay, chain = self.layouts[i], self._chain
+        valid = tuple(cuts)
+        found = self._cut_layouts.get((i, side, pos, valid))
+        if found is None:  # per cut the layout it puts on the operand, and the distinct ones
+            lay = self.layouts[i]
+            mines = [lay[cut][side][pos] for cut in cuts]
+            found = self._cut_layouts[i, side, pos, valid] = (mines, list(dict.fromkeys(mines)))
+        mines, distinct = found
+        chain = self._chain
         priced: dict[int, float] = {}
         charged = None if key is None else shared.setdefault(key, {})
-        out = []
-        for cut in cuts:
-            mine = lay[cut][side][pos]
-            c = priced.get(mine)
-            if c is None:
-                if e is None:  # a sibling edge: my split carried onto the shared op's dims
-                    met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
-                    c = self._edge(met, theirs, ctx, name)
-                elif incoming:  # a flex edge, through the chain's layout rules
-                    c = chain.get((id(e), True, theirs, mine, ctx))
-                    if c is None:
-                        c = self._chain_price(e, theirs, mine, True, ctx, name)
+        for mine in distinct:  # in the cuts' order of first use, as the charges accrue
+            if e is None:  # a sibling edge: my split carried onto the shared op's dims
+                met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
+                c = self._edge(met, theirs, ctx, name)
+            elif incoming:  # a flex edge, through the chain's layout rules
+                c = chain.get((id(e), True, theirs, mine, ctx))
+                if c is None:
+                    c = self._chain_price(e, theirs, mine, True, ctx, name)
+            else:
+                c = chain.get((id(e), False, mine, theirs, ctx))
+                if c is None:
+                    c = self._chain_price(e, mine, theirs, False, ctx, name)
+            if charged is not None:  # the set's charge for this layout so far
+                old = charged.get(mine)
+                if old is not None and c <= old:
+                    c = 0.0
                 else:
-                    c = chain.get((id(e), False, mine, theirs, ctx))
-                    if c is None:
-                        c = self._chain_price(e, mine, theirs, False, ctx, name)
-                if charged is not None:  # the set's charge for this layout so far
-                    old = charged.get(mine)
-                    if old is not None and c <= old:
-                        c = 0.0
-                    else:
-                        charged[mine] = c
-                        c -= old or 0.0
-                priced[mine] = c
-            out.append(c)
-        return out
+                    charged[mine] = c
+                    c -= old or 0.0
+            priced[mine] = c
+        return [priced[mine] for mine in mines]
 
     def _flex_added(
         self,
