@@ -4,9 +4,10 @@ ops), sibling edges, and the pairs the greedy pass's lookahead prices.
 A mixin of `costs.RoundCosts` (it reads the ledger's layouts, contexts and edge prices):
 `_flex_costs` prices every cut of a heavy op against its decided heavy neighbours; when one more
 neighbour decides, `_flex_added` adds that pair's edges alone (static parts kept per pair);
-`_pair_cost` prices one neighbour's layouts against another's (`search._Search._lookahead`).
-An edge's price through its chain is kept per (edge, direction, layouts, context) for every
-round and variant of one call (`EdgeBook.chain`). O(edges to the pair x cuts) per call.
+the lookahead (`search._Search._lookahead`) prices one neighbour's layouts against another's
+through `_chain_price` too. An edge's price through its chain is kept per (edge, direction,
+layouts, context) for every round and variant of one call (`EdgeBook.chain`).
+O(edges to the pair x cuts) per call.
 """
 
 from __future__ import annotations
@@ -97,39 +98,6 @@ class FlexPrices:
                 [(n, sib) for n, sib in enumerate(st.siblings) if sib[0] == k],
             )
         return found
-
-    def _pair_cost(
-        self,
-        j: int,
-        preds: list[FlexEdge],
-        succs: list[FlexEdge],
-        mine: tuple[int, ...],
-        theirs: tuple[int, ...],
-        rnd: Round,
-    ) -> float:
-        """Redistribution on op j's flex edges to one neighbour (the same chain rules as
-        `_flex_costs`), from the layouts on them: `mine` the neighbour's (its outputs into j,
-        then its inputs from j), `theirs` j's."""
-        op, flex_ctx, chain = self.states[j].op, self._flex_ctx, self._chain
-        cost = 0.0
-        k = 0
-        for e in preds:  # through the chain's layout rules, as `_flex_costs`
-            eid = id(e)
-            ctx = flex_ctx[eid]
-            c = chain.get((eid, True, mine[k], theirs[k], ctx))
-            if c is None:
-                c = self._chain_price(e, mine[k], theirs[k], True, ctx, op.inputs[e.in_pos])
-            cost += c
-            k += 1
-        for e in succs:
-            eid = id(e)
-            ctx = flex_ctx[eid]
-            c = chain.get((eid, False, theirs[k], mine[k], ctx))
-            if c is None:
-                c = self._chain_price(e, theirs[k], mine[k], False, ctx, op.outputs[e.out_pos])
-            cost += c
-            k += 1
-        return cost
 
     def _chain_price(
         self, e: FlexEdge, src: int, dst: int, into_consumer: bool, ctx: int, name: str

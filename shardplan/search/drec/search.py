@@ -214,7 +214,6 @@ class _Search(RoundCosts):
         The largest regret counts, not the sum: neighbours reached through one shared chain
         (q, k and v after a norm) pay one redistribution, not one each. Returns the regret as a
         function of the cut, so the caller prices only the cuts that can still win."""
-        rnd = self.rounds[self._r]
         pairs = []
         for j in self._flex_pairs(i):
             if j in decided:
@@ -232,18 +231,26 @@ class _Search(RoundCosts):
                 best = answers.get(key)
                 if best is None or c < best:
                     answers[key] = c
-            pairs.append((j, preds, succs, answers, floor, {}, views))
-        pair_cost = self._pair_cost
+            pairs.append((self._pair_edges(j, preds, succs), answers, floor, {}, views))
+        chain, chain_price = self._chain, self._chain_price
 
         def regret(cut: str | None) -> float:
             worst = 0.0
-            for j, preds, succs, answers, floor, forced_by, views in pairs:
+            for edges, answers, floor, forced_by, views in pairs:
                 mine = views[cut]
                 forced = forced_by.get(mine)
                 if forced is None:
                     forced = math.inf
                     for key, c in answers.items():
-                        c += pair_cost(j, preds, succs, mine, key, rnd)
+                        cost = 0.0  # the pair's edges, each through its chain
+                        for (eid, into, ctx, e, name), a, b in zip(edges, mine, key, strict=True):
+                            if not into:  # j's output into i: j's layout is the source
+                                a, b = b, a
+                            price = chain.get((eid, into, a, b, ctx))
+                            if price is None:
+                                price = chain_price(e, a, b, into, ctx, name)
+                            cost += price
+                        c += cost
                         if c < forced:
                             forced = c
                     forced_by[mine] = forced
@@ -252,6 +259,16 @@ class _Search(RoundCosts):
             return worst
 
         return regret
+
+    def _pair_edges(
+        self, j: int, preds: list[FlexEdge], succs: list[FlexEdge]
+    ) -> list[tuple[int, bool, int, FlexEdge, str]]:
+        """Op j's flex edges to one neighbour (`_pair_view`'s: from it, then to it), as (edge
+        id, into j?, context this round, edge, tensor): what the lookahead prices them by."""
+        op, flex_ctx = self.states[j].op, self._flex_ctx
+        out = [(id(e), True, flex_ctx[id(e)], e, op.inputs[e.in_pos]) for e in preds]
+        out += [(id(e), False, flex_ctx[id(e)], e, op.outputs[e.out_pos]) for e in succs]
+        return out
 
     def _flex_pairs(self, i: int) -> list[int]:
         """Op i's flex neighbours (consumers and producers), in graph order (cached: static)."""
