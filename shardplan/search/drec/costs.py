@@ -112,10 +112,8 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         self._cut_layouts: dict[tuple[object, ...], Any] = {}  # `_priced`
         self._sources = self._input_sources()  # `round_cost`
         self._peers: dict[int, set[int]] = {}  # `_param_peers`
-        self._near_cache = self._near_book
-        """(op, operand, neighbour's layout, context, cuts) -> the edge's price under each cut:
-        kept across rounds and shared by the variants (`EdgeBook.near`; the context holds the
-        round)."""
+        self._near_cache: dict[tuple[object, ...], list[float]] = {}
+        """(op, operand, neighbour's layout) -> the edge's price under each of op's cuts."""
         self._shared_prices = shared_prices if shared_prices is not None else {}
         """The same, for every search of one call that prices alike (an op's kind holds its
         whole state: searches that reach it price it alike)."""
@@ -314,20 +312,18 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         self, i: int, cuts: list[str | None], rnd: Round, decided: dict[int, str | None]
     ) -> dict[str | None, float]:
         """Redistribution of each candidate against the immediate neighbours decided so far. An
-        edge's prices over op i's cuts, given its neighbour's layout and its context, are kept
-        (settling revisits the same pairs, other rounds and variants the same contexts), and
-        added in edge order as before."""
+        edge's prices over op i's cuts, given its neighbour's layout, are kept for the round
+        (settling revisits the same pairs), and added in edge order as before."""
         layouts = self.layouts
         costs: list[float] | None = None  # none yet: all zero (the first row is kept as is)
         if self.param_positions[i] and any(j in decided for j in self._param_peers(i)):
             shared = self._shared_param_costs(i, cuts, decided)
             costs = [shared[cut] for cut in cuts]  # per cut, in `cuts` order
-        known, in_ctx, valid = self._near_cache, self._in_ctx, tuple(cuts)
-        ctx_i = in_ctx[i]
+        known = self._near_cache
         for pos, name, p, p_pos in self._in_adj[i]:
             if p in decided:
                 src = layouts[p][decided[p]][1][p_pos]
-                key = (i, pos, src, ctx_i[pos], valid)
+                key = (i, pos, src)
                 prices = known.get(key)
                 if prices is None:
                     prices = known[key] = self._edge_prices(i, cuts, pos, src, True, i, pos, name)
@@ -339,7 +335,7 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
             for w, w_pos in users:
                 if w in decided:
                     dst = layouts[w][decided[w]][0][w_pos]
-                    key = (i, pos, w, w_pos, dst, in_ctx[w][w_pos], valid)
+                    key = (i, pos, w, w_pos, dst)
                     prices = known.get(key)
                     if prices is None:
                         prices = known[key] = self._edge_prices(
@@ -405,6 +401,7 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
     def begin_round(self, r: int) -> None:
         """The ledger's new round, and no own cost or edge price of the last one."""
         self._cache.clear()
+        self._near_cache.clear()
         self._follow_cache.clear()
         super().begin_round(r)
 

@@ -105,7 +105,7 @@ class RoundLedger:
         self._edge_cache = book.edge_cache
         self._edge_kinds = book.edge_kinds
         self._prev_price = book.prev_price
-        self._near_book, self._chain = book.near, book.chain
+        self._chain = book.chain
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
         self._ahead_of: dict[str, tuple[int, ...]] = {}  # `_ahead`, per tensor
         self._tensor_form: dict[str, tuple[float, int, bool, tuple[int, ...]]] = {}

@@ -96,7 +96,6 @@ class EdgeBook:
         "edge_cache",
         "edge_kinds",
         "prev_price",
-        "near",
         "chain",
     )
 
@@ -113,9 +112,6 @@ class EdgeBook:
         """(relation, context, size, width, gradient, `_ahead`) -> the same, per tensor form."""
         self.prev_price: dict[tuple[object, ...], float] = {}
         """(context, tensor form) -> its price over the rounds before (`_marginal`)."""
-        self.near: dict[tuple[object, ...], list[float]] = {}
-        """(op, operand, neighbour's layout, context, the op's valid cuts) -> the edge's price
-        under each cut (`RoundCosts._near_costs`): the same edge prices, per op."""
         self.chain: dict[tuple[object, ...], float] = {}
         """(id of a flex edge, into its consumer?, layouts, context) -> its price through its
         chain (`RoundCosts._chain_price`; the flex graph outlives the book)."""
