@@ -241,7 +241,18 @@ class _Search(RoundCosts):
                 forced = forced_by.get(mine)
                 if forced is None:
                     forced = math.inf
-                    for key, c in answers.items():
+                    if len(edges) == 1:  # the usual pair: one edge (its price is the pair's)
+                        eid, into, ctx, e, name = edges[0]
+                        m = mine[0]
+                        for key, c in answers.items():
+                            a, b = (m, key[0]) if into else (key[0], m)
+                            price = chain.get((eid, into, a, b, ctx))
+                            if price is None:
+                                price = chain_price(e, a, b, into, ctx, name)
+                            c += price
+                            if c < forced:
+                                forced = c
+                    for key, c in answers.items() if len(edges) != 1 else ():
                         cost = 0.0  # the pair's edges, each through its chain
                         for (eid, into, ctx, e, name), a, b in zip(edges, mine, key, strict=True):
                             if not into:  # j's output into i: j's layout is the source
