@@ -232,17 +232,31 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         before = math.prod(self.rounds[j].q for j, c in enumerate(st.cuts) if c is not None)
         flops = st.op.flops / before / div
         ins, outs = self._infos(i, r)
-        ins, outs = scaled(ins, div), scaled(outs, div)
         mesh, opts, q = self.mesh, self.opts, rnd.q
-        base = piece_compute(st.op, None, q, flops, ins, outs, opts, mesh, ideal=True)
+        # ops of one label (one evaluator class) with the same FLOPs and operand sizes price
+        # their pieces alike, whatever their cuts so far: kept for every round and variant
+        sizes = (tuple(x.numel / div for x in ins), tuple(x.numel / div for x in outs))
+        key = ("pieces", st.kind[0], q, flops, sizes)
+        pieces: Any = self._shared_prices.get(key)
+        if pieces is None:
+            pieces = self._shared_prices[key] = {}
         lay = self.layouts[i]
-        pieces: dict[object, float] = {}  # a piece's compute depends on the cut only through
-        for cut in costs:  # which operands it splits: cuts splitting alike price alike
-            split = None if cut is None else tuple(x >= 0 for side in lay[cut] for x in side)
-            c = pieces.get(split)
-            if c is None:
-                c = pieces[split] = piece_compute(st.op, cut, q, flops, ins, outs, opts, mesh)
-            costs[cut] += c - base
+        # a piece's compute depends on the cut only through which operands it splits
+        splits = [
+            None if c is None else tuple(x >= 0 for side in lay[c] for x in side) for c in costs
+        ]
+        if "ideal" not in pieces or any(split not in pieces for split in splits):
+            ins, outs = scaled(ins, div), scaled(outs, div)
+            if "ideal" not in pieces:
+                pieces["ideal"] = piece_compute(
+                    st.op, None, q, flops, ins, outs, opts, mesh, ideal=True
+                )
+            for cut, split in zip(costs, splits, strict=True):
+                if split not in pieces:  # cuts splitting alike price alike
+                    pieces[split] = piece_compute(st.op, cut, q, flops, ins, outs, opts, mesh)
+        base = pieces["ideal"]
+        for cut, split in zip(costs, splits, strict=True):
+            costs[cut] += pieces[split] - base
 
     def _add_backlog(self, i: int, r: int, costs: dict[str | None, float]) -> None:
         """Earlier, slower rounds priced their all-reduces assuming this faster round would shrink
