@@ -236,7 +236,7 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         # ops of one label (one evaluator class) with the same FLOPs and operand sizes price
         # their pieces alike, whatever their cuts so far: kept for every round and variant
         sizes = (tuple(x.numel / div for x in ins), tuple(x.numel / div for x in outs))
-        key = ("pieces", st.kind[0], q, flops, sizes)
+        key = ("pieces", self.labels[i], q, flops, sizes)
         pieces: Any = self._shared_prices.get(key)
         if pieces is None:
             pieces = self._shared_prices[key] = {}

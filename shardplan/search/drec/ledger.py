@@ -105,7 +105,9 @@ class RoundLedger:
         self._edge_cache = book.edge_cache
         self._edge_kinds = book.edge_kinds
         self._prev_price = book.prev_price
-        self._chain = book.chain
+        self._chain, self._kinds = book.chain, book.kinds
+        for st in self.states:  # numbered: prices keyed by kind hash an int, not a history
+            st.kind = self._kind_id(st.kind)  # type: ignore[arg-type]
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
         self._ahead_of: dict[str, tuple[int, ...]] = {}  # `_ahead`, per tensor
         self._tensor_form: dict[str, tuple[float, int, bool, tuple[int, ...]]] = {}
@@ -145,6 +147,14 @@ class RoundLedger:
                     self.binding = True
             self._assumed_cache[key] = mask
         return mask
+
+    def _kind_id(self, kind: tuple[object, ...]) -> int:
+        """The number of an op kind, (label,) or (the previous kind's number, the round's cut):
+        equal for ops (of any search sharing the book) with one label and one history."""
+        found = self._kinds.get(kind)
+        if found is None:
+            found = self._kinds[kind] = len(self._kinds)
+        return found
 
     def _cut_ok(self, i: int, cut: str, q: int) -> bool:
         """Whether op i can cut `cut` q ways from its local extents (`sharding.cut_problem`),
@@ -552,7 +562,7 @@ class RoundLedger:
             cut = decided.get(i)
             st.cuts.append(cut)
             # ops of one kind must keep equal all-reduce histories (they share prices)
-            st.kind = (*st.kind, (cut, skipped[i]) if skipped[i] else cut)
+            st.kind = self._kind_id((st.kind, (cut, skipped[i]) if skipped[i] else cut))
             ins, outs = self.layouts[i][cut]
             if cut is None:
                 continue

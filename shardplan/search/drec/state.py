@@ -65,8 +65,9 @@ class OpState:
     credits: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
     """Input position -> [(round, all-reduce cost the previous reader paid for it then, mask)]: owed
     back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
-    kind: tuple[object, ...] = ()
-    """(label, cuts so far): ops of one kind have the same prices (set by the search)."""
+    kind: object = ()
+    """(label, cuts so far): ops of one kind have the same prices (set by the search, which
+    numbers them: `RoundLedger._kind_id`)."""
 
     @staticmethod
     def of(graph: Graph, op: Op, label: int) -> OpState:
@@ -97,6 +98,7 @@ class EdgeBook:
         "edge_kinds",
         "prev_price",
         "chain",
+        "kinds",
     )
 
     def __init__(self) -> None:
@@ -115,3 +117,6 @@ class EdgeBook:
         self.chain: dict[tuple[object, ...], float] = {}
         """(id of a flex edge, into its consumer?, layouts, context) -> its price through its
         chain (`RoundCosts._chain_price`; the flex graph outlives the book)."""
+        self.kinds: dict[tuple[object, ...], int] = {}
+        """(label,) or (a kind's number, a round's cut) -> the number of the op kind it makes
+        (`RoundLedger._kind_id`): searches that price alike share prices by these numbers."""
