@@ -376,11 +376,14 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
     ) -> list[float]:
         """One edge of op i priced under each of its cuts: its input `pos` from a producer's
         layout `other` (`incoming`), or its output `pos` into a reader's layout `other`."""
-        lay, edge = self.layouts[i], self._edge
+        lay, edge, known = self.layouts[i], self._edge, self._edge_cache
         ctx = self._in_ctx[reader][reader_pos]
-        if incoming:
-            return [edge(other, lay[cut][0][pos], ctx, name) for cut in cuts]
-        return [edge(lay[cut][1][pos], other, ctx, name) for cut in cuts]
+        out = []
+        for cut in cuts:  # `_edge`, its kept prices read first
+            src, dst = (other, lay[cut][0][pos]) if incoming else (lay[cut][1][pos], other)
+            c = known.get((src, dst, ctx, name))
+            out.append(edge(src, dst, ctx, name) if c is None else c)
+        return out
 
     @staticmethod
     def _pick(costs: dict[str | None, float], extra: dict[str | None, float]) -> str | None:
@@ -422,7 +425,7 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
     def round_cost(self, r: int, decided: dict[int, str | None]) -> float:
         """The round's cost of a complete assignment: own terms plus every edge once."""
         layouts, in_ctx, weights, edge = self.layouts, self._in_ctx, self.weights, self._edge
-        no_prev, sources = self._no_prev_reader, self._sources
+        no_prev, sources, known = self._no_prev_reader, self._sources, self._edge_cache
         total = 0.0
         for i, st in enumerate(self.states):
             cut = decided[i]
@@ -432,7 +435,9 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
                 mine += self._revoked(i, r, decided)
             ins, ctx = layouts[i][cut][0], in_ctx[i]
             for pos, name, j, side, j_pos in sources[i]:  # from its producer or parameter home
-                mine += edge(layouts[j][decided[j]][side][j_pos], ins[pos], ctx[pos], name)
+                src, dst = layouts[j][decided[j]][side][j_pos], ins[pos]
+                c = known.get((src, dst, ctx[pos], name))  # `_edge`, its kept prices first
+                mine += edge(src, dst, ctx[pos], name) if c is None else c
             total += weights[i] * mine  # an op and its incoming edges, for each copy
         return total
 

@@ -341,14 +341,16 @@ class RoundLedger:
     def _edge(self, src: int, dst: int, ctx: int, name: str) -> float:
         """Marginal price of one edge in the current round: round r's layouts `src` -> `dst`
         after the earlier rounds' context `ctx` (caches are cleared every round)."""
-        if src == dst:
-            if not self._ctx_moves[ctx]:
-                return 0.0  # nothing moves now or before, so nothing grows or shrinks
-            ahead = self._ahead_of.get(name) or self._ahead(name)
-            if ahead[self._r] == (0 if src >= 0 else 1):
-                return 0.0  # this round as the earlier ones assumed it: nothing changes
         key = (src, dst, ctx, name)
         cost = self._edge_cache.get(key)
+        if cost is None and src == dst:  # (kept too, so callers may read the cache first)
+            if not self._ctx_moves[ctx]:
+                cost = self._edge_cache[key] = 0.0  # nothing moves now or before, so nothing
+                return cost  # grows or shrinks
+            ahead = self._ahead_of.get(name) or self._ahead(name)
+            if ahead[self._r] == (0 if src >= 0 else 1):
+                cost = self._edge_cache[key] = 0.0  # this round as the earlier ones assumed
+                return cost  # it: nothing changes
         if cost is None:
             # tensors of one size, dtype and gradient status price alike: layer copies share it
             form = self._tensor_form.get(name)
