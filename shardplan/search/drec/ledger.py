@@ -105,7 +105,7 @@ class RoundLedger:
         self._edge_cache = book.edge_cache
         self._edge_kinds = book.edge_kinds
         self._prev_price = book.prev_price
-        self._chain, self._kinds = book.chain, book.kinds
+        self._chain, self._kinds, self._near_book = book.chain, book.kinds, book.near
         for st in self.states:  # numbered: prices keyed by kind hash an int, not a history
             st.kind = self._kind_id(st.kind)  # type: ignore[arg-type]
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round

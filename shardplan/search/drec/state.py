@@ -99,6 +99,7 @@ class EdgeBook:
         "prev_price",
         "chain",
         "kinds",
+        "near",
     )
 
     def __init__(self) -> None:
@@ -117,6 +118,9 @@ class EdgeBook:
         self.chain: dict[tuple[object, ...], float] = {}
         """(id of a flex edge, into its consumer?, layouts, context) -> its price through its
         chain (`RoundCosts._chain_price`; the flex graph outlives the book)."""
+        self.near: dict[tuple[object, ...], list[float]] = {}
+        """(op, operand, neighbour's layout, direction, reader, context, the op's valid cuts) ->
+        the edge's price under each cut (`RoundCosts._edge_prices`)."""
         self.kinds: dict[tuple[object, ...], int] = {}
         """(label,) or (a kind's number, a round's cut) -> the number of the op kind it makes
         (`RoundLedger._kind_id`): searches that price alike share prices by these numbers."""
