@@ -44,15 +44,14 @@ SIZE_FLAGS = (
     "top_k",
     "width",
 )
-MODEL_OPTIONS = ("attention",)
-"""Zoo builder choices the command line takes besides sizes (`zoo_overrides`)."""
 
 
 def zoo_overrides(args: argparse.Namespace, batch: bool = True) -> dict[str, Any]:
     """The zoo overrides given on the command line: the size flags (without --batch when
-    `batch` is False) and --attention; None where a flag was not given."""
-    names = [f for f in SIZE_FLAGS if batch or f != "batch"] + list(MODEL_OPTIONS)
-    return {f: getattr(args, f, None) for f in names}
+    `batch` is False) and --attention, a builder choice; None where a flag was not given."""
+    out = {f: getattr(args, f, None) for f in SIZE_FLAGS if batch or f != "batch"}
+    out["attention"] = getattr(args, "attention", None)
+    return out
 
 
 def source_flags() -> argparse.ArgumentParser:
