@@ -30,6 +30,7 @@ from shardplan.cost.terms import (
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
+from shardplan.ir.traits import backward_recompute
 from shardplan.mesh import Mesh, Round
 from shardplan.sharding import (
     Layout,
@@ -235,7 +236,7 @@ def price_op(
     nbytes = sum(p.nbytes for p in (*in_pieces, *out_pieces))
     bwd = backward_bytes(op.kind, in_pieces, out_pieces)
     flops = op.flops / parts
-    compute = compute_cost(flops, nbytes, opts, mesh, bwd)
+    compute = compute_cost(flops, nbytes, opts, mesh, bwd, backward_recompute(op.kind))
     if forward_opts is None:
         forward_opts = dataclass_replace(opts, train=False)
     forward = compute_cost(flops, nbytes, forward_opts, mesh)

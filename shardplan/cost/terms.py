@@ -45,6 +45,7 @@ from shardplan.cost.presets import CostOptions, CostPreset
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
+from shardplan.ir.traits import backward_recompute
 from shardplan.mesh import Mesh, Round
 from shardplan.sharding import REPLICATED, Layout, layout_of_cut
 
@@ -375,6 +376,7 @@ def compute_cost(
     opts: CostOptions,
     mesh: Mesh,
     bwd_bytes_local: float | None = None,
+    backward_recompute: float = 0.0,
 ) -> float:
     """Seconds of compute of one op on one device: a roofline with a launch floor.
 
@@ -383,9 +385,11 @@ def compute_cost(
     given `bwd_bytes_local` (`cost.backward.backward_bytes`: what the op's own backward reads and
     writes), the same roofline of (training_flops_factor - 1) x the FLOPs and those bytes (0
     bytes: no backward kernel); without it (an estimate that knows only sizes), the preset's
-    factor x the forward. An op of 0 FLOPs is a view (reshape, transpose, concat in the
-    catalogue): free. Peak is the mesh's rate (the dtype's, see `hardware.peak_flops`); the other
-    constants are its machine's (`hardware.Machine`). 0 in the symbolic preset. O(1).
+    factor x the forward; `backward_recompute` (`ir.traits.backward_recompute`: fused
+    attention's scores) adds that fraction of the forward FLOPs to the backward. An op of 0 FLOPs
+    is a view (reshape, transpose, concat in the catalogue): free. Peak is the mesh's rate (the
+    dtype's, see `hardware.peak_flops`); the other constants are its machine's
+    (`hardware.Machine`). 0 in the symbolic preset. O(1).
     """
     if opts.preset.symbolic or flops_local <= 0:
         return 0.0
@@ -404,10 +408,10 @@ def compute_cost(
     if not opts.train:
         return t
     if bwd_bytes_local is None:
-        return t * factor
+        return t * (factor + backward_recompute)
     if bwd_bytes_local <= 0:  # autograd hands the gradient on: no kernel
         return t
-    return t + roofline((factor - 1) * flops_local, bwd_bytes_local)
+    return t + roofline((factor - 1 + backward_recompute) * flops_local, bwd_bytes_local)
 
 
 def piece_compute(
@@ -439,4 +443,5 @@ def piece_compute(
     nbytes = sum(p.nbytes for side in pieces for p in side)
     bwd = backward_bytes(op.kind, *pieces)
     cut = ideal or loop_dim is not None
-    return compute_cost(flops / q if cut else flops, nbytes, opts, mesh, bwd)
+    extra = backward_recompute(op.kind)
+    return compute_cost(flops / q if cut else flops, nbytes, opts, mesh, bwd, extra)

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from shardplan.errors import ShapeError, UnsupportedOpError
+from shardplan.ir.catalogue_attention import ATTENTION_RULES
 from shardplan.ir.catalogue_moe import MOE_RULES
 from shardplan.ir.dims import DimKind, LoopDim, Reducer
 from shardplan.ir.signature import Group, Signature, TensorDims
@@ -548,6 +549,7 @@ CATALOGUE: Mapping[str, Rule] = MappingProxyType(
         "cross_entropy": cross_entropy,
         "einsum": einsum,
         **MOE_RULES,  # experts as a loop dim (shardplan/ir/catalogue_moe.py)
+        **ATTENTION_RULES,  # fused attention (shardplan/ir/catalogue_attention.py)
     }
 )
 

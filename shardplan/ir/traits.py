@@ -22,6 +22,11 @@ not carry are listed per kind in `KIND_TRAITS`:
   unchanged, with no kernel (PyTorch's tools/autograd/derivatives.yaml: `add` and `bias_add`'s
   `self: grad`; views); a smaller (broadcast) input's gradient is a reduction of it.
 
+`KindTraits.backward_recompute` is the fraction of its forward FLOPs an op's backward runs again
+on top of the usual gradient GEMMs: fused attention recomputes its scores q k^T, one of the
+forward's two GEMMs (FlashAttention-2, Dao 2023, section 3.1.2: the backward's five GEMMs against
+the forward's two, 2.5x; half the forward when d = e, as in every zoo model but MLA's d = 1.5 e).
+
 Lookups are O(1); the table is immutable.
 """
 
@@ -58,6 +63,7 @@ class KindTraits:
     traits: frozenset[Trait] = frozenset()
     index: IndexInput | None = None
     statistics_kept: int | None = None
+    backward_recompute: float = 0.0
 
     def __contains__(self, trait: Trait) -> bool:
         return trait in self.traits
@@ -85,6 +91,7 @@ KIND_TRAITS: Mapping[str, KindTraits] = MappingProxyType(
         "relu": _t(Trait.KINK),
         **{k: _t(Trait.PASSES_GRADIENT) for k in ("add", "bias_add", "identity", "transpose")},
         OPAQUE_KIND: _t(Trait.OPAQUE),
+        "attention": KindTraits(backward_recompute=0.5),
     }
 )
 """Kind -> its traits; kinds not listed have none."""
@@ -130,11 +137,17 @@ def has_trait(kind: str, trait: Trait) -> bool:
     return trait in traits_of(kind).traits
 
 
+def backward_recompute(kind: str) -> float:
+    """Fraction of an op's forward FLOPs its backward recomputes (module docstring)."""
+    return traits_of(kind).backward_recompute
+
+
 __all__ = [
     "KIND_TRAITS",
     "OPAQUE_KIND",
     "SAVED_FOR_BACKWARD",
     "IndexInput",
+    "backward_recompute",
     "KindTraits",
     "Saved",
     "Trait",

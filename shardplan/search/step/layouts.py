@@ -21,6 +21,7 @@ from shardplan.cost.work import whole_op_bytes
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import segments
+from shardplan.ir.traits import backward_recompute
 from shardplan.mesh import Mesh
 from shardplan.search.step.profiles import stage_tensor_degrees
 from shardplan.search.step.stages import stage_mesh, stage_starts
@@ -99,7 +100,8 @@ def ideal_seconds(probe: Graph, mesh: Mesh, opts: CostOptions) -> tuple[np.ndarr
         fwd_bytes, bwd_bytes = whole_op_bytes(probe, op, opts)
         out[:2, i] = max(op.flops / flops_rate, fwd_bytes / bytes_rate), hw.launch_s
         if opts.train and bwd_bytes > 0:
-            out[2:, i] = max(bwd_flops * op.flops / flops_rate, bwd_bytes / bytes_rate), hw.launch_s
+            flops = (bwd_flops + backward_recompute(op.kind)) * op.flops
+            out[2:, i] = max(flops / flops_rate, bwd_bytes / bytes_rate), hw.launch_s
     return tuple(out)
 
 
