@@ -20,9 +20,10 @@ sizes left by rounds < r, every candidate cut of an op:
     split on both sides earns the shrinking of earlier rounds' collectives (a negative price);
   * the full cost of a round's complete assignment, to compare whole-round alternatives.
 Every price is a dictionary look-up after its first computation (own terms are keyed by (round,
-op label, cuts so far), intra terms shared by variants that assume all-reduces alike; edges by
-(relation, context, size, dtype, gradient status) in a `ledger.EdgeBook` the variants of one
-call share, a context holding its round; so identical ops of repeated layers share them), so
+op kind: label and cuts so far, numbered), intra terms shared by variants that assume
+all-reduces alike; edges by (relation, context, size, dtype, gradient status) in a
+`state.EdgeBook` the variants of one call share, a context holding its round; so identical ops
+of repeated layers share them), so
 each is O(1) amortised and a round costs O(|V| + |E|) look-ups plus O(|E|) to extend the edges'
 contexts.
 """
