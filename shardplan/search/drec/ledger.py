@@ -106,6 +106,7 @@ class RoundLedger:
         self._edge_kinds = book.edge_kinds
         self._prev_price = book.prev_price
         self._chain, self._kinds, self._near_book = book.chain, book.kinds, book.near
+        self._shared_infos = book.infos
         for st in self.states:  # numbered: prices keyed by kind hash an int, not a history
             st.kind = self._kind_id(st.kind)  # type: ignore[arg-type]
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
@@ -174,6 +175,11 @@ class RoundLedger:
         cached = self._info_cache.get(key)
         if cached is not None:
             return cached
+        shared = self._shared_infos.get((self.hopeful, *key))
+        if shared is not None:  # another search's, at the same kind and assumption
+            self._assumed(i, r)  # flags `binding` as computing them here would
+            self._info_cache[key] = shared
+            return shared
         st = self.states[i]
         op, graph, train = st.op, self.graph, self.opts.train
         out: list[list[OperandInfo]] = [[], []]
@@ -196,7 +202,7 @@ class RoundLedger:
                 out[side].append(
                     OperandInfo(sizes[pos], self.opts.element_bytes(t), t.role, grad, divisor)
                 )
-        result = self._info_cache[key] = (out[0], out[1])
+        result = self._info_cache[key] = self._shared_infos[self.hopeful, *key] = (out[0], out[1])
         return result
 
     def _grow_backlog(self, i: int, r: int, cut: str | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op
@@ -100,6 +101,7 @@ class EdgeBook:
         "chain",
         "kinds",
         "near",
+        "infos",
     )
 
     def __init__(self) -> None:
@@ -121,6 +123,9 @@ class EdgeBook:
         self.near: dict[tuple[object, ...], list[float]] = {}
         """(op, operand, neighbour's layout, direction, reader, context, the op's valid cuts) ->
         the edge's price under each cut (`RoundCosts._edge_prices`)."""
+        self.infos: dict[tuple[object, ...], Any] = {}
+        """(all-reduces priced hopefully?, round, op kind) -> the op's operand infos then
+        (`RoundLedger._infos`: a function of them, so every search reads one copy)."""
         self.kinds: dict[tuple[object, ...], int] = {}
         """(label,) or (a kind's number, a round's cut) -> the number of the op kind it makes
         (`RoundLedger._kind_id`): searches that price alike share prices by these numbers."""
