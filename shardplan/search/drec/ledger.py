@@ -37,7 +37,7 @@ from shardplan.mesh import Mesh
 from shardplan.search.drec.flex import FlexGraph, through_chain
 from shardplan.search.drec.state import EXAMPLE, EdgeBook, OpState, relation, trials
 from shardplan.search.drec.tables import SearchTables
-from shardplan.sharding import REPLICATED, cut_problem, layout_of_cut
+from shardplan.sharding import REPLICATED, layout_of_cut
 
 _NONE_CHARGED: frozenset[tuple[str, int]] = frozenset()
 
@@ -68,7 +68,7 @@ class RoundLedger:
         self.labels = list(labels)
         """Interchangeable ops share a label, so (label, cuts so far) keys their prices."""
         self.layouts, self.out_pos = tables.layouts, tables.out_pos
-        self._candidates, self._valid = tables.candidates, tables.valid
+        self._candidates, self._tables = tables.candidates, tables
         self._prev_reader, self._next_readers = tables.prev_reader, tables.next_readers
         self._no_prev_reader = tables.no_prev_reader
         self._grad = graph.requires_grad
@@ -105,8 +105,8 @@ class RoundLedger:
         self._edge_cache = book.edge_cache
         self._edge_kinds = book.edge_kinds
         self._prev_price = book.prev_price
-        self._chain, self._kinds, self._near_book = book.chain, book.kinds, book.near
-        self._shared_infos = book.infos
+        self._chain, self._near_book, self._shared_infos = book.chain, book.near, book.infos
+        self._kind_id = book.kind_id
         for st in self.states:  # numbered: prices keyed by kind hash an int, not a history
             st.kind = self._kind_id(st.kind)  # type: ignore[arg-type]
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
@@ -149,23 +149,10 @@ class RoundLedger:
             self._assumed_cache[key] = mask
         return mask
 
-    def _kind_id(self, kind: tuple[object, ...]) -> int:
-        """The number of an op kind, (label,) or (the previous kind's number, the round's cut):
-        equal for ops (of any search sharing the book) with one label and one history."""
-        found = self._kinds.get(kind)
-        if found is None:
-            found = self._kinds[kind] = len(self._kinds)
-        return found
-
     def _cut_ok(self, i: int, cut: str, q: int) -> bool:
-        """Whether op i can cut `cut` q ways from its local extents (`sharding.cut_problem`),
-        kept per (op, cut, extent, q) for every round and variant (`SearchTables.valid`)."""
-        extent = self.states[i].extents[cut]
-        ok = self._valid.get((i, cut, extent, q))
-        if ok is None:
-            ok = cut_problem(self.states[i].op, cut, extent, q) is None
-            self._valid[i, cut, extent, q] = ok
-        return ok
+        """Whether op i can cut `cut` q ways from its local extents (`SearchTables.cut_ok`)."""
+        st = self.states[i]
+        return self._tables.cut_ok(st.op, i, cut, st.extents[cut], q)
 
     def _infos(self, i: int, r: int) -> tuple[list[OperandInfo], list[OperandInfo]]:
         """Operand sizes before round r, with the hierarchical all-reduce divisor: faster rounds

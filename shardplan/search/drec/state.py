@@ -68,7 +68,7 @@ class OpState:
     back if the two readers' layouts part in a later round (`RoundCosts._revoked`)."""
     kind: object = ()
     """(label, cuts so far): ops of one kind have the same prices (set by the search, which
-    numbers them: `RoundLedger._kind_id`)."""
+    numbers them: `EdgeBook.kind_id`)."""
 
     @staticmethod
     def of(graph: Graph, op: Op, label: int) -> OpState:
@@ -128,4 +128,12 @@ class EdgeBook:
         (`RoundLedger._infos`: a function of them, so every search reads one copy)."""
         self.kinds: dict[tuple[object, ...], int] = {}
         """(label,) or (a kind's number, a round's cut) -> the number of the op kind it makes
-        (`RoundLedger._kind_id`): searches that price alike share prices by these numbers."""
+        (`kind_id`): searches that price alike share prices by these numbers."""
+
+    def kind_id(self, kind: tuple[object, ...]) -> int:
+        """The number of an op kind, (label,) or (the previous kind's number, the round's cut):
+        equal for ops (of any search sharing the book) with one label and one history."""
+        found = self.kinds.get(kind)
+        if found is None:
+            found = self.kinds[kind] = len(self.kinds)
+        return found

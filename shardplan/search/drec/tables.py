@@ -20,7 +20,7 @@ from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.search.drec.flex import FlexGraph
 from shardplan.search.drec.followers import follower_table
-from shardplan.sharding import PARTIAL, REPLICATED, layout_of_cut
+from shardplan.sharding import PARTIAL, REPLICATED, cut_problem, layout_of_cut
 
 Cut = str | None
 """A loop dim cut in one round, or None (no cut)."""
@@ -75,7 +75,15 @@ class SearchTables:
     into it) of each transparent op whose nearest heavy producer it is (`followers.py`)."""
     valid: dict[tuple[int, str, int, int], bool] = field(default_factory=dict)
     """(op, cut, local extent, q) -> whether the cut is valid (`sharding.cut_problem`): filled
-    as the searches ask (`ledger.RoundLedger._cut_ok`), the same for every round and variant."""
+    as the searches ask (`cut_ok`), the same for every round and variant."""
+
+    def cut_ok(self, op: Op, i: int, cut: str, extent: int, q: int) -> bool:
+        """Whether op i (`op`) can cut `cut` q ways from local extent `extent`
+        (`sharding.cut_problem`), kept in `valid`."""
+        ok = self.valid.get((i, cut, extent, q))
+        if ok is None:
+            ok = self.valid[i, cut, extent, q] = cut_problem(op, cut, extent, q) is None
+        return ok
 
     @staticmethod
     def of(graph: Graph, flex: FlexGraph) -> SearchTables:
