@@ -111,6 +111,7 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         self._edges_to_cache: dict[tuple[int, int], Any] = {}  # `_edges_to`
         self._pair_task_cache: dict[tuple[int, int], Any] = {}  # `_pair_tasks`
         self._cut_layouts: dict[tuple[object, ...], Any] = {}  # `_priced`
+        self._splits: dict[tuple[int, str | None], tuple[bool, ...] | None] = {}  # `_split`
         self._sources = self._input_sources()  # `round_cost`
         self._peers: dict[int, set[int]] = {}  # `_param_peers`
         self._near_cache: dict[tuple[object, ...], list[float]] = {}
@@ -241,11 +242,7 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         pieces: Any = self._shared_prices.get(key)
         if pieces is None:
             pieces = self._shared_prices[key] = {}
-        lay = self.layouts[i]
-        # a piece's compute depends on the cut only through which operands it splits
-        splits = [
-            None if c is None else tuple(x >= 0 for side in lay[c] for x in side) for c in costs
-        ]
+        splits = [self._split(i, cut) for cut in costs]
         if "ideal" not in pieces or any(split not in pieces for split in splits):
             ins, outs = scaled(ins, div), scaled(outs, div)
             if "ideal" not in pieces:
@@ -258,6 +255,17 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         base = pieces["ideal"]
         for cut, split in zip(costs, splits, strict=True):
             costs[cut] += pieces[split] - base
+
+    def _split(self, i: int, cut: str | None) -> tuple[bool, ...] | None:
+        """Which operands of op i `cut` splits (None: no cut): a piece's compute depends on the
+        cut only through them (static: cached)."""
+        found = self._splits.get((i, cut), False)
+        if found is False:
+            lay = self.layouts[i][cut] if cut is not None else None
+            found = self._splits[i, cut] = (
+                None if lay is None else tuple(x >= 0 for side in lay for x in side)
+            )
+        return found  # type: ignore[return-value]
 
     def _add_backlog(self, i: int, r: int, costs: dict[str | None, float]) -> None:
         """Earlier, slower rounds priced their all-reduces assuming this faster round would shrink
