@@ -268,7 +268,8 @@ class RoundLedger:
         never raises the round's cost (up to the shared-parameter edges, priced pairwise)."""
         alone = self._own_costs(i, r, _NONE_CHARGED)
         cuts = list(alone)
-        later = [j for j in self._next_readers[i] if j in decided and j != i]
+        following = self._next_readers[i]
+        later = [j for j in following if j in decided and j != i] if following else following
         extra = self._near_costs(i, cuts, self.rounds[r], decided)
         if not later and not self.states[i].credits and self._no_prev_reader[i]:
             return alone, extra  # no other reader of its inputs: no credit either way
