@@ -113,6 +113,28 @@ def affine(y: Any, gamma: Any, beta: Any) -> Any:
     return y if beta is None else y + beta
 
 
+def attention(op: Op, softmax: Any, q: Any, k: Any, v: Any, mask: Any = None) -> Any:
+    """Fused attention (`shardplan.ir.catalogue_attention`) in plain array ops, as its math:
+    softmax(q k^T x scale + mask) v over the keys. `softmax(x)` normalises the last axis.
+
+    q [B.., G.., s, d], k [B.., t, d], v [B.., t, e]: k and v get a singleton axis per group
+    dim G so that matmul broadcasts them over q's query heads (grouped-query attention). The
+    default scale is d ** -0.5 with d the signature's (global) extent; d and t are FROZEN, so a
+    device's operands always hold every key and feature and the kernel is also right on shards.
+    """
+    groups = q.ndim - k.ndim
+    lead = k.ndim - 2
+    k = k.reshape(tuple(k.shape[:lead]) + (1,) * groups + tuple(k.shape[lead:]))
+    v = v.reshape(tuple(v.shape[:lead]) + (1,) * groups + tuple(v.shape[lead:]))
+    scale = op.attr("scale")
+    if scale is None:
+        scale = op.signature.extents["d"] ** -0.5
+    scores = (q @ k.swapaxes(-1, -2)) * float(scale)
+    if mask is not None:  # additive [s, t], broadcast over the batch and group dims
+        scores = scores + mask
+    return softmax(scores) @ v
+
+
 # -- attributes ----------------------------------------------------------------------------------
 
 
