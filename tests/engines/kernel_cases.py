@@ -364,6 +364,35 @@ IMPORTER_CASES: list[Case] = [
 ]
 
 
+def attention_graph() -> Graph:
+    """A causal grouped-query attention block: x [b, s, h] -> q [b, g, s, d] (one group dim g of
+    query heads), k [b, t, d], v [b, t, e] (d != e) -> attention -> projected back to h."""
+    b = GraphBuilder("attention-block")
+    x = b.input("x", (4, 8, 16))
+    q = b.apply("einsum", x, b.param("wq", (16, 2, 8)), spec="b s h, h g d -> b g s d", name="q")
+    k = b.apply("einsum", x, b.param("wk", (16, 8)), spec="b t h, h d -> b t d", name="k")
+    v = b.apply("einsum", x, b.param("wv", (16, 4)), spec="b t h, h e -> b t e", name="v")
+    o = b.apply("attention", q, k, v, b.constant("causal_mask", (8, 8)), name="attn")
+    b.apply("einsum", o, b.param("wo", (2, 4, 16)), spec="b g s e, g e h -> b s h", name="out")
+    return b.build()
+
+
+ATTENTION_STRATEGIES: dict[str, dict[str, tuple[str | None, ...]]] = {
+    # batch and heads: every device holds whole queries and keys of its (batch, head) block
+    "batch-heads": {
+        "q": ("b", "g"), "k": ("b", None), "v": ("b", None), "attn": ("b0", "g0"),
+        "out": ("b", "g"),
+    },
+    # queries and value features: keys (t) and features (d) stay whole on every device
+    "queries-values": {
+        "q": ("s", None), "k": (None, None), "v": (None, "e"), "attn": ("s", "e"),
+        "out": ("s", "e"),
+    },
+}  # fmt: skip
+"""Hand strategies (two rounds) for `attention_graph`: its attention cut by batch and heads, or
+by queries and value features (t and d are FROZEN, so never cut)."""
+
+
 def case_ids(items: list[Case]) -> list[str]:
     """`kind-index` test ids."""
     return [f"{c[0]}-{i}" for i, c in enumerate(items)]

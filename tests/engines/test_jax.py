@@ -23,7 +23,17 @@ from shardplan.ir.op import Op, Role, Tensor  # noqa: E402
 from shardplan.ir.signature import Signature  # noqa: E402
 from shardplan.sharding import PARTIAL, REPLICATED  # noqa: E402
 
-from .kernel_cases import case_ids, cases, single_op_graph  # noqa: E402
+from shardplan.fidelity.verify import verify_plan  # noqa: E402
+from shardplan.mesh import parse_mesh  # noqa: E402
+from shardplan.plans import Plan  # noqa: E402
+
+from .kernel_cases import (  # noqa: E402
+    ATTENTION_STRATEGIES,
+    attention_graph,
+    case_ids,
+    cases,
+    single_op_graph,
+)
 
 R, P = REPLICATED, PARTIAL
 
@@ -192,3 +202,12 @@ def test_megatron_mlp_matches_unsharded_and_all_reduces(devices8, mesh):
     local_batch = batch // (8 // tp)
     assert fc1[0].group_size == tp
     assert fc1[0].bytes_per_device == local_batch * width * 4
+
+
+@pytest.mark.parametrize("cut", list(ATTENTION_STRATEGIES))
+def test_attention_cut_by_batch_heads_queries_or_values_matches_unsharded(devices8, cut):
+    plan = Plan(attention_graph(), parse_mesh("4"), ATTENTION_STRATEGIES[cut], "hand")
+    report = verify_plan(plan, train=True)  # float64: loss, output and every gradient
+    assert report.numerics_ok, report.text()
+    names = {t.name for t in report.tensors}
+    assert {"loss", "grad wq", "grad wk", "grad wv", "grad wo"} <= names, names

@@ -29,7 +29,14 @@ from shardplan.mesh import parse_mesh  # noqa: E402
 from shardplan.plans import Plan  # noqa: E402
 from shardplan.search.api import plan as make_plan  # noqa: E402
 
-from .kernel_cases import IMPORTER_CASES, case_ids, cases, single_op_graph  # noqa: E402
+from .kernel_cases import (  # noqa: E402
+    ATTENTION_STRATEGIES,
+    IMPORTER_CASES,
+    attention_graph,
+    case_ids,
+    cases,
+    single_op_graph,
+)
 
 CASES = cases(np.int64) + IMPORTER_CASES
 
@@ -288,6 +295,10 @@ def reports() -> dict[str, Any]:
         ("moe/drec-memory/4/train", _lean_plan("moe"), True),
         ("deepseek-moe/drec-memory/4/train", _lean_plan("deepseek-moe"), True),
     ]
+    attention = attention_graph()
+    for cut, strategies in ATTENTION_STRATEGIES.items():
+        jobs.append((f"attention/{cut}/2x2/train", Plan(attention, parse_mesh("2x2"),
+                                                        strategies, "hand"), True))
     hf, why = _hf_models()
     for g in hf:
         for mesh in MESHES:
@@ -343,6 +354,7 @@ def test_zoo_drec_plans_match_single_process(reports, name, mesh):
         "sink/hand/2x2/train",
         "moe/drec-memory/4/train",
         "deepseek-moe/drec-memory/4/train",
+        *(f"attention/{cut}/2x2/train" for cut in ATTENTION_STRATEGIES),
     ],
 )
 def test_more_plans_match_single_process(reports, key):
