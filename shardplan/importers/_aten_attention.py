@@ -157,7 +157,9 @@ EVALUATE_LIMIT = 1 << 24
 def _static_value(ctx: _Context, node: Node) -> Any:
     """The value of a folded node, computed from the program's buffers and constants by running
     the ops it depends on (O(its ancestors)); None when that cannot be done (meta tensors, an
-    op that fails on real values, a value above `EVALUATE_LIMIT` elements)."""
+    op that fails on real values, a value above `EVALUATE_LIMIT` elements). Tensors are
+    created on the CPU whatever device the program names, so a model built on the meta device
+    (no weights) still has its masks evaluated from `arange` and friends."""
     torch = ctx.torch
     if math.prod(ctx.shape(node)) > EVALUATE_LIMIT:
         return None
@@ -179,6 +181,8 @@ def _static_value(ctx: _Context, node: Node) -> Any:
                 env[n] = stored[names[n.name]] if n.name in names else n.meta["val"]
             elif n.op == "call_function":
                 args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
+                if "device" in kwargs:  # a model on the meta device: its masks on the CPU
+                    kwargs = {**kwargs, "device": torch.device("cpu")}
                 env[n] = n.target(*args, **kwargs)
             else:
                 return None
