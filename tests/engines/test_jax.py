@@ -17,15 +17,14 @@ from shardplan.errors import (  # noqa: E402
 )
 from shardplan.exporters.jax import axis_names  # noqa: E402
 from shardplan.fidelity.hlo import parse_collectives  # noqa: E402
+from shardplan.fidelity.verify import verify_plan  # noqa: E402
 from shardplan.ir.catalogue import CATALOGUE  # noqa: E402
 from shardplan.ir.graph import make_graph  # noqa: E402
 from shardplan.ir.op import Op, Role, Tensor  # noqa: E402
 from shardplan.ir.signature import Signature  # noqa: E402
-from shardplan.sharding import PARTIAL, REPLICATED  # noqa: E402
-
-from shardplan.fidelity.verify import verify_plan  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
 from shardplan.plans import Plan  # noqa: E402
+from shardplan.sharding import PARTIAL, REPLICATED  # noqa: E402
 
 from .kernel_cases import (  # noqa: E402
     ATTENTION_STRATEGIES,

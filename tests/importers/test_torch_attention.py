@@ -24,7 +24,8 @@ class Block(torch.nn.Module):
     def __init__(self, mask: str = "none", causal: bool = False, gqa: bool = False,
                  dropout: float = 0.0, scale: float | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.mask, self.causal, self.gqa, self.dropout, self.scale = mask, causal, gqa, dropout, scale
+        self.mask, self.causal, self.gqa = mask, causal, gqa
+        self.dropout, self.scale = dropout, scale
         self.kv = 2 if gqa else 4
         self.q, self.out = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
         self.k, self.v = torch.nn.Linear(16, 4 * self.kv), torch.nn.Linear(16, 4 * self.kv)
@@ -144,8 +145,9 @@ def test_hugging_face_sdpa_models_translate_directly():
     vit = transformers.ViTModel(transformers.ViTConfig(**sizes, intermediate_size=64,
                                                        image_size=32, patch_size=8))  # fmt: skip
     llama = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(**sizes, num_key_value_heads=2, intermediate_size=64,
-                                 vocab_size=64, use_cache=False)  # fmt: skip
+        transformers.LlamaConfig(
+            **sizes, num_key_value_heads=2, intermediate_size=64, vocab_size=64, use_cache=False
+        )  # fmt: skip
     )
     for model, x, mask in (
         (vit, torch.randn(2, 3, 32, 32), ()),

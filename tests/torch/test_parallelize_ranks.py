@@ -1,9 +1,9 @@
 """`parallelize` on 2 spawned gloo ranks (issue 28 items 9-12): convolutions under channel
 splits, an FSDP module that starts with an Embedding, asymmetric padding before a convolution,
-`scaled_dot_product_attention` (causal; grouped-query, whose CPU kernel's backward has no DTensor
-rule without shardplan's rewrite), dropout that follows train()/eval() and gives replicated copies one mask, and failures that
-reach every rank instead of leaving one waiting. One spawn runs the value cases; two more run
-the failure cases (they close the group).
+`scaled_dot_product_attention` (causal; grouped-query, whose CPU kernel's backward has no
+DTensor rule without shardplan's rewrite), dropout that follows train()/eval() and gives
+replicated copies one mask, and failures that reach every rank instead of leaving one waiting.
+One spawn runs the value cases; two more run the failure cases (they close the group).
 """
 
 from __future__ import annotations
