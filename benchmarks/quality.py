@@ -41,6 +41,7 @@ from shardplan import zoo  # noqa: E402
 from shardplan.cost import CostOptions  # noqa: E402
 from shardplan.cost.evaluate import evaluate_strategies  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
+from shardplan.ir.serialize import graph_to_dict  # noqa: E402
 from shardplan.mesh import parse_mesh  # noqa: E402
 from shardplan.search import plan  # noqa: E402
 from shardplan.search.exact import ilp  # noqa: E402
@@ -84,12 +85,14 @@ def misses(model: Any, drec_choice: list[int], ilp_choice: list[int], top: int) 
 
 ILP_SOURCES = ("search/exact/ilp.py", "search/exact/space.py", "search/exact/round_split.py")
 ILP_SOURCES += ("cost/terms.py",)
-ILP_SOURCES += ("cost/collectives.py", "cost/presets.py", "ir", "zoo", "mesh.py", "sharding.py")
-NOT_READ = ("ir/rebatch.py",)  # derives graphs at other batch sizes: no zoo graph or ILP reads it
+ILP_SOURCES += ("cost/collectives.py", "cost/presets.py", "ir", "mesh.py", "sharding.py")
+# what makes the graph is keyed by the graph itself (`graph_digest`): the catalogue's rules and
+# the zoo's builders; ir/rebatch.py derives graphs at other batch sizes, which no ILP reads
+NOT_READ = ("ir/rebatch.py", "ir/catalogue.py", "ir/catalogue_moe.py", "ir/catalogue_attention.py")
 
 
 def ilp_fingerprint() -> str:
-    """Hash of the sources an ILP result depends on (not D-Rec's)."""
+    """Hash of the sources an ILP result depends on beyond its graph (not D-Rec's)."""
     root = Path(__file__).resolve().parent.parent / "shardplan"
     digest = hashlib.sha256()
     for rel in ILP_SOURCES:
@@ -97,6 +100,12 @@ def ilp_fingerprint() -> str:
             if path.relative_to(root).as_posix() not in NOT_READ:
                 digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def graph_digest(graph: Any) -> str:
+    """Hash of a graph's content (`ir.serialize.graph_to_dict`): ops, signatures, tensors."""
+    text = json.dumps(graph_to_dict(graph), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cached_ilp(cache: Path | None, key: str, graph: Any, mesh: Any, opts: Any) -> dict | None:
@@ -133,7 +142,7 @@ def run_case(
     opts = CostOptions.make()
     graph = zoo.build(name, **reduced(name))
     mesh = parse_mesh(mesh_text)
-    key = f"{name}_{mesh_text}_{time_limit:g}_{ilp_fingerprint()}"
+    key = f"{name}_{mesh_text}_{time_limit:g}_{ilp_fingerprint()}_{graph_digest(graph)}"
     row: dict[str, Any] = {"model": name, "mesh": mesh_text, "ops": len(graph.ops)}
     row["sizes"] = reduced(name)
     drec = plan(graph, mesh, "drec")

@@ -11,6 +11,7 @@ training searches; export O(stages x expert pass).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -85,14 +86,35 @@ def engine_plan(
         say(f"searching the best {cfg.engine} layout for comparison ...")
         best = plan_for_menu(build, batch, mesh, opts, budget, get_menu(cfg.engine), say)
         notes.append(_compare(tp, best, f"best {cfg.engine} layout ({best.notes[0]})"))
+        notes += _attention_note(args, cfg.engine)
         return replace(tp, method=f"config-{cfg.engine}", notes=tuple(notes), step=tp.step)
     menu = get_menu(args.target)
     say(f"searching {menu.engine} layouts on mesh {mesh.text()} ...")
     tp = plan_for_menu(build, batch, mesh, opts, budget, menu, say)
     say("searching the unrestricted plan for comparison ...")
     free = plan_training(build, batch, mesh, opts, budget, progress=say)
-    notes = (*tp.notes, _compare(tp, free, "unrestricted plan"))
+    notes = (
+        *tp.notes,
+        _compare(tp, free, "unrestricted plan"),
+        *_attention_note(args, menu.engine),
+    )
     return replace(tp, notes=notes, step=tp.step)
+
+
+def _attention_note(args: argparse.Namespace, engine: str) -> list[str]:
+    """A zoo transformer planned with unfused attention, for an engine that runs it fused."""
+    from shardplan.zoo import MODELS
+
+    entry = MODELS.get(args.model) if args.model else None
+    if entry is None or getattr(args, "attention", None) == "fused":
+        return []
+    if "attention" not in inspect.signature(entry.builder).parameters:
+        return []
+    return [
+        f"attention priced unfused (five ops, scores through HBM); {engine} runs a fused kernel "
+        "(FlashAttention / SDPA / cuDNN) by default: plan with --attention fused to price what "
+        "it runs (docs/cost-model.md)"
+    ]
 
 
 def _layout_text(layout: Layout) -> str:

@@ -12,8 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from shardplan import zoo
-from shardplan.cli.options import SIZE_FLAGS, Progress
-from shardplan.errors import IRError, ShardplanError, UnknownModelError, UnsupportedOpError
+from shardplan.cli.options import Progress, zoo_overrides
+from shardplan.errors import (
+    ArgumentError,
+    IRError,
+    ShardplanError,
+    UnknownModelError,
+    UnsupportedOpError,
+)
 from shardplan.ir.graph import Graph
 
 
@@ -60,8 +66,13 @@ def _load(args: argparse.Namespace) -> Any:
             "name exactly one model: a zoo name, --torch MODULE:FUNCTION, --hf NAME or --onnx FILE"
             f" (got {sources or 'none'})"
         )
+    if getattr(args, "attention", None) and not args.model:
+        raise ArgumentError(
+            "--attention chooses how zoo models write attention; an imported model runs the "
+            "attention its code runs (drop --attention)"
+        )
     if args.model:
-        overrides: dict[str, Any] = {f: getattr(args, f, None) for f in SIZE_FLAGS}
+        overrides: dict[str, Any] = zoo_overrides(args)
         return zoo.build(args.model, small=getattr(args, "small", False), **overrides)
     if args.hf:
         from shardplan.importers.hf import import_hf

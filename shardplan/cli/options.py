@@ -28,6 +28,7 @@ from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search import METHODS
 from shardplan.sharding import Strategy
+from shardplan.zoo.layers import ATTENTION
 
 SIZE_FLAGS = (
     "batch",
@@ -43,6 +44,14 @@ SIZE_FLAGS = (
     "top_k",
     "width",
 )
+
+
+def zoo_overrides(args: argparse.Namespace, batch: bool = True) -> dict[str, Any]:
+    """The zoo overrides given on the command line: the size flags (without --batch when
+    `batch` is False) and --attention, a builder choice; None where a flag was not given."""
+    out = {f: getattr(args, f, None) for f in SIZE_FLAGS if batch or f != "batch"}
+    out["attention"] = getattr(args, "attention", None)
+    return out
 
 
 def source_flags() -> argparse.ArgumentParser:
@@ -86,6 +95,13 @@ def source_flags() -> argparse.ArgumentParser:
         group.add_argument(f"--{dashed}", type=int, default=None, help=f"override {dashed}")
     group.add_argument(
         "--small", action="store_true", help="start from the reduced sizes used in tests"
+    )
+    group.add_argument(
+        "--attention",
+        choices=ATTENTION,
+        default=None,
+        help="zoo transformers' attention: unfused, five ops (the default, as Megatron-LM ran it "
+        "in 2021-22), or fused, one op (FlashAttention; docs/cost-model.md)",
     )
     return p
 

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from shardplan import units, zoo
 from shardplan.cli.models import hf_rebuilder, load_graph, model_label
-from shardplan.cli.options import SIZE_FLAGS, progress_of
+from shardplan.cli.options import progress_of, zoo_overrides
 from shardplan.errors import SolverError
 from shardplan.exporters import training_json
 from shardplan.ir.graph import Graph
@@ -107,7 +107,7 @@ def builder_of(args: argparse.Namespace, graph: Graph, batch: int) -> Any:
     """The model at each batch: zoo and --hf models are rebuilt (an --hf config re-imported on
     the meta device); other graphs exist at one batch."""
     if args.model and not (args.torch or args.hf or args.onnx):
-        overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
+        overrides = zoo_overrides(args, batch=False)
         small = getattr(args, "small", False)
         return lambda b: zoo.build(args.model, small=small, batch=b, **overrides)
     if args.hf:
@@ -158,7 +158,7 @@ def run_training_plan(args: argparse.Namespace) -> int:
         data = training_json.to_dict(tp)
         data["model"] = model_label(args)
         if args.model and not (args.torch or args.hf or args.onnx):
-            overrides = {f: getattr(args, f, None) for f in SIZE_FLAGS if f != "batch"}
+            overrides = zoo_overrides(args, batch=False)
             data["model_config"] = {  # the exporters' model sizes (exporters/engine_layout)
                 "name": args.model,
                 "small": bool(getattr(args, "small", False)),

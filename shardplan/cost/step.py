@@ -223,8 +223,9 @@ def saved_bytes(
     out_layout: Mapping[str, Layout] | None = None,
 ) -> dict[str, float]:
     """Local bytes of each tensor autograd keeps for the backward (`ir.traits.SAVED_FOR_BACKWARD`:
-    an op's non-parameter inputs, its results, or a one-byte mask per result element), each once,
-    in the layout its producer leaves it (a graph input: its first reader's). `layouts`: per op,
+    an op's inputs but parameters and constants, its results, or a one-byte mask per result
+    element), each once, in the layout its producer leaves it (a graph input: its first
+    reader's). `layouts`: per op,
     its (input, resolved result) layouts when known (`OpPrice`); `size(tensor, layout)`: its
     local bytes at the options' width when memoised (`ScoreCache.local_bytes`); `out_layout`:
     the results' layouts of `layouts` when already read off."""
@@ -252,7 +253,8 @@ def saved_bytes(
         if rule is Saved.INPUTS:
             for i, name in enumerate(op.inputs):
                 t = graph.tensors[name]
-                if t.role is not Role.PARAMETER:
+                # a constant (mask, RoPE table) is a buffer held once, not kept per micro-batch
+                if t.role is not Role.PARAMETER and t.role is not Role.CONSTANT:
                     keep(name, name, out_layout.get(name) or ins[i], None)
         for name in op.outputs if rule is not Saved.INPUTS else ():
             if rule is Saved.OUTPUTS:

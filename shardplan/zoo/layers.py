@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from shardplan.errors import ArgumentError
 from shardplan.ir.graph import Graph, GraphBuilder
+
+ATTENTION = ("unfused", "fused")
+"""How the zoo writes attention: "unfused" as five ops (score matmul, scale, mask, softmax, value
+matmul; Megatron-LM 2021-22, the published runs the model is checked on), or "fused" as one
+`attention` op (FlashAttention and its kin, `ir/catalogue_attention.py`)."""
+
+
+def fused_attention(model: str, attention: str) -> bool:
+    """Whether a zoo builder's `attention` option asks for the fused kind; ArgumentError else."""
+    if attention not in ATTENTION:
+        raise ArgumentError(
+            f"model {model!r}: attention must be one of {list(ATTENTION)}, got {attention!r}"
+        )
+    return attention == "fused"
 
 
 def dense(b: GraphBuilder, x: str, out_features: int, name: str, bias: bool = True) -> str:
@@ -25,8 +40,11 @@ def layer_norm(b: GraphBuilder, x: str, name: str, rms: bool = False) -> str:
         return b.apply("layer_norm", x, gamma, b.param("bias", (h,)), name="norm")
 
 
-def attention(b: GraphBuilder, x: str, heads: int, name: str, causal: bool) -> str:
-    """Multi-head self-attention with separate q/k/v projections (same parameters as fused qkv)."""
+def attention(
+    b: GraphBuilder, x: str, heads: int, name: str, causal: bool, fused: bool = False
+) -> str:
+    """Multi-head self-attention with separate q/k/v projections (same parameters as fused qkv);
+    `fused`: one `attention` op in place of scores, scale, mask, softmax and context."""
     batch, seq, hidden = b.shape(x)
     head_dim = hidden // heads
     with b.scope(name):
@@ -38,6 +56,12 @@ def attention(b: GraphBuilder, x: str, heads: int, name: str, causal: bool) -> s
         q = split_heads(dense(b, x, hidden, "q"), "q")
         k = split_heads(dense(b, x, hidden, "k"), "k")
         v = split_heads(dense(b, x, hidden, "v"), "v")
+        if fused:
+            mask = [b.constant("causal_mask", (seq, seq))] if causal else []
+            ctx = b.apply("attention", q, k, v, *mask, scale=head_dim**-0.5, name="attention")
+            ctx = b.apply("transpose", ctx, perm=(0, 2, 1, 3), name="merge_t")
+            ctx = b.apply("reshape", ctx, shape=(batch, seq, hidden), name="merge")
+            return dense(b, ctx, hidden, "out")
         scores = b.apply("bmm", q, k, transpose_b=True, name="scores")
         scores = b.apply("scale", scores, value=head_dim**-0.5, name="scale")
         if causal:
@@ -59,16 +83,23 @@ def mlp_block(b: GraphBuilder, x: str, ffn: int, name: str, act: str = "gelu") -
 
 
 def transformer_block(
-    b: GraphBuilder, x: str, heads: int, ffn: int, name: str, causal: bool, pre_norm: bool = True
+    b: GraphBuilder,
+    x: str,
+    heads: int,
+    ffn: int,
+    name: str,
+    causal: bool,
+    pre_norm: bool = True,
+    fused: bool = False,
 ) -> str:
-    """Pre-norm (GPT, ViT) or post-norm (BERT) transformer layer."""
+    """Pre-norm (GPT, ViT) or post-norm (BERT) transformer layer (`fused`: `attention`'s)."""
     with b.scope(name):
         if pre_norm:
-            h = attention(b, layer_norm(b, x, "ln_1"), heads, "attn", causal)
+            h = attention(b, layer_norm(b, x, "ln_1"), heads, "attn", causal, fused)
             x = b.apply("add", x, h, name="residual_1")
             h = mlp_block(b, layer_norm(b, x, "ln_2"), ffn, "mlp")
             return b.apply("add", x, h, name="residual_2")
-        h = attention(b, x, heads, "attn", causal)
+        h = attention(b, x, heads, "attn", causal, fused)
         x = layer_norm(b, b.apply("add", x, h, name="residual_1"), "ln_1")
         h = mlp_block(b, x, ffn, "mlp")
         return layer_norm(b, b.apply("add", x, h, name="residual_2"), "ln_2")

@@ -29,7 +29,14 @@ from shardplan.errors import ArgumentError, IRError
 from shardplan.ir.graph import Graph, GraphBuilder
 from shardplan.ir.op import Role
 from shardplan.ir.traits import traits_of
-from shardplan.zoo.layers import dense, layer_norm, lm_loss, swiglu, token_embedding
+from shardplan.zoo.layers import (
+    dense,
+    fused_attention,
+    layer_norm,
+    lm_loss,
+    swiglu,
+    token_embedding,
+)
 from shardplan.zoo.moe import routed_mlp
 
 
@@ -66,18 +73,23 @@ def _heads(b: GraphBuilder, x: str, heads: int, dim: int, name: str) -> str:
     return b.apply("transpose", x, perm=(0, 2, 1, 3), name=f"{name}_heads")
 
 
-def _attend(b: GraphBuilder, q: str, k: str, v: str, hidden: int) -> str:
+def _attend(b: GraphBuilder, q: str, k: str, v: str, hidden: int, fused: bool = False) -> str:
     """Causal softmax attention of q [b, H, s, dqk] over k/v [b, KV, s, d*] (H = KV * group),
-    projected back to `hidden` by `o`."""
+    projected back to `hidden` by `o`; `fused`: one `attention` op, the group a dim of q."""
     batch, heads, seq, dqk = b.shape(q)
     kv, dv = b.shape(k)[1], b.shape(v)[-1]
     group = heads // kv
-    q = b.apply("reshape", q, shape=(batch, kv, group * seq, dqk), name="q_groups")
-    scores = b.apply("bmm", q, k, transpose_b=True, name="scores")
-    scores = b.apply("scale", scores, value=dqk**-0.5, name="scale")
-    mask = _shared_constant(b, "causal_mask", (group * seq, seq))
-    probs = b.apply("softmax", b.apply("add", scores, mask, name="mask"), axis=-1, name="softmax")
-    ctx = b.apply("bmm", probs, v, name="context")
+    if fused:
+        q = b.apply("reshape", q, shape=(batch, kv, group, seq, dqk), name="q_groups")
+        mask = _shared_constant(b, "causal_mask", (seq, seq))
+        ctx = b.apply("attention", q, k, v, mask, scale=dqk**-0.5, name="attention")
+    else:
+        q = b.apply("reshape", q, shape=(batch, kv, group * seq, dqk), name="q_groups")
+        scores = b.apply("bmm", q, k, transpose_b=True, name="scores")
+        scores = b.apply("scale", scores, value=dqk**-0.5, name="scale")
+        mask = _shared_constant(b, "causal_mask", (group * seq, seq))
+        scores = b.apply("add", scores, mask, name="mask")
+        ctx = b.apply("bmm", b.apply("softmax", scores, axis=-1, name="softmax"), v, name="context")
     ctx = b.apply("reshape", ctx, shape=(batch, heads, seq, dv), name="ungroup")
     ctx = b.apply("transpose", ctx, perm=(0, 2, 1, 3), name="merge_t")
     ctx = b.apply("reshape", ctx, shape=(batch, seq, heads * dv), name="merge")
@@ -85,7 +97,14 @@ def _attend(b: GraphBuilder, q: str, k: str, v: str, hidden: int) -> str:
 
 
 def gqa_attention(
-    b: GraphBuilder, x: str, heads: int, kv_heads: int, head_dim: int, qk_norm: bool, name: str
+    b: GraphBuilder,
+    x: str,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    qk_norm: bool,
+    name: str,
+    fused: bool = False,
 ) -> str:
     """Grouped-query attention with RoPE (module docstring)."""
     hidden = b.shape(x)[-1]
@@ -95,7 +114,7 @@ def gqa_attention(
         v = _heads(b, dense(b, x, kv_heads * head_dim, "v", bias=False), kv_heads, head_dim, "v")
         if qk_norm:
             q, k = layer_norm(b, q, "q_norm", rms=True), layer_norm(b, k, "k_norm", rms=True)
-        return _attend(b, _rope(b, q, "q"), _rope(b, k, "k"), v, hidden)
+        return _attend(b, _rope(b, q, "q"), _rope(b, k, "k"), v, hidden, fused)
 
 
 def mla_attention(
@@ -108,6 +127,7 @@ def mla_attention(
     rope_dim: int,
     v_dim: int,
     name: str,
+    fused: bool = False,
 ) -> str:
     """Multi-head latent attention (DeepSeek-V2/V3; module docstring)."""
     batch, seq, hidden = b.shape(x)
@@ -130,18 +150,24 @@ def mla_attention(
         )
         k = b.apply("concat", k_nope, k_pe, axis=3, name="k_cat")
         v = _heads(b, dense(b, ckv, heads * v_dim, "kv_b_v", bias=False), heads, v_dim, "v")
-        return _attend(b, q, k, v, hidden)
+        return _attend(b, q, k, v, hidden, fused)
 
 
 def _gqa(
-    name: str, hidden: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool
+    name: str,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    qk_norm: bool,
+    fused: bool = False,
 ) -> Callable[[GraphBuilder, str], str]:
     """A layer's GQA attention "attn" for `_decoder`, after checking the head counts; `head_dim`
     0 means hidden // heads."""
     if heads % kv_heads:
         raise IRError(f"{name}: {heads} query heads are not a multiple of kv_heads={kv_heads}")
     head_dim = head_dim or hidden // heads
-    return lambda b, y: gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn")
+    return lambda b, y: gqa_attention(b, y, heads, kv_heads, head_dim, qk_norm, "attn", fused)
 
 
 def _decoder(
@@ -179,11 +205,13 @@ def llama(
     vocab: int = 128256,
     qk_norm: bool = False,
     tied: bool = False,
+    attention: str = "unfused",
     name: str = "llama",
 ) -> Graph:
     """Llama-style decoder: RMSNorm, GQA + RoPE, SwiGLU (module docstring). `head_dim` 0 means
-    hidden // heads (Qwen3 sets it apart from hidden)."""
-    attend = _gqa(name, hidden, heads, kv_heads, head_dim, qk_norm)
+    hidden // heads (Qwen3 sets it apart from hidden); `attention` "unfused" or "fused"."""
+    fused = fused_attention(name, attention)
+    attend = _gqa(name, hidden, heads, kv_heads, head_dim, qk_norm, fused)
 
     def mlp(b: GraphBuilder, y: str, _layer: int) -> str:
         return swiglu(b, y, ffn, "mlp")
@@ -214,20 +242,24 @@ def moe_llm(
     rope_dim: int = 64,
     v_dim: int = 128,
     capacity_factor: float = 1.0,
+    attention: str = "unfused",
     name: str = "moe-llm",
 ) -> Graph:
     """MoE decoder: GQA (or MLA when `q_rank` > 0), the first `dense_layers` layers a SwiGLU of
     width `ffn`, the rest `experts` routed SwiGLU experts of width `expert_ffn` (top_k, weights
-    renormalised; `router` softmax or sigmoid) plus `shared` shared experts (module docstring)."""
+    renormalised; `router` softmax or sigmoid) plus `shared` shared experts (module docstring);
+    `attention` "unfused" or "fused"."""
     if router not in ("softmax", "sigmoid"):
         raise ArgumentError(
             f"model {name!r}: router must be 'softmax' or 'sigmoid', got {router!r}"
         )
-    gqa = _gqa(name, hidden, heads, kv_heads, head_dim, qk_norm)
+    fused = fused_attention(name, attention)
+    gqa = _gqa(name, hidden, heads, kv_heads, head_dim, qk_norm, fused)
 
     def attend(b: GraphBuilder, y: str) -> str:
         if q_rank:
-            return mla_attention(b, y, heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim, "attn")
+            mla = (heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim)
+            return mla_attention(b, y, *mla, "attn", fused)
         return gqa(b, y)
 
     def mlp(b: GraphBuilder, y: str, layer: int) -> str:

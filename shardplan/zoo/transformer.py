@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shardplan.errors import IRError
 from shardplan.ir.graph import Graph, GraphBuilder
-from shardplan.zoo.layers import dense, layer_norm, transformer_block
+from shardplan.zoo.layers import dense, fused_attention, layer_norm, transformer_block
 
 
 def _check_heads(hidden: int, heads: int) -> None:
@@ -20,10 +20,13 @@ def gpt(
     heads: int = 12,
     vocab: int = 50257,
     max_positions: int | None = None,
+    attention: str = "unfused",
     name: str = "gpt",
 ) -> Graph:
-    """GPT-2/GPT-3 style decoder: token + position embeddings, pre-norm blocks, tied head."""
+    """GPT-2/GPT-3 style decoder: token + position embeddings, pre-norm blocks, tied head;
+    `attention` "unfused" or "fused" (`layers.ATTENTION`)."""
     _check_heads(hidden, heads)
+    fused = fused_attention(name, attention)
     b = GraphBuilder(name)
     ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
     positions = b.input("position_ids", (batch, seq), dtype_bytes=4)
@@ -37,7 +40,7 @@ def gpt(
         name="emb",
     )
     for i in range(layers):
-        x = transformer_block(b, x, heads, 4 * hidden, f"h.{i}", causal=True)
+        x = transformer_block(b, x, heads, 4 * hidden, f"h.{i}", causal=True, fused=fused)
     x = layer_norm(b, x, "ln_f")
     logits = b.apply("linear", x, wte, name="lm_head")
     b.apply("cross_entropy", logits, labels, name="loss")
@@ -53,10 +56,13 @@ def bert(
     vocab: int = 30522,
     max_positions: int = 512,
     classes: int = 2,
+    attention: str = "unfused",
     name: str = "bert",
 ) -> Graph:
-    """BERT encoder: word/position/type embeddings, post-norm blocks, pooler, head."""
+    """BERT encoder: word/position/type embeddings, post-norm blocks, pooler, head; `attention`
+    "unfused" or "fused" (`layers.ATTENTION`)."""
     _check_heads(hidden, heads)
+    fused = fused_attention(name, attention)
     b = GraphBuilder(name)
     ids = b.input("input_ids", (batch, seq), dtype_bytes=4)
     positions = b.input("position_ids", (batch, seq), dtype_bytes=4)
@@ -80,7 +86,9 @@ def bert(
         )
     x = layer_norm(b, x, "embeddings.ln")
     for i in range(layers):
-        x = transformer_block(b, x, heads, 4 * hidden, f"layer.{i}", causal=False, pre_norm=False)
+        x = transformer_block(
+            b, x, heads, 4 * hidden, f"layer.{i}", causal=False, pre_norm=False, fused=fused
+        )
     # the pooler reads the first token; a mean over tokens keeps the graph slice-free (same params)
     pooled = b.apply("reduce_mean", x, axes=(1,), name="pool")
     pooled = b.apply("tanh", dense(b, pooled, hidden, "pooler"), name="pooler_act")
@@ -97,11 +105,14 @@ def vit(
     hidden: int = 768,
     heads: int = 12,
     classes: int = 1000,
+    attention: str = "unfused",
     name: str = "vit",
 ) -> Graph:
     """ViT: patch conv, class token, position embeddings, pre-norm blocks, head on the class token
-    (read as a mean over tokens so the graph stays slice-free; the parameters are ViT's)."""
+    (read as a mean over tokens so the graph stays slice-free; the parameters are ViT's);
+    `attention` "unfused" or "fused" (`layers.ATTENTION`)."""
     _check_heads(hidden, heads)
+    fused = fused_attention(name, attention)
     if image % patch:
         raise IRError(f"image size {image} is not a multiple of patch size {patch}")
     b = GraphBuilder(name)
@@ -129,7 +140,7 @@ def vit(
     x = b.apply("concat", cls, x, axis=1, name="cat_cls")
     x = b.apply("add", x, b.param("pos", (1, tokens + 1, hidden)), name="add_pos")
     for i in range(layers):
-        x = transformer_block(b, x, heads, 4 * hidden, f"block.{i}", causal=False)
+        x = transformer_block(b, x, heads, 4 * hidden, f"block.{i}", causal=False, fused=fused)
     x = layer_norm(b, x, "ln")
     x = b.apply("reduce_mean", x, axes=(1,), name="pool")
     logits = dense(b, x, classes, "head")

@@ -80,3 +80,16 @@ def test_target_needs_dtype_and_a_known_engine(tmp_path, capsys):
     bad.write_text("{}")
     assert main(["export", str(bad), "--to", "deepspeed"]) == 5
     assert "not a shardplan training plan" in capsys.readouterr().err
+
+
+def test_target_notes_unfused_attention_and_exports_a_fused_plan(tmp_path, capsys):
+    # a zoo transformer planned unfused for an engine that runs fused attention gets the note;
+    # planned with --attention fused it does not, and the option travels with the plan file
+    assert main([*PLAN, "--target", "torchtitan"]) == 0
+    assert "--attention fused" in capsys.readouterr().out
+    plan = tmp_path / "fused.json"
+    assert main([*PLAN, "--target", "torchtitan", "--attention", "fused", "--json", str(plan)]) == 0
+    assert "priced unfused" not in capsys.readouterr().out
+    overrides = json.loads(plan.read_text())["model_config"]["overrides"]
+    assert overrides == {"layers": 4, "attention": "fused"}
+    assert main(["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "t.toml")]) == 0

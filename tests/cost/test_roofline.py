@@ -80,3 +80,19 @@ def test_machine_rejects_bad_roofline_constants():
         Machine("x", 1e9, 1e9, 1e9, {"bf16": 1e12}, "bf16", 8, "", flops_efficiency=0.0)
     with pytest.raises(MeshError, match="launch"):
         Machine("x", 1e9, 1e9, 1e9, {"bf16": 1e12}, "bf16", 8, "", launch_s=-1.0)
+
+
+def test_fused_attention_backward_recomputes_the_scores():
+    # q, k, v [8, 16, 1024, 128] fp32, compute-bound both ways: forward 4 b h s^2 d FLOPs; the
+    # backward's usual 2x plus the scores again (half the forward, `ir.traits`): 3.5x in all
+    b = GraphBuilder("flash")
+    q, k, v = (b.param(n, (8, 16, 1024, 128)) for n in "qkv")
+    b.apply("attention", q, k, v, name="attn")
+    g = b.build()
+    flops = 4 * 8 * 16 * 1024 * 1024 * 128
+    assert g.ops[0].flops == flops
+    forward = evaluate_strategies(g, A100, {"attn": ()}, INFER).compute
+    assert forward == pytest.approx(flops / 218.4e12)  # 314.7 us; bytes: 188 us
+    trained = evaluate_strategies(g, A100, {"attn": ()}, TRAIN).compute
+    assert trained == pytest.approx(3.5 * flops / 218.4e12)
+    assert compute_cost(flops, 1.0, TRAIN, A100, 1.0) == pytest.approx(3 * flops / 218.4e12)

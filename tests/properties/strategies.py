@@ -47,6 +47,7 @@ def graphs(draw, max_ops: int = 6) -> Graph:
                     "transpose",
                     "reduce",
                     "matmul_shared",
+                    "attention",
                 ]
             )
         )
@@ -75,6 +76,11 @@ def graphs(draw, max_ops: int = 6) -> Graph:
                 split = next((d for d in (2, 3, 5) if last % d == 0 and last > d), None)
                 target = (*xs[:-1], split, last // split) if split else (*xs, 1)
             y = b.apply("reshape", x, shape=target, name=name)
+        elif kind == "attention" and len(xs) >= 2:  # self-attention over the last two dims
+            mask = [b.constant(f"mask{i}", (xs[-2], xs[-2]))] if draw(st.booleans()) else []
+            y = b.apply("attention", x, x, x, *mask, name=name)
+        elif kind == "attention":  # a vector has no sequence to attend over
+            y = b.apply("relu", x, name=name)
         elif kind == "transpose":
             perm = tuple(draw(st.permutations(list(range(len(xs))))))
             y = b.apply("transpose", x, perm=perm, name=name)

@@ -8,6 +8,7 @@ random catalogue ops with random shapes and attributes through the public builde
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 
@@ -24,7 +25,11 @@ from shardplan.search.api import plan
 
 from .strategies import JSON_JUNK, graphs
 
-NAMED = {"graph", "mesh", "method", "train", "memory", "preset", "optimizer"}
+NAMED = {
+    name
+    for name, p in inspect.signature(plan).parameters.items()
+    if p.kind is not inspect.Parameter.VAR_KEYWORD
+}
 """plan()'s named parameters: an option of that name is a Python call error, not shardplan's."""
 ANY = st.one_of(JSON_JUNK, st.floats(allow_nan=True), st.text(max_size=12), st.tuples(JSON_JUNK))
 
