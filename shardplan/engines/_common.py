@@ -59,8 +59,11 @@ def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 def _constant_value(tensor: Tensor, rng: np.random.Generator) -> np.ndarray:
     shape = tensor.shape
     leaf = tensor.name.replace("/", ".").split(".")[-1]
-    if "causal_mask" in tensor.name and len(shape) >= 2 and shape[-1] == shape[-2]:
+    if "causal_mask" in tensor.name and len(shape) >= 2 and shape[-1] and not shape[-2] % shape[-1]:
+        # [g x s, s]: the zoo's grouped-query heads stacked along the queries, row r is query
+        # r mod s of its group
         mask = np.triu(np.full((shape[-1], shape[-1]), -1e9, np.float32), k=1)
+        mask = np.tile(mask, (shape[-2] // shape[-1], 1))
         return np.array(np.broadcast_to(mask, shape), np.float32)
     if leaf.endswith("ones"):
         return np.ones(shape, np.float32)
@@ -76,8 +79,8 @@ def init_inputs(
 
     A tensor that feeds an embedding's ids or a cross_entropy's labels is `index_dtype` in
     [0, rows or classes) (`index_bound`), whatever its dtype_bytes; other inputs are float32
-    standard normal. Constants: a `causal_mask` with square trailing dims is 0 on/below the
-    diagonal and -1e9 above; a name ending in `ones` / `zeros` is that; any other constant (an
+    standard normal. Constants: a `causal_mask` [s, s] is 0 on/below the diagonal and -1e9
+    above (one [g x s, s] is g of them stacked: the zoo's grouped-query heads); a name ending in `ones` / `zeros` is that; any other constant (an
     importer's folded values: masks, index positions) is float32 standard normal, because the
     graph does not store its values.
     """

@@ -210,3 +210,35 @@ def test_attention_cut_by_batch_heads_queries_or_values_matches_unsharded(device
     assert report.numerics_ok, report.text()
     names = {t.name for t in report.tensors}
     assert {"loss", "grad wq", "grad wk", "grad wv", "grad wo"} <= names, names
+
+
+FUSED = ["gpt2-small", "bert-base", "vit-b16", "llama3-8b", "deepseek-v3"]
+"""Zoo models with the `attention="fused"` option: GPT-2 (causal), BERT and ViT (no mask),
+Llama 3 (grouped-query heads), DeepSeek-V3 (latent attention: d != e)."""
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_attention_computes_what_the_five_unfused_ops_compute(name):
+    unfused = zoo.build(name, small=True)
+    fused = zoo.build(name, small=True, attention="fused")
+    assert any(op.kind == "attention" for op in fused.ops)
+    params = jb.init_params(unfused)  # the same parameters, by name
+    assert set(params) == {t.name for t in fused.parameters}
+    want = jax.jit(jb.forward_fn(unfused))(params, jb.make_inputs(unfused))
+    got = jax.jit(jb.forward_fn(fused))(params, jb.make_inputs(fused))
+    assert set(got) == set(want)
+    for key in want:
+        _rel_close(got[key], want[key], 1e-5)
+
+
+def test_a_fused_zoo_plan_that_cuts_attention_matches_unsharded(devices8):
+    from shardplan.search.api import plan as make_plan
+
+    graph = zoo.build("llama3-8b", small=True, batch=4, attention="fused")
+    free = make_plan(graph, "4")
+    plan = make_plan(graph, "4", memory=free.cost.memory_per_device * 0.5)
+    cuts = [s for n, s in plan.strategies.items() if graph.ops[graph.op_index[n]].kind
+            == "attention"]  # fmt: skip
+    assert any(d is not None for s in cuts for d in s), cuts
+    report = verify_plan(plan, train=True)
+    assert report.numerics_ok, report.text()

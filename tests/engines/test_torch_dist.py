@@ -104,6 +104,16 @@ def test_zoo_forward_matches_jax_values_where_both_run():
         assert torch.isfinite(loss).all(), name
 
 
+@pytest.mark.parametrize("name", ["gpt2-small", "llama3-8b", "deepseek-v3"])
+def test_fused_attention_zoo_forward_equals_the_unfused_one(name):
+    unfused = zoo.build(name, small=True)
+    fused = zoo.build(name, small=True, attention="fused")
+    params, inputs = te.init_values(unfused)
+    (want,) = te.forward(unfused, params, inputs).values()
+    (got,) = te.forward(fused, params, te.init_values(fused)[1]).values()
+    assert abs(float(got) - float(want)) <= 1e-5 * abs(float(want)), (float(got), float(want))
+
+
 # -- graphs and plans that exercise the distributed runner's special paths ----------------------
 
 
@@ -247,6 +257,15 @@ def _lean_plan(name: str) -> Plan:
     return plan
 
 
+def _fused_plan(graph: Any) -> Plan:
+    """D-Rec on 4 under half its unconstrained memory: a plan that cuts the fused attention."""
+    free = make_plan(graph, "4")
+    plan = make_plan(graph, "4", memory=free.cost.memory_per_device * 0.5)
+    cut = [plan.strategies[op.name] for op in graph.ops if op.kind == "attention"]
+    assert any(d is not None for s in cut for d in s), cut
+    return plan
+
+
 @pytest.fixture(scope="module")
 def reports() -> dict[str, Any]:
     """key -> DistReport, for every plan of this module, from one 4-process gloo run."""
@@ -293,6 +312,11 @@ def reports() -> dict[str, Any]:
         ("cnn-windows/hand/4/train", _cnn_plan(), True),
         ("sink/hand/2x2/train", _sink_plan(), True),
         ("moe/drec-memory/4/train", _lean_plan("moe"), True),
+        (
+            "llama3-8b-fused/drec-memory/4/train",
+            _fused_plan(zoo.build("llama3-8b", small=True, batch=4, attention="fused")),
+            True,
+        ),
         ("deepseek-moe/drec-memory/4/train", _lean_plan("deepseek-moe"), True),
     ]
     attention = attention_graph()
@@ -354,6 +378,7 @@ def test_zoo_drec_plans_match_single_process(reports, name, mesh):
         "sink/hand/2x2/train",
         "moe/drec-memory/4/train",
         "deepseek-moe/drec-memory/4/train",
+        "llama3-8b-fused/drec-memory/4/train",
         *(f"attention/{cut}/2x2/train" for cut in ATTENTION_STRATEGIES),
     ],
 )
