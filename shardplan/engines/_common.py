@@ -80,9 +80,9 @@ def init_inputs(
     A tensor that feeds an embedding's ids or a cross_entropy's labels is `index_dtype` in
     [0, rows or classes) (`index_bound`), whatever its dtype_bytes; other inputs are float32
     standard normal. Constants: a `causal_mask` [s, s] is 0 on/below the diagonal and -1e9
-    above (one [g x s, s] is g of them stacked: the zoo's grouped-query heads); a name ending in `ones` / `zeros` is that; any other constant (an
-    importer's folded values: masks, index positions) is float32 standard normal, because the
-    graph does not store its values.
+    above (one [g x s, s] is g of them stacked: the zoo's grouped-query heads); a name ending in
+    `ones` / `zeros` is that; any other constant (an importer's folded values: masks, index
+    positions) is float32 standard normal, because the graph does not store its values.
     """
     out: dict[str, np.ndarray] = {}
     for t in graph.tensors.values():
