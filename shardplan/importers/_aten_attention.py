@@ -8,11 +8,16 @@
   layer; the engines fill a constant named `causal_mask` with 0 on/below the diagonal and -1e9
   above), only when s == t: torch aligns a rectangular causal mask top-left, which that constant
   does not describe.
-- `attn_mask` broadcast over the batch and head dims (leading dims of size 1) and holding
-  [s, t] itself: a folded (constant) mask becomes a float CONSTANT [s, t] (its values are
-  constant whatever its dtype); a computed one is reshaped to [s, t] and, when boolean (True =
-  attend), made additive as (m - 1) x 1e9 (counted as approximated: a row with every key masked
-  gets uniform weights instead of torch's NaN or zeros).
+- a folded `attn_mask` (computed from constants alone, as transformers builds its masks from
+  `arange`) is evaluated (`_static_value`, on the CPU even for a model on the meta device): one
+  that keeps every key is dropped, a causal one becomes `causal_mask_SxT`, any other one that
+  is the same for every batch element and head a float CONSTANT [s, t] (the graph keeps shapes,
+  not values, as for every folded constant); unevaluable, its chain of `expand`s must show that
+  it does not vary along the batch and head dims.
+- a computed `attn_mask` (from the inputs) must be [s, t] itself up to leading dims of size 1
+  (through `expand`s); it is reshaped to [s, t] and, when boolean (True = attend), made
+  additive as (m - 1) x 1e9 (counted as approximated: a row with every key masked gets uniform
+  weights instead of torch's NaN).
 - `enable_gqa` with fewer key/value heads than query heads: q [B, H, s, d] is reshaped to
   [B, KV, H / KV, s, d] (query head h uses key/value head h // (H / KV), torch's
   `repeat_interleave`), attended with k/v broadcast over the group dim, and reshaped back.
@@ -20,7 +25,8 @@
 Anything else — dropout_p > 0, a per-batch or per-head mask (padding masks, ALiBi biases),
 batch dims that differ, `is_causal` with s != t — raises UnsupportedOpError before emitting, so
 the importer decomposes the program to core ATen and imports attention as its matmuls and
-softmax (never a silently different function). O(rank) per call.
+softmax (never a silently different function). O(rank) per call, plus the evaluation of a
+folded mask of at most `EVALUATE_LIMIT` elements: O(the ops it is computed by).
 """
 
 from __future__ import annotations
