@@ -1,11 +1,12 @@
 """How much of today's architectures the torch importer translates, weighed by FLOPs and params.
 
 Each architecture is built offline from its `transformers` config class (tiny sizes, random
-weights, eager attention, no cache), or, for the `NAME.json` rows, from the published config
-file under tests/data/hf at full width with a few layers on the meta device (no weights; the
-causal LM traced with labels, so the loss is imported too), and imported with `import_torch`:
-first strictly
-(`unknown="error"`), then, if that fails, with `unknown="replicate"` to list the opaque ops.
+weights, no cache; eager attention, except the vision models, which keep transformers' default
+`sdpa`: ViT's becomes the fused `attention` kind), or, for the `NAME.json` rows, from the
+published config file under tests/data/hf at full width with a few layers on the meta device
+(no weights; the causal LM traced with labels, so the loss is imported too), and imported with
+`import_torch`: first strictly (`unknown="error"`), then, if that fails, with
+`unknown="replicate"` to list the opaque ops.
 Columns: strict import, op count, % of graph FLOPs and % of parameters in opaque ops (an opaque
 op's FLOPs are one per result element: a lower bound, since the importer cannot know the kernel),
 the largest opaque ops with their FLOP share, the approximated mappings, import seconds and

@@ -59,8 +59,11 @@ def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 def _constant_value(tensor: Tensor, rng: np.random.Generator) -> np.ndarray:
     shape = tensor.shape
     leaf = tensor.name.replace("/", ".").split(".")[-1]
-    if "causal_mask" in tensor.name and len(shape) >= 2 and shape[-1] == shape[-2]:
+    if "causal_mask" in tensor.name and len(shape) >= 2 and shape[-1] and not shape[-2] % shape[-1]:
+        # [g x s, s]: the zoo's grouped-query heads stacked along the queries, row r is query
+        # r mod s of its group
         mask = np.triu(np.full((shape[-1], shape[-1]), -1e9, np.float32), k=1)
+        mask = np.tile(mask, (shape[-2] // shape[-1], 1))
         return np.array(np.broadcast_to(mask, shape), np.float32)
     if leaf.endswith("ones"):
         return np.ones(shape, np.float32)
@@ -76,10 +79,10 @@ def init_inputs(
 
     A tensor that feeds an embedding's ids or a cross_entropy's labels is `index_dtype` in
     [0, rows or classes) (`index_bound`), whatever its dtype_bytes; other inputs are float32
-    standard normal. Constants: a `causal_mask` with square trailing dims is 0 on/below the
-    diagonal and -1e9 above; a name ending in `ones` / `zeros` is that; any other constant (an
-    importer's folded values: masks, index positions) is float32 standard normal, because the
-    graph does not store its values.
+    standard normal. Constants: a `causal_mask` [s, s] is 0 on/below the diagonal and -1e9
+    above (one [g x s, s] is g of them stacked: the zoo's grouped-query heads); a name ending in
+    `ones` / `zeros` is that; any other constant (an importer's folded values: masks, index
+    positions) is float32 standard normal, because the graph does not store its values.
     """
     out: dict[str, np.ndarray] = {}
     for t in graph.tensors.values():
@@ -111,6 +114,28 @@ def affine(y: Any, gamma: Any, beta: Any) -> Any:
     """A norm's optional scale and shift."""
     y = y if gamma is None else y * gamma
     return y if beta is None else y + beta
+
+
+def attention(op: Op, softmax: Any, q: Any, k: Any, v: Any, mask: Any = None) -> Any:
+    """Fused attention (`shardplan.ir.catalogue_attention`) in plain array ops, as its math:
+    softmax(q k^T x scale + mask) v over the keys. `softmax(x)` normalises the last axis.
+
+    q [B.., G.., s, d], k [B.., t, d], v [B.., t, e]: k and v get a singleton axis per group
+    dim G so that matmul broadcasts them over q's query heads (grouped-query attention). The
+    default scale is d ** -0.5 with d the signature's (global) extent; d and t are FROZEN, so a
+    device's operands always hold every key and feature and the kernel is also right on shards.
+    """
+    groups = q.ndim - k.ndim
+    lead = k.ndim - 2
+    k = k.reshape(tuple(k.shape[:lead]) + (1,) * groups + tuple(k.shape[lead:]))
+    v = v.reshape(tuple(v.shape[:lead]) + (1,) * groups + tuple(v.shape[lead:]))
+    scale = op.attr("scale")
+    if scale is None:
+        scale = op.signature.extents["d"] ** -0.5
+    scores = (q @ k.swapaxes(-1, -2)) * float(scale)
+    if mask is not None:  # additive [s, t], broadcast over the batch and group dims
+        scores = scores + mask
+    return softmax(scores) @ v
 
 
 # -- attributes ----------------------------------------------------------------------------------

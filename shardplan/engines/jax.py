@@ -25,6 +25,7 @@ import numpy as np
 from shardplan.engines import moe_kernels
 from shardplan.engines._common import (
     affine,
+    attention,
     bias_add,
     index_bound,
     init_inputs,
@@ -207,6 +208,7 @@ def kernels() -> dict[str, Kernel]:
         "concat": lambda op, *xs: jnp.concatenate(xs, axis=int(op.attr("axis", 0))),
         "cross_entropy": cross_entropy,
         "einsum": lambda op, *xs: jnp.einsum(_einsum_spec(str(op.attr("spec"))), *xs),
+        "attention": lambda op, *xs: attention(op, lambda s: jax.nn.softmax(s, axis=-1), *xs),
         **_norm_kernels(jnp, lax),
         **_window_kernels(jnp, lax),
         **moe_kernels.jax_kernels(),

@@ -29,6 +29,7 @@ import numpy as np
 from shardplan.engines import moe_kernels
 from shardplan.engines._common import (
     affine,
+    attention,
     bias_add,
     einsum_letters,
     index_bound,
@@ -239,6 +240,9 @@ def kernels() -> dict[str, Kernel]:
         "concat": lambda op, *xs: torch.cat(xs, dim=int(op.attr("axis", 0))),
         "cross_entropy": cross_entropy,
         "einsum": einsum,
+        "attention": lambda op, *xs: attention(
+            op, lambda s: torch.softmax(s, dim=-1), *[fl(x) for x in xs]
+        ),
         **_norm_kernels(torch),
         **_window_kernels(torch),
         **_reduce_kernels(torch, fl),

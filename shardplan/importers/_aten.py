@@ -528,7 +528,9 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.convolution.default")(_convolution)
     reg("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default")(_pool)
     reg("aten._adaptive_avg_pool2d.default")(_adaptive_avg_pool)
+    from shardplan.importers._aten_attention import register_attention
     from shardplan.importers._aten_more import register_more
 
+    register_attention(reg)  # fused attention (shardplan/importers/_aten_attention.py)
     register_more(reg)  # as_strided views, scatters, histogram (shardplan/importers/_aten_more.py)
     return t

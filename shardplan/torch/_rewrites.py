@@ -200,6 +200,49 @@ def _dropout_one(x: Any, p: float, train: bool | None, *, training: bool, seed: 
     return dropout(x, p, train, training=training, seed=seed)[0]
 
 
+def _attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """`scaled_dot_product_attention` as its math (matmul, softmax, matmul; the reference form
+    in torch's documentation): on CPU it runs as `_scaled_dot_product_flash_attention_for_cpu`,
+    whose backward has no DTensor rule. The importer translates only dropout_p == 0."""
+    import math
+
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate
+
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    if not isinstance(query, DTensor) or dropout_p:
+        return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                    enable_gqa=enable_gqa)  # fmt: skip
+    heads, kv = query.shape[-3] if query.dim() > 2 else 1, key.shape[-3] if key.dim() > 2 else 1
+    if enable_gqa and heads != kv:  # query head h reads key/value head h // (heads / kv)
+        key = key.repeat_interleave(heads // kv, dim=-3)
+        value = value.repeat_interleave(heads // kv, dim=-3)
+    factor = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * factor
+    s, t = query.shape[-2], key.shape[-2]
+    if is_causal:
+        keep = torch.ones(s, t, dtype=torch.bool).tril()
+        attn_mask = DTensor.from_local(keep, query.device_mesh,
+                                       (Replicate(),) * query.device_mesh.ndim)  # fmt: skip
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=scores.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf")
+            )
+        scores = scores + attn_mask
+    return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
 def _contiguous(shape: Any) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(shape):
@@ -215,6 +258,7 @@ REWRITES = {
     "aten.conv1d.default": _conv_nd(1),
     "aten.conv2d.default": _conv_nd(2),
     "aten.pad.default": _pad,
+    "aten.scaled_dot_product_attention.default": _attention,
 }
 """ATen ops run in another, equivalent form on DTensors (a workaround each, named by the op)."""
 

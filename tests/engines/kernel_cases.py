@@ -143,6 +143,53 @@ def _topk(p, k, normalize=False):
     return order, (values / values.sum(-1, keepdims=True) if normalize else values)
 
 
+def _attention(q, k, v, mask=None, scale=None):
+    """float64 reference: every query head of a group against its batch's keys, written with
+    explicit (batch, group) axes; the kernels broadcast k and v instead."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    lead, (s, d), (t, e) = k.shape[:-2], q.shape[-2:], v.shape[-2:]
+    batch, group = int(np.prod(lead)), int(np.prod(q.shape[len(lead) : -2]))
+    qq, kk, vv = q.reshape(batch, group, s, d), k.reshape(batch, t, d), v.reshape(batch, t, e)
+    scores = np.einsum("bgsd,btd->bgst", qq, kk) * (d**-0.5 if scale is None else scale)
+    if mask is not None:
+        scores = scores + np.asarray(mask, np.float64)
+    out = np.einsum("bgst,bte->bgse", _softmax(scores, -1), vv)
+    return out.reshape(q.shape[:-1] + (e,))
+
+
+def _causal(s: int) -> np.ndarray:
+    """The zoo's and engines' causal mask: 0 on and below the diagonal, -1e9 above."""
+    return np.where(np.arange(s)[None, :] > np.arange(s)[:, None], -1e9, 0.0).astype(np.float32)
+
+
+def _attention_cases() -> list[Case]:
+    return [
+        # no mask: [b, s, d] x [b, t, d] with t != s
+        ("attention", [_f(2, 3, 4), _f(2, 5, 4, seed=1), _f(2, 5, 4, seed=2)], {}, _attention),
+        # causal additive mask, batch and heads as two batch dims, an explicit scale
+        (
+            "attention",
+            [_f(2, 2, 4, 8), _f(2, 2, 4, 8, seed=1), _f(2, 2, 4, 8, seed=2), _causal(4)],
+            {"scale": 0.3},
+            lambda q, k, v, m: _attention(q, k, v, m, 0.3),
+        ),
+        # one group dim: 3 query heads share each of 2 key/value heads (grouped-query)
+        (
+            "attention",
+            [_f(2, 2, 3, 4, 8), _f(2, 2, 5, 8, seed=1), _f(2, 2, 5, 8, seed=2)],
+            {},
+            _attention,
+        ),
+        # d != e, a group dim and a (random) additive mask
+        (
+            "attention",
+            [_f(2, 3, 4, 6), _f(2, 5, 6, seed=1), _f(2, 5, 3, seed=2), _f(4, 5, seed=3)],
+            {},
+            _attention,
+        ),
+    ]
+
+
 def _moe_cases(index_dtype: type[np.integer[Any]]) -> list[Case]:
     # 6 tokens x top-2 over 4 experts with capacity 2: experts 0 and 1 overflow (dropped choices)
     ids = np.array(
@@ -299,6 +346,7 @@ def cases(index_dtype: type[np.integer[Any]]) -> list[Case]:
             lambda a, b: np.einsum("ij,jk->ki", a, b),
         ),
         *_moe_cases(index_dtype),
+        *_attention_cases(),
     ]
 
 
@@ -314,6 +362,35 @@ IMPORTER_CASES: list[Case] = [
         lambda a, b, c: np.maximum(np.maximum(np.maximum(a, b), c), 0.5),
     ),
 ]
+
+
+def attention_graph() -> Graph:
+    """A causal grouped-query attention block: x [b, s, h] -> q [b, g, s, d] (one group dim g of
+    query heads), k [b, t, d], v [b, t, e] (d != e) -> attention -> projected back to h."""
+    b = GraphBuilder("attention-block")
+    x = b.input("x", (4, 8, 16))
+    q = b.apply("einsum", x, b.param("wq", (16, 2, 8)), spec="b s h, h g d -> b g s d", name="q")
+    k = b.apply("einsum", x, b.param("wk", (16, 8)), spec="b t h, h d -> b t d", name="k")
+    v = b.apply("einsum", x, b.param("wv", (16, 4)), spec="b t h, h e -> b t e", name="v")
+    o = b.apply("attention", q, k, v, b.constant("causal_mask", (8, 8)), name="attn")
+    b.apply("einsum", o, b.param("wo", (2, 4, 16)), spec="b g s e, g e h -> b s h", name="out")
+    return b.build()
+
+
+ATTENTION_STRATEGIES: dict[str, dict[str, tuple[str | None, ...]]] = {
+    # batch and heads: every device holds whole queries and keys of its (batch, head) block
+    "batch-heads": {
+        "q": ("b", "g"), "k": ("b", None), "v": ("b", None), "attn": ("b0", "g0"),
+        "out": ("b", "g"),
+    },
+    # queries and value features: keys (t) and features (d) stay whole on every device
+    "queries-values": {
+        "q": ("s", None), "k": (None, None), "v": (None, "e"), "attn": ("s", "e"),
+        "out": ("s", "e"),
+    },
+}  # fmt: skip
+"""Hand strategies (two rounds) for `attention_graph`: its attention cut by batch and heads, or
+by queries and value features (t and d are FROZEN, so never cut)."""
 
 
 def case_ids(items: list[Case]) -> list[str]:

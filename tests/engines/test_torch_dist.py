@@ -29,7 +29,14 @@ from shardplan.mesh import parse_mesh  # noqa: E402
 from shardplan.plans import Plan  # noqa: E402
 from shardplan.search.api import plan as make_plan  # noqa: E402
 
-from .kernel_cases import IMPORTER_CASES, case_ids, cases, single_op_graph  # noqa: E402
+from .kernel_cases import (  # noqa: E402
+    ATTENTION_STRATEGIES,
+    IMPORTER_CASES,
+    attention_graph,
+    case_ids,
+    cases,
+    single_op_graph,
+)
 
 CASES = cases(np.int64) + IMPORTER_CASES
 
@@ -95,6 +102,16 @@ def test_zoo_forward_matches_jax_values_where_both_run():
         params, inputs = te.init_values(g)
         (loss,) = te.forward(g, params, inputs).values()
         assert torch.isfinite(loss).all(), name
+
+
+@pytest.mark.parametrize("name", ["gpt2-small", "llama3-8b", "deepseek-v3"])
+def test_fused_attention_zoo_forward_equals_the_unfused_one(name):
+    unfused = zoo.build(name, small=True)
+    fused = zoo.build(name, small=True, attention="fused")
+    params, inputs = te.init_values(unfused)
+    (want,) = te.forward(unfused, params, inputs).values()
+    (got,) = te.forward(fused, params, te.init_values(fused)[1]).values()
+    assert abs(float(got) - float(want)) <= 1e-5 * abs(float(want)), (float(got), float(want))
 
 
 # -- graphs and plans that exercise the distributed runner's special paths ----------------------
@@ -240,6 +257,15 @@ def _lean_plan(name: str) -> Plan:
     return plan
 
 
+def _fused_plan(graph: Any) -> Plan:
+    """D-Rec on 4 under half its unconstrained memory: a plan that cuts the fused attention."""
+    free = make_plan(graph, "4")
+    plan = make_plan(graph, "4", memory=free.cost.memory_per_device * 0.5)
+    cut = [plan.strategies[op.name] for op in graph.ops if op.kind == "attention"]
+    assert any(d is not None for s in cut for d in s), cut
+    return plan
+
+
 @pytest.fixture(scope="module")
 def reports() -> dict[str, Any]:
     """key -> DistReport, for every plan of this module, from one 4-process gloo run."""
@@ -286,8 +312,17 @@ def reports() -> dict[str, Any]:
         ("cnn-windows/hand/4/train", _cnn_plan(), True),
         ("sink/hand/2x2/train", _sink_plan(), True),
         ("moe/drec-memory/4/train", _lean_plan("moe"), True),
+        (
+            "llama3-8b-fused/drec-memory/4/train",
+            _fused_plan(zoo.build("llama3-8b", small=True, batch=4, attention="fused")),
+            True,
+        ),
         ("deepseek-moe/drec-memory/4/train", _lean_plan("deepseek-moe"), True),
     ]
+    attention = attention_graph()
+    for cut, strategies in ATTENTION_STRATEGIES.items():
+        jobs.append((f"attention/{cut}/2x2/train", Plan(attention, parse_mesh("2x2"),
+                                                        strategies, "hand"), True))
     hf, why = _hf_models()
     for g in hf:
         for mesh in MESHES:
@@ -343,6 +378,8 @@ def test_zoo_drec_plans_match_single_process(reports, name, mesh):
         "sink/hand/2x2/train",
         "moe/drec-memory/4/train",
         "deepseek-moe/drec-memory/4/train",
+        "llama3-8b-fused/drec-memory/4/train",
+        *(f"attention/{cut}/2x2/train" for cut in ATTENTION_STRATEGIES),
     ],
 )
 def test_more_plans_match_single_process(reports, key):

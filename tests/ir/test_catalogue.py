@@ -58,6 +58,9 @@ CASES: dict[str, tuple[list[tuple[int, ...]], dict, list[tuple[int, ...]], dict]
                       {"e": P, "a0": P, "a1": P, "k": R, "n": P}),
     "moe_combine": ([(4, 2, 3, 8), (2, 6, 2), (2, 6, 2)], {}, [(2, 6, 8)],
                     {"g": P, "t": P, "n": P, "k": R, "e": F, "c": F}),
+    # fused attention (shardplan/ir/catalogue_attention.py): batch b0, one query-head group g0
+    "attention": ([(2, 3, 4, 8), (2, 5, 8), (2, 5, 6), (4, 5)], {}, [(2, 3, 4, 6)],
+                  {"b0": P, "g0": P, "s": P, "t": F, "d": F, "e": P}),
 }
 
 

@@ -1,8 +1,9 @@
 """`parallelize` on 2 spawned gloo ranks (issue 28 items 9-12): convolutions under channel
 splits, an FSDP module that starts with an Embedding, asymmetric padding before a convolution,
-dropout that follows train()/eval() and gives replicated copies one mask, and failures that
-reach every rank instead of leaving one waiting. One spawn runs the value cases; two more run
-the failure cases (they close the group).
+`scaled_dot_product_attention` (causal; grouped-query, whose CPU kernel's backward has no
+DTensor rule without shardplan's rewrite), dropout that follows train()/eval() and gives
+replicated copies one mask, and failures that reach every rank instead of leaving one waiting.
+One spawn runs the value cases; two more run the failure cases (they close the group).
 """
 
 from __future__ import annotations
@@ -74,6 +75,27 @@ class PadConv(torch.nn.Module):
         return self.conv(torch.nn.functional.pad(x, (0, 1, 0, 1)))
 
 
+class Sdpa(torch.nn.Module):
+    """`F.scaled_dot_product_attention` (imported whole as `attention`; run by parallelize as
+    its math on DTensors): causal over 4 heads, or 4 query heads on 2 key/value heads."""
+
+    def __init__(self, gqa: bool = False) -> None:
+        super().__init__()
+        self.gqa, self.kv = gqa, 2 if gqa else 4
+        self.q, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.k, self.v = torch.nn.Linear(8, 2 * self.kv), torch.nn.Linear(8, 2 * self.kv)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.q(x).reshape(b, t, 4, 2).transpose(1, 2)
+        k = self.k(x).reshape(b, t, self.kv, 2).transpose(1, 2)
+        v = self.v(x).reshape(b, t, self.kv, 2).transpose(1, 2)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=not self.gqa, enable_gqa=self.gqa
+        )
+        return self.out(o.transpose(1, 2).reshape(b, t, 8))
+
+
 def _dropout_model():
     return torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 8), torch.nn.Dropout(0.5)
@@ -91,10 +113,12 @@ def _inputs(name):
     return (torch.randn(4, 8, 8, generator=gen, dtype=torch.float64),)
 
 
-MODELS = {"linconv": LinConv, "stem": Stem, "emb": EmbLin, "pad": PadConv}
+MODELS = {"linconv": LinConv, "stem": Stem, "emb": EmbLin, "pad": PadConv, "sdpa": Sdpa,
+          "sdpa-gqa": lambda: Sdpa(gqa=True)}  # fmt: skip
 CASES = [("linconv", "megatron"), ("linconv", "fsdp"), ("linconv", "drec"),
          ("stem", "megatron"), ("stem", "fsdp"), ("stem", "drec"), ("emb", "fsdp"),
-         ("emb", "megatron"), ("pad", "drec"), ("pad", "fsdp")]  # fmt: skip
+         ("emb", "megatron"), ("pad", "drec"), ("pad", "fsdp"), ("sdpa", "fsdp"),
+         ("sdpa", "megatron"), ("sdpa-gqa", "fsdp")]  # fmt: skip
 
 
 def _against_one_process(name, method):
