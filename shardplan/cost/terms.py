@@ -284,18 +284,23 @@ def redistribution_terms(
 
 
 def edge_sizes(
-    numel: float, src: Sequence[int], dst: Sequence[int], rounds: Sequence[Round], grouped: bool
+    numel: float,
+    src: Sequence[int],
+    dst: Sequence[int],
+    rounds: Sequence[Round],
+    grouped: bool,
+    wanted: Sequence[int] | None = None,
 ) -> list[float]:
-    """Per round, the size of the tensor that round's collective works on (see the module
-    docstring): round j != r divides it when the data stays split along j while r runs (split on
-    both sides), or j differs and is faster than r (hierarchical gathers); with `grouped`, an
-    all-to-all round r is also divided by the all-to-all rounds slower than it (one all-to-all
-    over their product). O(rounds ** 2)."""
+    """Per round of `wanted` (default: every round), the size of the tensor that round's
+    collective works on (see the module docstring): round j != r divides it when the data stays
+    split along j while r runs (split on both sides), or j differs and is faster than r
+    (hierarchical gathers); with `grouped`, an all-to-all round r is also divided by the
+    all-to-all rounds slower than it (one all-to-all over their product). O(rounds x wanted)."""
     out = []
     bw = [rnd.bandwidth_bytes_per_s for rnd in rounds]
     idx = [rnd.index for rnd in rounds]
     n = len(rounds)
-    for r in range(n):
+    for r in range(n) if wanted is None else wanted:
         a2a = grouped and src[r] >= 0 and dst[r] >= 0 and src[r] != dst[r]
         divisor = 1.0
         for j in range(n):
@@ -328,13 +333,13 @@ def edge_redistribution(
     """Redistribution of a tensor of `numel` elements from layout `src` to `dst` over `rounds`
     (any prefix of a mesh's rounds): the evaluator's, the ILP tables' and, as differences of
     prefixes, D-Rec's edge price; `only`: round `only`'s piece alone. O(rounds ** 2)."""
-    sizes = edge_sizes(numel, src, dst, rounds, not opts.preset.symbolic)
+    moved = [r for r in range(len(rounds)) if src[r] != dst[r] and (only is None or r == only)]
+    sizes = edge_sizes(numel, src, dst, rounds, not opts.preset.symbolic, moved)  # those alone
     total = ZERO
-    for r, rnd in enumerate(rounds):
-        if src[r] != dst[r] and (only is None or r == only):
-            total = total + redistribution_terms(
-                src[r], dst[r], sizes[r], dtype_bytes, rnd, requires_grad, opts
-            )
+    for r, size in zip(moved, sizes, strict=True):
+        total = total + redistribution_terms(
+            src[r], dst[r], size, dtype_bytes, rounds[r], requires_grad, opts
+        )
     return total
 
 
