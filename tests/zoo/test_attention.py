@@ -64,3 +64,19 @@ def test_fused_attention_keeps_no_scores_for_the_backward():
         kept[attention] = prof.activation_bytes
     scores_per_device = 2 * 4 * 1024 * 1024 * 2 / 4  # b x heads x s x s bf16, heads split 4 ways
     assert kept["unfused"] - kept["fused"] >= scores_per_device
+
+
+@pytest.mark.parametrize("name", ["gpt3", "llama3-8b", "bert-base"])
+def test_fused_models_derive_at_other_batch_sizes(name):
+    # the step search derives the model at other micro-batch sizes (`ir.rebatch`): the fused op
+    # scales like any other, by the builder's own graphs at those sizes
+    from shardplan.ir.rebatch import batch_scaling
+
+    def at(n):
+        return build(name, small=True, attention="fused", batch=n)
+
+    scaling = batch_scaling(at(8), 8, at(4), 4)
+    assert scaling is not None
+    for n in (2, 16):
+        assert scaling.at(n) == at(n)
+        assert scaling.through_catalogue(n) == at(n)
