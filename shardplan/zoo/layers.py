@@ -59,16 +59,14 @@ def attention(
         if fused:
             mask = [b.constant("causal_mask", (seq, seq))] if causal else []
             ctx = b.apply("attention", q, k, v, *mask, scale=head_dim**-0.5, name="attention")
-            ctx = b.apply("transpose", ctx, perm=(0, 2, 1, 3), name="merge_t")
-            ctx = b.apply("reshape", ctx, shape=(batch, seq, hidden), name="merge")
-            return dense(b, ctx, hidden, "out")
-        scores = b.apply("bmm", q, k, transpose_b=True, name="scores")
-        scores = b.apply("scale", scores, value=head_dim**-0.5, name="scale")
-        if causal:
-            mask = b.constant("causal_mask", (seq, seq))
-            scores = b.apply("add", scores, mask, name="mask")
-        probs = b.apply("softmax", scores, axis=-1, name="softmax")
-        ctx = b.apply("bmm", probs, v, name="context")
+        else:
+            scores = b.apply("bmm", q, k, transpose_b=True, name="scores")
+            scores = b.apply("scale", scores, value=head_dim**-0.5, name="scale")
+            if causal:
+                mask = b.constant("causal_mask", (seq, seq))
+                scores = b.apply("add", scores, mask, name="mask")
+            probs = b.apply("softmax", scores, axis=-1, name="softmax")
+            ctx = b.apply("bmm", probs, v, name="context")
         ctx = b.apply("transpose", ctx, perm=(0, 2, 1, 3), name="merge_t")
         ctx = b.apply("reshape", ctx, shape=(batch, seq, hidden), name="merge")
         return dense(b, ctx, hidden, "out")
