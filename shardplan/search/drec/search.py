@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
@@ -541,15 +542,21 @@ def _drec_folded(
     labels = cache.classes if cache is not None else None  # the front door's classes
     repeats = find_fold(graph, labels) if fold and not fixed else None
     flex = repeats.flex_graph() if repeats is not None else None
+    # the variants score in the front door's price table: its final scoring reads their prices
+    table = cache.table if cache is not None and cache.mesh == mesh else None
     if repeats is not None and flex is not None:
+        scoring = ScoreCache(repeats.reduced, mesh, opts, table)
         plan = with_smaller_meshes(
-            _variants, repeats.reduced, mesh, opts, memory_lambda, repeats, flex
+            _variants, repeats.reduced, mesh, opts, memory_lambda, repeats, flex, cache=scoring
         )
         if plan is not None:
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
     flex = build_flex_graph(graph)
-    plan = with_smaller_meshes(_variants, graph, mesh, opts, memory_lambda, None, flex, pinned)
+    scoring = cache if table is not None and cache.graph is graph and cache.opts == opts else None
+    plan = with_smaller_meshes(
+        _variants, graph, mesh, opts, memory_lambda, None, flex, pinned, cache=scoring
+    )
     assert plan is not None
     return plan, None
 

@@ -55,10 +55,13 @@ def with_smaller_meshes(
     fold: Any,
     flex: Any,
     pinned: Mapping[int, Strategy] | None = None,
+    cache: ScoreCache | None = None,
 ) -> dict[str, Strategy] | None:
     """`search(graph, mesh, ...)`'s plan, or the plan found on `trailing_submesh(mesh)` (padded
-    with no cut, polished on `mesh`) when it scores lower on `mesh`; None as `search` says."""
-    best = search(graph, mesh, opts, memory_lambda, fold, flex, pinned)
+    with no cut, polished on `mesh`) when it scores lower on `mesh`; None as `search` says.
+    `cache`: a `ScoreCache` of `graph` on `mesh` the scoring shares (else one of its own)."""
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    best = search(graph, mesh, opts, memory_lambda, fold, flex, pinned, cache=cache)
     sub = trailing_submesh(mesh)
     if best is None or sub is None:
         return best
@@ -68,7 +71,6 @@ def with_smaller_meshes(
     if pinned and any(c is not None for s in pinned.values() for c in s[kept:]):
         return best  # a user-fixed cut in the rounds left out
     weights = fold.round_weights() if fold is not None else None
-    cache = ScoreCache(graph, mesh, opts)
     best_score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, best)
     if best_score <= unused_floor(graph, sub, opts, 0, weights):
         return best  # the smaller mesh's devices cannot beat it: not searched

@@ -60,10 +60,12 @@ def best_variant(
     pinned: Mapping[int, Strategy] | None = None,
     *,
     searches: tuple[Callable[..., Any], Callable[..., Any]],
+    cache: ScoreCache | None = None,
 ) -> dict[str, Strategy] | None:
     """Every variant's plan, polished (`polish.py`), the lowest scored kept; None when a variant
     broke `fold`'s uniform interior. `searches`: the class running one variant, and the one
-    running it with pinned ops (`search._Search`, `search._PinnedSearch`)."""
+    running it with pinned ops (`search._Search`, `search._PinnedSearch`); `cache`: a
+    `ScoreCache` of `graph` on `mesh` to score in (else one of its own)."""
     search_class = searches[1] if pinned else searches[0]
     best: dict[str, Strategy] | None = None
     best_score = float("inf")
@@ -74,7 +76,8 @@ def best_variant(
     raw: list[dict[str, Strategy]] = []  # the variants' plans before the polish
     twins = fold.twins() if fold is not None else None
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
-    cache = ScoreCache(graph, mesh, opts)  # and the prices of the plans they score
+    # and the prices of the plans they score
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     runs = variant_runs(mesh, opts, pinned)
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
