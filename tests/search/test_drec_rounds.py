@@ -50,7 +50,7 @@ def _edges(pricer: RoundCosts, decided: dict[int, str | None]) -> float:
                 src = pricer._in(first, decided[first], first_pos)
             else:
                 continue
-            total += pricer._edge(src, dst, pricer._in_ctx[i][pos], name)
+            total += pricer._edge(src, dst, pricer._in_ctx[i][pos], pricer._form(name))
     return total
 
 

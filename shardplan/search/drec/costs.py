@@ -323,12 +323,13 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         costs = dict.fromkeys(cuts, 0.0)
         for pos in self.param_positions[i]:
             name = st.op.inputs[pos]
+            form = self._form(name)
             for other, other_pos in graph.consumers[name]:
                 if other != i and other in decided and (only is None or other == only):
                     src = self._in(other, decided[other], other_pos)
                     ctx = self._shared_ctx(other, other_pos, i, pos)
                     for cut in cuts:
-                        costs[cut] += self._edge(src, self._in(i, cut, pos), ctx, name)
+                        costs[cut] += self._edge(src, self._in(i, cut, pos), ctx, form)
         return costs
 
     def _near_costs(
@@ -394,10 +395,11 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
             return found
         lay, edge, known = self.layouts[i], self._edge, self._edge_cache
         out = self._near_book[key] = []
+        form = self._form(name)
         for cut in cuts:  # `_edge`, its kept prices read first
             src, dst = (other, lay[cut][0][pos]) if incoming else (lay[cut][1][pos], other)
-            c = known.get((src, dst, ctx, name))
-            out.append(edge(src, dst, ctx, name) if c is None else c)
+            c = known.get((src, dst, ctx, form))
+            out.append(edge(src, dst, ctx, form) if c is None else c)
         return out
 
     @staticmethod
@@ -449,28 +451,28 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
             if st.credits:
                 mine += self._revoked(i, r, decided)
             ins, ctx = layouts[i][cut][0], in_ctx[i]
-            for pos, name, j, side, j_pos in sources[i]:  # from its producer or parameter home
+            for pos, form, j, side, j_pos in sources[i]:  # from its producer or parameter home
                 src, dst = layouts[j][decided[j]][side][j_pos], ins[pos]
-                c = known.get((src, dst, ctx[pos], name))  # `_edge`, its kept prices first
-                mine += edge(src, dst, ctx[pos], name) if c is None else c
+                c = known.get((src, dst, ctx[pos], form))  # `_edge`, its kept prices first
+                mine += edge(src, dst, ctx[pos], form) if c is None else c
             total += weights[i] * mine  # an op and its incoming edges, for each copy
         return total
 
-    def _input_sources(self) -> list[list[tuple[int, str, int, int, int]]]:
-        """Per op, the inputs `round_cost` prices an edge into: (position, tensor, the op
-        whose layout it comes from, 1 for its output or 0 for its input (a parameter's first
-        reader), that operand's position), in input order."""
+    def _input_sources(self) -> list[list[tuple[int, int, int, int, int]]]:
+        """Per op, the inputs `round_cost` prices an edge into: (position, the tensor's form
+        (`_form`), the op whose layout it comes from, 1 for its output or 0 for its input (a
+        parameter's first reader), that operand's position), in input order."""
         graph = self.graph
-        out: list[list[tuple[int, str, int, int, int]]] = []
+        out: list[list[tuple[int, int, int, int, int]]] = []
         for i, st in enumerate(self.states):
-            row: list[tuple[int, str, int, int, int]] = []
+            row: list[tuple[int, int, int, int, int]] = []
             for pos, name in enumerate(st.op.inputs):
                 p = graph.producer.get(name)
                 if p is not None:
-                    row.append((pos, name, p, 1, self.out_pos[name]))
+                    row.append((pos, self._form(name), p, 1, self.out_pos[name]))
                 elif graph.tensors[name].role is Role.PARAMETER:
                     first, first_pos = graph.consumers[name][0]
                     if first != i:
-                        row.append((pos, name, first, 0, first_pos))
+                        row.append((pos, self._form(name), first, 0, first_pos))
             out.append(row)
         return out

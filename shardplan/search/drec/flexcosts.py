@@ -105,7 +105,7 @@ class FlexPrices:
         """`_edge` of flex edge e's layouts through its chain (`flex.through_chain`), kept by
         (edge, direction, layouts, context) for every round and variant (`EdgeBook.chain`)."""
         c = self._chain[id(e), into_consumer, src, dst, ctx] = self._edge(
-            *through_chain(e, src, dst, into_consumer), ctx, name
+            *through_chain(e, src, dst, into_consumer), ctx, self._form(name)
         )
         return c
 
@@ -133,7 +133,7 @@ class FlexPrices:
         for mine in distinct:  # in the cuts' order of first use, as the charges accrue
             if e is None:  # a sibling edge: my split carried onto the shared op's dims
                 met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
-                c = self._edge(met, theirs, ctx, name)
+                c = self._edge(met, theirs, ctx, self._form(name))
             elif incoming:  # a flex edge, through the chain's layout rules
                 c = chain.get((id(e), True, theirs, mine, ctx))
                 if c is None:

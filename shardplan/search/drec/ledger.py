@@ -9,7 +9,7 @@ the graph alone decides). Per op, `OpState`; per round:
     rounds 0..r as decided minus with rounds 0..r-1 as decided, on a representative pair of the
     same context (the price depends on the layouts only through their relations), the rounds
     after them assumed split alike on both sides where their q divides some dim of the tensor
-    (`_ahead`: so an early round sees the later ones shrink its collectives, as it sees them
+    (`_form`'s ahead: so an early round sees the later ones shrink its collectives, as it sees them
     shrink its all-reduces). Summed over the rounds it telescopes to the evaluator's price of
     the whole edge (multi-round all-to-alls included);
   * the all-reduces each op paid (priced as if the faster later rounds that can cut the op shrink
@@ -110,9 +110,7 @@ class RoundLedger:
         for st in self.states:  # numbered: prices keyed by kind hash an int, not a history
             st.kind = self._kind_id(st.kind)  # type: ignore[arg-type]
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
-        self._ahead_of: dict[str, tuple[int, ...]] = {}  # `_ahead`, per tensor
-        self._tensor_form: dict[str, tuple[float, int, bool, tuple[int, ...]]] = {}
-        """Tensor -> (size, element width, gradient status, `_ahead`): its edges' price key."""
+        self._forms, self._form_of, self._form_ids = book.forms, book.form_of, book.form_ids
         self._info_cache: dict[tuple[object, ...], tuple[list[OperandInfo], list[OperandInfo]]] = {}
         self._assumed_cache: dict[tuple[object, ...], int] = {}
         self._reduced_cache: dict[tuple[int, str | None], tuple[tuple[bool, int], ...]] = {}
@@ -332,54 +330,53 @@ class RoundLedger:
             self._reduced_cache[i, cut] = out
         return out
 
-    def _edge(self, src: int, dst: int, ctx: int, name: str) -> float:
+    def _edge(self, src: int, dst: int, ctx: int, form: int) -> float:
         """Marginal price of one edge in the current round: round r's layouts `src` -> `dst`
-        after the earlier rounds' context `ctx` (caches are cleared every round)."""
-        key = (src, dst, ctx, name)
+        after the earlier rounds' context `ctx`, of a tensor of form `form` (`_form`)."""
+        key = (src, dst, ctx, form)
         cost = self._edge_cache.get(key)
-        if cost is None and src == dst:  # (kept too, so callers may read the cache first)
-            if not self._ctx_moves[ctx]:
-                cost = self._edge_cache[key] = 0.0  # nothing moves now or before, so nothing
-                return cost  # grows or shrinks
-            ahead = self._ahead_of.get(name) or self._ahead(name)
-            if ahead[self._r] == (0 if src >= 0 else 1):
-                cost = self._edge_cache[key] = 0.0  # this round as the earlier ones assumed
-                return cost  # it: nothing changes
         if cost is None:
-            # tensors of one size, dtype and gradient status price alike: layer copies share it
-            form = self._tensor_form.get(name)
-            if form is None:
-                t = self.graph.tensors[name]
-                ahead = self._ahead_of.get(name) or self._ahead(name)
-                form = self._tensor_form[name] = (
-                    float(t.numel),
-                    self.opts.element_bytes(t),
-                    name in self._grad,
-                    ahead,
-                )
-            kind = (relation(src, dst), ctx, *form)
-            cost = self._edge_kinds.get(kind)
-            if cost is None:
-                cost = self._edge_kinds[kind] = self._marginal(*kind)
-            self._edge_cache[key] = cost
+            shape = self._forms[form]
+            if src == dst and (not self._ctx_moves[ctx] or shape[3][self._r] == (src < 0)):
+                cost = 0.0  # nothing moves now or before, or this round as the earlier ones
+                # assumed it: nothing grows or shrinks
+            else:
+                kind = (relation(src, dst), ctx, *shape)
+                cost = self._edge_kinds.get(kind)
+                if cost is None:
+                    cost = self._edge_kinds[kind] = self._marginal(*kind)
+            self._edge_cache[key] = cost  # (kept, so callers may read the cache first)
         return cost
 
-    def _ahead(self, name: str) -> tuple[int, ...]:
-        """Per round, the relation an edge of tensor `name` is assumed to have while the
-        round is not decided yet: 0 (split alike on both sides) where the round's q divides some
-        dim of it, else 1 (both replicated). Assumed split, a later round shrinks this round's
-        collective, as the faster later rounds are assumed to shrink an all-reduce (`_assumed`);
-        a later round that does not keep it split repays the growth (the marginal prices still
+    def _form(self, name: str) -> int:
+        """The number of tensor `name`'s form, (size, element width, gradient status, ahead):
+        tensors of one form price alike (layer copies share their edges' prices). Ahead, per
+        round, is the relation an edge of the tensor is assumed to have while the round is not
+        decided yet: 0 (split alike on both sides) where the round's q divides some dim of it,
+        else 1 (both replicated). Assumed split, a later round shrinks this round's collective,
+        as the faster later rounds are assumed to shrink an all-reduce (`_assumed`); a later
+        round that does not keep it split repays the growth (the marginal prices still
         telescope). With the symbolic preset, 1: MindSpore prices a round's edges on their own."""
-        shape, symbolic = self.graph.tensors[name].shape, self.opts.preset.symbolic
-        ahead = [symbolic or not any(n % rnd.q == 0 for n in shape) for rnd in self.rounds]
-        return self._ahead_of.setdefault(name, tuple(map(int, ahead)))
+        found = self._form_of.get(name)
+        if found is None:
+            t = self.graph.tensors[name]
+            shape, symbolic = t.shape, self.opts.preset.symbolic
+            ahead = tuple(
+                int(symbolic or not any(n % rnd.q == 0 for n in shape)) for rnd in self.rounds
+            )
+            form = (float(t.numel), self.opts.element_bytes(t), name in self._grad, ahead)
+            found = self._form_ids.get(form)
+            if found is None:
+                found = self._form_ids[form] = len(self._forms)
+                self._forms.append(form)
+            self._form_of[name] = found
+        return found
 
     def _marginal(
         self, rel: int, ctx: int, numel: float, width: int, grad: bool, ahead: tuple[int, ...]
     ) -> float:
-        """The edge's price over rounds 0..r, then as assumed (`_ahead`), minus its price over
-        rounds 0..r-1, then as assumed from round r on (see the module doc)."""
+        """The edge's price over rounds 0..r, then as assumed (`_form`'s ahead), minus its
+        price over rounds 0..r-1, then as assumed from round r on (see the module doc)."""
         r, rounds, opts = self._r, self.rounds, self.opts
         codes = self._ctxs[ctx]
         src = tuple(EXAMPLE[c][0] for c in codes)

@@ -97,6 +97,9 @@ class EdgeBook:
         "ctx_next",
         "edge_cache",
         "edge_kinds",
+        "forms",
+        "form_of",
+        "form_ids",
         "prev_price",
         "chain",
         "kinds",
@@ -111,10 +114,15 @@ class EdgeBook:
         """Per context: whether a layout moved in some round (else an unchanged edge is free)."""
         self.ctx_next: dict[tuple[int, int], int] = {}
         """(context, the next round's relation) -> the extended context."""
-        self.edge_cache: dict[tuple[int, int, int, str], float] = {}
-        """(src, dst, context, tensor) -> the edge's marginal price (`RoundLedger._edge`)."""
+        self.edge_cache: dict[tuple[int, int, int, int], float] = {}
+        """(src, dst, context, tensor form) -> the edge's marginal price (`RoundLedger._edge`)."""
         self.edge_kinds: dict[tuple[object, ...], float] = {}
-        """(relation, context, size, width, gradient, `_ahead`) -> the same, per tensor form."""
+        """(relation, context, size, width, gradient, ahead) -> the same, per relation."""
+        self.forms: list[tuple[float, int, bool, tuple[int, ...]]] = []
+        """Per tensor form number: (size, width, gradient, ahead) (`RoundLedger._form`)."""
+        self.form_ids: dict[tuple[float, int, bool, tuple[int, ...]], int] = {}
+        self.form_of: dict[str, int] = {}
+        """Tensor -> its form's number (one graph per book)."""
         self.prev_price: dict[tuple[object, ...], float] = {}
         """(context, tensor form) -> its price over the rounds before (`_marginal`)."""
         self.chain: dict[tuple[object, ...], float] = {}
