@@ -387,15 +387,15 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         """One edge of op i priced under each of its cuts: its input `pos` from a producer's
         layout `other` (`incoming`), or its output `pos` into a reader's layout `other`. Kept
         with the edge's context for every round and variant (`EdgeBook.near`): the round's own
-        cache (`_near_costs`) misses when the round is new, not the edge's context."""
-        ctx = self._in_ctx[reader][reader_pos]
-        key = (i, pos, other, incoming, reader, reader_pos, ctx, tuple(cuts))
+        cache (`_near_costs`) misses when the round is new, not the edge's context. Ops of one
+        label lay out their operands alike per cut: copies in other layers read the prices."""
+        ctx, form = self._in_ctx[reader][reader_pos], self._form(name)
+        key = (self.labels[i], pos, other, incoming, ctx, form, tuple(cuts))
         found = self._near_book.get(key)
         if found is not None:
             return found
         lay, edge, known = self.layouts[i], self._edge, self._edge_cache
         out = self._near_book[key] = []
-        form = self._form(name)
         for cut in cuts:  # `_edge`, its kept prices read first
             src, dst = (other, lay[cut][0][pos]) if incoming else (lay[cut][1][pos], other)
             c = known.get((src, dst, ctx, form))

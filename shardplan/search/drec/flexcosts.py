@@ -5,8 +5,9 @@ A mixin of `costs.RoundCosts` (it reads the ledger's layouts, contexts and edge 
 `_flex_costs` prices every cut of a heavy op against its decided heavy neighbours; when one more
 neighbour decides, `_flex_added` adds that pair's edges alone (static parts kept per pair);
 the lookahead (`search._Search._lookahead`) prices one neighbour's layouts against another's
-through `_chain_price` too. An edge's price through its chain is kept per (edge, direction,
-layouts, context) for every round and variant of one call (`EdgeBook.chain`).
+through `_chain_price` too. An edge's price through its chain is kept per (edge's dim map,
+direction, tensor form, layouts, context) for every round and variant of one call
+(`EdgeBook.chain`): copies of an edge in repeated layers share it.
 O(edges to the pair x cuts) per call.
 """
 
@@ -104,10 +105,24 @@ class FlexPrices:
     ) -> float:
         """`_edge` of flex edge e's layouts through its chain (`flex.through_chain`), kept by
         (edge, direction, layouts, context) for every round and variant (`EdgeBook.chain`)."""
-        c = self._chain[id(e), into_consumer, src, dst, ctx] = self._edge(
+        c = self._chain[self._chain_id(e, into_consumer, name), src, dst, ctx] = self._edge(
             *through_chain(e, src, dst, into_consumer), ctx, self._form(name)
         )
         return c
+
+    def _chain_id(self, e: FlexEdge, into_consumer: bool, name: str) -> int:
+        """The number of flex edge e's pricing in one direction: its dim map, the direction and
+        the form of the tensor priced (`_form`) decide its prices through the chain, so the
+        copies of an edge in repeated layers share them (`EdgeBook.chain`)."""
+        key = (id(e), into_consumer)
+        found = self._chain_of.get(key)
+        if found is None:
+            kind = (e.to_consumer, into_consumer, self._form(name))
+            found = self._chain_ids.get(kind)
+            if found is None:
+                found = self._chain_ids[kind] = len(self._chain_ids)
+            self._chain_of[key] = found
+        return found
 
     def _priced(
         self,
@@ -130,16 +145,17 @@ class FlexPrices:
         chain = self._chain
         priced: dict[int, float] = {}
         charged = None if key is None else shared.setdefault(key, {})
+        cid = -1 if e is None else self._chain_id(e, incoming, name)
         for mine in distinct:  # in the cuts' order of first use, as the charges accrue
             if e is None:  # a sibling edge: my split carried onto the shared op's dims
                 met = to_other.get(mine, REPLICATED) if mine >= 0 else mine
                 c = self._edge(met, theirs, ctx, self._form(name))
             elif incoming:  # a flex edge, through the chain's layout rules
-                c = chain.get((id(e), True, theirs, mine, ctx))
+                c = chain.get((cid, theirs, mine, ctx))
                 if c is None:
                     c = self._chain_price(e, theirs, mine, True, ctx, name)
             else:
-                c = chain.get((id(e), False, mine, theirs, ctx))
+                c = chain.get((cid, mine, theirs, ctx))
                 if c is None:
                     c = self._chain_price(e, mine, theirs, False, ctx, name)
             if charged is not None:  # the set's charge for this layout so far

@@ -106,6 +106,7 @@ class RoundLedger:
         self._edge_kinds = book.edge_kinds
         self._prev_price = book.prev_price
         self._chain, self._near_book, self._shared_infos = book.chain, book.near, book.infos
+        self._chain_ids, self._chain_of = book.chain_ids, book.chain_of
         self._kind_id = book.kind_id
         for st in self.states:  # numbered: prices keyed by kind hash an int, not a history
             st.kind = self._kind_id(st.kind)  # type: ignore[arg-type]

@@ -247,7 +247,7 @@ class _Search(RoundCosts):
                         m = mine[0]
                         for key, c in answers.items():
                             a, b = (m, key[0]) if into else (key[0], m)
-                            price = chain.get((eid, into, a, b, ctx))
+                            price = chain.get((eid, a, b, ctx))
                             if price is None:
                                 price = chain_price(e, a, b, into, ctx, name)
                             c += price
@@ -258,7 +258,7 @@ class _Search(RoundCosts):
                         for (eid, into, ctx, e, name), a, b in zip(edges, mine, key, strict=True):
                             if not into:  # j's output into i: j's layout is the source
                                 a, b = b, a
-                            price = chain.get((eid, into, a, b, ctx))
+                            price = chain.get((eid, a, b, ctx))
                             if price is None:
                                 price = chain_price(e, a, b, into, ctx, name)
                             cost += price
@@ -275,11 +275,17 @@ class _Search(RoundCosts):
     def _pair_edges(
         self, j: int, preds: list[FlexEdge], succs: list[FlexEdge]
     ) -> list[tuple[int, bool, int, FlexEdge, str]]:
-        """Op j's flex edges to one neighbour (`_pair_view`'s: from it, then to it), as (edge
-        id, into j?, context this round, edge, tensor): what the lookahead prices them by."""
-        op, flex_ctx = self.states[j].op, self._flex_ctx
-        out = [(id(e), True, flex_ctx[id(e)], e, op.inputs[e.in_pos]) for e in preds]
-        out += [(id(e), False, flex_ctx[id(e)], e, op.outputs[e.out_pos]) for e in succs]
+        """Op j's flex edges to one neighbour (`_pair_view`'s: from it, then to it), as (the
+        edge's pricing number (`_chain_id`), into j?, context this round, edge, tensor): what the
+        lookahead prices them by."""
+        op, flex_ctx, number = self.states[j].op, self._flex_ctx, self._chain_id
+        out = []
+        for e in preds:
+            name = op.inputs[e.in_pos]
+            out.append((number(e, True, name), True, flex_ctx[id(e)], e, name))
+        for e in succs:
+            name = op.outputs[e.out_pos]
+            out.append((number(e, False, name), False, flex_ctx[id(e)], e, name))
         return out
 
     def _flex_pairs(self, i: int) -> list[int]:

@@ -102,6 +102,8 @@ class EdgeBook:
         "form_ids",
         "prev_price",
         "chain",
+        "chain_ids",
+        "chain_of",
         "kinds",
         "near",
         "infos",
@@ -125,12 +127,17 @@ class EdgeBook:
         """Tensor -> its form's number (one graph per book)."""
         self.prev_price: dict[tuple[object, ...], float] = {}
         """(context, tensor form) -> its price over the rounds before (`_marginal`)."""
-        self.chain: dict[tuple[object, ...], float] = {}
-        """(id of a flex edge, into its consumer?, layouts, context) -> its price through its
-        chain (`RoundCosts._chain_price`; the flex graph outlives the book)."""
+        self.chain: dict[tuple[int, int, int, int], float] = {}
+        """(a flex edge's pricing number, layouts, context) -> its price through its chain
+        (`RoundCosts._chain_price`)."""
+        self.chain_ids: dict[tuple[object, ...], int] = {}
+        """(a flex edge's dim map, into its consumer?, tensor form) -> its pricing number."""
+        self.chain_of: dict[tuple[int, bool], int] = {}
+        """(id of a flex edge, into its consumer?) -> the same (the flex graph outlives the
+        book)."""
         self.near: dict[tuple[object, ...], list[float]] = {}
-        """(op, operand, neighbour's layout, direction, reader, context, the op's valid cuts) ->
-        the edge's price under each cut (`RoundCosts._edge_prices`)."""
+        """(op label, operand, neighbour's layout, direction, context, tensor form, the op's
+        valid cuts) -> the edge's price under each cut (`RoundCosts._edge_prices`)."""
         self.infos: dict[tuple[object, ...], Any] = {}
         """(all-reduces priced hopefully?, round, op kind) -> the op's operand infos then
         (`RoundLedger._infos`: a function of them, so every search reads one copy)."""
