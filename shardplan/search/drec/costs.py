@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import add
 from typing import Any
 
 from shardplan.cost.presets import CostOptions
@@ -59,6 +60,9 @@ from shardplan.search.drec.overlay import Charges
 from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.tables import SearchTables, layout
 from shardplan.sharding import layout_of_cut
+
+_UNDECIDED = object()
+"""`decided.get`'s default: an op not decided yet (None is "no cut")."""
 
 
 class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
@@ -345,30 +349,26 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
             costs = [shared[cut] for cut in cuts]  # per cut, in `cuts` order
         known = self._near_cache
         for pos, name, p, p_pos in self._in_adj[i]:
-            if p in decided:
-                src = layouts[p][decided[p]][1][p_pos]
+            cut = decided.get(p, _UNDECIDED)
+            if cut is not _UNDECIDED:
+                src = layouts[p][cut][1][p_pos]  # type: ignore[index]
                 key = (i, pos, src)
                 prices = known.get(key)
                 if prices is None:
                     prices = known[key] = self._edge_prices(i, cuts, pos, src, True, i, pos, name)
-                if costs is None:
-                    costs = prices
-                else:
-                    costs = [a + b for a, b in zip(costs, prices, strict=True)]
+                costs = prices if costs is None else list(map(add, costs, prices))
         for pos, name, users in self._out_adj[i]:
             for w, w_pos in users:
-                if w in decided:
-                    dst = layouts[w][decided[w]][0][w_pos]
+                cut = decided.get(w, _UNDECIDED)
+                if cut is not _UNDECIDED:
+                    dst = layouts[w][cut][0][w_pos]  # type: ignore[index]
                     key = (i, pos, w, w_pos, dst)
                     prices = known.get(key)
                     if prices is None:
                         prices = known[key] = self._edge_prices(
                             i, cuts, pos, dst, False, w, w_pos, name
                         )
-                    if costs is None:
-                        costs = prices
-                    else:
-                        costs = [a + b for a, b in zip(costs, prices, strict=True)]
+                    costs = prices if costs is None else list(map(add, costs, prices))
         if costs is None:
             return dict.fromkeys(cuts, 0.0)
         return dict(zip(cuts, costs, strict=True))
