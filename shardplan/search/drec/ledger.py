@@ -478,21 +478,17 @@ class RoundLedger:
     def _last_codes(self, last: int) -> list[int]:
         """`relation` of every edge's layouts in round `last` alone, in `_edge_pairs`' order,
         read off the round's cuts (the layouts `apply_round` appended). O(|E|)."""
-        graph, states, lay = self.graph, self.states, self.layouts
+        states, lay = self.states, self.layouts
         now = [lay[i][st.cuts[last]] for i, st in enumerate(states)]  # (ins, outs) per op
         codes: list[int] = []
-        for i, st in enumerate(states):
-            mine = now[i][0]
-            for pos, name in enumerate(st.op.inputs):
-                p = graph.producer.get(name)
-                if p is not None:
-                    src = now[p][1][self.out_pos[name]]
-                elif graph.tensors[name].role is Role.PARAMETER:
-                    first, first_pos = graph.consumers[name][0]
-                    src = now[first][0][first_pos]
-                else:
-                    src = mine[pos]
-                codes.append(relation(src, mine[pos]))
+        for i, pos, j, side, j_pos in self._tables.in_edges:  # `relation`, inlined
+            src, dst = now[j][side][j_pos], now[i][0][pos]
+            if src == dst:
+                codes.append(0 if src >= 0 else 1)
+            elif src >= 0:
+                codes.append(2 if dst >= 0 else 3)
+            else:
+                codes.append(4)
         for i, st in enumerate(states):
             mine = now[i][0]
             for e in st.preds:

@@ -73,6 +73,10 @@ class SearchTables:
     followers: list[list[tuple[int, float, dict[Cut, Cut]]]]
     """Per heavy op: (transparent op, share, heavy op's cut -> the cut that carries its split
     into it) of each transparent op whose nearest heavy producer it is (`followers.py`)."""
+    in_edges: list[tuple[int, int, int, int, int]]
+    """Every op's inputs in order, as (op, input position, the op whose layout it comes from,
+    1 for that op's output or 0 for its input, that operand's position): from the producer,
+    a parameter's first reader, or (a graph input) the op itself."""
     valid: dict[tuple[int, str, int, int], bool] = field(default_factory=dict)
     """(op, cut, local extent, q) -> whether the cut is valid (`sharding.cut_problem`): filled
     as the searches ask (`cut_ok`), the same for every round and variant."""
@@ -130,7 +134,24 @@ class SearchTables:
             _flex_neighbours(graph, flex, params),
             _groups(graph, flex, candidates),
             follower_table(graph, flex.heavy, candidates, layouts),
+            _input_edges(graph, out_pos),
         )
+
+
+def _input_edges(graph: Graph, out_pos: dict[str, int]) -> list[tuple[int, int, int, int, int]]:
+    """`SearchTables.in_edges`."""
+    out = []
+    for i, op in enumerate(graph.ops):
+        for pos, name in enumerate(op.inputs):
+            p = graph.producer.get(name)
+            if p is not None:
+                out.append((i, pos, p, 1, out_pos[name]))
+            elif graph.tensors[name].role is Role.PARAMETER:
+                first, first_pos = graph.consumers[name][0]
+                out.append((i, pos, first, 0, first_pos))
+            else:
+                out.append((i, pos, i, 0, pos))
+    return out
 
 
 def _flex_neighbours(graph: Graph, flex: FlexGraph, params: list[list[int]]) -> list[set[int]]:
