@@ -79,6 +79,8 @@ class _Search(RoundCosts):
         self._flex_pair_cache: dict[int, list[int]] = {}
         self._pair_views: dict[tuple[int, int], Any] = {}
         """(i, j) -> `_pair_view` (static: the graph's layouts per cut)."""
+        self._alone: dict[tuple[int, ...], frozenset[int]] = {}
+        """The ops `_settle` need not price again in its backward sweep, per list of ops."""
         self.history: tuple[tuple[str | None, ...], ...] = ()
         """Every op's cut in each round done: with `pricing`, it determines the state."""
 
@@ -328,11 +330,36 @@ class _Search(RoundCosts):
         return view
 
     def _settle(self, r: int, decided: dict[int, str | None], ops: list[int]) -> None:
-        """Each op of `ops` (forward, then backward) re-picks against its decided neighbours."""
-        for sweep in (ops, ops[::-1]):
-            for i in sweep:
+        """Each op of `ops` (forward, then backward) re-picks against its decided neighbours.
+        An op whose local costs read no op after it in `ops` (`_local_reads`) sees in the
+        backward sweep what it saw in the forward one: its pick stands, it is not priced again."""
+        key = tuple(ops)
+        alone = self._alone.get(key)
+        if alone is None:
+            later = {i: k for k, i in enumerate(ops)}
+            alone = self._alone[key] = frozenset(
+                i for k, i in enumerate(ops) if all(later.get(j, -1) < k for j in self._reads(i))
+            )
+        for i in ops:
+            decided.pop(i, None)
+            decided[i] = self._pick(*self._local_costs(i, r, decided))
+        for i in reversed(ops):
+            if i not in alone:
                 decided.pop(i, None)
                 decided[i] = self._pick(*self._local_costs(i, r, decided))
+
+    def _reads(self, i: int) -> set[int]:
+        """The ops whose place in `decided` `_local_costs(i, ...)` reads: its producers and
+        readers, the other readers of its parameters, the readers whose previous reader it
+        is (and their previous readers: the credits they earn) and its previous readers."""
+        out = {p for _, _, p, _ in self._in_adj[i]}
+        out.update(w for _, _, users in self._out_adj[i] for w, _ in users)
+        out |= self._param_peers(i)
+        for j in (i, *self._next_readers[i]):
+            out.add(j)
+            out.update(prev[0] for prev in self._prev_reader[j] if prev is not None)
+        out.discard(i)
+        return out
 
     def _neighbours(self, i: int) -> list[int]:
         graph, op = self.graph, self.states[i].op
