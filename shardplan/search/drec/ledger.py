@@ -107,7 +107,7 @@ class RoundLedger:
         self._prev_price = book.prev_price
         self._chain, self._near_book, self._shared_infos = book.chain, book.near, book.infos
         self._chain_ids, self._chain_of = book.chain_ids, book.chain_of
-        self._kind_id = book.kind_id
+        self._kind_id, self._kinds = book.kind_id, book.kinds
         for st in self.states:  # numbered: prices keyed by kind hash an int, not a history
             st.kind = self._kind_id(st.kind)  # type: ignore[arg-type]
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
@@ -542,20 +542,26 @@ class RoundLedger:
 
     def apply_round(self, r: int, decided: dict[int, str | None]) -> None:
         """Round r is decided: record its all-reduces, cuts, layouts and the local sizes."""
-        rnd = self.rounds[r]
-        skipped = []
+        rnd, symbolic = self.rounds[r], self.opts.preset.symbolic
+        skipped: list[tuple[int, ...]] = []
         for i, st in enumerate(self.states):  # before any layout grows: credits compare prefixes
             if st.ar_history or st.credits:  # else nothing to grow
                 self._grow_backlog(i, r, decided.get(i))
-            skipped.append(self._record_all_reduces(i, r, decided))
+            if not st.credits and (symbolic or decided.get(i) is None):
+                skipped.append(())  # nothing owed back, nothing reduced
+            else:
+                skipped.append(self._record_all_reduces(i, r, decided))
+        kinds, kind_id = self._kinds, self._kind_id
         for i, st in enumerate(self.states):
             cut = decided.get(i)
             st.cuts.append(cut)
             # ops of one kind must keep equal all-reduce histories (they share prices)
-            st.kind = self._kind_id((st.kind, (cut, skipped[i]) if skipped[i] else cut))
-            ins, outs = self.layouts[i][cut]
+            key = (st.kind, (cut, skipped[i]) if skipped[i] else cut)
+            kind = kinds.get(key)
+            st.kind = kind_id(key) if kind is None else kind
             if cut is None:
                 continue
+            ins, outs = self.layouts[i][cut]
             st.extents[cut] //= rnd.q
             for pos in range(len(st.op.inputs)):
                 if ins[pos] >= 0:

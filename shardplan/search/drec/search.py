@@ -77,6 +77,8 @@ class _Search(RoundCosts):
         variants of one call (`run_round`)."""
         self.pricing = (tuple(self.compute_divisor), self.hopeful, self.next_round)
         self._flex_pair_cache: dict[int, list[int]] = {}
+        self._pair_static: dict[tuple[int, int], list[tuple[int, bool, int, FlexEdge, str]]] = {}
+        """(i, j) -> `_pair_edges`' static part (all but the contexts)."""
         self._pair_views: dict[tuple[int, int], Any] = {}
         """(i, j) -> `_pair_view` (static: the graph's layouts per cut)."""
         self._alone: dict[tuple[int, ...], frozenset[int]] = {}
@@ -126,7 +128,11 @@ class _Search(RoundCosts):
             totals: dict[str | None, float] = {}
             flex = {}
             for j in group:  # with the credits the cut makes a tensor's other readers repay
-                owed, mine = self._credit_costs(j, r, list(own[j]), decided), flex_of(j)
+                mine = flex_of(j)
+                if not self._next_readers[j] and not self.states[j].credits:
+                    flex[j] = mine  # no credit to owe (`_credit_costs`)
+                    continue
+                owed = self._credit_costs(j, r, list(own[j]), decided)
                 flex[j] = {c: v + owed[c] for c, v in mine.items()} if any(owed.values()) else mine
             if len(group) == 1:  # alone: its own terms do not change with its trial charges
                 costs = self._greedy_costs(i, r, charged)
@@ -234,7 +240,7 @@ class _Search(RoundCosts):
                 best = answers.get(key)
                 if best is None or c < best:
                     answers[key] = c
-            pairs.append((self._pair_edges(j, preds, succs), answers, floor, {}, views))
+            pairs.append((self._pair_edges(i, j, preds, succs), answers, floor, {}, views))
         chain, chain_price = self._chain, self._chain_price
 
         def regret(cut: str | None) -> float:
@@ -275,20 +281,20 @@ class _Search(RoundCosts):
         return regret
 
     def _pair_edges(
-        self, j: int, preds: list[FlexEdge], succs: list[FlexEdge]
+        self, i: int, j: int, preds: list[FlexEdge], succs: list[FlexEdge]
     ) -> list[tuple[int, bool, int, FlexEdge, str]]:
-        """Op j's flex edges to one neighbour (`_pair_view`'s: from it, then to it), as (the
+        """Op j's flex edges to op i (`_pair_view`'s: from it, then to it), as (the
         edge's pricing number (`_chain_id`), into j?, context this round, edge, tensor): what the
-        lookahead prices them by."""
-        op, flex_ctx, number = self.states[j].op, self._flex_ctx, self._chain_id
-        out = []
-        for e in preds:
-            name = op.inputs[e.in_pos]
-            out.append((number(e, True, name), True, flex_ctx[id(e)], e, name))
-        for e in succs:
-            name = op.outputs[e.out_pos]
-            out.append((number(e, False, name), False, flex_ctx[id(e)], e, name))
-        return out
+        lookahead prices them by. All but the context kept per edge list."""
+        static = self._pair_static.get((i, j))
+        if static is None:
+            op, number = self.states[j].op, self._chain_id
+            static = [(e, True, op.inputs[e.in_pos]) for e in preds]
+            static += [(e, False, op.outputs[e.out_pos]) for e in succs]
+            static = [(number(e, into, name), into, id(e), e, name) for e, into, name in static]
+            self._pair_static[i, j] = static
+        flex_ctx = self._flex_ctx
+        return [(cid, into, flex_ctx[eid], e, name) for cid, into, eid, e, name in static]
 
     def _flex_pairs(self, i: int) -> list[int]:
         """Op i's flex neighbours (consumers and producers), in graph order (cached: static)."""
