@@ -116,6 +116,7 @@ class RoundLedger:
         self._assumed_cache: dict[tuple[object, ...], int] = {}
         self._reduced_cache: dict[tuple[int, str | None], tuple[tuple[bool, int], ...]] = {}
         self._shrink_cache: dict[tuple[int, str | None, int, bool], bool] = {}
+        self._alike: dict[tuple[int, int, int, int], bool] = {}  # `_alike_so_far`, this round
 
     def _in(self, i: int, cut: str | None, pos: int) -> int:
         """Op i's layout of input `pos` under `cut` (one round)."""
@@ -414,6 +415,7 @@ class RoundLedger:
         self._r = r
         self._info_cache.clear()
         self._param_ctx.clear()
+        self._alike.clear()
         if r != self._ctx_round:  # contexts depend on the rounds before r only
             self._contexts(r - 1 if r == self._ctx_round + 1 and r > 0 else None)
             self._ctx_round = r
@@ -578,20 +580,19 @@ class RoundLedger:
         out: set[tuple[str, int]] = set()
         if self._no_prev_reader[i]:
             return out
-        st, train = self.states[i], self.opts.train
-        op, cut = st.op, decided.get(i)
+        cut, names, alike = decided.get(i), self.states[i].op.inputs, self._alike
+        mine = self._reduced_operands(i, cut)  # `reduces`, per op and cut
         for pos, prev in enumerate(self._prev_reader[i]):
-            if prev is None:
+            if prev is None or (False, pos) not in mine:
                 continue
             p, p_pos = prev
-            name = op.inputs[pos]
-            grad = name in self._grad
-            p_op, p_cut = self.states[p].op, decided.get(p)
-            if (
-                reduces(op, cut, op.signature.inputs[pos], False, grad, train)
-                and reduces(p_op, p_cut, p_op.signature.inputs[p_pos], False, grad, train)
-                and self._in(p, p_cut, p_pos) == self._in(i, cut, pos)
-                and self._alike_so_far(p, p_pos, i, pos)
-            ):
-                out.add((name, r))
+            p_cut = decided.get(p)
+            if (False, p_pos) in self._reduced_operands(p, p_cut) and self._in(
+                p, p_cut, p_pos
+            ) == self._in(i, cut, pos):
+                same = alike.get((p, p_pos, i, pos))  # layouts so far: fixed in the round
+                if same is None:
+                    same = alike[p, p_pos, i, pos] = self._alike_so_far(p, p_pos, i, pos)
+                if same:
+                    out.add((names[pos], r))
         return out
