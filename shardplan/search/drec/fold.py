@@ -270,21 +270,22 @@ def op_labels(graph: Graph) -> list[int]:
 def _consistent(graph: Graph, start: int, period: int, k: int) -> bool:
     """Block k (>= 2) reads as block k-1 does, shifted by one block."""
     lo = start + (k - 1) * period  # block k-1's first op: block k may read it and itself only
+    ops, producer, consumers = graph.ops, graph.producer, graph.consumers
     for x in range(start + k * period, start + (k + 1) * period):
-        op, twin = graph.ops[x], graph.ops[x - period]
+        op, twin = ops[x], ops[x - period]
         for t, u in zip(op.inputs, twin.inputs, strict=True):
-            y = graph.producer.get(t)
+            y = producer.get(t)
             if y is not None and y >= start:
-                if y < lo or graph.producer.get(u) != y - period:
+                if y < lo or producer.get(u) != y - period:
                     return False
                 continue
             if t == u:  # one outside tensor read by every block: constants and inputs only
                 if graph.tensors[t].role in (Role.PARAMETER, Role.ACTIVATION):
                     return False  # its readers would price each other (shared grads, layouts)
                 continue
-            users = {i for i, _ in graph.consumers[t]}
-            twin_users = {i for i, _ in graph.consumers[u]}
-            if graph.producer.get(u) is not None or twin_users != {i - period for i in users}:
+            users = {i for i, _ in consumers[t]}
+            twin_users = {i for i, _ in consumers[u]}
+            if producer.get(u) is not None or twin_users != {i - period for i in users}:
                 return False  # not a block-local parameter/constant of the same form
             if not all(lo + period <= i < lo + 2 * period for i in users):
                 return False
@@ -294,10 +295,12 @@ def _consistent(graph: Graph, start: int, period: int, k: int) -> bool:
 def _closed(graph: Graph, start: int, period: int, k: int) -> bool:
     """Block k's results are read only by blocks k and k+1."""
     lo, hi = start + k * period, start + (k + 2) * period
+    ops, consumers = graph.ops, graph.consumers
     for x in range(lo, lo + period):
-        for t in graph.ops[x].outputs:
-            if any(not lo <= i < hi for i, _ in graph.consumers.get(t, ())):
-                return False
+        for t in ops[x].outputs:
+            for i, _ in consumers.get(t, ()):
+                if not lo <= i < hi:
+                    return False
     return True
 
 

@@ -94,8 +94,8 @@ class RoundLedger:
         """The round the edges' contexts stand at (`begin_round`)."""
         self._ctx_list: list[int] = []
         # contexts: per earlier round how an edge's layouts relate, as small ids (`EdgeBook`)
-        self._ctx_next, self._ctx_ids = book.ctx_next, book.ctx_ids
-        self._ctxs, self._ctx_moves = book.ctxs, book.ctx_moves
+        self._ctx_next, self._ctx_ids, self._ctxs = book.ctx_next, book.ctx_ids, book.ctxs
+        self._ctx_moves = book.ctx_moves
         self._in_ctx: list[list[int]] = []
         """Per op, per input: the context of the edge into it (producer or parameter home)."""
         self._flex_ctx: dict[int, int] = {}
@@ -106,8 +106,8 @@ class RoundLedger:
         self._edge_kinds = book.edge_kinds
         self._prev_price = book.prev_price
         self._chain, self._near_book, self._shared_infos = book.chain, book.near, book.infos
-        self._chain_ids, self._chain_of = book.chain_ids, book.chain_of
-        self._kind_id, self._kinds = book.kind_id, book.kinds
+        self._chain_ids, self._chain_of, self._kinds = book.chain_ids, book.chain_of, book.kinds
+        self._kind_id = book.kind_id
         for st in self.states:  # numbered: prices keyed by kind hash an int, not a history
             st.kind = self._kind_id(st.kind)  # type: ignore[arg-type]
         # per-round caches (cleared by begin_round) and the all-reduce assumptions per round
@@ -352,13 +352,12 @@ class RoundLedger:
 
     def _form(self, name: str) -> int:
         """The number of tensor `name`'s form, (size, element width, gradient status, ahead):
-        tensors of one form price alike (layer copies share their edges' prices). Ahead, per
-        round, is the relation an edge of the tensor is assumed to have while the round is not
-        decided yet: 0 (split alike on both sides) where the round's q divides some dim of it,
-        else 1 (both replicated). Assumed split, a later round shrinks this round's collective,
-        as the faster later rounds are assumed to shrink an all-reduce (`_assumed`); a later
-        round that does not keep it split repays the growth (the marginal prices still
-        telescope). With the symbolic preset, 1: MindSpore prices a round's edges on their own."""
+        tensors of one form price alike (layer copies share edge prices). Ahead, per round, is
+        the relation an edge of it is assumed to have while the round is not decided: 0 (split
+        alike on both sides) where the round's q divides some dim of it, else 1 (replicated).
+        Assumed split, a later round shrinks this round's collective, as faster later rounds are
+        assumed to shrink an all-reduce (`_assumed`); a later round that does not keep it split
+        repays the growth (marginal prices still telescope). Symbolic preset: 1 (MindSpore)."""
         found = self._form_of.get(name)
         if found is None:
             t = self.graph.tensors[name]
@@ -451,7 +450,10 @@ class RoundLedger:
     def _contexts(self, last: int | None) -> None:
         """Every edge's context from its layouts (`_edge_pairs`): all rounds done (`last`
         None), or the previous context extended by round `last`'s relation (`_last_codes`)."""
-        if last is None:
+        if last is None and not any(st.cuts for st in self.states):  # no round done yet
+            size = sum(len(st.preds) + len(st.siblings) for st in self.states)
+            out = [self._ctx((), ())] * (len(self._tables.in_edges) + size)
+        elif last is None:
             out = [self._ctx(src, dst) for src, dst in self._edge_pairs()]
         else:
             following, extend = self._ctx_next, self._extend
