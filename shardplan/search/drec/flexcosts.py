@@ -76,8 +76,9 @@ class FlexPrices:
                 seen = mine if at == theirs and theirs >= 0 else seen
             key = (1, pos, via, seen, ctx)  # one layout change at `via` serves flex edges too
             tasks.append((1, pos, key, None, False, theirs, ctx, name, to_other))
+        valid = tuple(cuts)
         for task in tasks:
-            for cut, c in zip(cuts, self._priced(i, cuts, task, shared), strict=True):
+            for cut, c in zip(cuts, self._priced(i, cuts, valid, task, shared), strict=True):
                 costs[cut] += c
         if self.param_positions[i] and (only is None or only in self._param_peers(i)):
             shared_params = self._shared_param_costs(i, cuts, decided, only)
@@ -128,14 +129,15 @@ class FlexPrices:
         self,
         i: int,
         cuts: list[str | None],
+        valid: tuple[str | None, ...],
         task: _Task,
         shared: dict[tuple[object, ...], dict[int, float]],
     ) -> list[float]:
         """Each cut's price on one of op i's edges to a decided neighbour (`_flex_costs`' task),
         by the layout it puts on the edge (cuts laying it out alike price alike); with the
-        task's set key, above the set's charge so far for that layout (`shared`, updated)."""
+        task's set key, above the set's charge so far for that layout (`shared`, updated).
+        `valid`: `cuts` as a tuple."""
         side, pos, key, e, incoming, theirs, ctx, name, to_other = task
-        valid = tuple(cuts)
         found = self._cut_layouts.get((i, side, pos, valid))
         if found is None:  # per cut the layout it puts on the operand, and the distinct ones
             lay = self.layouts[i]
@@ -183,6 +185,7 @@ class FlexPrices:
         if k not in decided:
             return costs
         cuts = list(costs)
+        valid = tuple(cuts)
         edges, siblings, params = self._pair_tasks(i, k)
         ins, outs = self.layouts[k][decided[k]]
         flex_ctx = self._flex_ctx
@@ -197,7 +200,7 @@ class FlexPrices:
             ctx = flex_ctx[id(e)]
             key = None if e.via < 0 else (1 - incoming, pos, via, seen, ctx)
             task = (1 - incoming, pos, key, e, incoming, theirs, ctx, name, None)
-            prices = self._priced(i, cuts, task, shared)
+            prices = self._priced(i, cuts, valid, task, shared)
             delta = prices if delta is None else [a + b for a, b in zip(delta, prices, strict=True)]
         for n, pos, other_pos, to_other, via, name in siblings:
             theirs = outs[other_pos]
@@ -206,7 +209,7 @@ class FlexPrices:
                 seen = mine if at == theirs and theirs >= 0 else seen
             ctx = self._sib_ctx[i, n]
             task = (1, pos, (1, pos, via, seen, ctx), None, False, theirs, ctx, name, to_other)
-            prices = self._priced(i, cuts, task, shared)
+            prices = self._priced(i, cuts, valid, task, shared)
             delta = prices if delta is None else [a + b for a, b in zip(delta, prices, strict=True)]
         if params:
             extra = self._shared_param_costs(i, cuts, decided, k)
