@@ -12,7 +12,7 @@ differs from the ILP's, ranked by how much D-Rec's plan would gain from taking t
 for that op alone (a single-op swap, priced by the same cost model).
 
 Run: python benchmarks/quality.py [--quick] [--time-limit S] [--models a,b] [--meshes 8,2x8]
-                                   [--ilp-cache DIR]
+                                   [--ilp-cache DIR] [--sizes layers=2,batch=12] [--name STEM]
 Writes benchmarks/results/quality.{json,md} (and quality.png when matplotlib is installed).
 
 ILP results are the slow part (minutes per case) and do not depend on D-Rec: `--ilp-cache DIR`
@@ -137,14 +137,19 @@ def build_ilp_model(graph: Any, mesh: Any, opts: Any, start: float, time_limit: 
 
 
 def run_case(
-    name: str, mesh_text: str, time_limit: float, top: int, cache: Path | None = None
+    name: str,
+    mesh_text: str,
+    time_limit: float,
+    top: int,
+    cache: Path | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     opts = CostOptions.make()
-    graph = zoo.build(name, **reduced(name))
+    graph = zoo.build(name, **{**reduced(name), **(sizes or {})})
     mesh = parse_mesh(mesh_text)
     key = f"{name}_{mesh_text}_{time_limit:g}_{ilp_fingerprint()}_{graph_digest(graph)}"
     row: dict[str, Any] = {"model": name, "mesh": mesh_text, "ops": len(graph.ops)}
-    row["sizes"] = reduced(name)
+    row["sizes"] = {**reduced(name), **(sizes or {})}
     drec = plan(graph, mesh, "drec")
     row["drec_cost"], row["drec_s"] = drec.cost.total, drec.search_seconds
     experts = {m: plan(graph, mesh, m) for m in EXPERTS}
@@ -374,7 +379,11 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=8, help="misses listed per case")
     parser.add_argument("--name", default="quality", help="results file stem (default quality)")
     parser.add_argument("--ilp-cache", type=Path, default=None, help="reuse/store ILP results")
+    parser.add_argument(
+        "--sizes", default="", help="zoo size overrides for every model, e.g. layers=2,batch=12"
+    )
     args = parser.parse_args()
+    sizes = {k: int(v) for k, v in (kv.split("=") for kv in args.sizes.split(",") if kv)}
     models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else zoo.MODELS)
     meshes = args.meshes.split(",") if args.meshes else (QUICK_MESHES if args.quick else MESHES)
     time_limit = args.time_limit or (30.0 if args.quick else 120.0)
@@ -383,7 +392,7 @@ def main() -> None:
     for name in models:
         for mesh in meshes:
             start = time.perf_counter()
-            row = run_case(name, mesh, time_limit, args.top, args.ilp_cache)
+            row = run_case(name, mesh, time_limit, args.top, args.ilp_cache, sizes)
             rows.append(row)
             gap = f"{row['gap']:.3f}" if "gap" in row else "-"
             print(
@@ -392,6 +401,8 @@ def main() -> None:
                 flush=True,
             )
     md = markdown(rows, info["command"], time_limit, info["source"])
+    if sizes:  # the sizes line of `markdown` names the defaults these override
+        md = md.replace("\n\n", f"\n\nSize overrides for every model: {args.sizes}.\n\n", 1)
     if plot(rows, RESULTS / f"{args.name}.png"):
         md += f"\n![D-Rec / optimum per case]({args.name}.png)\n"
     done = [r for r in rows if r.get("ilp_status") == "optimal"]

@@ -86,13 +86,19 @@ def exposed_backward(
 ) -> float:
     """Seconds of the ops' own backward collectives left exposed (module docstring); `rows` are
     the tensor-parallel plan's `OpCost`s, `forward` each op's forward compute."""
-    gemm = {op.name for op in graph.ops if has_weight_gradient_gemm(graph, op)}
+    gemm: dict[int, bool] = {}  # op index -> has a weight-gradient GEMM (asked lazily)
+
+    def is_gemm(i: int) -> bool:
+        if i not in gemm:
+            gemm[i] = has_weight_gradient_gemm(graph, graph.ops[i])
+        return gemm[i]
+
     exposed = 0.0
-    for op, row in zip(graph.ops, rows, strict=True):
+    for index, (op, row) in enumerate(zip(graph.ops, rows, strict=True)):
         if sequence_parallel:  # the forward reduce-scatter's backward all-gather
             exposed += row.intra_fwd / 2
         c = row.intra_bwd
-        if c <= 0 or op.name not in gemm:
+        if c <= 0 or not is_gemm(index):
             exposed += max(0.0, c)
             continue
         window = sum(
@@ -100,7 +106,7 @@ def exposed_backward(
             for name in op.inputs
             if graph.tensors[name].role is not Role.PARAMETER and name in graph.requires_grad
             for i, _ in graph.consumers[name]
-            if graph.ops[i].name in gemm
+            if is_gemm(i)
         )
         if sequence_parallel:
             exposed += 2 * max(0.0, c / 2 - window)

@@ -342,11 +342,16 @@ def _activations(
     def kept(name: str) -> float:
         return saved.get(name, 0.0) + saved.get(f"{name}:mask", 0.0)
 
-    inputs = 0.0  # a stage's inputs stay for its backward whatever is recomputed
-    for index, (op, price) in enumerate(zip(graph.ops, prices, strict=True)):
-        for i, name in enumerate(op.inputs):
-            if graph.tensors[name].role is Role.INPUT and graph.consumers[name][0][0] == index:
-                inputs += size(name, price.inputs[i])
+    if "first_reads" not in cache.memo:  # each graph input's first reader: the graph's alone
+        cache.memo["first_reads"] = [
+            (index, i, name)
+            for index, op in enumerate(graph.ops)
+            for i, name in enumerate(op.inputs)
+            if graph.tensors[name].role is Role.INPUT and graph.consumers[name][0][0] == index
+        ]
+    # a stage's inputs stay for its backward whatever is recomputed
+    reads = cache.memo["first_reads"]
+    inputs = sum(size(name, prices[index].inputs[i]) for index, i, name in reads)
     sel_bytes = sel_peak = sel_s = sel_flops = 0.0
     if "blocks" not in cache.memo:  # the graph's, whatever the strategies
         segs = segments(graph)

@@ -91,17 +91,48 @@ def solve(problem: Problem, method: str = "drec", **options: Any) -> Any:
     typed = solver_options(method, options)
     start = time.perf_counter()
     result = solver.run(problem, typed, start)
+    links = node_crossing_note(problem.mesh)
     if isinstance(result, TrainingPlan):
         _check_budget(problem, method, result.step.memory_per_device if result.step else 0.0)
-        return replace(result, problem=problem, step=result.step)
+        notes = (*result.notes, links) if links else result.notes
+        return replace(result, problem=problem, step=result.step, notes=notes)
     if problem.zero is not None and result.zero != problem.zero:  # searches price stage 0
         result = with_zero(result, problem.zero)
     if result.cost is not None:
         _check_budget(problem, method, result.cost.memory_per_device)
-    unused = unused_devices_note(result)
-    if unused:
-        result = with_status(result, result.status, (unused,))
+    said = tuple(n for n in (unused_devices_note(result), links) if n)
+    if said:
+        result = with_status(result, result.status, said)
     return replace(result, problem=problem)
+
+
+def node_crossing_note(mesh: Mesh) -> str | None:
+    """Say so when a mesh axis spans nodes although its innermost ways fit in one: every
+    collective on it is priced at the inter-node link (row-major layout,
+    `Machine.link_bandwidths`), and splitting it as nodes x GPUs per node would price the ways
+    inside a node at the node's link. None for a mesh with bandwidths other than the machine's."""
+    hw = mesh.hardware
+    if hw is None or mesh.bandwidth_bytes_per_s != hw.link_bandwidths(mesh.shape):
+        return None
+    if hw.intra_node_bytes_per_s <= hw.inter_node_bytes_per_s:
+        return None
+    for axis, size in enumerate(mesh.shape):
+        inner = math.prod(mesh.shape[axis + 1 :])
+        crossing = mesh.bandwidth_bytes_per_s[axis] <= hw.inter_node_bytes_per_s
+        if not crossing or hw.devices_per_node % inner:
+            continue
+        ways = hw.devices_per_node // inner  # of this axis inside one node
+        if ways > 1 and size > ways and size % ways == 0:
+            split = (*mesh.shape[:axis], size // ways, ways, *mesh.shape[axis + 1 :])
+            return (
+                f"mesh axis {mesh.names[axis]!r} ({size} ways) crosses nodes of "
+                f"{hw.devices_per_node} devices ({hw.name}), so all its collectives are priced "
+                f"at the inter-node {units.bandwidth(hw.inter_node_bytes_per_s)}, none at the "
+                f"node's {units.bandwidth(hw.intra_node_bytes_per_s)}; plan on mesh "
+                f"{'x'.join(map(str, split))} (a node's {ways} devices as an axis of their own) "
+                "to price the ways inside a node at the node's link"
+            )
+    return None
 
 
 def _check_budget(problem: Problem, method: str, need: float) -> None:

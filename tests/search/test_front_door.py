@@ -82,3 +82,16 @@ def test_training_plan_json_stores_its_problem():
     back = training_json.from_json(training_json.to_json(tp))
     assert back.problem.budget == 1e9 and back.problem.batch == 8
     assert back.step.step_s == tp.step.step_s
+
+
+def test_a_mesh_axis_crossing_nodes_is_named_with_the_split_that_prices_the_node():
+    g = sp.zoo.build("mlp", batch=64)
+    crossing = [n for n in sp.plan(g, "16").notes if "crosses nodes" in n]
+    assert len(crossing) == 1 and "mesh 2x8" in crossing[0] and "25 GB/s" in crossing[0]
+    inner = [n for n in sp.plan(g, "2x16").notes if "crosses nodes" in n]
+    assert len(inner) == 1 and "'gpu'" in inner[0] and "mesh 2x2x8" in inner[0]
+    # nodes x GPUs, a mesh inside one node, a size no node divides, the user's own links: silent
+    for mesh in ("2x8", "8", "6", "12", sp.Mesh((16,), bandwidth_bytes_per_s=(50e9,))):
+        assert not [n for n in sp.plan(g, mesh).notes if "crosses nodes" in n], mesh
+    tp = sp.plan(gpt, "16", method="step", batch=16, dtype="bf16")
+    assert any("mesh 2x8" in n for n in tp.notes)

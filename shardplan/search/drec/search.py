@@ -47,6 +47,7 @@ from shardplan.search.drec.flex import FlexEdge, build_flex_graph
 from shardplan.search.drec.fold import Fold, find_fold
 from shardplan.search.drec.gates import without_gc_pauses
 from shardplan.search.drec.overlay import Overlay
+from shardplan.search.drec.roundorder import with_round_orders
 from shardplan.search.drec.submesh import with_smaller_meshes
 from shardplan.search.drec.variants import best_variant
 from shardplan.sharding import Strategy
@@ -557,8 +558,10 @@ def drec_folded(
     priced by the evaluator's rows), which repairs a round's cut made under assumptions the
     later rounds broke (an MoE layer on mesh 12: 1.158 -> 1.000 of the ILP optimum). When the
     innermost axis mixes primes, the variants also run on the mesh without its trailing rounds
-    of the largest prime (`submesh.py`; qwen3, 2 layers, on 18: 1.276 -> 1.005).
-    That is at most 2 * (3 + mesh axes) + 1 linear searches; the unused-axis ones are shorter. With
+    of the largest prime (`submesh.py`; qwen3, 2 layers, on 18: 1.276 -> 1.005), and once
+    more with each axis's largest prime rounds first (`roundorder.py`; BERT-base, one layer, on
+    24: 1.185 -> 1.096). That is at most 3 * (3 + mesh axes) + 1 linear searches; the
+    unused-axis ones are shorter. With
     the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
 
     A run of >= 6 identical blocks is folded (`fold.py`): the variants search blocks 0, 1, 2 and
@@ -585,7 +588,7 @@ def _drec_folded(
     table = cache.table if cache is not None and cache.mesh == mesh else None
     if repeats is not None and flex is not None:
         scoring = ScoreCache(repeats.reduced, mesh, opts, table)
-        plan = with_smaller_meshes(
+        plan = _orders(
             _variants, repeats.reduced, mesh, opts, memory_lambda, repeats, flex, cache=scoring
         )
         if plan is not None:
@@ -593,9 +596,7 @@ def _drec_folded(
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
     flex = build_flex_graph(graph)
     scoring = cache if table is not None and cache.graph is graph and cache.opts == opts else None
-    plan = with_smaller_meshes(
-        _variants, graph, mesh, opts, memory_lambda, None, flex, pinned, cache=scoring
-    )
+    plan = _orders(_variants, graph, mesh, opts, memory_lambda, None, flex, pinned, cache=scoring)
     assert plan is not None
     return plan, None
 
@@ -603,3 +604,5 @@ def _drec_folded(
 # the variants' best plan of a graph (None: a variant broke the fold's uniform interior), each
 # variant one `_Search` (`_PinnedSearch` with pinned ops)
 _variants = partial(best_variant, searches=(_Search, _PinnedSearch))
+# the ascending round order with smaller meshes, then the largest primes first (`roundorder.py`)
+_orders = partial(with_round_orders, first=with_smaller_meshes)

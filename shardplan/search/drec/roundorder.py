@@ -1,0 +1,106 @@
+"""D-Rec with each axis's largest prime rounds first, on meshes whose axes mix primes.
+
+A mesh axis is factored into prime rounds in ascending order (24 -> 2, 2, 2, 3; `mesh.py`), and
+D-Rec decides round by round. A dim sized in powers of two (a batch of 8) can take every round
+of 2 and still leave nothing for the round of 3, which must then cut a dim that costs collectives
+(hidden units, heads); the greedy rounds of 2 never see that, since each prices its cuts assuming
+later rounds help. So the rounds of 2 eat the batch and the round of 3 is tensor parallel, or the
+rounds of 2 start cutting heads and both share them: BERT-base, one layer, batch 8, on mesh 24
+cut the batch 4 ways and the heads 6 ways (1.185 of the ILP optimum), where the batch 8 ways and
+the heads 3 ways is optimal; AlexNet on 20 was 1.064.
+
+Deciding the largest prime first lets the round of 3 take the dim that divides by 3 while every
+dim is whole, and the rounds of 2 share what is left. The rounds of one axis run over the same
+links, so the search can run on a copy of the mesh with its rounds reordered (`reordered`); its
+plan is mapped back to the mesh's own round order (`restored`), polished on the mesh
+(`polish.py`) and kept when the mesh's own evaluator scores it lower than the plan found in the
+ascending order (the copy's score is not used: a collective spanning several rounds is priced in
+the mesh's order). Never worse than that plan; one more variant search on a mesh with a
+mixed-prime axis, none otherwise (a mesh of one prime per axis, 8 or 4x8, has one order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from shardplan.cost.evaluate import ScoreCache
+from shardplan.cost.presets import CostOptions
+from shardplan.ir.graph import Graph
+from shardplan.mesh import Mesh
+from shardplan.search.drec.polish import plan_score, polish
+from shardplan.sharding import Strategy
+
+Search = Callable[..., "dict[str, Strategy] | None"]
+
+
+def largest_first(mesh: Mesh) -> list[int] | None:
+    """Round indices with each axis's rounds in descending prime order (ties keep their order),
+    or None when that is the mesh's own order (no axis mixes primes)."""
+    order: list[int] = []
+    for axis in range(len(mesh.shape)):
+        mine = [r for r in mesh.rounds if r.mesh_axis == axis]
+        order += [r.index for r in sorted(mine, key=lambda r: (-r.q, r.index))]
+    return None if order == list(range(len(mesh.rounds))) else order
+
+
+def reordered(mesh: Mesh, order: Sequence[int]) -> Mesh:
+    """A copy of `mesh` whose round k is the mesh's round order[k] (renumbered k): the search's
+    view only; plans on it go back to the mesh's order with `restored`."""
+    copy = replace(mesh)
+    rounds = tuple(replace(mesh.rounds[i], index=k) for k, i in enumerate(order))
+    object.__setattr__(copy, "_rounds", rounds)  # as Mesh.__post_init__ sets its own
+    return copy
+
+
+def restored(plan: Mapping[str, Strategy], order: Sequence[int]) -> dict[str, Strategy]:
+    """A plan of `reordered(mesh, order)` in the mesh's own round order."""
+    out = {}
+    for name, strategy in plan.items():
+        cuts: list[str | None] = [None] * len(order)
+        for k, i in enumerate(order):
+            cuts[i] = strategy[k]
+        out[name] = tuple(cuts)
+    return out
+
+
+def with_round_orders(
+    search: Search,
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Any,
+    flex: Any,
+    pinned: Mapping[int, Strategy] | None = None,
+    *,
+    first: Search,
+    cache: ScoreCache | None = None,
+) -> dict[str, Strategy] | None:
+    """`first(graph, mesh, ...)`'s plan (the ascending order, with `submesh.py`'s smaller
+    meshes), or `search`'s plan on the largest-first order when the mesh scores it lower (module
+    docstring); None as `first` says. Not tried with pinned ops (their strategies are in the
+    mesh's order) nor by the symbolic preset (MindSpore's one pass). `cache`: a `ScoreCache`
+    of `graph` on `mesh` the scoring on `mesh` shares (else one of its own)."""
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    best = first(search, graph, mesh, opts, memory_lambda, fold, flex, pinned, cache=cache)
+    order = largest_first(mesh)
+    if best is None or order is None or pinned or opts.preset.symbolic:
+        return best
+    found = search(graph, reordered(mesh, order), opts, memory_lambda, fold, flex, None)
+    if found is None:
+        return best  # it broke the fold's uniform interior: keep the ascending order's plan
+    weights = fold.round_weights() if fold is not None else None
+    twins = fold.twins() if fold is not None else None
+    candidate = polish(graph, mesh, restored(found, order), cache, weights, twins)
+    if fold is not None and not fold.uniform(candidate):
+        return best
+    score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, candidate)
+    best_score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, best)
+    better = score < best_score * (1 - 1e-12) and not math.isnan(score)
+    return candidate if better else best
+
+
+__all__ = ["largest_first", "reordered", "restored", "with_round_orders"]
