@@ -1,7 +1,7 @@
 """The settle's backward sweep skips an op whose local costs read no op after it: it must not
 change what the settle decides.
 
-`_Search._reads(i)` names the ops `_local_costs(i, ...)` reads in `decided`; re-deciding any
+`SearchTables.reads[i]` names the ops `_local_costs(i, ...)` reads in `decided`; re-deciding any
 other op leaves op i's local costs bit-identical (checked on random assignments, after a few
 rounds done, so that credits, backlogs and contexts are in play). The settle with the skip then
 decides exactly as the two full sweeps do.
@@ -47,7 +47,7 @@ def test_local_costs_read_only_the_ops_named(model, mesh):
         for i in rng.sample(range(n), min(25, n)):
             decided.pop(i, None)
             base = search._local_costs(i, r, decided)
-            reads = search._reads(i)
+            reads = search._tables.reads[i]
             others = [j for j in range(n) if j != i and j not in reads]
             changed = dict(decided)
             for j in rng.sample(others, min(12, len(others))):

@@ -5,7 +5,8 @@ A mixin of `costs.RoundCosts` (it reads the ledger's layouts, contexts and edge 
 `_flex_costs` prices every cut of a heavy op against its decided heavy neighbours; when one more
 neighbour decides, `_flex_added` adds that pair's edges alone (static parts kept per pair);
 the lookahead (`search._Search._lookahead`) prices one neighbour's layouts against another's
-through `_chain_price` too. An edge's price through its chain is kept per (edge's dim map,
+through `_chain_price` too, on the pairs `_flex_pairs`, `_pair_view` and `_pair_edges` table
+(per search; the search keeps their caches). An edge's price through its chain is kept per (edge's dim map,
 direction, tensor form, layouts, context) for every round and variant of one call
 (`EdgeBook.chain`): copies of an edge in repeated layers share it.
 O(edges to the pair x cuts) per call.
@@ -243,6 +244,61 @@ class FlexPrices:
             params = bool(self.param_positions[i]) and k in self._param_peers(i)
             found = self._pair_task_cache[i, k] = (edges, sibs, params)
         return found
+
+    def _pair_edges(
+        self, i: int, j: int, preds: list[FlexEdge], succs: list[FlexEdge]
+    ) -> list[tuple[int, bool, int, FlexEdge, str]]:
+        """Op j's flex edges to op i (`_pair_view`'s: from it, then to it), as (the
+        edge's pricing number (`_chain_id`), into j?, context this round, edge, tensor): what the
+        lookahead prices them by. All but the context kept per edge list."""
+        static = self._pair_static.get((i, j))
+        if static is None:
+            op, number = self.states[j].op, self._chain_id
+            static = [(e, True, op.inputs[e.in_pos]) for e in preds]
+            static += [(e, False, op.outputs[e.out_pos]) for e in succs]
+            static = [(number(e, into, name), into, id(e), e, name) for e, into, name in static]
+            self._pair_static[i, j] = static
+        flex_ctx = self._flex_ctx
+        return [(cid, into, flex_ctx[eid], e, name) for cid, into, eid, e, name in static]
+
+    def _flex_pairs(self, i: int) -> list[int]:
+        """Op i's flex neighbours (consumers and producers), in graph order (cached: static)."""
+        out = self._flex_pair_cache.get(i)
+        if out is None:
+            st = self.states[i]
+            nbrs = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
+            out = self._flex_pair_cache[i] = sorted(nbrs - {i})
+        return out
+
+    def _pair_view(
+        self, i: int, j: int
+    ) -> tuple[
+        list[FlexEdge],
+        list[FlexEdge],
+        dict[str | None, tuple[int, ...]],
+        dict[str | None, tuple[int, ...]],
+    ]:
+        """Op j's flex edges from and to op i, and per cut the layouts on them: op j's (inputs
+        from i, outputs to i) and op i's (its outputs into j, its inputs from j). Layouts per cut
+        are the graph's, so this is computed once per pair and search."""
+        view = self._pair_views.get((i, j))
+        if view is None:
+            sj = self.states[j]
+            preds = [e for e in sj.preds if e.producer == i]
+            succs = [e for e in sj.succs if e.consumer == i]
+            lay_j, lay_i = self.layouts[j], self.layouts[i]
+            keys = {
+                cj: tuple(lay_j[cj][0][e.in_pos] for e in preds)
+                + tuple(lay_j[cj][1][e.out_pos] for e in succs)
+                for cj in self.candidates[j]
+            }
+            views = {
+                c: tuple(lay_i[c][1][e.out_pos] for e in preds)
+                + tuple(lay_i[c][0][e.in_pos] for e in succs)
+                for c in self.candidates[i]
+            }
+            view = self._pair_views[i, j] = (preds, succs, keys, views)
+        return view
 
 
 __all__ = ["FlexPrices"]

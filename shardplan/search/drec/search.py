@@ -129,12 +129,7 @@ class _Search(RoundCosts):
             totals: dict[str | None, float] = {}
             flex = {}
             for j in group:  # with the credits the cut makes a tensor's other readers repay
-                mine = flex_of(j)
-                if not self._next_readers[j] and not self.states[j].credits:
-                    flex[j] = mine  # no credit to owe (`_credit_costs`)
-                    continue
-                owed = self._credit_costs(j, r, list(own[j]), decided)
-                flex[j] = {c: v + owed[c] for c, v in mine.items()} if any(owed.values()) else mine
+                flex[j] = self._owing(j, r, own[j], decided, flex_of(j))
             if len(group) == 1:  # alone: its own terms do not change with its trial charges
                 costs = self._greedy_costs(i, r, charged)
                 totals = {cut: costs[cut] + flex[i][cut] for cut in own[i] if cut in costs}
@@ -176,6 +171,21 @@ class _Search(RoundCosts):
                     if k in memo:
                         pending.setdefault(k, []).append(j)
         return decided
+
+    def _owing(
+        self,
+        j: int,
+        r: int,
+        own: dict[str | None, float],
+        decided: dict[int, str | None],
+        mine: dict[str | None, float],
+    ) -> dict[str | None, float]:
+        """Op j's flex prices `mine` plus the credits each cut makes a tensor's other readers
+        repay (`_credit_costs`); `mine` itself when it owes none (no reader to owe)."""
+        if not self._next_readers[j] and not self.states[j].credits:
+            return mine
+        owed = self._credit_costs(j, r, list(own), decided)
+        return {c: v + owed[c] for c, v in mine.items()} if any(owed.values()) else mine
 
     def _group_shares(
         self, r: int, own: dict[int, dict[str | None, float]]
@@ -281,71 +291,16 @@ class _Search(RoundCosts):
 
         return regret
 
-    def _pair_edges(
-        self, i: int, j: int, preds: list[FlexEdge], succs: list[FlexEdge]
-    ) -> list[tuple[int, bool, int, FlexEdge, str]]:
-        """Op j's flex edges to op i (`_pair_view`'s: from it, then to it), as (the
-        edge's pricing number (`_chain_id`), into j?, context this round, edge, tensor): what the
-        lookahead prices them by. All but the context kept per edge list."""
-        static = self._pair_static.get((i, j))
-        if static is None:
-            op, number = self.states[j].op, self._chain_id
-            static = [(e, True, op.inputs[e.in_pos]) for e in preds]
-            static += [(e, False, op.outputs[e.out_pos]) for e in succs]
-            static = [(number(e, into, name), into, id(e), e, name) for e, into, name in static]
-            self._pair_static[i, j] = static
-        flex_ctx = self._flex_ctx
-        return [(cid, into, flex_ctx[eid], e, name) for cid, into, eid, e, name in static]
-
-    def _flex_pairs(self, i: int) -> list[int]:
-        """Op i's flex neighbours (consumers and producers), in graph order (cached: static)."""
-        out = self._flex_pair_cache.get(i)
-        if out is None:
-            st = self.states[i]
-            nbrs = {e.consumer for e in st.succs} | {e.producer for e in st.preds}
-            out = self._flex_pair_cache[i] = sorted(nbrs - {i})
-        return out
-
-    def _pair_view(
-        self, i: int, j: int
-    ) -> tuple[
-        list[FlexEdge],
-        list[FlexEdge],
-        dict[str | None, tuple[int, ...]],
-        dict[str | None, tuple[int, ...]],
-    ]:
-        """Op j's flex edges from and to op i, and per cut the layouts on them: op j's (inputs
-        from i, outputs to i) and op i's (its outputs into j, its inputs from j). Layouts per cut
-        are the graph's, so this is computed once per pair and search."""
-        view = self._pair_views.get((i, j))
-        if view is None:
-            sj = self.states[j]
-            preds = [e for e in sj.preds if e.producer == i]
-            succs = [e for e in sj.succs if e.consumer == i]
-            lay_j, lay_i = self.layouts[j], self.layouts[i]
-            keys = {
-                cj: tuple(lay_j[cj][0][e.in_pos] for e in preds)
-                + tuple(lay_j[cj][1][e.out_pos] for e in succs)
-                for cj in self.candidates[j]
-            }
-            views = {
-                c: tuple(lay_i[c][1][e.out_pos] for e in preds)
-                + tuple(lay_i[c][0][e.in_pos] for e in succs)
-                for c in self.candidates[i]
-            }
-            view = self._pair_views[i, j] = (preds, succs, keys, views)
-        return view
-
     def _settle(self, r: int, decided: dict[int, str | None], ops: list[int]) -> None:
         """Each op of `ops` (forward, then backward) re-picks against its decided neighbours.
-        An op whose local costs read no op after it in `ops` (`_local_reads`) sees in the
+        An op whose local costs read no op after it in `ops` (`SearchTables.reads`) sees in the
         backward sweep what it saw in the forward one: its pick stands, it is not priced again."""
-        key = tuple(ops)
+        key, reads = tuple(ops), self._tables.reads
         alone = self._alone.get(key)
         if alone is None:
             later = {i: k for k, i in enumerate(ops)}
             alone = self._alone[key] = frozenset(
-                i for k, i in enumerate(ops) if all(later.get(j, -1) < k for j in self._reads(i))
+                i for k, i in enumerate(ops) if all(later.get(j, -1) < k for j in reads[i])
             )
         for i in ops:
             decided.pop(i, None)
@@ -354,19 +309,6 @@ class _Search(RoundCosts):
             if i not in alone:
                 decided.pop(i, None)
                 decided[i] = self._pick(*self._local_costs(i, r, decided))
-
-    def _reads(self, i: int) -> set[int]:
-        """The ops whose place in `decided` `_local_costs(i, ...)` reads: its producers and
-        readers, the other readers of its parameters, the readers whose previous reader it
-        is (and their previous readers: the credits they earn) and its previous readers."""
-        out = {p for _, _, p, _ in self._in_adj[i]}
-        out.update(w for _, _, users in self._out_adj[i] for w, _ in users)
-        out |= self._param_peers(i)
-        for j in (i, *self._next_readers[i]):
-            out.add(j)
-            out.update(prev[0] for prev in self._prev_reader[j] if prev is not None)
-        out.discard(i)
-        return out
 
     def _neighbours(self, i: int) -> list[int]:
         graph, op = self.graph, self.states[i].op

@@ -77,6 +77,10 @@ class SearchTables:
     """Every op's inputs in order, as (op, input position, the op whose layout it comes from,
     1 for that op's output or 0 for its input, that operand's position): from the producer,
     a parameter's first reader, or (a graph input) the op itself."""
+    reads: list[frozenset[int]]
+    """Per op i, the ops whose place in `decided` `RoundLedger._local_costs(i, ...)` reads: its
+    producers and readers, the other readers of its parameters, the readers whose previous
+    reader it is (and their previous readers: the credits they earn), its previous readers."""
     valid: dict[tuple[int, str, int, int], bool] = field(default_factory=dict)
     """(op, cut, local extent, q) -> whether the cut is valid (`sharding.cut_problem`): filled
     as the searches ask (`cut_ok`), the same for every round and variant."""
@@ -135,7 +139,30 @@ class SearchTables:
             _groups(graph, flex, candidates),
             follower_table(graph, flex.heavy, candidates, layouts),
             _input_edges(graph, out_pos),
+            _local_reads(graph, in_adj, out_adj, params, prev, following),
         )
+
+
+def _local_reads(
+    graph: Graph,
+    in_adj: list[list[tuple[int, str, int, int]]],
+    out_adj: list[list[tuple[int, str, tuple[tuple[int, int], ...]]]],
+    params: list[list[int]],
+    prev: list[list[tuple[int, int] | None]],
+    following: list[list[int]],
+) -> list[frozenset[int]]:
+    """`SearchTables.reads`."""
+    out = []
+    for i, op in enumerate(graph.ops):
+        found = {p for _, _, p, _ in in_adj[i]}
+        found.update(w for _, _, users in out_adj[i] for w, _ in users)
+        found.update(w for pos in params[i] for w, _ in graph.consumers[op.inputs[pos]])
+        for j in (i, *following[i]):
+            found.add(j)
+            found.update(p[0] for p in prev[j] if p is not None)
+        found.discard(i)
+        out.append(frozenset(found))
+    return out
 
 
 def _input_edges(graph: Graph, out_pos: dict[str, int]) -> list[tuple[int, int, int, int, int]]:
