@@ -6,9 +6,9 @@ A mixin of `costs.RoundCosts` (it reads the ledger's layouts, contexts and edge 
 neighbour decides, `_flex_added` adds that pair's edges alone (static parts kept per pair);
 the lookahead (`search._Search._lookahead`) prices one neighbour's layouts against another's
 through `_chain_price` too, on the pairs `_flex_pairs`, `_pair_view` and `_pair_edges` table
-(per search; the search keeps their caches). An edge's price through its chain is kept per (edge's dim map,
-direction, tensor form, layouts, context) for every round and variant of one call
-(`EdgeBook.chain`): copies of an edge in repeated layers share it.
+(per search; the search keeps their caches). An edge's price through its chain is kept per
+(edge's dim map, direction, tensor form, layouts, context) for every round and variant of one
+call (`EdgeBook.chain`): copies of an edge in repeated layers share it.
 O(edges to the pair x cuts) per call.
 """
 
