@@ -24,6 +24,7 @@ Cost: per sweep O(sum over ops of rounds x loop dims x local rows), linear in th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -256,3 +257,29 @@ def plan_score(
         return fold.score(mesh, strategies, opts, memory_lambda, cache)
     cost = evaluate_strategies(graph, mesh, strategies, opts, cache=cache)
     return cost.total + memory_lambda * cost.memory_per_device
+
+
+def polished_if_lower(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Any,
+    cache: Any,
+    best: dict[str, Strategy],
+    best_score: float,
+    candidate: dict[str, Strategy],
+    frozen: Collection[int] | None = None,
+) -> dict[str, Strategy]:
+    """`candidate` (another search's plan, in `mesh`'s rounds) polished on `mesh` when it then
+    scores lower than `best` (scored `best_score`), else `best`; `best` too when the polish
+    leaves `fold`'s interior non-uniform. The other searches' plans (`submesh.py`,
+    `roundorder.py`) compete with the variants' best this way."""
+    weights = fold.round_weights() if fold is not None else None
+    twins = fold.twins() if fold is not None else None
+    candidate = polish(graph, mesh, candidate, cache, weights, twins, frozen=frozen)
+    if fold is not None and not fold.uniform(candidate):
+        return best
+    score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, candidate)
+    return candidate if score < best_score * (1 - 1e-12) and not math.isnan(score) else best
+

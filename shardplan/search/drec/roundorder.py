@@ -21,7 +21,6 @@ mixed-prime axis, none otherwise (a mesh of one prime per axis, 8 or 4x8, has on
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -30,7 +29,7 @@ from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.polish import plan_score, polish
+from shardplan.search.drec.polish import plan_score, polished_if_lower
 from shardplan.sharding import Strategy
 
 Search = Callable[..., "dict[str, Strategy] | None"]
@@ -92,15 +91,10 @@ def with_round_orders(
     found = search(graph, reordered(mesh, order), opts, memory_lambda, fold, flex, None)
     if found is None:
         return best  # it broke the fold's uniform interior: keep the ascending order's plan
-    weights = fold.round_weights() if fold is not None else None
-    twins = fold.twins() if fold is not None else None
-    candidate = polish(graph, mesh, restored(found, order), cache, weights, twins)
-    if fold is not None and not fold.uniform(candidate):
-        return best
-    score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, candidate)
     best_score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, best)
-    better = score < best_score * (1 - 1e-12) and not math.isnan(score)
-    return candidate if better else best
+    candidate = restored(found, order)
+    args = (graph, mesh, opts, memory_lambda, fold, cache, best, best_score, candidate)
+    return polished_if_lower(*args)
 
 
 __all__ = ["largest_first", "reordered", "restored", "with_round_orders"]

@@ -18,7 +18,6 @@ Extra cost: at most one search per distinct prime of the innermost axis, with fe
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -28,7 +27,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.gates import unused_floor
-from shardplan.search.drec.polish import plan_score, polish
+from shardplan.search.drec.polish import plan_score, polished_if_lower
 from shardplan.sharding import Strategy
 
 Search = Callable[..., "dict[str, Strategy] | None"]
@@ -80,9 +79,5 @@ def with_smaller_meshes(
         return best  # the smaller mesh broke the fold's uniform interior: keep this mesh's plan
     pad = (None,) * (len(mesh.rounds) - kept)
     padded = {name: (*s, *pad) for name, s in small.items()}
-    twins = fold.twins() if fold is not None else None
-    padded = polish(graph, mesh, padded, cache, weights, twins, frozen=pinned)
-    if fold is not None and not fold.uniform(padded):
-        return best
-    score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, padded)
-    return padded if score < best_score * (1 - 1e-12) and not math.isnan(score) else best
+    args = (graph, mesh, opts, memory_lambda, fold, cache, best, best_score, padded)
+    return polished_if_lower(*args, frozen=pinned)
