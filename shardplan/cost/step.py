@@ -351,7 +351,7 @@ def _activations(
         ]
     # a stage's inputs stay for its backward whatever is recomputed
     reads = cache.memo["first_reads"]
-    inputs = sum(size(name, prices[index].inputs[i]) for index, i, name in reads)
+    inputs = sum((size(name, prices[index].inputs[i]) for index, i, name in reads), 0.0)
     sel_bytes = sel_peak = sel_s = sel_flops = 0.0
     if "blocks" not in cache.memo:  # the graph's, whatever the strategies
         segs = segments(graph)

@@ -47,7 +47,9 @@ def largest_first(mesh: Mesh) -> list[int] | None:
 
 def reordered(mesh: Mesh, order: Sequence[int]) -> Mesh:
     """A copy of `mesh` whose round k is the mesh's round order[k] (renumbered k): the search's
-    view only; plans on it go back to the mesh's order with `restored`."""
+    view only; plans on it go back to the mesh's order with `restored`. It compares equal to
+    `mesh` (a Mesh's rounds are derived, not compared), so nothing priced on one of them may be
+    shared with the other: the search on the copy gets no `ScoreCache` of the mesh."""
     copy = replace(mesh)
     rounds = tuple(replace(mesh.rounds[i], index=k) for k, i in enumerate(order))
     object.__setattr__(copy, "_rounds", rounds)  # as Mesh.__post_init__ sets its own
