@@ -1,0 +1,64 @@
+"""D-Rec's pair moves (`search/drec/polish.py`: `_pair_moves`, `pair_polished`). BERT-base (one
+layer, batch 12) on 18 = 2 x 3 x 3: D-Rec cut the position embedding lookup and the add reading
+it along the batch, all-reducing the table's gradient; the optimum cuts the lookup's hidden dim
+and the add's with it. Moving either alone adds a redistribution the pair removes, so no single
+move pays (benchmarks/results/quality_batch12.md at cd7244e: 1.052 of the ILP optimum)."""
+
+from __future__ import annotations
+
+import pytest
+
+import shardplan as sp
+from shardplan.cost import CostOptions
+from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
+from shardplan.search.drec.polish import _swapped, polish
+
+POS, ADD = "embeddings.pos_emb", "embeddings.add_pos"
+
+
+@pytest.fixture(scope="module")
+def bert_case():
+    graph, mesh = sp.zoo.build("bert-base", layers=1, batch=12), sp.parse_mesh("18")
+    exact = sp.plan(graph, mesh, method="ilp", time_limit=120)  # optimal in about 1 s
+    return graph, mesh, exact
+
+
+def test_drec_reaches_the_ilp_optimum_on_bert_on_mesh_18(bert_case):
+    graph, mesh, exact = bert_case
+    drec = sp.plan(graph, mesh, method="drec")
+    assert drec.cost.total <= exact.cost.total * (1 + 1e-9)
+
+
+def test_single_moves_miss_what_the_pair_move_finds(bert_case):
+    graph, mesh, exact = bert_case
+    opts = CostOptions.make()
+    batch_cut = {POS: ("d0", "d0", None), ADD: ("d0", "d0", None)}  # what the greedy chose
+    start = dict(exact.strategies) | batch_cut
+    before = evaluate_strategies(graph, mesh, start, opts).total
+    assert before > exact.cost.total * 1.03
+    alone = polish(graph, mesh, start, ScoreCache(graph, mesh, opts))
+    assert {k: alone[k] for k in batch_cut} == batch_cut  # a local optimum of single moves
+    paired = polish(graph, mesh, start, ScoreCache(graph, mesh, opts), pairs=True)
+    assert (paired[POS], paired[ADD]) == (exact.strategies[POS], exact.strategies[ADD])
+    after = evaluate_strategies(graph, mesh, paired, opts).total
+    assert after == pytest.approx(exact.cost.total, rel=1e-12)
+
+
+def test_pair_moves_keep_frozen_ops_and_never_cost_more(bert_case):
+    graph, mesh, exact = bert_case
+    opts = CostOptions.make()
+    start = dict(exact.strategies) | {POS: ("d0", "d0", None), ADD: ("d0", "d0", None)}
+    frozen = {graph.op_index[POS]}
+    paired = polish(graph, mesh, start, ScoreCache(graph, mesh, opts), frozen=frozen, pairs=True)
+    assert paired[POS] == ("d0", "d0", None)
+    before = evaluate_strategies(graph, mesh, start, opts).total
+    assert evaluate_strategies(graph, mesh, paired, opts).total <= before
+
+
+def test_swapped_moves_both_ops_off_one_tensor_axis_where_both_cut_it():
+    writer, reader = (("d0",), ("d1",), ("e",)), (("b",), ("s",), ("h",))
+    pairs = _swapped(writer, reader, ("d0", "e", "d0"), ("b", "h", "b"))
+    # rounds 0 and 2 cut axis 0 on both sides, round 1 axis 2: each moves to axis 1, the one
+    # axis no round cuts yet
+    assert pairs == [(("d1", "e", "d1"), ("s", "h", "s")), (("d0", "d1", "d0"), ("b", "s", "b"))]
+    assert _swapped(writer, reader, ("d0", None), ("s", None)) == []  # never cut alike
