@@ -62,3 +62,18 @@ def test_polish_keeps_frozen_ops_and_never_costs_more(moe_case):
     worst = evaluate_strategies(graph, mesh, replicated, opts).total
     better = polish(graph, mesh, replicated, ScoreCache(graph, mesh, opts))
     assert evaluate_strategies(graph, mesh, better, opts).total <= worst
+
+
+def test_polish_tries_no_cut_for_a_reduction_cut_its_neighbours_agree_with():
+    # BERT-base (2 layers) on 30: the attention's output projection cut its contraction in round
+    # 1, where its input is cut alike (heads): no neighbour disagrees, so only "no cut" is left
+    # to try, trading the partial sums' all-reduce for the input's gather (1.054 -> 1.016 of
+    # the ILP optimum, benchmarks/results/quality_layers2.md)
+    graph, mesh = sp.zoo.build("bert-base", layers=2), sp.parse_mesh("30")
+    opts = CostOptions.make()
+    out = "layer.0.attn.out.linear"
+    start = dict(sp.plan(graph, mesh).strategies) | {out: ("b", "k", None)}
+    before = evaluate_strategies(graph, mesh, start, opts).total
+    polished = polish(graph, mesh, start, ScoreCache(graph, mesh, opts))
+    assert polished[out] == ("b", None, None)
+    assert evaluate_strategies(graph, mesh, polished, opts).total < before * (1 - 1e-3)

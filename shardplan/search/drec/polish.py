@@ -15,7 +15,10 @@ credit of an operand read after another consumer): changing one op's strategy ch
 own row and the rows of its output's consumers, of the next readers of its inputs and of its
 parameters' other readers. The polish visits ops in graph order and moves each to the strategy
 — its current one with one round's cut replaced by another valid cut or none — that lowers that
-local sum most, exactly the change of the total; sweeps repeat while some move pays, at most
+local sum most, exactly the change of the total. A round where every neighbour agrees with the
+op's cut is left alone unless the cut is along a reduced dim; then no cut is tried, its partial
+sums' all-reduce traded for its input's gather (BERT-base's attention output projection, 2
+layers, on 30: 1.054 -> 1.016 of the ILP optimum). Sweeps repeat while some move pays, at most
 `SWEEPS` times. On a folded graph (`fold.py`) a block-1 op and its block-2 twin move together
 and rows are weighted as in the fold's score, so the plan stays uniform and the score exact.
 
@@ -40,6 +43,7 @@ from typing import Any
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies, own_and_edges, param_homes
 from shardplan.cost.presets import CostOptions
 from shardplan.errors import ShardplanError
+from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
 from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, check_strategy, layout_of_cut
@@ -318,6 +322,7 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
             layout = cache.layouts(reader, cache.classes[j], rows.plan[reader.name])[0][k]
             sides.append((layout, sig.outputs[pos], True))
     dims = [None, *(d.name for d in sig.loop_dims)]
+    reducing = {d.name for d in sig.loop_dims if d.kind is DimKind.REDUCE}
     # each cut's layout of each side, in any round: a cut lays an operand out alike every round
     mine = {cut: [_layout(op, cut, side) for side in sides] for cut in {*dims, *current}}
     out = []
@@ -326,10 +331,11 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
         # the sides the current cut disagrees with in round r (their layout): a move must agree
         # with one of them
         off = [(k, side[0][r]) for k, side in enumerate(sides) if now[k] != side[0][r]]
-        if not off:
+        if not off and current[r] not in reducing:
             continue
-        for cut in dims:
-            if cut == current[r] or not any(mine[cut][k] == theirs for k, theirs in off):
+        for cut in dims if off else (None,):  # all agree: a reduction cut may still not pay
+            # its all-reduce (no cut: the input gathered, the compute whole instead)
+            if cut == current[r] or (off and not any(mine[cut][k] == t for k, t in off)):
                 continue  # agrees with no neighbour the current cut disagrees with
             strategy = (*current[:r], cut, *current[r + 1 :])
             key = (cid, strategy)
