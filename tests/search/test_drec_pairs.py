@@ -62,3 +62,24 @@ def test_swapped_moves_both_ops_off_one_tensor_axis_where_both_cut_it():
     # axis no round cuts yet
     assert pairs == [(("d1", "e", "d1"), ("s", "h", "s")), (("d0", "d1", "d0"), ("b", "s", "b"))]
     assert _swapped(writer, reader, ("d0", None), ("s", None)) == []  # never cut alike
+
+
+def test_the_tail_move_replicates_a_cnns_last_stage():
+    # ResNet-50 on 12: layer 4's weights are large and its activations small (7 x 7), so their
+    # gradients' all-reduces cost more than computing the whole stage on every device; no op
+    # alone can leave (it would gather its input and scatter its output). The ILP optimum
+    # replicates layer 4 and the head (benchmarks/results/quality.md: D-Rec 1.088 of it)
+    graph, mesh = sp.zoo.build("resnet50"), sp.parse_mesh("12")
+    opts = CostOptions.make()
+    data = {k: tuple(v) for k, v in sp.plan(graph, mesh, "data-parallel").strategies.items()}
+    single = polish(graph, mesh, data, ScoreCache(graph, mesh, opts))
+    final = polish(graph, mesh, data, ScoreCache(graph, mesh, opts), pairs=True)
+    tail = ["layer4.0.conv1.conv", "layer4.2.conv3.conv", "avgpool", "fc.linear"]
+    assert all(single[name] != (None,) * 3 for name in tail)
+    assert all(final[name] == (None,) * 3 for name in tail)
+    before = evaluate_strategies(graph, mesh, single, opts).total
+    after = evaluate_strategies(graph, mesh, final, opts).total
+    assert after < before * 0.9
+    drec = sp.plan(graph, mesh)
+    assert drec.strategies["fc.linear"] == (None,) * 3
+    assert drec.cost.total <= after * (1 + 1e-9)
