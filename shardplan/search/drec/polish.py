@@ -24,10 +24,11 @@ and rows are weighted as in the fold's score, so the plan stays uniform and the 
 
 Pair moves (`pair_polished`, once on a search's final plan, not per variant): an op and a reader
 of its result, where both cut one axis of that tensor in some rounds, both cut another of its
-axes there instead, and (or) in the rounds both leave idle. Each half alone adds a redistribution on their edge that the pair removes,
-so when the pair pays no single move does: BERT's position-embedding lookup and the add reading
-it leave the batch for the hidden dim together, the table's gradient no longer all-reduced
-(BERT-base on 18: 1.052 of the ILP optimum, now 1.000). And the tail move (`_tail_move`): the
+axes there instead, and (or) in the rounds both leave idle. Each half alone adds a
+redistribution on their edge that the pair removes, so when the pair pays no single move does:
+BERT's position-embedding lookup and the add reading it leave the batch for the hidden dim
+together, the table's gradient no longer all-reduced (BERT-base on 18: 1.052 of the ILP
+optimum, now 1.000). And the tail move (`_tail_move`): the
 run of last ops, replicated in every round, that lowers the total most (ResNet-50 on 12 keeps
 layer 4 whole on every device: 1.088 -> 1.000). After either moves the single sweeps run again.
 
