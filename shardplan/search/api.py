@@ -90,8 +90,11 @@ def solve(problem: Problem, method: str = "drec", **options: Any) -> Any:
     solver = get_solver(method)
     typed = solver_options(method, options)
     start = time.perf_counter()
-    result = solver.run(problem, typed, start)
     links = node_crossing_note(problem.mesh)
+    progress = getattr(typed, "progress", None)
+    if links and progress is not None:  # before a search this mesh may make slow
+        progress(f"  note: {links}")
+    result = solver.run(problem, typed, start)
     if isinstance(result, TrainingPlan):
         _check_budget(problem, method, result.step.memory_per_device if result.step else 0.0)
         notes = (*result.notes, links) if links else result.notes

@@ -93,5 +93,7 @@ def test_a_mesh_axis_crossing_nodes_is_named_with_the_split_that_prices_the_node
     # nodes x GPUs, a mesh inside one node, a size no node divides, the user's own links: silent
     for mesh in ("2x8", "8", "6", "12", sp.Mesh((16,), bandwidth_bytes_per_s=(50e9,))):
         assert not [n for n in sp.plan(g, mesh).notes if "crosses nodes" in n], mesh
-    tp = sp.plan(gpt, "16", method="step", batch=16, dtype="bf16")
+    said: list[str] = []
+    tp = sp.plan(gpt, "16", method="step", batch=16, dtype="bf16", progress=said.append)
     assert any("mesh 2x8" in n for n in tp.notes)
+    assert "mesh 2x8" in said[0]  # told before the search, which such a mesh can make slow
