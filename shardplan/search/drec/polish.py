@@ -287,10 +287,20 @@ def _pair_moves(
             if j in frozen or (i in twins) != (j in twins) or twins.get(j, n) < j:
                 continue
             reader = graph.ops[j]
+            if not _pays_collectives(rows, (i, j)):
+                continue  # nothing for the pair to save: its rows pay compute alone
             mine, theirs = op.signature.outputs[pos], reader.signature.inputs[k]
             for new_i, new_j in _swapped(mine, theirs, plan[op.name], plan[reader.name]):
                 moved |= _try_pair(rows, (i, j), (new_i, new_j), twins)
     return moved
+
+
+def _pays_collectives(rows: _Rows, pair: tuple[int, int]) -> bool:
+    """Whether a row the pair's strategies reach pays collectives or redistributions (its
+    value above its compute): what a pair move is for."""
+    plan, ops = rows.plan, rows.graph.ops
+    touched = {j for i in pair for j in rows.touched[i]}
+    return any(rows.current(j) > rows.compute(j, plan[ops[j].name]) for j in touched)
 
 
 def _swapped(
