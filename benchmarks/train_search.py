@@ -6,11 +6,11 @@ bf16, 80 GB per device. Each row times building the model's graph once and the s
 (`sp.plan(..., method="step")`) in the same run, and gives their ratio (targets: <= 2 s and
 <= 8x the build for 175B, <= 10 s and <= 40x for 1T).
 Part 2 — quality: every published run of benchmarks/published_runs.py (Narayanan et al. SC'21
-Table 1; Korthikanti et al. MLSys'23) — the published configuration scored by the Megatron recipe
-with the paper's knobs (and the paper-era engine: no gradient-sync or p2p overlap, as the free
-search prices none), and the search on the same model, mesh, batch and 80 GB budget; the
-ratio planner / published is printed whatever it is (target <= 0.91), with the stage plans the
-search chose (which stages D-Rec decided).
+Table 1, its held-out rows included; Korthikanti et al. MLSys'23) — the published configuration
+scored by the Megatron recipe with the paper's knobs (and the paper-era engine: no gradient-sync
+or p2p overlap, as the free search prices none), and the search on the same model, mesh, batch
+and 80 GB budget; the ratio planner / published is printed whatever it is (target <= 0.91),
+with the stage plans the search chose (which stages D-Rec decided).
 Nothing is fitted: both sides are the same step model (shardplan/cost/step.py).
 
 Run: python benchmarks/train_search.py [--quick]  ->  benchmarks/results/train_search.{json,md}
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _report import run_info, table, write  # noqa: E402
-from published_runs import MLSYS23, PAPER_ERA, SC21, builder  # noqa: E402
+from published_runs import MLSYS23, PAPER_ERA, SC21, SC21_OTHER, builder  # noqa: E402
 
 import shardplan as sp  # noqa: E402
 from shardplan import zoo  # noqa: E402
@@ -108,7 +108,7 @@ def published_rows() -> list[dict[str, Any]]:
     runs = [
         (f"SC'21 {m}", m, mesh, batch, dict(tensor=t, pipeline=p, micro_batch_size=1,
                                             recompute="full"))  # fmt: skip
-        for m, mesh, batch, t, p, _ in SC21
+        for m, mesh, batch, t, p, _ in SC21 + SC21_OTHER
     ]
     for m, mesh, batch, t, p, mbs, v, knobs, _ in MLSYS23:
         label = "sel+SP" if knobs.get("sequence_parallel") else "full"
