@@ -301,14 +301,12 @@ class RoundLedger:
             return tuple(skipped)
         ins, outs = self._infos(i, r)
         credited = self._credited(i, r, decided) if self.opts.train else set()
-        assumed = self._assumed(i, r)
-        names, prev = st.op.inputs, self._prev_reader[i]
+        assumed, names, prev = self._assumed(i, r), st.op.inputs, self._prev_reader[i]
         for is_output, pos in reduced:
             info = (outs if is_output else ins)[pos]
             nbytes = info.numel * info.dtype_bytes / info.ar_divisor
             piece = (r, all_reduce_s(nbytes, rnd.q, rnd.bandwidth_bytes_per_s), assumed)
-            # credited by name, but only a position with a previous reader has the credit (an
-            # op reading one tensor twice: its first position has none, as in the evaluator)
+            # credited by name; a position without a previous reader (a tensor read twice) has none
             if not is_output and prev[pos] is not None and (names[pos], r) in credited:
                 st.credits.setdefault(pos, []).append(piece)
                 skipped.append(pos)
