@@ -241,13 +241,8 @@ def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -
             break
         if original[k] == none:
             continue
-        key = (rows.cache.classes[k], none)
-        if key not in rows.cache.valid:
-            try:
-                check_strategy(graph.ops[k], none, rows.mesh.rounds)
-            except ShardplanError:
-                break
-            rows.cache.valid.add(key)
+        if not _valid(rows, k, none):
+            break
         for j in rows.touched[k]:
             if j not in old:
                 old[j] = new[j] = rows.current(j)  # reads no op changed so far
@@ -340,20 +335,11 @@ def _try_pair(
     rows: _Rows, pair: tuple[int, int], moves: tuple[Strategy, Strategy], twins: Mapping[int, int]
 ) -> bool:
     """Set both ops of `pair` (and their twins) to `moves` when valid and the total falls."""
-    graph, cache, plan = rows.graph, rows.cache, rows.plan
+    graph, plan = rows.graph, rows.plan
     units = [(i, s) for i, s in zip(pair, moves, strict=True)]
     units += [(twins[i], s) for i, s in units if i in twins]
-    for i, strategy in units:
-        key = (cache.classes[i], strategy)
-        if key in rows.invalid:
-            return False
-        if key not in cache.valid:
-            try:
-                check_strategy(graph.ops[i], strategy, rows.mesh.rounds)
-            except ShardplanError:
-                rows.invalid.add(key)
-                return False
-            cache.valid.add(key)
+    if not all(_valid(rows, i, strategy) for i, strategy in units):
+        return False
     touched = sorted({j for i, _ in units for j in rows.touched[i]})
     before = sum(rows.current(j) for j in touched)
     moving = {i for i, _ in units}
@@ -379,7 +365,7 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
     splits some operand as its producer, parameter home or a reader splits it in round r (the
     layouts a move could agree with; any other cut only adds a redistribution)."""
     graph, cache, op = rows.graph, rows.cache, rows.graph.ops[i]
-    current, cid = rows.plan[op.name], cache.classes[i]
+    current = rows.plan[op.name]
     sig = op.signature
     sides: list[tuple[Layout, object, bool]] = []  # (neighbour layout, operand dims, output?)
     for pos, name in enumerate(op.inputs):
@@ -408,18 +394,25 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
             if cut == current[r] or (off and not any(mine[cut][k] == t for k, t in off)):
                 continue  # agrees with no neighbour the current cut disagrees with
             strategy = (*current[:r], cut, *current[r + 1 :])
-            key = (cid, strategy)
-            if key not in cache.valid:
-                if key in rows.invalid:
-                    continue
-                try:
-                    check_strategy(op, strategy, rows.mesh.rounds)
-                except ShardplanError:
-                    rows.invalid.add(key)
-                    continue
-                cache.valid.add(key)
-            out.append(strategy)
+            if _valid(rows, i, strategy):
+                out.append(strategy)
     return out
+
+
+def _valid(rows: _Rows, i: int, strategy: Strategy) -> bool:
+    """Whether op i can take `strategy` (`sharding.check_strategy`), remembered per class."""
+    key = (rows.cache.classes[i], strategy)
+    if key in rows.cache.valid:
+        return True
+    if key in rows.invalid:
+        return False
+    try:
+        check_strategy(rows.graph.ops[i], strategy, rows.mesh.rounds)
+    except ShardplanError:
+        rows.invalid.add(key)
+        return False
+    rows.cache.valid.add(key)
+    return True
 
 
 def _layout(op, cut: str | None, side: tuple[Layout, object, bool]) -> int:
@@ -455,19 +448,23 @@ def polished_if_lower(
     fold: Any,
     cache: Any,
     best: dict[str, Strategy],
-    best_score: float,
+    best_score: float | None,
     candidate: dict[str, Strategy],
     frozen: Collection[int] | None = None,
+    pairs: bool = False,
 ) -> dict[str, Strategy]:
-    """`candidate` (another search's plan, in `mesh`'s rounds) polished on `mesh` when it then
-    scores lower than `best` (scored `best_score`), else `best`; `best` too when the polish
-    leaves `fold`'s interior non-uniform. The other searches' plans (`submesh.py`,
-    `roundorder.py`) compete with the variants' best this way."""
+    """`candidate` (another search's plan, in `mesh`'s rounds) polished on `mesh` (`pairs`: with
+    pair and tail moves too) when it then scores lower than `best` (scored `best_score`; None:
+    scored here if need be), else `best`; `best` too when the polish leaves `fold`'s interior
+    non-uniform. The other searches' plans (`submesh.py`, `roundorder.py`) compete with the
+    variants' best this way, and `pair_polished`'s plan with the plan it started from."""
     weights = fold.round_weights() if fold is not None else None
     twins = fold.twins() if fold is not None else None
-    candidate = polish(graph, mesh, candidate, cache, weights, twins, frozen=frozen)
-    if fold is not None and not fold.uniform(candidate):
+    candidate = polish(graph, mesh, candidate, cache, weights, twins, frozen=frozen, pairs=pairs)
+    if candidate == best or (fold is not None and not fold.uniform(candidate)):
         return best
+    if best_score is None:
+        best_score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, best)
     score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, candidate)
     return candidate if score < best_score * (1 - 1e-12) and not math.isnan(score) else best
 
@@ -482,17 +479,10 @@ def pair_polished(
     plan: dict[str, Strategy],
     frozen: Collection[int] | None = None,
 ) -> dict[str, Strategy]:
-    """The search's final plan polished with pair moves too (`polish(pairs=True)`), once per
+    """The search's final plan with pair and tail moves too (`polish(pairs=True)`), once per
     search rather than per variant (they cost about what the single moves cost), kept when it
     scores lower (cost + lambda * memory; the polish prices time alone) and leaves `fold`'s
-    interior uniform."""
+    interior uniform (`polished_if_lower`)."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
-    weights = fold.round_weights() if fold is not None else None
-    twins = fold.twins() if fold is not None else None
-    moved = polish(graph, mesh, plan, cache, weights, twins, frozen=frozen, pairs=True)
-    if moved == plan or (fold is not None and not fold.uniform(moved)):
-        return plan
-    before = plan_score(graph, mesh, opts, memory_lambda, fold, cache, plan)
-    after = plan_score(graph, mesh, opts, memory_lambda, fold, cache, moved)
-    return moved if after < before * (1 - 1e-12) and not math.isnan(after) else plan
-
+    args = (graph, mesh, opts, memory_lambda, fold, cache, plan, None, plan, frozen)
+    return polished_if_lower(*args, pairs=True)
