@@ -61,6 +61,8 @@ LEVERS: tuple[Levers, ...] = tuple(
 )
 """Every recomputation x ZeRO combination, least intrusive first (ties go to the earlier one)."""
 
+_RESIDUE = 1e-15
+"""Below this an additive term's increments are equal (`same_increment`)."""
 _PEAKS = {"selective_peak_bytes", "segment_peak_bytes", "input_bytes"}
 _KEEP = {"breakdown", "sequence_parallel", "context_parallel", "zero"}
 
@@ -143,9 +145,11 @@ def _peaks(p: StageProfile) -> list[float]:
 
 
 def same_increment(p1: StageProfile, p2: StageProfile, q1: StageProfile, q2: StageProfile) -> bool:
-    """p2 - p1 == q2 - q1 in every additive term (to 1e-9 of the larger profile)."""
+    """p2 - p1 == q2 - q1 in every additive term, to 1e-9 of the larger profile's term or
+    1e-15 (a femtosecond, a femtobyte): a term that cancels to ~0 (a ring exchange's exposed
+    part less the all-gather it replaces) keeps residues of its parts' rounding, not of its own."""
     for a, b, c, d in zip(_additive(p1), _additive(p2), _additive(q1), _additive(q2), strict=True):
-        if abs((b - a) - (d - c)) > 1e-9 * max(abs(b), abs(d), 1e-30):
+        if abs((b - a) - (d - c)) > max(1e-9 * max(abs(b), abs(d)), _RESIDUE):
             return False
     return True
 
