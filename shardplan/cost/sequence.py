@@ -22,9 +22,9 @@ that volume as c - 1 point-to-point steps, each overlapped with the attention of
 hand (Liu et al., "Ring Attention", 2023; TransformerEngine's `attn_forward_func_with_cp`, p2p),
 and in the backward passes K and V around again with the partial dK, dV beside them: twice the
 forward volume. `ring_terms` reads the exchange (every activation all-gather of a plan whose
-levers say context parallel) and its readers' compute; the step model charges
-max(0, G - readers' forward) forward and max(0, 2 G - readers' backward) backward in place of
-the evaluator's terms for those edges.
+levers say context parallel, in data-parallel rounds only) and its readers' compute; the step
+model charges, reader by reader, max(0, G - its forward) forward and max(0, 2 G - its backward)
+backward in place of the evaluator's terms for those edges.
 """
 
 from __future__ import annotations
@@ -107,23 +107,17 @@ class RingTerms:
     evaluator's terms of the activation all-gathers forward (`gather_s`, G) and backward
     (`scatter_s`: their backward edge terms and the readers' all-reduce of the gathered
     operands' gradients — in a context-parallel attention the readers have no other backward
-    collective), and the forward / backward compute of the ops that read the gathered tensors
-    (the attention the ring overlaps with)."""
+    collective), the forward / backward compute of the ops that read the gathered tensors
+    (the attention the ring overlaps with), and what each reader's own compute leaves of its
+    exchange: sum over readers of max(0, G_op - forward_op) and max(0, 2 G_op - backward_op)
+    (K and V passed around again with the partial dK, dV under the attention's backward)."""
 
     gather_s: float
     scatter_s: float
     readers_fwd_s: float
     readers_bwd_s: float
-
-    @property
-    def exposed_fwd_s(self) -> float:
-        return max(0.0, self.gather_s - self.readers_fwd_s)
-
-    @property
-    def exposed_bwd_s(self) -> float:
-        """K and V passed around again with the partial dK, dV (2 G), under the attention's
-        backward."""
-        return max(0.0, 2 * self.gather_s - self.readers_bwd_s)
+    exposed_fwd_s: float = 0.0
+    exposed_bwd_s: float = 0.0
 
 
 def ring_terms(
@@ -134,8 +128,13 @@ def ring_terms(
     cache: ScoreCache | None = None,
 ) -> RingTerms:
     """The activation all-gathers of a context-parallel plan and their readers (docstring);
-    `cache`: a `ScoreCache` of this graph, mesh and options whose op prices to read."""
+    `cache`: a `ScoreCache` of this graph, mesh and options whose op prices to read. A gather
+    is the ring's when every round it gathers in is data-parallel (not `tensor_rounds`): a
+    tensor-parallel gather (logits read whole by a loss) runs no ring and stays exposed. Each
+    reader's exchange runs under its own compute only (a ring turns inside one attention).
+    O(ops x operands x rounds)."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    tensor = set(tensor_rounds(graph, mesh, strategies))
     prices = [
         cache.price(op, cid, tuple(strategies[op.name]))
         for op, cid in zip(graph.ops, cache.classes, strict=True)
@@ -145,24 +144,29 @@ def ring_terms(
         for op, price in zip(graph.ops, prices, strict=True)
         for name, layout in zip(op.outputs, price.resolved, strict=True)
     }
-    gather = scatter = fwd = bwd = 0.0
+    gather = scatter = fwd = bwd = exposed_fwd = exposed_bwd = 0.0
     for op, price in zip(graph.ops, prices, strict=True):
+        own_gather = own_scatter = 0.0
         reads = False
         for i, name in enumerate(op.inputs):
             src = out_layout.get(name)
             if src is None:
                 continue  # graph inputs, parameters, constants
             dst = price.inputs[i]
-            if any(s >= 0 and d < 0 for s, d in zip(src, dst, strict=True)):
+            gathered = [r for r, (s, d) in enumerate(zip(src, dst, strict=True)) if s >= 0 > d]
+            if gathered and not tensor.intersection(gathered):
                 terms = cache.move(name, src, dst)  # `evaluate.edge_terms`
-                gather += terms.redistribution_fwd
-                scatter += terms.redistribution_bwd
+                own_gather += terms.redistribution_fwd
+                own_scatter += terms.redistribution_bwd
                 reads = True
         if reads:  # the SPMD price of the gathered operands' gradients: the reader's all-reduce
-            scatter += price.intra.intra_bwd  # `evaluate.unary_terms`, `work.forward_compute`
-            fwd += price.forward
-            bwd += price.compute - price.forward
-    return RingTerms(gather, scatter, fwd, bwd)
+            own_scatter += price.intra.intra_bwd  # `evaluate.unary_terms`, `work.forward_compute`
+            op_bwd = price.compute - price.forward
+            gather, scatter = gather + own_gather, scatter + own_scatter
+            fwd, bwd = fwd + price.forward, bwd + op_bwd
+            exposed_fwd += max(0.0, own_gather - price.forward)
+            exposed_bwd += max(0.0, 2 * own_gather - op_bwd)
+    return RingTerms(gather, scatter, fwd, bwd, exposed_fwd, exposed_bwd)
 
 
 __all__ = [

@@ -150,7 +150,7 @@ def test_saved_bytes_from_cached_layouts_and_sizes():
 
 def test_ring_terms_read_off_the_cache_equal_the_term_functions():
     from shardplan.cost.evaluate import edge_terms, output_layouts, unary_terms
-    from shardplan.cost.sequence import ring_terms
+    from shardplan.cost.sequence import ring_terms, tensor_rounds
     from shardplan.search.experts import context_parallel
 
     opts = CostOptions.make(dtype="bf16")
@@ -158,30 +158,34 @@ def test_ring_terms_read_off_the_cache_equal_the_term_functions():
     for g, mesh, st in _cases():
         st = context_parallel(g, mesh, st, [0])
         out_layout = output_layouts(g, st)
-        gather = scatter = fwd = bwd = 0.0  # the definition, term by term
+        tensor = set(tensor_rounds(g, mesh, st))
+        gather = scatter = fwd = bwd = exposed_fwd = exposed_bwd = 0.0  # term by term
         for op in g.ops:
-            reads = False
+            mine = theirs = 0.0  # this reader's gathers forward and backward
             for i, name in enumerate(op.inputs):
                 src, dst = out_layout.get(name), operand_layout(op, st[op.name], i)
-                if src is not None and any(s >= 0 > d for s, d in zip(src, dst, strict=True)):
+                if src is None:
+                    continue
+                rounds = {r for r, (s, d) in enumerate(zip(src, dst, strict=True)) if s >= 0 > d}
+                if rounds and not rounds & tensor:  # the ring's rounds: data-parallel only
                     terms = edge_terms(g, name, src, dst, mesh.rounds, opts)
-                    gather += terms.redistribution_fwd
-                    scatter += terms.redistribution_bwd
-                    reads = True
-            if reads:
+                    mine += terms.redistribution_fwd
+                    theirs += terms.redistribution_bwd
+            if mine or theirs:
                 intra, compute = unary_terms(g, op, st[op.name], mesh, opts)
                 forward = forward_compute(g, op, st[op.name], mesh, opts)
-                scatter, fwd, bwd = (
-                    scatter + intra.intra_bwd,
-                    fwd + forward,
-                    bwd + (compute - forward),
-                )
+                gather, scatter = gather + mine, scatter + theirs + intra.intra_bwd
+                fwd, bwd = fwd + forward, bwd + (compute - forward)
+                exposed_fwd += max(0.0, mine - forward)
+                exposed_bwd += max(0.0, 2 * mine - (compute - forward))
         ring = ring_terms(g, mesh, st, opts)
         assert (ring.gather_s, ring.scatter_s, ring.readers_fwd_s, ring.readers_bwd_s) == (
-            gather,
-            scatter,
-            fwd,
-            bwd,
+            pytest.approx(gather),
+            pytest.approx(scatter),
+            pytest.approx(fwd),
+            pytest.approx(bwd),
         )
+        assert ring.exposed_fwd_s == pytest.approx(exposed_fwd, abs=1e-15)
+        assert ring.exposed_bwd_s == pytest.approx(exposed_bwd, abs=1e-15)
         seen += gather > 0
     assert seen > 0

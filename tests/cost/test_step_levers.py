@@ -223,3 +223,37 @@ def test_a_chunk_cut_mid_layer_checkpoints_once_per_layer():
     # the whole model: each prologue and epilogue segment (they occur once), one per layer
     ends = [k for k in range(len(segs)) if k < attn[0] or k > mlp[-1]]
     assert block_starts(g, segs) == sorted(ends + attn)
+
+
+def test_the_ring_is_the_data_parallel_rounds_gathers_each_under_its_own_reader():
+    """Megatron t=2 with context parallelism 2 on 2x2: the loss reads the vocab-split logits
+    whole over the tensor-parallel round — an all-gather no ring runs, so it is not hidden under
+    the attention's compute; the ring's readers are the four attention bmms (K and V gathered
+    along the sequence in the context-parallel round)."""
+    from shardplan import zoo
+    from shardplan.cost.evaluate import ScoreCache
+    from shardplan.mesh import parse_mesh
+    from shardplan.search import experts
+    from shardplan.search.step.recipes import context_rounds
+
+    g = zoo.build("gpt3", batch=1, layers=2, hidden=64, heads=4, vocab=512, seq=64)
+    mesh, opts = parse_mesh("2x2"), CostOptions.make(dtype="bf16")
+    classes = experts.op_classes(g)
+    plan = experts.megatron(g, mesh, 2, classes, experts.data_parallel(g, mesh, classes))
+    cp = experts.context_parallel(g, mesh, plan, context_rounds(mesh, plan, g, 2), classes)
+    assert tensor_rounds(g, mesh, cp) == (1,) and cp["loss"][1] is None  # logits gathered
+    cache = ScoreCache(g, mesh, opts)
+    ring = ring_terms(g, mesh, cp, opts, cache)
+    bmms = [op for op in g.ops if op.name.endswith(("attn.scores", "attn.context"))]
+    assert len(bmms) == 4
+    price = {
+        op.name: cache.price(op, cid, cp[op.name])
+        for op, cid in zip(g.ops, cache.classes, strict=True)
+    }
+    assert ring.readers_fwd_s == pytest.approx(sum(price[op.name].forward for op in bmms))
+    # the loss's gather stays in the forward collectives the profile charges
+    prof = profile_stage(g, mesh, cp, opts, context_parallel=True, cache=cache)
+    plain = profile_stage(g, mesh, cp, opts, cache=cache)
+    assert prof.fwd_comm_s == pytest.approx(plain.fwd_comm_s - ring.gather_s + ring.exposed_fwd_s)
+    loss_gather = plain.breakdown.ops[[op.name for op in g.ops].index("loss")].redistribution
+    assert loss_gather > 0 and prof.fwd_comm_s >= loss_gather * 0.5
