@@ -330,3 +330,35 @@ def test_context_parallel_runs_are_extrapolated_despite_rounding_residues(monkey
         assert prof.profile(0, len(prof.segs), family) is not None
         assert prof.increments[family] is not None, family
     assert sizes and max(sizes) < len(prof.graph.ops)
+
+
+def test_periodic_reductions_need_no_four_period_confirmation(monkeypatch):
+    """A GPT stage's two- and three-period reductions are cut as one period repeated under
+    every family: the increment is taken without building the four-period reduction; with one
+    op of the middle period cut otherwise, the reductions are not periodic."""
+    from dataclasses import replace
+
+    from shardplan.search.step import profiles
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    prof = search.profiler(8, stage_mesh(mesh, 1))
+    periods = []
+    real = profiles.reduced_chunk
+    monkeypatch.setattr(profiles, "reduced_chunk", lambda *a: periods.append(a[3]) or real(*a))
+    for family in prof.families():
+        assert prof.profile(0, len(prof.segs), family) is not None
+        assert prof.increments[family] is not None
+    assert periods and 4 not in periods
+    shape = chunk_shape(prof.split, 0, len(prof.segs))
+    family = next(f for f in prof.families() if f.method == "megatron")
+    assert prof._periodic(shape, family)
+    three = max((v for k, v in prof.reduced.items()), key=lambda v: len(v[0].ops))[0]
+    key = (id(three), replace(family, sequence_parallel=False))
+    cuts = dict(prof.per_sub[key][1])
+    middle = three.ops[len(three.ops) // 2].name
+    cuts[middle] = tuple("x" if c is None else None for c in cuts[middle])
+    prof.per_sub[key] = (three, cuts)
+    assert not prof._periodic(shape, family)

@@ -14,8 +14,9 @@ parallelism, as Megatron-LM orders its ranks (`recipes.expert_parallel`,
 k > 4 periods of the model's repeated run is priced on its two-period reduction p2
 (`structure.reduced_chunk`) plus (k - 2) per-period increments, the increment being q3 - q2 of
 the two- and three-period reductions of the first such chunk priced (equal layers under equal
-strategies add equal terms, whatever the chunk's ends), checked once per family against the
-four-period reduction and per chunk against its own p3 - p2; the peaks and the stage inputs are
+strategies add equal terms, whatever the chunk's ends), checked once per family — by the two
+reductions being cut as one period repeated with the same ends (`_periodic`), else against the
+four-period reduction — and per chunk against its own p3 - p2; the peaks and the stage inputs are
 p2's (equal layers, the same peak). Two periods, not one, are the base: with one period no
 segment repeats, so full recomputation's blocks (`cost.step.block_starts`, the most frequent
 structure opens each) differ from those of every longer run. So a trillion-parameter model
@@ -352,7 +353,7 @@ class StageProfiler:
             return self._whole(a, e, family)
         own2, own3 = (self._reduced(shape, j, family) for j in (2, 3))
         if family not in self.increments:  # the first chunk of the run priced under this family
-            linear = self._confirmed(shape, family, own2, own3)
+            linear = self._periodic(shape, family) or self._confirmed(shape, family, own2, own3)
             self.increments[family] = (own2, own3) if linear else None  # type: ignore[assignment]
         step = self.increments[family]
         if own2 is None or own3 is None or _peaks(own2) != _peaks(own3):
@@ -364,6 +365,41 @@ class StageProfiler:
         if not self._confirmed(shape, family, own2, own3):
             return self._whole(a, e, family)
         return extrapolate(own2, own2, own3, shape.periods)
+
+    def _periodic(self, shape: ChunkShape, family: Family) -> bool:
+        """Whether `family` cuts the chunk's two- and three-period reductions as one period
+        repeated: every period alike op by op, and the ops before and after the periods alike
+        in both. Every additive term reads an op, its operands' producers and its readers, so
+        then each period added adds the same terms (one period's junction to the next is the
+        same junction) and the four-period reduction `_confirmed` prices need not be built."""
+        plain = replace(family, sequence_parallel=False)
+        cuts: list[list[Strategy]] = []
+        for j in (2, 3):
+            keep = shape.run_start + j * shape.period + shape.rest
+            kept = [*range(shape.a, keep), *range(shape.run_stop, shape.e)]
+            prints = tuple(self.prints[k] for k in kept)
+            found = self.reduced.get(("reduced", prints, shape.run_start - shape.a))  # `_reduced`'s
+            sub = None if found is None else found[0]
+            st = None if sub is None else self.per_sub.get((id(sub), plain))
+            if sub is None or st is None or st[0] is not sub or st[1] is None:
+                return False
+            cuts.append([st[1][op.name] for op in sub.ops])
+        segs = self.segs
+        head = segs[shape.run_start].start - segs[shape.a].start
+        length = segs[shape.run_start + shape.period].start - segs[shape.run_start].start
+        two, three = cuts
+        tail = len(two) - head - 2 * length
+        if tail < 0 or len(three) != head + 3 * length + tail:
+            return False
+        period = three[head : head + length]
+        return (
+            all(
+                cut[head + k * length : head + (k + 1) * length] == period
+                for cut, k in ((two, 0), (two, 1), (three, 1), (three, 2))
+            )  # fmt: skip
+            and two[:head] == three[:head]
+            and two[len(two) - tail :] == three[len(three) - tail :]
+        )
 
     def _confirmed(
         self,
