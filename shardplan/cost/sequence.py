@@ -52,24 +52,46 @@ def _param_dims(graph: Graph, op: Op) -> set[str]:
     return out
 
 
-def tensor_rounds(graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy]) -> tuple[int, ...]:
-    """The rounds (q > 1) in which some op cuts a loop dim indexing one of its parameters."""
+def param_dims(graph: Graph, cache: ScoreCache | None = None) -> list[set[str]]:
+    """Per op (in graph order), the loop dims indexing one of its parameters; kept in `cache`
+    (a `ScoreCache` of `graph`) across the plans it scores. O(operands)."""
+    if cache is None or cache.graph is not graph:
+        return [_param_dims(graph, op) for op in graph.ops]
+    found = cache.memo.get("param_dims")
+    if found is None:
+        found = cache.memo["param_dims"] = [_param_dims(graph, op) for op in graph.ops]
+    return found
+
+
+def tensor_rounds(
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    cache: ScoreCache | None = None,
+) -> tuple[int, ...]:
+    """The rounds (q > 1) in which some op cuts a loop dim indexing one of its parameters
+    (`cache`: a `ScoreCache` of `graph` keeping its ops' parameter dims)."""
     rounds = set()
-    for op in graph.ops:
-        pdims = _param_dims(graph, op)
-        for r, cut in enumerate(strategies[op.name]):
-            if cut is not None and cut in pdims and mesh.rounds[r].q > 1:
-                rounds.add(r)
+    big = [r.q > 1 for r in mesh.rounds]
+    for op, pdims in zip(graph.ops, param_dims(graph, cache), strict=True):
+        if pdims:
+            for r, cut in enumerate(strategies[op.name]):
+                if cut is not None and cut in pdims and big[r]:
+                    rounds.add(r)
     return tuple(sorted(rounds))
 
 
 def sequence_parallel_strategies(
-    graph: Graph, mesh: Mesh, strategies: Mapping[str, Strategy]
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    cache: ScoreCache | None = None,
 ) -> dict[str, Strategy]:
     """`strategies` with every op left whole in the tensor-parallel rounds split along a
     parameter-free PARALLEL loop dim there (module docstring); PlanError when the plan has no
-    tensor-parallel round."""
-    rounds = tensor_rounds(graph, mesh, strategies)
+    tensor-parallel round. `cache`: as `tensor_rounds`'."""
+    dims = param_dims(graph, cache)
+    rounds = tensor_rounds(graph, mesh, strategies, cache)
     if not rounds:
         raise PlanError(
             "sequence parallelism splits the tensor-parallel group's replicated regions, but "
@@ -77,7 +99,7 @@ def sequence_parallel_strategies(
             "sequence_parallel"
         )
     out = dict(strategies)
-    for op in graph.ops:
+    for op, pdims in zip(graph.ops, dims, strict=True):
         strategy = strategies[op.name]
         if any(strategy[r] is not None for r in rounds):
             continue  # already tensor-parallel
@@ -85,7 +107,6 @@ def sequence_parallel_strategies(
         for rnd, cut in zip(mesh.rounds, strategy, strict=True):
             if cut is not None:
                 extents[cut] //= rnd.q
-        pdims = _param_dims(graph, op)
         for d in op.signature.loop_dims:
             if d.kind is not DimKind.PARALLEL or d.name in pdims or d.name in strategy:
                 continue
@@ -134,7 +155,7 @@ def ring_terms(
     reader's exchange runs under its own compute only (a ring turns inside one attention).
     O(ops x operands x rounds)."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
-    tensor = set(tensor_rounds(graph, mesh, strategies))
+    tensor = set(tensor_rounds(graph, mesh, strategies, cache))
     prices = [
         cache.price(op, cid, tuple(strategies[op.name]))
         for op, cid in zip(graph.ops, cache.classes, strict=True)
@@ -171,6 +192,7 @@ def ring_terms(
 
 __all__ = [
     "RingTerms",
+    "param_dims",
     "ring_terms",
     "sequence_parallel_strategies",
     "tensor_rounds",

@@ -135,7 +135,7 @@ def profile_stage(
     cost = plain = plain or evaluate_strategies(graph, mesh, strategies, opts, param_layouts, cache)
     stored = strategies
     if sequence_parallel:
-        strategies = sequence_parallel_strategies(graph, mesh, strategies)
+        strategies = sequence_parallel_strategies(graph, mesh, strategies, cache)
         cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts, cache)
     rounds = mesh.rounds
     prices = [

@@ -269,10 +269,14 @@ class StageProfiler:
             st = self._per_sub(
                 sub, ("megatron", t), lambda: experts.megatron(sub, self.mesh, t, classes, data)
             )
+            cache = self._score_cache(sub)  # its ops' parameter dims, kept
             if family.expert > 1:
-                st = expert_parallel(sub, self.mesh, st, family.expert)
+                dims = self._per_sub(
+                    sub, "expert dims", lambda: {op.name: expert_dim(sub, op) for op in sub.ops}
+                )
+                st = expert_parallel(sub, self.mesh, st, family.expert, dims, cache)
             if family.context > 1:
-                rounds = context_rounds(self.mesh, st, sub, family.context)
+                rounds = context_rounds(self.mesh, st, sub, family.context, cache)
                 st = experts.context_parallel(sub, self.mesh, st, rounds, classes)
             return st
         out: dict[str, Strategy] = {}
@@ -306,11 +310,9 @@ class StageProfiler:
         if strategies is None:
             return None
         sp = family.sequence_parallel
-        if sp and not tensor_rounds(sub, self.mesh, strategies):
+        cache = self._score_cache(sub)
+        if sp and not tensor_rounds(sub, self.mesh, strategies, cache):
             return None  # nothing to split along the sequence: the family is not distinct
-        cache = self._per_sub(
-            sub, "score", lambda: ScoreCache(sub, self.mesh, self.opts, self.prices)
-        )
         plain = self._per_sub(  # the plan's own evaluation, shared by its sequence-parallel twin
             sub,
             ("plain", plain_family),
@@ -335,6 +337,12 @@ class StageProfiler:
         except PlanError:  # experts or context that do not divide this chunk's dims
             return None
         return {op.name: st[op.name] for op in sub.ops}
+
+    def _score_cache(self, sub: Graph) -> ScoreCache:
+        """`sub`'s `ScoreCache` in the profiler's price table, one per sub-graph."""
+        return self._per_sub(  # type: ignore[no-any-return]
+            sub, "score", lambda: ScoreCache(sub, self.mesh, self.opts, self.prices)
+        )
 
     def _per_sub(self, sub: Graph, key: object, make: Callable[[], Any]) -> Any:
         """`make()` once per (sub-graph, key), shared by every family that asks: its strategies,

@@ -19,11 +19,12 @@ One expert pass per chunk: O(S v (|V| + |E|) rounds).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from shardplan import checks
 from shardplan.cost import CostOptions
+from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.overlap import megatron_bucket
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import Levers, Recompute, profile_stage
@@ -140,18 +141,30 @@ def _check_knobs(
     return data, m
 
 
-def context_rounds(mesh: Mesh, strategies: dict[str, Strategy], graph: Graph, c: int) -> list[int]:
+def context_rounds(
+    mesh: Mesh,
+    strategies: dict[str, Strategy],
+    graph: Graph,
+    c: int,
+    cache: ScoreCache | None = None,
+) -> list[int]:
     """The innermost rounds outside tensor parallelism whose q multiply to `c` (context
-    parallelism next to tensor parallelism, as Megatron-LM orders its ranks); PlanError if none."""
-    return _free_rounds(mesh, strategies, graph, c, "context")
+    parallelism next to tensor parallelism, as Megatron-LM orders its ranks); PlanError if none.
+    `cache`: a `ScoreCache` of `graph` keeping its ops' parameter dims."""
+    return _free_rounds(mesh, strategies, graph, c, "context", cache)
 
 
 def _free_rounds(
-    mesh: Mesh, strategies: dict[str, Strategy], graph: Graph, ways: int, knob: str
+    mesh: Mesh,
+    strategies: dict[str, Strategy],
+    graph: Graph,
+    ways: int,
+    knob: str,
+    cache: ScoreCache | None = None,
 ) -> list[int]:
     """The innermost rounds no op splits a parameter in whose q multiply to `ways` (the fast
     links first); PlanError naming `knob` when they do not."""
-    tensor = set(tensor_rounds(graph, mesh, strategies))
+    tensor = set(tensor_rounds(graph, mesh, strategies, cache))
     rounds, got = [], 1
     for r in reversed(mesh.rounds):
         if r.index not in tensor and got < ways and r.q > 1:
@@ -166,21 +179,27 @@ def _free_rounds(
 
 
 def expert_parallel(
-    graph: Graph, mesh: Mesh, strategies: dict[str, Strategy], expert: int
+    graph: Graph,
+    mesh: Mesh,
+    strategies: dict[str, Strategy],
+    expert: int,
+    expert_dims: Mapping[str, str | None] | None = None,
+    cache: ScoreCache | None = None,
 ) -> dict[str, Strategy]:
     """`strategies` with expert parallelism `expert` ways on the innermost data-parallel rounds
     (the rounds no op splits a parameter in, innermost first: the fast links carry the
     all-to-alls): there each op with a PARALLEL loop dim that indexes both a parameter and an
     activation (the experts of an expert matmul) cuts it instead of the batch; the evaluator
     prices the layout change around it (tokens split by group -> by expert) as the all-to-all
-    it is. PlanError when the rounds or the model do not allow it."""
+    it is. PlanError when the rounds or the model do not allow it. `expert_dims`: each op's
+    `expert_dim` when known; `cache`: as `context_rounds`'."""
     if expert == 1:
         return strategies
-    rounds = _free_rounds(mesh, strategies, graph, expert, "expert")
+    rounds = _free_rounds(mesh, strategies, graph, expert, "expert", cache)
     out, found = dict(strategies), False
     split_at: dict[str, int] = {}  # tensor -> the dim the experts split it along
     for op in graph.ops:
-        dim = expert_dim(graph, op)
+        dim = expert_dim(graph, op) if expert_dims is None else expert_dims[op.name]
         if (
             dim is None
             and op.inputs
