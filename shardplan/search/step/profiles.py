@@ -166,6 +166,21 @@ def heavier_than_fitted(lv: Levers, fitted: set[int], overlap: Levers | None) ->
     return lv.zero in fitted and (overlap is None or not overlap.overlaps)
 
 
+def lever_menu(
+    sequence_parallel: bool, context_parallel: bool, overlap: Levers | None
+) -> tuple[Levers, ...]:
+    """`LEVERS` in order, each with a stage's sequence and context parallelism and the overlap
+    fields of `overlap` (`cost.levers.with_overlap`; None: nothing overlapped)."""
+    return tuple(
+        replace(
+            lv if overlap is None else with_overlap(lv, overlap),
+            sequence_parallel=sequence_parallel,
+            context_parallel=context_parallel,
+        )
+        for lv in LEVERS
+    )
+
+
 def choose_levers(
     profile: StageProfile,
     m: int,
@@ -173,20 +188,19 @@ def choose_levers(
     slots: int,
     budget: float | None,
     overlap: Levers | None = None,
+    menu: Sequence[Levers] | None = None,
 ) -> tuple[float, Levers] | None:
     """The levers giving this stage the shortest (slots x slot share + sync + optimizer step)
     within `budget`, with that time; None when no combination fits. `overlap`: the overlap
-    fields every lever carries (`cost.levers.with_overlap`)."""
+    fields every lever carries (`cost.levers.with_overlap`); `menu`: the profile's
+    `lever_menu` under `overlap` when made already."""
     best: tuple[float, Levers] | None = None
     fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
-    for lv in LEVERS:
+    if menu is None:
+        menu = lever_menu(profile.sequence_parallel, profile.context_parallel, overlap)
+    for lv in menu:
         if heavier_than_fitted(lv, fitted, overlap):
             continue
-        lv = replace(
-            lv if overlap is None else with_overlap(lv, overlap),
-            sequence_parallel=profile.sequence_parallel,
-            context_parallel=profile.context_parallel,
-        )
         c = stage_cost(profile, lv, m, in_flight)
         if budget is not None and c.memory_bytes > budget:
             continue
@@ -479,6 +493,7 @@ __all__ = [
     "Family",
     "StageProfiler",
     "choose_levers",
+    "lever_menu",
     "heavier_than_fitted",
     "extrapolate",
     "fingerprint",

@@ -41,7 +41,6 @@ import numpy as np
 
 from shardplan import checks, units
 from shardplan.cost import CostOptions
-from shardplan.cost.levers import with_overlap
 from shardplan.cost.step import Levers, StageProfile, step_cost
 from shardplan.errors import InfeasibleError, SolverError
 from shardplan.ir.graph import Graph
@@ -72,6 +71,7 @@ from shardplan.search.step.profiles import (
     choose_levers,
     expert_counts,
     heavier_than_fitted,
+    lever_menu,
 )
 from shardplan.search.step.sizes import Built, ModelSizes
 from shardplan.search.step.stages import (
@@ -267,6 +267,14 @@ class _Search:
         self.floors: dict[tuple[int, int, bool], list[ChunkFloors]] = {}
         self.floor_items: dict[int, FloorItems] = {}  # per micro-batch size
         self.probe_split = self.sizes.probe[3]
+        self.menus: dict[tuple[bool, bool], tuple[Levers, ...]] = {}
+
+    def menu(self, sequence_parallel: bool, context_parallel: bool) -> tuple[Levers, ...]:
+        """`profiles.lever_menu` under the search's overlap, made once per flag pair."""
+        key = (sequence_parallel, context_parallel)
+        if key not in self.menus:
+            self.menus[key] = lever_menu(sequence_parallel, context_parallel, self.overlap)
+        return self.menus[key]
 
     def graph(self, b: int) -> Built | None:
         return self.sizes(b)
@@ -369,10 +377,9 @@ class _Search:
                 continue
             ps = [p for p in profiles if p is not None]
             fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
-            for lv in LEVERS:
+            for lv in self.menu(family.sequence_parallel, family.context > 1):
                 if heavier_than_fitted(lv, fitted, self.overlap):
                     continue
-                lv = with_overlap(family.levers(lv), self.overlap)
                 step = step_cost(ps, [lv] * len(ps), m, pipe)
                 mem = step.memory_per_device
                 if budget is not None and mem > budget:
@@ -410,7 +417,15 @@ class _Search:
                 fit = (
                     None
                     if p is None
-                    else choose_levers(p, m, min(n - c, m), m + n - 1, budget, self.overlap)
+                    else choose_levers(
+                        p,
+                        m,
+                        min(n - c, m),
+                        m + n - 1,
+                        budget,
+                        self.overlap,
+                        self.menu(p.sequence_parallel, p.context_parallel),
+                    )
                 )
                 if fit is not None and p is not None:
                     options.append((fit[0], len(options), family, fit[1], p))
