@@ -238,6 +238,8 @@ def expert_dim(graph: Graph, op: Op) -> str | None:
     """The experts of an expert matmul: a PARALLEL loop dim indexing both an activation and a
     parameter that is contracted (carries a REDUCE dim: a weight, not a bias), if any."""
     roles = [graph.tensors[t].role is Role.PARAMETER for t in op.inputs]
+    if not any(roles):  # no parameter: no experts
+        return None
     pdims = set().union(*(loop_names(op.signature.inputs[i]) for i, p in enumerate(roles) if p))
     adims = set().union(*(loop_names(op.signature.inputs[i]) for i, p in enumerate(roles) if not p))
     kinds = {d.name: d.kind for d in op.signature.loop_dims}
