@@ -52,3 +52,22 @@ def test_a_builder_that_changes_course_is_caught_by_the_check():
 def test_no_builder_graph_is_none():
     sizes = ModelSizes(lambda b: None, _toy(8), 8)
     assert sizes(4) is None and sizes(8) is not None
+
+
+def test_derived_prints_are_the_fingerprints_of_every_segment():
+    """A derived graph's segment prints come from one fingerprint per class of segments equal at
+    the probe's and the learned size: the same ids as fingerprinting every segment."""
+    from shardplan.search.step import structure
+    from shardplan.search.step.structure import segment_prints
+
+    oracle = lambda b: zoo.build("gpt3", batch=b, layers=6, hidden=64, heads=2, vocab=128, seq=16)  # noqa: E731
+    sizes = ModelSizes(oracle, oracle(48), 48)
+    for b in (16, 24, 8, 4, 2):
+        sizes(b)
+    assert sizes.derived == 3 and sizes.learned is not None
+    for b in (8, 4, 2):
+        graph, segs, prints, split = sizes(b)
+        assert prints == segment_prints(graph, segs, sizes.ids)
+        assert split == structure.layer_split(prints)
+        assert len(set(prints)) < len(prints)  # repeated layers: classes, not segments
+        assert sizes._derived_prints(graph) == prints  # the derived path gave them
