@@ -85,12 +85,6 @@ class Family:
         ep = f" +EP{self.expert}" if self.expert > 1 else ""
         return f"{self.method}{t}{' +SP' if self.sequence_parallel else ''}{cp}{ep}"
 
-    def levers(self, levers: Levers) -> Levers:
-        """`levers` with this family's sequence and context parallelism."""
-        return replace(
-            levers, sequence_parallel=self.sequence_parallel, context_parallel=self.context > 1
-        )
-
 
 def data_degrees(mesh: Mesh, tensor: int) -> tuple[int, ...]:
     """Degrees > 1 of expert or context parallelism next to tensor parallelism `tensor`: products
@@ -397,10 +391,7 @@ class StageProfiler:
         plain = replace(family, sequence_parallel=False)
         cuts: list[list[Strategy]] = []
         for j in (2, 3):
-            keep = shape.run_start + j * shape.period + shape.rest
-            kept = [*range(shape.a, keep), *range(shape.run_stop, shape.e)]
-            prints = tuple(self.prints[k] for k in kept)
-            found = self.reduced.get(("reduced", prints, shape.run_start - shape.a))  # `_reduced`'s
+            found = self.reduced.get(self._reduced_key(shape, j)[0])
             sub = None if found is None else found[0]
             st = None if sub is None else self.per_sub.get((id(sub), plain))
             if sub is None or st is None or st[0] is not sub or st[1] is None:
@@ -418,7 +409,7 @@ class StageProfiler:
             all(
                 cut[head + k * length : head + (k + 1) * length] == period
                 for cut, k in ((two, 0), (two, 1), (three, 1), (three, 2))
-            )  # fmt: skip
+            )
             and two[:head] == three[:head]
             and two[len(two) - tail :] == three[len(three) - tail :]
         )
@@ -449,12 +440,17 @@ class StageProfiler:
             self.cache[key] = self._exact(self.wholes[a, e], family, range(a, e))
         return self.cache[key]
 
-    def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:
+    def _reduced_key(self, shape: ChunkShape, j: int) -> tuple[tuple[object, ...], list[int]]:
+        """The key of the chunk's j-period reduced graph (one for every family) and the
+        segments it keeps."""
         keep = shape.run_start + j * shape.period + shape.rest
         kept = [*range(shape.a, keep), *range(shape.run_stop, shape.e)]
-        key = (family, "reduced", tuple(self.prints[k] for k in kept), shape.run_start - shape.a)
+        return ("reduced", tuple(self.prints[k] for k in kept), shape.run_start - shape.a), kept
+
+    def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:
+        shared, kept = self._reduced_key(shape, j)
+        key = (family, *shared)
         if key not in self.cache:
-            shared = key[1:]  # one reduced graph for every family (with the segments it keeps)
             if shared not in self.reduced:
                 name = f"{self.graph.name}.reduced"
                 self.reduced[shared] = (reduced_chunk(self.graph, self.segs, shape, j, name), kept)
