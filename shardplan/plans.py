@@ -9,12 +9,13 @@ PlanError naming the operator.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from shardplan import units
 from shardplan.cost import CostBreakdown, CostOptions, ScoreCache, evaluate_strategies
+from shardplan.cost.rows import Rows
 from shardplan.cost.zero import check_stage, zero_layouts
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
@@ -140,12 +141,14 @@ def scored_plan(
     options: CostOptions,
     cache: ScoreCache,
     param_layouts: Mapping[str, Layout] | None = None,
+    repeats: tuple[Rows, Sequence[int]] | None = None,
 ) -> Plan:
     """`Plan(...)`, validated and scored alike, with the prices `cache` shares between the plans
-    one search scores (repeated layers priced once across them)."""
+    one search scores (repeated layers priced once across them); `repeats`: the rows when a
+    fold of repeated blocks knows them (`evaluate_strategies`)."""
     layouts = dict(param_layouts or {})
     _validate(graph, mesh, strategies, layouts, check_cuts=False)  # the evaluator checks them
-    cost = evaluate_strategies(graph, mesh, strategies, options, layouts, cache)
+    cost = evaluate_strategies(graph, mesh, strategies, options, layouts, cache, repeats)
     return Plan(graph, mesh, strategies, method, options, 0.0, layouts, cost=cost)
 
 

@@ -27,7 +27,7 @@ def op_key(graph: Graph, op: Op) -> tuple[object, ...]:
 
     def tensor(name: str) -> tuple[object, ...]:
         t = graph.tensors[name]
-        return (t.shape, t.dtype_bytes, t.role, name in graph.requires_grad)
+        return (t.shape, t.dtype_bytes, t.role.value, name in graph.requires_grad)
 
     return (
         op.kind,
@@ -49,7 +49,8 @@ def op_classes(graph: Graph, ids: dict[tuple[object, ...], int]) -> list[int]:
         found = forms.get(name)
         if found is None:
             t = tensors[name]
-            found = forms[name] = (t.shape, t.dtype_bytes, t.role, name in grad)
+            # the role's value: a str hashes in C, an Enum member in Python
+            found = forms[name] = (t.shape, t.dtype_bytes, t.role.value, name in grad)
         return found
 
     return [

@@ -20,6 +20,7 @@ from shardplan.cost.classes import op_classes, op_key, previous_consumer, previo
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.memory import memory_per_device
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.rows import OpCost, Rows, credited, op_rows, own_and_edges
 from shardplan.cost.price import (
     OpPrice,
     faster_rounds,
@@ -48,24 +49,6 @@ from shardplan.sharding import (
     operand_layouts,
     resolved,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class OpCost:
-    """One row of the breakdown: an op's compute, its own comm and its incoming redistribution."""
-
-    name: str
-    compute: float
-    intra: float
-    redistribution: float
-    activation_bytes: float
-    intra_fwd: float = 0.0
-    """The forward and backward parts of `intra` (what the step model overlaps)."""
-    intra_bwd: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.compute + self.intra + self.redistribution
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +298,7 @@ def op_terms(
         else:
             intra, compute = unary(graph, op, strategy, mesh, opts)
         dsts = cache.layouts(op, cid, strategy)[0]
-        intra = _credited(cache, strategies, index, op, intra)
+        intra = credited(cache, strategies, index, op, intra)
         edges: list[EdgeTerm] = []
         for i, name in enumerate(op.inputs):
             src = out_layout.get(name) or homes.get(name)
@@ -363,13 +346,28 @@ class ScoreCache:
             raise ValueError("a PriceTable prices one mesh and set of options only")
         self.table = table
         self.classes = op_classes(graph, table.ids)
-        self.previous = previous_consumers(graph)
+        self._previous: list[list[tuple[int, int] | None]] | None = None
+        self._has_previous: list[bool] | None = None
         self._fast, self._forward_opts = table.fast, table.forward_opts
         self._prices, self.valid = table.prices, table.valid
         self._credits, self._moves = table.credits, table.moves
         self._bytes: dict[tuple[object, ...], float] = {}  # by tensor name: this graph's
         self._sizes = table.bytes  # by (elements, width, layout): any graph's
         self.memo: dict[str, Any] = {}  # facts of this graph other cost modules derive once
+
+    @property
+    def previous(self) -> list[list[tuple[int, int] | None]]:
+        """Per op and operand, the tensor's reader just before it (`previous_consumers`), made
+        on first use: a search scoring a fold's reduced graph never walks the full one's."""
+        if self._previous is None:
+            self._previous = previous_consumers(self.graph)
+        return self._previous
+
+    def has_previous(self) -> list[bool]:
+        """Per op, whether it reads a tensor after another reader (a share credit to price)."""
+        if self._has_previous is None:
+            self._has_previous = [any(p is not None for p in ps) for ps in self.previous]
+        return self._has_previous
 
     def check(self, graph: Graph, mesh: Mesh, opts: CostOptions) -> None:
         if graph is not self.graph or mesh != self.mesh or opts != self.opts:
@@ -460,6 +458,7 @@ __all__ = [  # with the per-op facts of `cost.classes` its callers import from h
     "own_and_edges",
     "output_layouts",
     "param_homes",
+    "plan_rows",
     "previous_consumer",
     "previous_consumers",
     "share_credit",
@@ -475,16 +474,55 @@ def evaluate_strategies(
     opts: CostOptions,
     param_layouts: Mapping[str, Layout] | None = None,
     cache: ScoreCache | None = None,
+    repeats: tuple[Rows, Sequence[int]] | None = None,
 ) -> CostBreakdown:
     """Score one complete assignment of strategies (raises PlanError if one is invalid);
     `cache` shares prices between the plans one search scores (`ScoreCache`).
 
     total = sum over ops of unary_terms + sum over edges of edge_terms + sum over consecutive
     consumers of a tensor of share_credit: unary and pairwise terms only (what the ILP models).
+    `repeats` (rows of a smaller graph, and per op of this one the op whose row it repeats: a
+    fold of repeated blocks, `search.drec.fold`) gives the rows instead of walking the ops: the
+    caller vouches that each op sees what its stand-in sees (`rows.Rows.repeated`).
     """
     rounds = mesh.rounds
-    strategies = {name: tuple(s) for name, s in strategies.items()}
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    placed = _placed(graph, strategies, opts, param_layouts, cache)
+    strategies, zero, prices, homes, out_layout = placed
+    if repeats is None:
+        rows = op_rows(cache, strategies, homes, out_layout, prices, zero.by_reader)
+    else:
+        rows = repeats[0].repeated(repeats[1], [op.name for op in graph.ops])
+    ins = [p.inputs for p in prices]
+    param_mem, act_mem = memory_per_device(
+        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes, zero.params, ins
+    )
+    return breakdown(rows, param_mem, act_mem, opts)
+
+
+def plan_rows(
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    cache: ScoreCache,
+) -> Rows:
+    """The rows `evaluate_strategies` sums for `strategies` (no ZeRO storage layouts)."""
+    strategies, zero, prices, homes, out_layout = _placed(graph, strategies, opts, None, cache)
+    return op_rows(cache, strategies, homes, out_layout, prices, zero.by_reader)
+
+
+def _placed(
+    graph: Graph,
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    param_layouts: Mapping[str, Layout] | None,
+    cache: ScoreCache,
+) -> tuple[dict[str, Strategy], Any, list[OpPrice], dict[str, Layout], dict[str, Layout]]:
+    """The checked strategies, ZeRO's pricing, each op's price, the parameters' homes and the
+    results' layouts of a plan (what its rows and memory read)."""
+    rounds = cache.mesh.rounds
+    strategies = {name: tuple(s) for name, s in strategies.items()}
     check_strategies(graph.ops, strategies, rounds, cache.classes, cache.valid)
     zero = zero_pricing(graph, rounds, strategies, opts, param_layouts)
     prices = [
@@ -496,104 +534,20 @@ def evaluate_strategies(
     out_layout: dict[str, Layout] = {}
     for op, price in zip(graph.ops, prices, strict=True):
         out_layout.update(zip(op.outputs, price.resolved, strict=True))
-    rows, comm, compute = _rows(cache, strategies, homes, out_layout, prices, zero.by_reader)
-    param_mem, act_mem = memory_per_device(
-        graph, rounds, homes, out_layout, strategies, opts, cache.local_bytes, zero.params, ins
-    )
-    comm_terms = CommTerms(*comm)
-    total = comm_terms.total + compute
+    return strategies, zero, prices, homes, out_layout
+
+
+def breakdown(rows: Rows, param_mem: float, act_mem: float, opts: CostOptions) -> CostBreakdown:
+    """The breakdown of `rows` and the plan's memory (parameter state, activations)."""
+    comm_terms = CommTerms(*rows.field_sums())
+    compute = rows.compute()
     return CostBreakdown(
-        total,
+        comm_terms.total + compute,
         compute,
         comm_terms,
         param_mem + act_mem,
         param_mem,
         act_mem,
         "elements" if opts.preset.symbolic else "s",
-        tuple(rows),
+        rows.ops,
     )
-
-
-def _rows(
-    cache: ScoreCache,
-    strategies: Mapping[str, Strategy],
-    homes: Mapping[str, Layout],
-    out_layout: Mapping[str, Layout],
-    prices: Sequence[OpPrice],
-    by_reader: Mapping[int, CommTerms],
-) -> tuple[list[OpCost], list[float], float]:
-    """The breakdown's rows, its communication fields and its compute: `op_terms`' walk inlined
-    (`own_and_edges`, a parameter's ZeRO collectives on its first reader's row), each field
-    summed op by op as `comm + intra + redistribution` (the same additions in the same order as
-    adding the ops' CommTerms; a field's sum does not depend on the others'). O(operands)."""
-    graph = cache.graph
-    known: dict[int, tuple[tuple[float, ...], float]] = {id(ZERO): (ZERO.values(), ZERO.total)}
-    rows: list[OpCost] = []
-    intras: list[tuple[float, ...]] = []
-    redises: list[tuple[float, ...]] = []
-    compute = 0.0
-    local_bytes, move, previous = cache.local_bytes, cache.move, cache.previous
-    for index, (op, price) in enumerate(zip(graph.ops, prices, strict=True)):
-        intra = price.intra
-        if any(p is not None for p in previous[index]):
-            intra = _credited(cache, strategies, index, op, intra)
-        redis = ZERO
-        for i, name in enumerate(op.inputs):
-            src = out_layout.get(name) or homes.get(name)
-            if src is not None and src != price.inputs[i]:
-                redis = redis + move(name, src, price.inputs[i])
-        if index in by_reader:
-            redis = redis + by_reader[index]
-        # a CommTerms the prices keep (alive, so its id is its own): its fields summed once
-        kept = known.get(id(intra)) if intra is price.intra else None
-        if kept is None:
-            kept = (intra.values(), intra.total)
-            if intra is price.intra:
-                known[id(intra)] = kept
-        intras.append(kept[0])
-        mine = known[id(ZERO)] if redis is ZERO else (redis.values(), redis.total)
-        redises.append(mine[0])
-        act = sum([local_bytes(name, out_layout[name]) for name in op.outputs])
-        rows.append(
-            OpCost(op.name, price.compute, kept[1], mine[1], act, intra.intra_fwd, intra.intra_bwd)
-        )
-        compute += price.compute
-    comm = [0.0] * len(ZERO.values())
-    columns = zip(zip(*intras, strict=True), zip(*redises, strict=True), strict=True)
-    for f, (a_col, b_col) in enumerate(columns):
-        acc = 0.0
-        for a, b in zip(a_col, b_col, strict=True):
-            acc = acc + a + b
-        comm[f] = acc
-    return rows, comm, compute
-
-
-def own_and_edges(
-    cache: ScoreCache,
-    strategies: Mapping[str, Strategy],
-    homes: Mapping[str, Layout],
-    out_layout: Mapping[str, Layout],
-    index: int,
-    op: Op,
-    price: OpPrice,
-) -> tuple[CommTerms, CommTerms]:
-    """`OpTerms.intra` and `OpTerms.redistribution` of the `index`-th op (see `op_terms`)."""
-    intra, redis = _credited(cache, strategies, index, op, price.intra), ZERO
-    for i, name in enumerate(op.inputs):
-        src = out_layout.get(name) or homes.get(name)
-        if src is not None and src != price.inputs[i]:
-            redis = redis + cache.move(name, src, price.inputs[i])
-    return intra, redis
-
-
-def _credited(
-    cache: ScoreCache, strategies: Mapping[str, Strategy], index: int, op: Op, intra: CommTerms
-) -> CommTerms:
-    """`intra` with the `index`-th op's share credits (`ScoreCache.credit`), in operand order."""
-    strategy, cid = strategies[op.name], cache.classes[index]
-    for i, (name, prev) in enumerate(zip(op.inputs, cache.previous[index], strict=True)):
-        if prev is not None:
-            p_op = cache.graph.ops[prev[0]]
-            earlier = (p_op, prev[1], strategies[p_op.name])
-            intra = intra + cache.credit(name, earlier, (op, i, strategy), cid)
-    return intra

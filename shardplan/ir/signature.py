@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from shardplan.errors import SignatureError
 from shardplan.ir.dims import DimKind, LoopDim
 
 Group = tuple[str, ...]
+_LOOP_DIM_FIELDS = tuple(f.name for f in fields(LoopDim))
 TensorDims = tuple[Group, ...]
 
 _TOKEN = re.compile(r"\(|\)|[A-Za-z_][A-Za-z_0-9]*|\S")
@@ -60,6 +61,30 @@ class Signature:
     loop_dims: tuple[LoopDim, ...]
     inputs: tuple[TensorDims, ...]
     outputs: tuple[TensorDims, ...]
+    _key: tuple[object, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    """The fields as plain values, made on first use: price caches key on signatures (one per
+    op, thousands per graph), compared and hashed in C then, not dim by dim in Python."""
+
+    def key(self) -> tuple[object, ...]:
+        found = self._key
+        if found is None:
+            dims = tuple(tuple(getattr(d, f) for f in _LOOP_DIM_FIELDS) for d in self.loop_dims)
+            found = (dims, self.inputs, self.outputs)
+            object.__setattr__(self, "_key", found)
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not Signature:
+            return NotImplemented
+        return self.key() == other.key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Signature, (self.loop_dims, self.inputs, self.outputs))  # the key made anew
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.loop_dims]

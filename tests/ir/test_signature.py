@@ -185,3 +185,21 @@ def test_text_round_trip(operand, data):
 
 def _fmt(operand):
     return " ".join(g[0] if len(g) == 1 else "(" + " ".join(g) + ")" for g in operand)
+
+
+def test_equal_signatures_hash_alike_and_survive_pickling():
+    """Signatures compare by value (their fields as plain values, made once) and pickle without
+    a stale key: another process hashes strings under another seed."""
+    import copy
+    import pickle
+    from dataclasses import replace
+
+    a = Signature.parse("m k, n k -> m n", {"m": 4, "k": 8, "n": 2}, {"k": REDUCE})
+    b = Signature.parse("m k, n k -> m n", {"m": 4, "k": 8, "n": 2}, {"k": REDUCE})
+    c = Signature.parse("m k, n k -> m n", {"m": 4, "k": 8, "n": 3}, {"k": REDUCE})
+    assert a == b and hash(a) == hash(b) and a is not b
+    assert a != c and {a: 1}.get(c) is None and a != "m k, n k -> m n"
+    for copied in (pickle.loads(pickle.dumps(a)), copy.deepcopy(a), replace(a)):
+        assert copied == a and hash(copied) == hash(a)
+    assert pickle.loads(pickle.dumps(a))._key is None  # made again where it is used
+    assert repr(a) == repr(b) and "_key" not in repr(a)

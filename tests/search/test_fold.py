@@ -133,3 +133,46 @@ def test_the_folded_total_with_parameter_layouts_is_the_evaluator(model, mesh, t
     want = evaluate_strategies(graph, m, fold.expand(reduced), opts, layouts).total
     got = fold.total(m, reduced, opts, experts.fsdp_param_layouts(fold.reduced, m))
     assert got == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh", "train"),
+    [("gpt3", "2x4", True), ("bert-base", "6", False), ("llama3-8b", "4x2", True)],
+)
+def test_the_full_breakdown_read_off_the_reduced_rows_is_the_evaluator(model, mesh, train):
+    """`Fold.repeats`' rows give the full graph's breakdown equal, field by field and row by row,
+    to the evaluator walking every op (random uniform plans and D-Rec's), and refuse a plan
+    that is not an expansion or a ZeRO pricing."""
+    from dataclasses import replace
+
+    from shardplan.cost import ScoreCache
+
+    graph = _deep(model, 8)
+    mesh = sp.parse_mesh(mesh)
+    opts = CostOptions.make(train=train)
+    fold = find_fold(graph)
+    assert fold is not None
+    rng = random.Random(5)
+    ops = fold.full.ops
+    first = fold.start + fold.period
+    plans = [drec(graph, mesh, opts)]
+    for _ in range(3):
+        plan = _random_plan(fold.reduced, mesh, rng)
+        for j in range(fold.period):  # a uniform interior: block 2 decides as block 1
+            plan[ops[first + fold.period + j].name] = plan[ops[first + j].name]
+        plans.append(fold.expand(plan))
+    for full in plans:
+        cache = ScoreCache(graph, mesh, opts)
+        rows = fold.repeats(mesh, full, opts, cache)
+        assert rows is not None
+        assert evaluate_strategies(graph, mesh, full, opts, None, cache, rows) == (
+            evaluate_strategies(graph, mesh, full, opts)
+        )
+    cut = next(p for p in plans if any(any(p[op.name]) for op in ops))  # a plan cutting ops
+    block4 = ops[fold.start + 4 * fold.period : fold.start + 5 * fold.period]  # not kept
+    moved = next(op.name for op in block4 if any(cut[op.name]))
+    other = {**cut, moved: (None,) * len(mesh.rounds)}  # block 4 unlike block 2
+    cache = ScoreCache(graph, mesh, opts)
+    assert fold.repeats(mesh, other, opts, cache) is None
+    zero = replace(opts, zero=1)
+    assert fold.repeats(mesh, plans[0], zero, ScoreCache(graph, mesh, zero)) is None

@@ -362,3 +362,41 @@ def test_periodic_reductions_need_no_four_period_confirmation(monkeypatch):
     cuts[middle] = tuple("x" if c is None else None for c in cuts[middle])
     prof.per_sub[key] = (three, cuts)
     assert not prof._periodic(shape, family)
+
+
+def test_a_family_absent_from_the_first_chunk_prices_the_later_ones(monkeypatch):
+    """A family that does not apply to the first long chunk priced (D-Rec's plan there has no
+    tensor-parallel round for sequence parallelism: its reductions price None) proves no
+    increment, and a later chunk where it applies is priced as if first, equal to a fresh
+    profiler's price (Llama-3 8B on mesh 9 crashed on None's fields here)."""
+    from shardplan.search.step import profiles
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt17, "3x2", batch=12, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    starts = _Search(problem, mesh, _drec_planner).chunk_starts(2)
+
+    def profiler():
+        search = _Search(problem, mesh, _drec_planner)
+        return search.profiler(6, stage_mesh(mesh, 1))
+
+    family = profiles.Family("megatron", 2)
+    fresh = profiler().profile(starts[1], len(profiler().segs), family)
+    assert fresh is not None
+    prof = profiler()
+    real = profiles.StageProfiler._reduced
+    first_chunk = {"calls": 0}
+
+    def absent_first(self, shape, j, fam):  # the first chunk's two reductions: planned (their
+        found = real(self, shape, j, fam)  # strategies cut as one period repeated) but priced None
+        if fam == family and shape.a == starts[0] and first_chunk["calls"] < 2:
+            first_chunk["calls"] += 1
+            return None
+        return found
+
+    monkeypatch.setattr(profiles.StageProfiler, "_reduced", absent_first)
+    prof.profile(starts[0], starts[1], family)
+    assert first_chunk["calls"] == 2 and prof.increments[family] is None
+    later = prof.profile(starts[1], len(prof.segs), family)
+    assert later is not None and math.isclose(later.fwd_compute_s, fresh.fwd_compute_s)
+    assert math.isclose(later.activation_bytes, fresh.activation_bytes)

@@ -88,7 +88,10 @@ def baseline_plans(
         if below is not None and _compute(graph, strategies, cache) >= below:
             continue
         params = layouts(graph, mesh) if layouts is not None else None
-        plans.append(scored_plan(graph, mesh, strategies, method, opts, cache, params))
+        rows = None  # an expanded plan's rows read off the reduced graph (`Fold.repeats`)
+        if base in folded and params is None:
+            rows = fold.repeats(mesh, strategies, opts, cache)  # type: ignore[union-attr]
+        plans.append(scored_plan(graph, mesh, strategies, method, opts, cache, params, rows))
     return plans
 
 

@@ -133,8 +133,9 @@ def _drec_search(
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     strategies, folded = drec_folded(graph, mesh, opts, fixed=fixed, cache=cache)
     notes: list[str] = [folded.note()] if folded is not None else []
+    rows = folded.repeats(mesh, strategies, opts, cache) if folded is not None else None
     best = replace(
-        scored_plan(graph, mesh, strategies, "drec", opts, cache),
+        scored_plan(graph, mesh, strategies, "drec", opts, cache, None, rows),
         search_seconds=time.perf_counter() - start,
         notes=tuple(notes),
     )
@@ -149,8 +150,9 @@ def _drec_search(
     leanest = best
     for k in range(8):
         lam = base / budget * 4.0**k
-        strategies = drec_folded(graph, mesh, opts, lam, fixed=fixed, cache=cache)[0]
-        candidate = scored_plan(graph, mesh, strategies, "drec", opts, cache)
+        strategies, fold = drec_folded(graph, mesh, opts, lam, fixed=fixed, cache=cache)
+        rows = fold.repeats(mesh, strategies, opts, cache) if fold is not None else None
+        candidate = scored_plan(graph, mesh, strategies, "drec", opts, cache, None, rows)
         assert candidate.cost is not None and leanest.cost is not None
         if candidate.cost.memory_per_device < leanest.cost.memory_per_device:
             leanest = candidate

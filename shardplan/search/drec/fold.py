@@ -32,9 +32,11 @@ from shardplan.cost.evaluate import (
     op_terms,
     output_layouts,
     param_homes,
+    plan_rows,
 )
 from shardplan.cost.linear import memory_pieces
 from shardplan.cost.presets import CostOptions
+from shardplan.cost.rows import Rows
 from shardplan.ir.graph import Graph, make_graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh
@@ -211,6 +213,34 @@ class Fold:
     def expand(self, plan: Mapping[str, Strategy]) -> dict[str, Strategy]:
         """The full graph's strategies from a uniform reduced plan."""
         return {op.name: plan[self._stand_in(i)] for i, op in enumerate(self.full.ops)}
+
+    def stand_ins(self) -> list[int]:
+        """Per full-graph op, the reduced-graph op whose decision and row it takes (`expand`):
+        itself outside blocks 3..n-2, its block-2 copy inside. O(ops)."""
+        index, ops, period = self.reduced.op_index, self.full.ops, self.period
+        inner = self.start + 3 * period  # block 3's first op
+        after = self.start + (self.count - 1) * period  # the last block's
+        block2 = [index[ops[self.start + 2 * period + j].name] for j in range(period)]
+        return [
+            *(index[op.name] for op in ops[:inner]),
+            *block2 * (self.count - KEPT),
+            *(index[op.name] for op in ops[after:]),
+        ]
+
+    def repeats(
+        self, mesh: Mesh, plan: Mapping[str, Strategy], opts: CostOptions, cache: ScoreCache
+    ) -> tuple[Rows, list[int]] | None:
+        """The evaluator's rows of `expand(plan)` on the full graph (`cache`, a `ScoreCache` of
+        it), read off the reduced graph's (`evaluate_strategies`' `repeats`): blocks 3..n-2 see
+        what block 2 sees (the fold's identity: same neighbours, readers, credits), so their rows
+        are block 2's; every other op is in the reduced graph, in the same context. None for a
+        plan `expand` would not give (blocks 1 and 2 not alike) or with ZeRO pricing (its
+        storage collectives read the whole graph's parameters)."""
+        reduced = {op.name: plan[op.name] for op in self.reduced.ops}
+        if opts.zero or not self.uniform(reduced) or self.expand(reduced) != dict(plan):
+            return None
+        scoring = ScoreCache(self.reduced, mesh, opts, cache.table)  # its prices: the table's
+        return plan_rows(self.reduced, mesh, reduced, opts, scoring), self.stand_ins()
 
     def total(
         self,

@@ -369,7 +369,11 @@ class StageProfiler:
             return self._whole(a, e, family)
         own2, own3 = (self._reduced(shape, j, family) for j in (2, 3))
         if family not in self.increments:  # the first chunk of the run priced under this family
-            linear = self._periodic(shape, family) or self._confirmed(shape, family, own2, own3)
+            # a family that does not apply to this chunk (None) proves no increment either
+            priced = own2 is not None and own3 is not None
+            linear = priced and (
+                self._periodic(shape, family) or self._confirmed(shape, family, own2, own3)
+            )
             self.increments[family] = (own2, own3) if linear else None  # type: ignore[assignment]
         step = self.increments[family]
         if own2 is None or own3 is None or _peaks(own2) != _peaks(own3):
