@@ -62,22 +62,31 @@ def _random_plan(graph, mesh, rng):
     return plan
 
 
+def _folded(model: str, mesh: str, train: bool):
+    """An 8-layer `model`, its mesh, options and fold."""
+    graph = _deep(model, 8)
+    fold = find_fold(graph)
+    assert fold is not None
+    return graph, sp.parse_mesh(mesh), CostOptions.make(train=train), fold
+
+
+def _uniform_plan(fold, mesh, rng: random.Random) -> dict:
+    """A random plan of the reduced graph whose block 2 decides as block 1 (a uniform interior)."""
+    plan = _random_plan(fold.reduced, mesh, rng)
+    ops, first = fold.full.ops, fold.start + fold.period
+    for j in range(fold.period):
+        plan[ops[first + fold.period + j].name] = plan[ops[first + j].name]
+    return plan
+
+
 @pytest.mark.parametrize(
     ("model", "mesh", "train"), [("gpt3", "2x4", True), ("bert-base", "6", False)]
 )
 def test_the_folded_score_is_the_evaluator_on_the_expanded_plan(model, mesh, train):
-    graph = _deep(model, 8)
-    mesh = sp.parse_mesh(mesh)
-    opts = CostOptions.make(train=train)
-    fold = find_fold(graph)
-    assert fold is not None
+    graph, mesh, opts, fold = _folded(model, mesh, train)
     rng = random.Random(3)
-    ops = fold.full.ops
     for _ in range(4):
-        plan = _random_plan(fold.reduced, mesh, rng)
-        first = fold.start + fold.period
-        for j in range(fold.period):  # a uniform interior: block 2 decides as block 1
-            plan[ops[first + fold.period + j].name] = plan[ops[first + j].name]
+        plan = _uniform_plan(fold, mesh, rng)
         assert fold.uniform(plan)
         full = fold.expand(plan)
         cost = evaluate_strategies(graph, mesh, full, opts)
@@ -147,20 +156,11 @@ def test_the_full_breakdown_read_off_the_reduced_rows_is_the_evaluator(model, me
 
     from shardplan.cost import ScoreCache
 
-    graph = _deep(model, 8)
-    mesh = sp.parse_mesh(mesh)
-    opts = CostOptions.make(train=train)
-    fold = find_fold(graph)
-    assert fold is not None
+    graph, mesh, opts, fold = _folded(model, mesh, train)
     rng = random.Random(5)
     ops = fold.full.ops
-    first = fold.start + fold.period
     plans = [drec(graph, mesh, opts)]
-    for _ in range(3):
-        plan = _random_plan(fold.reduced, mesh, rng)
-        for j in range(fold.period):  # a uniform interior: block 2 decides as block 1
-            plan[ops[first + fold.period + j].name] = plan[ops[first + j].name]
-        plans.append(fold.expand(plan))
+    plans += [fold.expand(_uniform_plan(fold, mesh, rng)) for _ in range(3)]
     for full in plans:
         cache = ScoreCache(graph, mesh, opts)
         rows = fold.repeats(mesh, full, opts, cache)
