@@ -60,6 +60,7 @@ from shardplan.cost.zero import (
     ZeroParam,
     ZeroStep,
     gradient_elements,
+    param_reads,
     update_bytes,
     zero_params,
     zero_steps,
@@ -153,7 +154,10 @@ def profile_stage(
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
         bwd_comm += ring.exposed_bwd_s - ring.scatter_s
     act = _activations(graph, prices, rounds, opts, op_compute, cache)
-    params = zero_params(graph, rounds, strategies, opts.train, [p.inputs for p in prices])
+    reads = cache.memo.get("param reads")  # the graph's alone: one list for every plan
+    if reads is None:
+        reads = cache.memo["param reads"] = param_reads(graph)
+    params = zero_params(graph, rounds, strategies, opts.train, [p.inputs for p in prices], reads)
     update = _update_seconds(graph, mesh, strategies, opts, params)
     return StageProfile(
         fwd_compute_s=fwd,

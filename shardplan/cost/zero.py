@@ -118,38 +118,50 @@ class ZeroParam:
     first_reader: int
 
 
+def param_reads(graph: Graph) -> list[tuple[int, int, str]]:
+    """Every read of a parameter: (op index, operand position, name), in graph order."""
+    tensors = graph.tensors
+    return [
+        (index, pos, name)
+        for index, op in enumerate(graph.ops)
+        for pos, name in enumerate(op.inputs)
+        if tensors[name].role is Role.PARAMETER
+    ]
+
+
 def zero_params(
     graph: Graph,
     rounds: Sequence[Round],
     strategies: Mapping[str, Strategy],
     train: bool,
     layouts: Sequence[Sequence[Layout]] | None = None,
+    reads: Sequence[tuple[int, int, str]] | None = None,
 ) -> dict[str, ZeroParam]:
     """The ZeRO facts of every parameter some op reads (see the module docstring); `layouts`:
-    per op, its inputs' layouts when known."""
+    per op, its inputs' layouts when known; `reads`: the graph's `param_reads` when kept."""
     homes: dict[str, tuple[Layout, int]] = {}
     reduced: dict[str, set[int]] = {}
-    tensors, requires_grad = graph.tensors, graph.requires_grad
+    tensors, requires_grad, ops = graph.tensors, graph.requires_grad, graph.ops
     big = [rnd.q > 1 for rnd in rounds]
-    for index, op in enumerate(graph.ops):
-        strategy = strategies[op.name]
-        cut: list[int] | None = None  # rounds of q > 1 the op cuts
-        for pos, name in enumerate(op.inputs):
-            if tensors[name].role is not Role.PARAMETER:
-                continue
-            if layouts is not None:
-                layout = layouts[index][pos]
-            else:
-                layout = operand_layout(op, strategy, pos)
-            if name not in homes:
-                homes[name] = (layout, index)
-            if train and name in requires_grad:  # where stage 0 all-reduces its gradient
-                if cut is None:
-                    cut = [r for r, c in enumerate(strategy) if c is not None and big[r]]
-                red = reduced.get(name)
-                if red is None:
-                    red = reduced[name] = set()
-                red.update(r for r in cut if layout[r] < 0)
+    cut_of: dict[int, list[int]] = {}  # per op index, the rounds of q > 1 it cuts
+    for index, pos, name in param_reads(graph) if reads is None else reads:
+        if layouts is not None:
+            layout = layouts[index][pos]
+        else:
+            op = ops[index]
+            layout = operand_layout(op, strategies[op.name], pos)
+        if name not in homes:
+            homes[name] = (layout, index)
+        if train and name in requires_grad:  # where stage 0 all-reduces its gradient
+            cut = cut_of.get(index)
+            if cut is None:
+                strategy = strategies[ops[index].name]
+                cut = [r for r, c in enumerate(strategy) if c is not None and big[r]]
+                cut_of[index] = cut
+            red = reduced.get(name)
+            if red is None:
+                red = reduced[name] = set()
+            red.update(r for r in cut if layout[r] < 0)
     out: dict[str, ZeroParam] = {}
     # repeated layers: one shard, group and size per shape and home
     shards: dict[tuple[object, ...], tuple[Layout, tuple[int, ...], int]] = {}
@@ -319,11 +331,12 @@ def update_bytes(
         return plain, sharded
     if params is None:
         params = zero_params(graph, rounds, strategies, opts.train)
+    local: dict[tuple[object, ...], float] = {}  # repeated layers: one count per size and home
     for p in params.values():
         t = graph.tensors[p.name]
         if p.name not in graph.requires_grad:
             continue
-        per = _local_numel(t.numel, p.home, rounds) * opts.update_bytes_for(opts.element_bytes(t))
+        per = _held(local, t.numel, p.home, rounds) * opts.update_bytes_for(opts.element_bytes(t))
         plain += per
         sharded += per / p.ways
     return plain, sharded
@@ -334,11 +347,22 @@ def gradient_elements(
 ) -> float:
     """Gradient elements one device holds: each parameter needing a gradient, in its home
     layout (what the data-parallel all-reduce or reduce-scatter moves). O(params x rounds)."""
+    local: dict[tuple[object, ...], float] = {}
     return sum(
-        _local_numel(graph.tensors[p.name].numel, p.home, rounds)
+        _held(local, graph.tensors[p.name].numel, p.home, rounds)
         for p in params.values()
         if p.name in graph.requires_grad
     )
+
+
+def _held(
+    known: dict[tuple[object, ...], float], numel: int, layout: Layout, rounds: Sequence[Round]
+) -> float:
+    """`_local_numel`, kept in `known` by (numel, layout)."""
+    found = known.get((numel, layout))
+    if found is None:
+        found = known[numel, layout] = _local_numel(numel, layout, rounds)
+    return found
 
 
 def _local_numel(numel: int, layout: Layout, rounds: Sequence[Round]) -> float:
@@ -421,6 +445,8 @@ __all__ = [
     "check_zero_options",
     "gather_terms",
     "gradient_elements",
+    "param_reads",
+    "update_bytes",
     "zero_bytes",
     "zero_layout",
     "zero_layouts",

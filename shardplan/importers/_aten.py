@@ -465,7 +465,14 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.narrow.default")(_narrow)
     reg("aten.select.int")(_select)
     reg("aten.split_with_sizes.default")(_split_with_sizes)
-    reg("aten.split.Tensor", "aten.chunk.default")(_split)  # sizes read off the results
+    # sizes read off the results (tensor_split: its dim, like split's, is the third argument;
+    # transformers >= 5's Mamba splits its projection so)
+    reg(
+        "aten.split.Tensor",
+        "aten.chunk.default",
+        "aten.tensor_split.indices",
+        "aten.tensor_split.sections",
+    )(_split)
     reg("aten.unbind.int")(_unbind)
     reg("aten.index.Tensor")(_index)  # a 2-D table on axis 0 -> embedding
     reg("aten.index_select.default")(_index_select)

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 import shardplan as sp  # noqa: E402
 from shardplan.cost import CostOptions, evaluate_strategies  # noqa: E402
 from shardplan.importers import torch as importer  # noqa: E402
+from shardplan.search.drec import drec  # noqa: E402
 
 
 class _Gpt(torch.nn.Module):
@@ -63,11 +64,11 @@ def test_direct_translation_equals_the_decomposed_one():
     for mesh in ("8", "2x4"):
         mesh = sp.parse_mesh(mesh)
         costs = [
-            evaluate_strategies(g, mesh, sp.search.drec.drec(g, mesh, opts), opts).total
+            evaluate_strategies(g, mesh, drec(g, mesh, opts), opts).total
             for g in (direct, decomposed)
         ]
         assert costs[0] == pytest.approx(costs[1], rel=1e-12)
-        plan = sp.search.drec.drec(direct, mesh, opts)
+        plan = drec(direct, mesh, opts)
         assert any(any(s) for s in plan.values())  # a plan that cuts, not all replicated
 
 
@@ -160,7 +161,7 @@ def test_hugging_face_models_translate_directly(name):
     opts = CostOptions.make()
     mesh = sp.parse_mesh("4")
     costs = [
-        evaluate_strategies(g, mesh, sp.search.drec.drec(g, mesh, opts), opts).total
+        evaluate_strategies(g, mesh, drec(g, mesh, opts), opts).total
         for g in (direct, decomposed)
     ]
     # the same heavy ops; fewer elementwise ops (silu, softplus as one op each) cost no more
