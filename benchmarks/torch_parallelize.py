@@ -1,7 +1,7 @@
 """Hugging Face models trained through `shardplan.torch.parallelize` (and PyTorch's own
 tensor-parallel API via `to_torch_tp`) on 4 gloo processes, mesh 2x2: the losses and parameters
 against one process, and the collectives of one training step by kind (count and bytes sent per
-device, measured with CommDebugMode and a dispatch-mode byte counter) next to the plan's
+device, measured with a dispatch mode that counts each collective and its bytes) next to the plan's
 predicted bytes per kind. Issue 12.
 
 Run: python benchmarks/torch_parallelize.py

@@ -64,6 +64,15 @@ def _unary(kind: str, approx: bool = False) -> Rule:
 
     return rule
 
+_TENSOR_SPLIT = ("aten.tensor_split.indices", "aten.tensor_split.sections")
+_ALIASES = (  # values that do not change
+    "aten.clone.default",
+    "aten.alias.default",
+    "aten.detach.default",
+    "aten.lift_fresh_copy.default",
+    "aten.contiguous.default",
+)
+
 
 def _binary(kind: str, approx: bool = False) -> Rule:
     """Two tensors broadcast; a Python scalar operand becomes the `scalar` attribute
@@ -428,13 +437,7 @@ def aten_table() -> TranslationTable[str, Rule]:
     for key, (kind, approx) in _ELEMENTWISE_BINARY.items():
         reg(key)(_binary(kind, approx))
     # values that do not change: no op
-    reg(
-        "aten.clone.default",
-        "aten.alias.default",
-        "aten.detach.default",
-        "aten.lift_fresh_copy.default",
-        "aten.contiguous.default",
-    )(_alias)
+    reg(*_ALIASES)(_alias)
     reg(
         "aten._to_copy.default",
         "prims.convert_element_type.default",
@@ -465,14 +468,8 @@ def aten_table() -> TranslationTable[str, Rule]:
     reg("aten.narrow.default")(_narrow)
     reg("aten.select.int")(_select)
     reg("aten.split_with_sizes.default")(_split_with_sizes)
-    # sizes read off the results (tensor_split: its dim, like split's, is the third argument;
-    # transformers >= 5's Mamba splits its projection so)
-    reg(
-        "aten.split.Tensor",
-        "aten.chunk.default",
-        "aten.tensor_split.indices",
-        "aten.tensor_split.sections",
-    )(_split)
+    # sizes read off the results (tensor_split, transformers 5's Mamba: its dim is split's)
+    reg("aten.split.Tensor", "aten.chunk.default", *_TENSOR_SPLIT)(_split)
     reg("aten.unbind.int")(_unbind)
     reg("aten.index.Tensor")(_index)  # a 2-D table on axis 0 -> embedding
     reg("aten.index_select.default")(_index_select)

@@ -7,9 +7,12 @@
    the plan really shards (or takes `plan_json`);
 3. runs `steps` AdamW steps on the single-process copy and on `parallelize(module, plan=...)`
    (or, with `engine="torch_tp"`, on `parallelize_module(module, mesh, to_torch_tp(plan))`);
-4. counts the collectives of the first parallel step (forward + backward) by kind with
-   `CommDebugMode` and measures their bytes per device (ring formulas, as the cost model counts
-   them) next to the plan's prediction per kind (`predict_by_op`, train mode);
+4. counts the collectives of the first parallel step (forward + backward) by kind with a
+   dispatch mode that sees each functional collective once, after DTensor lowers it (as
+   `CommDebugMode` counts them, without its module tracker: under torch 2.13 with
+   transformers 5 its forward hook pops past the root module, IndexError), and
+   measures their bytes per device (ring formulas, as the cost model counts them) next to the
+   plan's prediction per kind (`predict_by_op`, train mode);
 5. returns, on rank 0, the losses of both runs, the largest parameter difference and the counts.
 
 Cost: two exports and two plans per process, then 2 x `steps` forward/backward passes.
@@ -275,7 +278,6 @@ def train_worker(
     """
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor.debug import CommDebugMode
 
     from shardplan.exporters.plan_json import to_json
     from shardplan.importers.torch import trace_torch
@@ -292,12 +294,11 @@ def train_worker(
     trace = trace_torch(module, args, kwargs)
     graph = trace.result.graph
     plan, memory = _plan_for(graph, mesh, method, memory_fraction, plan_json)
-    comm = CommDebugMode()
     recorder = _Recorder()
 
     @_contextmanager
     def measured() -> Any:
-        with comm, _byte_mode(recorder):
+        with _byte_mode(recorder):
             yield
 
     parallel, per_round = _parallel_module(engine, module, trace, plan)
@@ -307,11 +308,7 @@ def train_worker(
     worst, sharded = _param_difference(ref_state, parallel.state_dict())
     if dist.get_rank() != 0:
         return None
-    counts = {k: 0 for k in KINDS}
-    for op, n in comm.get_comm_counts().items():
-        kind = kind_of(str(op))
-        if kind is not None:
-            counts[kind] += int(n)
+    counts = {k: int(v[0]) for k, v in recorder.kinds.items()}
     return {
         "engine": engine,
         "method": method,
