@@ -24,6 +24,7 @@ from shardplan.cost.rows import OpCost, Rows, credited, op_rows, own_and_edges
 from shardplan.cost.price import (
     OpPrice,
     faster_rounds,
+    op_compute,
     operand_infos,
     price_op,
     round_intra,
@@ -321,6 +322,7 @@ class PriceTable:
         self.fast = faster_rounds(mesh.rounds)
         self.forward_opts = dataclass_replace(opts, train=False)
         self.prices: dict[tuple[int, Strategy], OpPrice] = {}
+        self.computes: dict[tuple[int, Strategy], float] = {}  # compute alone, not yet priced
         self.valid: set[tuple[object, ...]] = set()  # (class, strategy) pairs checked valid
         self.credits: dict[tuple[object, ...], CommTerms] = {}
         self.moves: dict[tuple[object, ...], CommTerms] = {}
@@ -351,6 +353,7 @@ class ScoreCache:
         self._fast, self._forward_opts = table.fast, table.forward_opts
         self._prices, self.valid = table.prices, table.valid
         self._credits, self._moves = table.credits, table.moves
+        self._computes = table.computes
         self._bytes: dict[tuple[object, ...], float] = {}  # by tensor name: this graph's
         self._sizes = table.bytes  # by (elements, width, layout): any graph's
         self.memo: dict[str, Any] = {}  # facts of this graph other cost modules derive once
@@ -380,6 +383,20 @@ class ScoreCache:
         if found is None:
             found = self._prices[key] = price_op(
                 self.graph, op, strategy, self.mesh, self.opts, self._fast, self._forward_opts
+            )
+        return found
+
+    def compute(self, op: Op, cid: int, strategy: Strategy) -> float:
+        """The op's compute under `strategy`: its price's, else `price.op_compute` (kept) when
+        the strategy is not priced yet (a floor tested before pricing it whole)."""
+        price = self._prices.get((cid, strategy))
+        if price is not None:
+            return price.compute
+        key = (cid, strategy)
+        found = self._computes.get(key)
+        if found is None:
+            found = self._computes[key] = op_compute(
+                self.graph, op, strategy, self.mesh, self.opts, self._fast
             )
         return found
 

@@ -229,14 +229,7 @@ def price_op(
     facts = opts.preset.symbolic or any(c in reducing for c in strategy if c is not None)
     outs, out_pieces = _operands(graph, op, strategy, True, rounds, opts, outs_lay, fast, facts)
     per_round = round_intra(op, strategy, rounds, ins, outs, opts)
-    parts = 1
-    for r, cut in zip(rounds, strategy, strict=True):
-        if cut is not None:
-            parts *= r.q
-    nbytes = sum(p.nbytes for p in (*in_pieces, *out_pieces))
-    bwd = backward_bytes(op.kind, in_pieces, out_pieces)
-    flops = op.flops / parts
-    compute = compute_cost(flops, nbytes, opts, mesh, bwd, backward_recompute(op.kind))
+    flops, nbytes, compute = _compute(op, strategy, rounds, in_pieces, out_pieces, opts, mesh)
     if forward_opts is None:
         forward_opts = dataclass_replace(opts, train=False)
     forward = compute_cost(flops, nbytes, forward_opts, mesh)
@@ -244,6 +237,44 @@ def price_op(
     return OpPrice(
         ins_lay, outs_lay, consumed, ins, outs, per_round, sum_rounds(per_round), compute, forward
     )
+
+
+def op_compute(
+    graph: Graph,
+    op: Op,
+    strategy: Strategy,
+    mesh: Mesh,
+    opts: CostOptions,
+    fast: Fast | None = None,
+) -> float:
+    """`price_op(...).compute` alone: the operands' pieces without their per-round facts and
+    no intra terms (a floor a search can test before pricing a strategy whole)."""
+    rounds = mesh.rounds
+    fast = fast if fast is not None else faster_rounds(rounds)
+    ins_lay, outs_lay = operand_layouts(op, strategy)
+    ins = _operands(graph, op, strategy, False, rounds, opts, ins_lay, fast, False)[1]
+    outs = _operands(graph, op, strategy, True, rounds, opts, outs_lay, fast, False)[1]
+    return _compute(op, strategy, rounds, ins, outs, opts, mesh)[2]
+
+
+def _compute(
+    op: Op,
+    strategy: Strategy,
+    rounds: Sequence[Round],
+    in_pieces: Sequence[Piece],
+    out_pieces: Sequence[Piece],
+    opts: CostOptions,
+    mesh: Mesh,
+) -> tuple[float, float, float]:
+    """(local FLOPs, local bytes, compute) of one device's piece of `op` under `strategy`."""
+    parts = 1
+    for r, cut in zip(rounds, strategy, strict=True):
+        if cut is not None:
+            parts *= r.q
+    nbytes = sum(p.nbytes for p in (*in_pieces, *out_pieces))
+    bwd = backward_bytes(op.kind, in_pieces, out_pieces)
+    flops = op.flops / parts
+    return flops, nbytes, compute_cost(flops, nbytes, opts, mesh, bwd, backward_recompute(op.kind))
 
 
 def shared_intra(
@@ -269,6 +300,7 @@ def shared_intra(
 __all__ = [
     "OpPrice",
     "faster_rounds",
+    "op_compute",
     "operand_infos",
     "price_op",
     "round_intra",

@@ -11,7 +11,7 @@ from shardplan.cost import CostOptions, ScoreCache, evaluate_strategies
 from shardplan.cost.backward import backward_bytes
 from shardplan.cost.evaluate import op_intra, previous_consumer, share_credit
 from shardplan.cost.presets import PRESETS
-from shardplan.cost.price import price_op, shared_intra
+from shardplan.cost.price import op_compute, price_op, shared_intra
 from shardplan.cost.terms import compute_cost, local_bytes
 from shardplan.cost.work import forward_compute, op_pieces
 from shardplan.cost.zero import zero_params, zero_steps
@@ -60,6 +60,7 @@ def test_price_matches_the_reference_definitions(opts):
             nbytes = sum(p.nbytes for p in (*pin, *pout))
             bwd = backward_bytes(op.kind, pin, pout)
             assert price.compute == compute_cost(op.flops / parts, nbytes, opts, mesh, bwd)
+            assert op_compute(g, op, s, mesh, opts) == price.compute  # the floor polish tests
 
 
 @pytest.mark.parametrize("opts", OPTIONS[:1] + OPTIONS[2:])

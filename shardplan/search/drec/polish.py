@@ -131,7 +131,7 @@ class _Rows:
     def compute(self, j: int, strategy: Strategy) -> float:
         """Row j's compute (weighted) under `strategy`: a floor of its row."""
         op = self.graph.ops[j]
-        compute = self.cache.price(op, self.cache.classes[j], strategy).compute
+        compute = self.cache.compute(op, self.cache.classes[j], strategy)
         return compute * self.weights[j] if self.weights is not None else compute
 
     def set(self, i: int, strategy: Strategy) -> None:
