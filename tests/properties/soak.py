@@ -1,6 +1,7 @@
 """Run the training-planner property suites in chunks, each with a fresh random seed, and tally.
 
     python tests/properties/soak.py --examples 20000 [--chunk 500] [--jobs 2] [--first-seed 1]
+        [--suites test_training test_step_vs_recipes test_inputs test_plans]
 
 Each chunk is `pytest <suite> --hypothesis-profile=soak --hypothesis-seed=S` with
 SHARDPLAN_SOAK_EXAMPLES=chunk (tests/conftest.py), so a long run banks its progress chunk by
@@ -22,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = ("tests/properties/test_training.py", "tests/properties/test_step_vs_recipes.py")
+"""The suites soaked by default: the training planner's."""
 PASSING = re.compile(r"(\d+) passing examples")
 
 
@@ -47,10 +49,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--logs", type=Path, default=Path("soak-logs"))
+    ap.add_argument(
+        "--suites",
+        nargs="+",
+        default=[Path(s).stem for s in SUITES],
+        help="property suites (file stems under tests/properties) to alternate",
+    )
     args = ap.parse_args(argv)
+    suites = [f"tests/properties/{name.removesuffix('.py')}.py" for name in args.suites]
+    missing = [s for s in suites if not (ROOT / s).is_file()]
+    if missing:
+        ap.error(f"no property suite {', '.join(missing)}; see tests/properties/test_*.py")
     args.logs.mkdir(parents=True, exist_ok=True)
     chunks = -(-args.examples // args.chunk)
-    jobs = [(SUITES[k % len(SUITES)], args.first_seed + k) for k in range(chunks)]
+    jobs = [(suites[k % len(suites)], args.first_seed + k) for k in range(chunks)]
     total, failed = 0, 0
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_chunk, s, seed, args.chunk, args.logs) for s, seed in jobs]
