@@ -389,10 +389,10 @@ class ScoreCache:
     def compute(self, op: Op, cid: int, strategy: Strategy) -> float:
         """The op's compute under `strategy`: its price's, else `price.op_compute` (kept) when
         the strategy is not priced yet (a floor tested before pricing it whole)."""
-        price = self._prices.get((cid, strategy))
+        key = (cid, strategy)
+        price = self._prices.get(key)
         if price is not None:
             return price.compute
-        key = (cid, strategy)
         found = self._computes.get(key)
         if found is None:
             found = self._computes[key] = op_compute(

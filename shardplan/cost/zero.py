@@ -331,12 +331,11 @@ def update_bytes(
         return plain, sharded
     if params is None:
         params = zero_params(graph, rounds, strategies, opts.train)
-    local: dict[tuple[object, ...], float] = {}  # repeated layers: one count per size and home
     for p in params.values():
         t = graph.tensors[p.name]
         if p.name not in graph.requires_grad:
             continue
-        per = _held(local, t.numel, p.home, rounds) * opts.update_bytes_for(opts.element_bytes(t))
+        per = _local_numel(t.numel, p.home, rounds) * opts.update_bytes_for(opts.element_bytes(t))
         plain += per
         sharded += per / p.ways
     return plain, sharded
@@ -347,22 +346,11 @@ def gradient_elements(
 ) -> float:
     """Gradient elements one device holds: each parameter needing a gradient, in its home
     layout (what the data-parallel all-reduce or reduce-scatter moves). O(params x rounds)."""
-    local: dict[tuple[object, ...], float] = {}
     return sum(
-        _held(local, graph.tensors[p.name].numel, p.home, rounds)
+        _local_numel(graph.tensors[p.name].numel, p.home, rounds)
         for p in params.values()
         if p.name in graph.requires_grad
     )
-
-
-def _held(
-    known: dict[tuple[object, ...], float], numel: int, layout: Layout, rounds: Sequence[Round]
-) -> float:
-    """`_local_numel`, kept in `known` by (numel, layout)."""
-    found = known.get((numel, layout))
-    if found is None:
-        found = known[numel, layout] = _local_numel(numel, layout, rounds)
-    return found
 
 
 def _local_numel(numel: int, layout: Layout, rounds: Sequence[Round]) -> float:

@@ -334,9 +334,8 @@ def _closed(graph: Graph, start: int, period: int, k: int) -> bool:
     return True
 
 
-def _run(graph: Graph, labels: list[int], period: int, floor: float = -1.0) -> tuple[int, int]:
-    """(start, blocks) of the longest run of consistent blocks of this period; a stretch of
-    repeating labels too short to save more than `floor` ops is not checked (it cannot win)."""
+def _run(graph: Graph, labels: list[int], period: int) -> tuple[int, int]:
+    """(start, blocks) of the longest run of consistent blocks of this period."""
     n = len(labels)
     best = (0, 0)
     i = 0
@@ -348,8 +347,6 @@ def _run(graph: Graph, labels: list[int], period: int, floor: float = -1.0) -> t
         while i + period < n and labels[i] == labels[i + period]:
             i += 1
         blocks = (i - a) // period + 1  # ops a .. i+period-1 repeat with this period
-        if (blocks - KEPT) * period <= floor:
-            continue  # its blocks, all consistent, would save no more than the best fold
         count = 1
         while count < blocks and _closed(graph, a, period, count - 1):
             if count >= 2 and not _consistent(graph, a, period, count):
@@ -375,7 +372,7 @@ def find_fold(graph: Graph, labels: Sequence[int] | None = None) -> Fold | None:
     for period, _ in gaps.most_common(3):
         if best is not None and len(labels) - KEPT * period <= best[0]:
             continue  # it saves at most the ops past its 4 kept blocks: it cannot save more
-        start, count = _run(graph, labels, period, best[0] if best is not None else -1.0)
+        start, count = _run(graph, labels, period)
         if count >= MIN_BLOCKS and (best is None or (count - KEPT) * period > best[0]):
             best = ((count - KEPT) * period, start, period, count)  # type: ignore[assignment]
     if best is None:
