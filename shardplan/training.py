@@ -69,6 +69,10 @@ class TrainingPlan:
     model order, device group d running chunks d, d + S, ..."""
     problem: Problem | None = field(default=None, compare=False, repr=False)
     """The Problem the plan was solved for (budget, machine, dtype, batch, ...)."""
+    step_floor_s: float | None = field(default=None, compare=False)
+    """A proven lower bound on the step of any plan of the layouts the step search considered
+    (`search/step/search.py`: FLOPs and bytes at the roofline over the pipeline's slots); the
+    plan's step over it is the gap to a certificate. None for plans not found by that search."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))

@@ -75,6 +75,7 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
         "tokens_per_sample": tp.tokens_per_sample,
         "axes": list(tp.axes),
         "search_seconds": tp.search_seconds,
+        "step_floor_s": tp.step_floor_s,
         "notes": list(tp.notes),
         "problem": plan_json.problem_to_dict(tp.problem),
         "step": tp.step.to_dict() if tp.step else None,
@@ -143,6 +144,8 @@ def _check_top(data: dict[str, Any]) -> None:
         )
     _int(data.get("tokens_per_sample", 1), "tokens_per_sample", 1)
     _num(data.get("search_seconds", 0.0), "search_seconds")
+    if data.get("step_floor_s") is not None:
+        _num(data["step_floor_s"], "step_floor_s")
     for key in ("axes", "notes"):
         for j, x in enumerate(_list(data.get(key, []), key)):
             _str(x, f"{key}[{j}]")
@@ -260,6 +263,7 @@ def from_json(text: str | bytes | dict[str, Any]) -> TrainingPlan:
         tuple(data.get("notes", ())),
         virtual_stages=data.get("virtual_stages", 1),
         problem=problem,
+        step_floor_s=None if data.get("step_floor_s") is None else float(data["step_floor_s"]),
     )
 
 

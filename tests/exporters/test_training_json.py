@@ -45,6 +45,7 @@ def test_round_trip_keeps_that_incoming_activations_need_a_gradient(two_stages):
     assert entry in back.stages[1].plan.graph.requires_grad
     assert back.step == evaluate_training(two_stages)  # re-scored exactly, not approximately
     assert training_json.to_json(back) == training_json.to_json(two_stages)
+    assert back.step_floor_s == two_stages.step_floor_s is not None  # the search's certificate
 
 
 def _swap(d):
@@ -88,6 +89,8 @@ def _mesh_shape(d):
         (_set("tokens_per_sample", -3), "tokens_per_sample"),
         (_set("search_seconds", float("nan")), "search_seconds"),
         (_set("search_seconds", float("inf")), "search_seconds"),
+        (_set("step_floor_s", float("nan")), "step_floor_s"),
+        (_set("step_floor_s", -1.0), "step_floor_s"),
         (_set("micro_batches", 1.5), "micro_batches"),
         (_set("micro_batches", "2"), "micro_batches"),
         (_set("micro_batches", 0), "micro_batches"),

@@ -1,6 +1,8 @@
 """The memory-aware layout bound (search/step/bounds.py): its byte floors are below what the step
 model keeps under any plan, and pruning by it never changes the search's result."""
 
+import re
+
 import pytest
 
 import shardplan as sp
@@ -56,7 +58,7 @@ def test_pruning_by_the_memory_bound_keeps_the_search_result(monkeypatch):
     assert [(s.plan.strategies, s.levers) for s in sharp.stages] == [
         (s.plan.strategies, s.levers) for s in plain.stages
     ]
-    evaluated = [int(tp.notes[-1].split(" of ")[-2].split()[-1]) for tp in (sharp, plain)]
+    evaluated = [int(re.search(r"(\d+) of \d+ layouts", tp.notes[-1])[1]) for tp in (sharp, plain)]
     assert evaluated[0] < evaluated[1]  # layouts that must recompute fully were bounded out
 
 
@@ -83,3 +85,40 @@ def test_every_layouts_sharpened_bound_is_below_its_step(memory):
             assert search.refined_bound(layout) <= choice.step_s * (1 + 1e-9)
             checked += 1
     assert checked >= 5 and any(c.virtual > 1 for c in layouts)
+
+
+def test_the_step_floor_is_below_every_layouts_step_and_every_fitting_recipe():
+    # the floor certifies the plan: no layout's best plan (evaluated here without pruning) and
+    # no Megatron recipe that fits steps faster; the search's step lies at or above it
+    from shardplan.errors import InfeasibleError
+    from shardplan.problem import Problem
+    from shardplan.search.step.layouts import layouts as all_layouts
+    from shardplan.search.step.search import _drec_planner, _Search
+    from shardplan.training import at_precision
+
+    budget = 160e6
+    tp = sp.plan(_activation_heavy, "4x2", method="step", batch=64, dtype="bf16", memory=budget)
+    floor = tp.step_floor_s
+    assert floor is not None and 0.0 < floor <= tp.step.step_s
+    assert "steps faster than" in tp.notes[-1]
+    opts = CostOptions.make(dtype="bf16")
+    problem = Problem(_activation_heavy(64), parse_mesh("4x2"), opts, budget, None, 64,
+                      _activation_heavy)  # fmt: skip
+    search = _Search(problem, at_precision(problem.mesh, opts), _drec_planner)
+    found = all_layouts(problem.graph, search.probe_split, search.mesh, 64, None,
+                        search.chunk_cuts, search.ideal)  # fmt: skip
+    steps = [c.step_s for c in (search.evaluate(x, lambda _m: None) for x in found) if c]
+    assert len(steps) >= 5 and min(steps) >= floor * (1 - 1e-9)
+    recipes = 0
+    for t in (1, 2):
+        for p in (1, 2, 4):
+            for mbs in (1, 2, 4):
+                try:
+                    r = sp.plan(_activation_heavy, "4x2", method="megatron-recipe", batch=64,
+                                dtype="bf16", tensor=t, pipeline=p, micro_batch_size=mbs)  # fmt: skip
+                except InfeasibleError:
+                    continue
+                if r.step.memory_per_device <= budget:
+                    assert r.step.step_s >= floor * (1 - 1e-9)
+                    recipes += 1
+    assert recipes >= 3

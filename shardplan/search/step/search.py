@@ -155,6 +155,7 @@ def _search_step(
     best: Choice | None = None
     tried = 0
     flat: dict[tuple[int, int, bool], Choice | None] = {}  # a group's v = 1 result
+    reached: dict[tuple[int, int, bool], float] = {}  # a group's least sharpened bound
     groups: dict[tuple[int, int, bool], list[Layout]] = {}  # (S, m, cut) -> layouts, v ascending
     for c in found:
         groups.setdefault(c.key(), []).append(c)
@@ -167,6 +168,7 @@ def _search_step(
             break
         if not refined:  # the least of its layouts' own sharpened bounds (each v its bubble)
             sharper = min(search.refined_bound(c) for c in groups[key])
+            reached[key] = sharper
             if sharper > bound:  # back in line behind the groups it no longer precedes
                 heapq.heappush(heap, (sharper, key, True))
                 continue
@@ -194,14 +196,18 @@ def _search_step(
         say(f"  the remaining layouts cannot beat {units.seconds(best.step_s)} (bound)")
     if best is None:
         raise search.infeasible(tried)
+    # no plan of any layout beats its bound: the least bound known, sharpened where reached
+    floor = min(reached.get(key, min(c.bound for c in g)) for key, g in groups.items())
+    floor = min(floor, best.step_s)
     tp = search.materialize(best)
-    notes = (*lever_notes(tp, budget), _search_note(best, tried, len(found)))
+    notes = (*lever_notes(tp, budget), _search_note(best, tried, len(found), floor))
     return replace(
         tp,
         axes=axis_summary(tp),
         search_seconds=time.perf_counter() - start,
         notes=notes,
         step=tp.step,
+        step_floor_s=floor,
     )
 
 
@@ -220,7 +226,7 @@ def _drec_planner(graph: Graph, mesh: Mesh, opts: CostOptions) -> Mapping[str, S
     return drec(graph, mesh, opts)
 
 
-def _search_note(best: Choice, tried: int, total: int) -> str:
+def _search_note(best: Choice, tried: int, total: int, floor: float) -> str:
     families: dict[str, list[int]] = {}
     for c, (family, _) in enumerate(best.assignment):
         families.setdefault(family.text(), []).append(c)
@@ -236,8 +242,16 @@ def _search_note(best: Choice, tried: int, total: int) -> str:
         f"stage plans: {won} ({how}); D-Rec, data-parallel and Megatron at every tensor degree "
         "(with expert parallelism on expert layers, context parallelism where the micro-batch "
         f"cannot fill the data-parallel ways) were priced on every stage under the step model; "
-        f"{tried} of {total} layouts evaluated, the rest bounded out"
+        f"{tried} of {total} layouts evaluated, the rest bounded out; no plan of these layouts "
+        f"steps faster than {units.seconds(floor)} (the proven bound: FLOPs and bytes at the "
+        f"roofline over the pipeline's slots), {_gap(best.step_s, floor)}"
     )
+
+
+def _gap(step: float, floor: float) -> str:
+    if floor <= 0.0 or step <= floor:
+        return "the step found is at that bound"
+    return f"the step found is {100.0 * (step / floor - 1.0):.1f} % above it"
 
 
 def _span(xs: list[int]) -> str:
