@@ -51,7 +51,7 @@ _MAPPED_LEVERS = frozenset(
 _MAPPED_PLAN = frozenset(
     {
         "model", "mesh", "batch", "micro_batches", "stages", "method", "tokens_per_sample",
-        "axes", "search_seconds", "notes", "step", "problem", "virtual_stages",
+        "axes", "search_seconds", "notes", "step", "problem", "virtual_stages", "step_floor_s",
     }
 )  # fmt: skip
 _MAPPED_STAGE = frozenset({"plan", "levers"})
