@@ -1,11 +1,14 @@
 """From `nn.Module` to plan: the torch importer's time split (export, translation, search).
 
-Two 24-block GPTs (hidden 1024, 16 heads, FFN 4096, seq 512, vocab 50304; batch 8 per slot of
+Three 24-block decoders (hidden 1024, 16 heads, FFN 4096, seq 512, vocab 50304; batch 8 per slot of
 the outer mesh axis), built on the meta device (no weights in memory), on meshes 8 and 2x4:
   * "gpt": the module of issue 13 (token + position embeddings, heads split with view and
     transpose, a causal mask, GELU);
   * "plain": plain `nn.Linear` blocks whose attention is written `softmax(q @ k.T) @ v` on the
     whole hidden width, one embedding, ReLU (issue 24).
+  * "llama": Hugging Face's `LlamaForCausalLM` from a config (4 KV heads, SwiGLU of width FFN,
+    RoPE; its RMSNorm exports decomposed, so the final norm's walks run along the residual adds
+    many layers back: `fold.Fold._light_suffix`).
 `torch.export.export` (torch's own time), translation by `import_torch` (decomposing to core ATen
 only when an op needs it) and, for comparison, translation after the full core-ATen decomposition
 the importer always ran before, then the D-Rec search (whether it folded the repeated blocks,
@@ -52,7 +55,22 @@ def plain_module(layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq
     return gpt_module(layers, hidden, heads, ffn, vocab, seq, plain=True)
 
 
-MODULES = {"gpt": gpt_module, "plain": plain_module}
+def llama_module(layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int) -> Any:
+    """Hugging Face `LlamaForCausalLM` (RoPE, SwiGLU, RMSNorm that the export decomposes into
+    pow/mean/rsqrt/mul, 4 KV heads) from a config, on the meta device, eager attention."""
+    from transformers import LlamaConfig
+
+    from shardplan.importers.hf_config import meta_module
+
+    config = LlamaConfig(
+        hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=4, vocab_size=vocab,
+        max_position_embeddings=seq, use_cache=False,
+    )  # fmt: skip
+    return meta_module(config, "LlamaForCausalLM")
+
+
+MODULES = {"gpt": gpt_module, "plain": plain_module, "llama": llama_module}
 
 
 def clock(fn: Any) -> tuple[Any, float, float]:
@@ -75,7 +93,8 @@ def _row(
     mesh = sp.parse_mesh(mesh_text)
     module = build(args.layers, 1024, 16, 4096, 50304, 512)
     ids = torch.zeros(batch, 512, dtype=torch.long, device="meta")
-    program, export_s, export_cpu = clock(lambda: torch.export.export(module, (ids,)))
+    kwargs = {"use_cache": False} if kind == "llama" else None  # Hugging Face's forward
+    program, export_s, export_cpu = clock(lambda: torch.export.export(module, (ids,), kwargs))
     result, trans_s, trans_cpu = clock(lambda: importer._translate(torch, program, kind, "error"))
     old, old_s, old_cpu = clock(
         lambda: importer._translate(torch, program, kind, "error", decompose=True)
@@ -134,9 +153,11 @@ def main() -> None:
         f"{info['load_before']:.1f} before, {info['load_after']:.1f} after (a shared machine).\n\n"
     )
     md += (
-        f"Two GPT `nn.Module`s, {args.layers} blocks, hidden 1024, 16 heads, FFN 4096, seq 512, "
-        "vocab 50304, on the meta device: 'gpt' (heads via view/transpose, causal mask, GELU) and "
-        "'plain' (plain `nn.Linear` blocks, attention `softmax(q @ k.T) @ v`, ReLU). Seconds wall "
+        f"Three decoder `nn.Module`s, {args.layers} blocks, hidden 1024, 16 heads, FFN 4096, seq "
+        "512, vocab 50304, on the meta device: 'gpt' (heads via view/transpose, causal mask, "
+        "GELU), 'plain' (plain `nn.Linear` blocks, attention `softmax(q @ k.T) @ v`, ReLU) and "
+        "'llama' (Hugging Face `LlamaForCausalLM` from a config: 4 KV heads, SwiGLU, RoPE, "
+        "RMSNorm exported decomposed). Seconds wall "
         "(CPU of this process). Translation: `import_torch` after export (decomposing only when "
         "needed); 'with full decomposition': the core-ATen decomposition the importer always ran "
         f"before. D-Rec search and `shardplan.plan`: best of {args.repeat}; 'folded': D-Rec "

@@ -44,6 +44,32 @@ def test_a_residual_stream_through_many_blocks_is_not_folded():
     assert fold.flex_graph() is None
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_an_imported_llama_folds_and_plans_as_the_full_search(model_type):
+    """A Hugging Face Llama / Qwen2 imports its RMSNorm decomposed (pow, mean, rsqrt, mul): the
+    final norm's walks run along the residual adds many layers back. Its suffix (norm and head)
+    is lighter than one layer, so those walks stop at the kept blocks and the run folds; the
+    plan is the full search's, op for op."""
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig
+
+    from shardplan.importers.hf_config import from_hf
+    from shardplan.search.drec.search import drec_folded
+
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]
+    config = AutoConfig.for_model(
+        model_type, architectures=[arch], hidden_size=64, intermediate_size=128,
+        num_hidden_layers=12, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+    )  # fmt: skip
+    graph = from_hf(config, batch=4, seq=32)
+    fold = find_fold(graph)
+    assert fold is not None and fold.count == 12 and fold.flex_graph() is not None
+    for mesh in ("8", "2x4"):
+        folded, used = drec_folded(graph, sp.parse_mesh(mesh), OPTS)
+        assert used is not None  # the fold was searched, its interior uniform
+        assert folded == drec(graph, sp.parse_mesh(mesh), OPTS, fold=False)
+
+
 def _random_plan(graph, mesh, rng):
     plan = {}
     for op in graph.ops:
