@@ -85,15 +85,16 @@ class Fold:
             index -= (k - 2) * self.period
         return self.full.ops[index].name
 
-    def _reduced_index(self, index: int, light: bool = False) -> int | None:
+    def _reduced_index(self, index: int, light: bool = False, suffix: bool = False) -> int | None:
         """The reduced-graph op in the place of full-graph op `index` as a neighbour of the
         last block or the suffix: blocks n-2, n-3 and n-4 are blocks 2, 1 and 0 there (the
         last block reads block 2 for n-2); None further back (the reduced graph has no such
-        place: behind block 0 it keeps the prefix instead). `light` (`_light_suffix`): blocks
-        n-4 and further back are `BEYOND`, a walk's end the reduced graph drops."""
+        place: behind block 0 it keeps the prefix instead). `light` (`_light_suffix`): what
+        lies further back, and block n-4 too for a neighbour of the `suffix` (whose edges to
+        block 0 `local` refuses), is `BEYOND`, a walk's end the reduced graph drops."""
         k = self._block(index)
         if 3 <= k <= self.count - 2:
-            if light and k <= self.count - KEPT:
+            if light and (k < self.count - KEPT or (suffix and k == self.count - KEPT)):
                 return BEYOND
             if k < self.count - KEPT:
                 return None
@@ -107,8 +108,8 @@ class Fold:
         a head, not ResNet-152's last stage of three bottlenecks). Their walks along a residual
         stream of transparent ops (a decomposed RMSNorm reads the last residual add) run many
         blocks back; such a suffix's pull on the blocks it reaches is weaker than a block's, so
-        those walks stop at the kept blocks n-3 and n-2 (dropped past them) rather than unfold
-        the run. Measured: Hugging Face Llama and Qwen2 imports plan identically folded and
+        those walks stop at the kept blocks (the suffix's past n-3, the last block's past n-4)
+        rather than unfold the run. Measured: Hugging Face Llama and Qwen2 imports plan identically folded and
         unfolded (tests/search/test_fold.py); a heavier suffix keeps the full search."""
         block = sum(1 for x in range(self.start, self.start + self.period) if x in heavy)
         after = self.start + self.count * self.period
@@ -139,12 +140,14 @@ class Fold:
         heavy = heavy_ops(full)
         kept = [full.op_index[op.name] for op in reduced.ops]
         late = self.start + 3 * self.period  # kept ops from here on are the last block, suffix
+        after = self.start + self.count * self.period  # the suffix: the ops after the run
         light = self._light_suffix(heavy)
-        beyond = partial(self._reduced_index, light=light)
+        last = partial(self._reduced_index, light=light)
+        beyond = partial(self._reduced_index, light=light, suffix=True)
         edges: list[FlexEdge] = []
         siblings: list[SiblingEdge] = []
         for v, x in enumerate(kept):
-            place = beyond if x >= late else self._same
+            place = (beyond if x >= after else last) if x >= late else self._same
             op = full.ops[x]
             if x not in heavy:
                 for a, a_pos, b, b_pos, pairs, a_via, b_via in sibling_sources(
