@@ -104,8 +104,12 @@ def load_config(
     kv = getattr(cfg, "num_key_value_heads", None)
     if heads is not None and isinstance(kv, int) and heads % kv:
         cfg.num_key_value_heads = math.gcd(kv, heads)  # K/V heads must divide the query heads
-    if derived_head_dim is not None and derived_head_dim == getattr(cfg, "head_dim", None):
-        cfg.head_dim = _head_dim(cfg)  # hidden // heads unless the config set it apart (Qwen3)
+    resized = hidden is not None or heads is not None
+    if resized and derived_head_dim is not None and derived_head_dim == getattr(cfg, "head_dim", None):
+        try:
+            cfg.head_dim = _head_dim(cfg)  # hidden // heads unless the config set it apart (Qwen3)
+        except AttributeError:
+            pass  # a read-only head_dim (Falcon's property) follows hidden and heads already
     if hidden is not None and hasattr(cfg, "intermediate_size"):
         cfg.intermediate_size = 4 * hidden
     cfg.use_cache = False

@@ -104,3 +104,18 @@ def test_import_coverage_configs_import_without_weights(arch):
     assert graph.num_params == sum(p.numel() for p in module.parameters())
     inputs = [t for t in graph.tensors.values() if t.role is Role.INPUT]
     assert inputs and all(t.shape[0] == 2 for t in inputs)
+
+
+@pytest.mark.parametrize("resize", [{}, {"hidden": 256, "heads": 8}])
+def test_a_config_whose_head_dim_is_read_only_imports(resize):
+    # Falcon derives head_dim in a property without a setter: the importer must not assign it
+    from transformers import FalconConfig
+
+    config = FalconConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=500,
+        architectures=["FalconForCausalLM"],
+    )  # fmt: skip
+    graph = sp.from_hf(config, batch=2, seq=16, **resize)
+    hidden = resize.get("hidden", 128)
+    assert any(op.kind == "linear" for op in graph.ops)
+    assert graph.tensors["transformer.word_embeddings.weight"].shape == (500, hidden)
