@@ -105,7 +105,8 @@ def load_config(
     if heads is not None and isinstance(kv, int) and heads % kv:
         cfg.num_key_value_heads = math.gcd(kv, heads)  # K/V heads must divide the query heads
     resized = hidden is not None or heads is not None
-    if resized and derived_head_dim is not None and derived_head_dim == getattr(cfg, "head_dim", None):
+    same = derived_head_dim is not None and derived_head_dim == getattr(cfg, "head_dim", None)
+    if resized and same:
         try:
             cfg.head_dim = _head_dim(cfg)  # hidden // heads unless the config set it apart (Qwen3)
         except AttributeError:

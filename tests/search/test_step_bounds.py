@@ -114,8 +114,9 @@ def test_the_step_floor_is_below_every_layouts_step_and_every_fitting_recipe():
         for p in (1, 2, 4):
             for mbs in (1, 2, 4):
                 try:
-                    r = sp.plan(_activation_heavy, "4x2", method="megatron-recipe", batch=64,
-                                dtype="bf16", tensor=t, pipeline=p, micro_batch_size=mbs)  # fmt: skip
+                    r = sp.plan(_activation_heavy, "4x2", method="megatron-recipe",
+                                batch=64, dtype="bf16", tensor=t, pipeline=p,
+                                micro_batch_size=mbs)  # fmt: skip
                 except InfeasibleError:
                     continue
                 if r.step.memory_per_device <= budget:

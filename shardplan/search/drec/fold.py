@@ -109,8 +109,9 @@ class Fold:
         stream of transparent ops (a decomposed RMSNorm reads the last residual add) run many
         blocks back; such a suffix's pull on the blocks it reaches is weaker than a block's, so
         those walks stop at the kept blocks (the suffix's past n-3, the last block's past n-4)
-        rather than unfold the run. Measured: Hugging Face Llama and Qwen2 imports plan identically folded and
-        unfolded (tests/search/test_fold.py); a heavier suffix keeps the full search."""
+        rather than unfold the run. Measured: Hugging Face Llama and Qwen2 imports plan
+        identically folded and unfolded (tests/search/test_fold.py); a heavier suffix keeps the
+        full search."""
         block = sum(1 for x in range(self.start, self.start + self.period) if x in heavy)
         after = self.start + self.count * self.period
         return sum(1 for x in heavy if x >= after) < block
