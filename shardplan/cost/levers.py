@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from shardplan.cost.zero import check_stage
 from shardplan.errors import PlanError
 
-_FLAGS = ("sequence_parallel", "context_parallel", "overlap_grad_reduce", "overlap_p2p", "prefetch")
+_FLAGS = (
+    "sequence_parallel",
+    "context_parallel",
+    "overlap_grad_reduce",
+    "overlap_p2p",
+    "prefetch",
+    "tp_comm_overlap",
+)
 
 
 class Recompute(enum.Enum):
@@ -49,6 +56,11 @@ class Levers:
     bucket_elements: int = 0
     """Gradient elements per bucket under `overlap_grad_reduce` at ZeRO 0-2 (0: one bucket, the
     whole stage's gradient; ZeRO-3 reduces unit by unit whatever this is)."""
+    tp_comm_overlap: bool = False
+    """Sequence parallelism's all-gathers and reduce-scatters run piece by piece under the GEMMs
+    that read or write them (megatron-core `tp_comm_overlap` on Transformer Engine's userbuffers,
+    torchtitan's async tensor parallelism; `cost.overlap.tensor_overlap_exposed`). A stage
+    prices it only with `sequence_parallel` (`cost.step.stage_cost` refuses it without)."""
 
     def __post_init__(self) -> None:
         check_stage(self.zero)
@@ -61,18 +73,21 @@ class Levers:
 
     @property
     def overlaps(self) -> bool:
-        """Does the stage overlap anything beyond tensor and context parallelism?"""
+        """Does the stage overlap anything beyond tensor and context parallelism (whose own overlap,
+    `tp_comm_overlap`, does not grow with the recomputation's window)?"""
         return self.overlap_grad_reduce or self.overlap_p2p or self.prefetch
 
 
 def with_overlap(levers: Levers, overlap: Levers) -> Levers:
-    """`levers` with the overlap fields of `overlap` (what an engine or a knob overlaps)."""
+    """`levers` with the overlap fields of `overlap` (what an engine or a knob overlaps; the
+    tensor-parallel overlap only where `levers` runs sequence parallelism, which it needs)."""
     return replace(
         levers,
         overlap_grad_reduce=overlap.overlap_grad_reduce,
         overlap_p2p=overlap.overlap_p2p,
         prefetch=overlap.prefetch,
         bucket_elements=overlap.bucket_elements,
+        tp_comm_overlap=overlap.tp_comm_overlap and levers.sequence_parallel,
     )
 
 

@@ -51,6 +51,33 @@ earliest, the first piece's wait is never hidden, so what outlasts the window is
     v (max(0, p2p - F/v) + max(0, p2p - B/v)) instead of 2 v p2p (`p2p_exposed`).
 The cooldown's slack (stage s > 0 ends its backward s steps before stage 0) is not credited:
 stage 0, which ends the pipeline, has none.
+
+Tensor parallelism's own forward collectives (`tp_comm_overlap`, with sequence parallelism):
+megatron-core's `TransformerConfig.tp_comm_overlap` (Megatron-LM `--tp-comm-overlap`, needs
+`--sequence-parallel` and Transformer Engine's userbuffers) and torchtitan's
+`parallelism.enable_async_tensor_parallel` (PyTorch's micro-pipelined all-gather-matmul and
+matmul-reduce-scatter) split each collective into pieces run under the GEMM that reads or writes
+it, the decomposition of Wang et al., ASPLOS'23 ("Overlap communication with dependent
+computation via decomposition"). Transformer Engine's default methods (`initialize_ub`):
+  - "ring_exchange", t pieces (the tensor group's size): the all-gather before a column-
+    parallel GEMM forward (qkv_fprop, fc1_fprop) and of the row-parallel GEMM's output
+    gradient under its input-gradient GEMM (proj_dgrad, fc2_dgrad); the local piece's GEMM runs
+    first: exposed = max(0, c - w (t - 1)/t) (`ring_exchange_exposed`);
+  - "pipeline", 4 chunks (`TE_PIPELINE_SPLITS`): the reduce-scatter after a row-parallel GEMM
+    forward (proj_fprop, fc2_fprop); the last chunk's scatter follows the GEMM:
+    exposed(c, w, 4) as above;
+  - "bulk": the column-parallel backward's re-gather and reduce-scatter under dX and dW, as
+    Megatron-LM's async path above.
+Per op of the tensor-parallel plan (`tensor_overlap_exposed`): an op with a forward all-reduce
+c (row-parallel) has a reduce-scatter c/2 under its own forward compute w and, backward, the
+all-gather c/2 ring-exchanged under its input-gradient GEMM (the forward's multiply-adds: w); an
+op with a backward collective c (column-parallel) has its input's forward all-gather c/2 ring-
+exchanged under its window. The forward all-gathers total the row-parallel ops' c/2 (what the
+step model's forward collectives hold); the column-parallel GEMMs hide at most that. Not
+modelled: the streaming multiprocessors the communication kernels take from the GEMM
+(Transformer Engine's `num_sm` / `set_sm_margin`), as NCCL's share under Megatron-LM's async
+all-reduce above is not either. An op without a weight-gradient GEMM keeps its collectives
+exposed.
 """
 
 from __future__ import annotations
@@ -78,6 +105,30 @@ def has_weight_gradient_gemm(graph: Graph, op: Op) -> bool:
     )
 
 
+class _Gemms:
+    """Which ops have a weight-gradient GEMM (asked lazily), and the window of an op with a
+    backward collective: the forward compute of the GEMM readers of its activation input."""
+
+    def __init__(self, graph: Graph, forward: Mapping[str, float]) -> None:
+        self.graph, self.forward = graph, forward
+        self.known: dict[int, bool] = {}
+
+    def __call__(self, index: int) -> bool:
+        if index not in self.known:
+            self.known[index] = has_weight_gradient_gemm(self.graph, self.graph.ops[index])
+        return self.known[index]
+
+    def window(self, op: Op) -> float:
+        g = self.graph
+        return sum(
+            self.forward[g.ops[i].name]
+            for name in op.inputs
+            if g.tensors[name].role is not Role.PARAMETER and name in g.requires_grad
+            for i, _ in g.consumers[name]
+            if self(i)
+        )
+
+
 def exposed_backward(
     graph: Graph,
     rows: Sequence[OpCost],
@@ -86,13 +137,7 @@ def exposed_backward(
 ) -> float:
     """Seconds of the ops' own backward collectives left exposed (module docstring); `rows` are
     the tensor-parallel plan's `OpCost`s, `forward` each op's forward compute."""
-    gemm: dict[int, bool] = {}  # op index -> has a weight-gradient GEMM (asked lazily)
-
-    def is_gemm(i: int) -> bool:
-        if i not in gemm:
-            gemm[i] = has_weight_gradient_gemm(graph, graph.ops[i])
-        return gemm[i]
-
+    is_gemm = _Gemms(graph, forward)
     exposed = 0.0
     for index, (op, row) in enumerate(zip(graph.ops, rows, strict=True)):
         if sequence_parallel:  # the forward reduce-scatter's backward all-gather
@@ -101,18 +146,58 @@ def exposed_backward(
         if c <= 0 or not is_gemm(index):
             exposed += max(0.0, c)
             continue
-        window = sum(
-            forward[graph.ops[i].name]
-            for name in op.inputs
-            if graph.tensors[name].role is not Role.PARAMETER and name in graph.requires_grad
-            for i, _ in graph.consumers[name]
-            if is_gemm(i)
-        )
+        window = is_gemm.window(op)
         if sequence_parallel:
             exposed += 2 * max(0.0, c / 2 - window)
         else:
             exposed += max(0.0, c - window)
     return exposed
+
+
+TE_PIPELINE_SPLITS = 4
+"""Transformer Engine's userbuffers split a GEMM + reduce-scatter ("pipeline" method) into 4
+chunks by default (transformer_engine/pytorch/module/base.py, `initialize_ub`, default_cfg
+`num_splits`: tp_size for "ring_exchange", 4 otherwise)."""
+
+
+def ring_exchange_exposed(collective: float, window: float, ways: int) -> float:
+    """An all-gather of `ways` pieces run as a ring under the GEMM that reads it (Transformer
+    Engine's "ring_exchange"): the local piece's GEMM runs first, each later piece's GEMM under
+    the next piece's transfer, so what outlasts the window is (t - 1) max(0, c/(t - 1) - w/t)
+    = max(0, c - w (t - 1)/t)."""
+    t = max(1, ways)
+    return max(0.0, collective - window * (t - 1) / t)
+
+
+def tensor_overlap_exposed(
+    graph: Graph,
+    rows: Sequence[OpCost],
+    forward: Mapping[str, float],
+    tensor_ways: int,
+) -> tuple[float, float]:
+    """(forward, backward) seconds of a sequence-parallel plan's tensor-parallel collectives
+    left exposed under `tp_comm_overlap` (module docstring, last part); `rows`, `forward`: as
+    `exposed_backward`'s, `tensor_ways`: the tensor-parallel group's size t. O(ops + operands)."""
+    is_gemm = _Gemms(graph, forward)
+    fwd = bwd = 0.0
+    gathered = hidden_gather = 0.0  # the forward all-gathers' seconds, and what their GEMMs hide
+    for index, (op, row) in enumerate(zip(graph.ops, rows, strict=True)):
+        out, back = row.intra_fwd, row.intra_bwd
+        gemm = is_gemm(index)
+        if out > 0:  # row-parallel: reduce-scatter, and all-gather of its result's gradient
+            gathered += out / 2
+            w = forward[op.name]
+            fwd += exposed_under(out / 2, w, TE_PIPELINE_SPLITS) if gemm else out / 2
+            bwd += ring_exchange_exposed(out / 2, w, tensor_ways) if gemm else out / 2
+        if back <= 0:
+            continue
+        if not gemm:
+            bwd += back
+            continue
+        window = is_gemm.window(op)  # column-parallel: its input's all-gather, ring-exchanged
+        hidden_gather += back / 2 - ring_exchange_exposed(back / 2, window, tensor_ways)
+        bwd += 2 * max(0.0, back / 2 - window)  # "bulk": as Megatron-LM's async backward
+    return fwd + gathered - min(hidden_gather, gathered), bwd
 
 
 MEGATRON_BUCKET_FLOOR = 40_000_000
@@ -207,8 +292,11 @@ __all__ = [
     "bucket_count",
     "exposed_backward",
     "exposed_under",
+    "TE_PIPELINE_SPLITS",
     "has_weight_gradient_gemm",
     "megatron_bucket",
     "p2p_exposed",
+    "ring_exchange_exposed",
+    "tensor_overlap_exposed",
     "zero_exposed",
 ]

@@ -41,12 +41,18 @@ stage's ops: O(stages x ops).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shardplan.cost.evaluate import CostBreakdown, ScoreCache, evaluate_strategies
 from shardplan.cost.levers import Levers, Recompute, StageCost, StepCost
-from shardplan.cost.overlap import exposed_backward, p2p_exposed, zero_exposed
+from shardplan.cost.overlap import (
+    exposed_backward,
+    p2p_exposed,
+    tensor_overlap_exposed,
+    zero_exposed,
+)
 from shardplan.cost.pipeline import (
     Pipeline,
     interleaved_bubble_slots,
@@ -54,7 +60,7 @@ from shardplan.cost.pipeline import (
 )
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.price import OpPrice
-from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies
+from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies, tensor_rounds
 from shardplan.cost.terms import round_numels
 from shardplan.cost.zero import (
     ZeroParam,
@@ -111,6 +117,11 @@ class StageProfile:
     what the data-parallel sync moves, cut into buckets (`cost.overlap.zero_exposed`)."""
     blocks: float = 1.0
     """Repeated blocks of the stage (`block_starts`): the units ZeRO-3 gathers one by one."""
+    tp_overlap_fwd_comm_s: float = math.nan
+    """`fwd_comm_s` under the `tp_comm_overlap` lever (`cost.overlap.tensor_overlap_exposed`;
+    NaN: not profiled, a profile without sequence parallelism)."""
+    tp_overlap_bwd_comm_s: float = math.nan
+    """... and `bwd_comm_s`."""
 
 
 def profile_stage(
@@ -149,10 +160,18 @@ def profile_stage(
     fwd_comm = c.intra_fwd + c.redistribution_fwd
     exposed = exposed_backward(graph, plain.ops, op_compute, sequence_parallel)
     bwd_comm = exposed + c.redistribution_bwd + c.halo
+    tp_fwd = tp_bwd = math.nan
+    if sequence_parallel:  # the same collectives under `tp_comm_overlap` (cost.overlap)
+        ways = math.prod(rounds[r].q for r in tensor_rounds(graph, mesh, stored, cache))
+        tp_exposed = tensor_overlap_exposed(graph, plain.ops, op_compute, ways)
+        tp_fwd = tp_exposed[0] + c.redistribution_fwd
+        tp_bwd = tp_exposed[1] + c.redistribution_bwd + c.halo
     if context_parallel:  # the exchange's exposed part replaces its all-gather terms
         ring = ring_terms(graph, mesh, stored, opts, cache)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
         bwd_comm += ring.exposed_bwd_s - ring.scatter_s
+        tp_fwd += ring.exposed_fwd_s - ring.gather_s
+        tp_bwd += ring.exposed_bwd_s - ring.scatter_s
     act = _activations(graph, prices, rounds, opts, op_compute, cache)
     reads = cache.memo.get("param reads")  # the graph's alone: one list for every plan
     if reads is None:
@@ -184,6 +203,8 @@ def profile_stage(
         context_parallel=context_parallel,
         grad_elements=gradient_elements(graph, rounds, params),
         blocks=act.blocks,
+        tp_overlap_fwd_comm_s=tp_fwd if math.isnan(tp_fwd) else max(0.0, tp_fwd),
+        tp_overlap_bwd_comm_s=tp_bwd if math.isnan(tp_bwd) else max(0.0, tp_bwd),
     )
 
 
@@ -396,11 +417,20 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
                 f"levers ask for {name}={getattr(levers, name)} on a stage profiled with "
                 f"{name}={getattr(p, name)}; profile_stage(..., {name}=...) must match"
             )
+    fwd_comm, bwd_comm = p.fwd_comm_s, p.bwd_comm_s
+    if levers.tp_comm_overlap:
+        if not levers.sequence_parallel or math.isnan(p.tp_overlap_fwd_comm_s):
+            raise PlanError(
+                "tp_comm_overlap overlaps sequence parallelism's all-gathers and reduce-scatters "
+                "with their GEMMs (megatron-core requires --sequence-parallel for it): turn "
+                "sequence_parallel on (and profile the stage with it) or tp_comm_overlap off"
+            )
+        fwd_comm, bwd_comm = p.tp_overlap_fwd_comm_s, p.tp_overlap_bwd_comm_s
     z = levers.zero  # ZeRO's collectives and state split: cost/zero.py alone prices them
     param_bytes = p.param_bytes if z == 0 else p.zero[z - 1].param_bytes
     update = p.update_s if z == 0 else p.update_sharded_s
     if levers.recompute is Recompute.FULL:
-        recompute = p.fwd_compute_s + p.fwd_comm_s
+        recompute = p.fwd_compute_s + fwd_comm
         kept, rebuilt = p.checkpoint_bytes + p.input_bytes, p.segment_peak_bytes
     elif levers.recompute is Recompute.SELECTIVE:
         recompute = p.selective_s
@@ -410,14 +440,14 @@ def stage_cost(p: StageProfile, levers: Levers, micro_batches: int, in_flight: f
     zt = zero_exposed(p, levers, recompute)  # what the engine's overlap leaves (cost.overlap)
     zfwd, zbwd, sync = zt.fwd_s, zt.bwd_s, zt.sync_s
     per_mb = zfwd + zbwd
-    fwd = p.fwd_compute_s + p.fwd_comm_s + zfwd
-    bwd = p.bwd_compute_s + p.bwd_comm_s + recompute + zbwd
+    fwd = p.fwd_compute_s + fwd_comm + zfwd
+    bwd = p.bwd_compute_s + bwd_comm + recompute + zbwd
     return StageCost(
         fwd_s=fwd,
         bwd_s=bwd,
         recompute_s=recompute,
         zero_per_micro_batch_s=per_mb,
-        comm_s=p.fwd_comm_s + p.bwd_comm_s + per_mb,
+        comm_s=fwd_comm + bwd_comm + per_mb,
         sync_s=sync,
         param_bytes=param_bytes,
         activation_bytes=in_flight * kept + rebuilt,

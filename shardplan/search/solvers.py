@@ -80,13 +80,15 @@ class StepOptions:
     divisor of the outermost mesh axis the model's segments allow), `progress` (a callable
     that receives one line per candidate tried) and what the engine overlaps beyond tensor and
     context parallelism (`cost.overlap`; off: every collective added, the plans engine-neutral):
-    `overlap_grad_reduce`, `overlap_p2p`, `prefetch` (ZeRO-3)."""
+    `overlap_grad_reduce`, `overlap_p2p`, `prefetch` (ZeRO-3), `tp_comm_overlap` (sequence
+    parallelism's collectives under their GEMMs, on the stages that run it)."""
 
     stages: tuple[int, ...] | None = None
     progress: Callable[[str], None] | None = None
     overlap_grad_reduce: bool = False
     overlap_p2p: bool = False
     prefetch: bool = False
+    tp_comm_overlap: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +98,7 @@ class RecipeOptions:
     size, recomputation ("full", "selective", "none"); the step model's further levers where it
     has them (sequence_parallel, virtual_stages, context, distributed_optimizer, expert); the
     overlap knobs at Megatron-LM's defaults unless given (overlap_grad_reduce off, overlap_p2p
-    on for the interleaved schedule)."""
+    on for the interleaved schedule, tp_comm_overlap off)."""
 
     tensor: int = UNSET
     pipeline: int = UNSET
@@ -109,6 +111,7 @@ class RecipeOptions:
     expert: int = UNSET
     overlap_grad_reduce: bool = UNSET
     overlap_p2p: bool = UNSET
+    tp_comm_overlap: bool = UNSET
 
 
 def given(options: Any) -> dict[str, Any]:
@@ -194,6 +197,7 @@ def _run_step(problem: Problem, options: StepOptions, start: float) -> TrainingP
         overlap_p2p=options.overlap_p2p,
         prefetch=options.prefetch,
         bucket_elements=MEGATRON_BUCKET_FLOOR if options.overlap_grad_reduce else 0,
+        tp_comm_overlap=options.tp_comm_overlap,
     )
     return search_step(problem, options.progress, stages=options.stages, overlap=overlap)
 
@@ -282,6 +286,7 @@ def solver_options(method: str, options: Mapping[str, Any]) -> Any:
         "overlap_grad_reduce",
         "overlap_p2p",
         "prefetch",
+        "tp_comm_overlap",
     ):
         if key in options:
             checks.boolean(options[key], key)

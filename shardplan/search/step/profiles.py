@@ -165,14 +165,11 @@ def lever_menu(
 ) -> tuple[Levers, ...]:
     """`LEVERS` in order, each with a stage's sequence and context parallelism and the overlap
     fields of `overlap` (`cost.levers.with_overlap`; None: nothing overlapped)."""
-    return tuple(
-        replace(
-            lv if overlap is None else with_overlap(lv, overlap),
-            sequence_parallel=sequence_parallel,
-            context_parallel=context_parallel,
-        )
+    staged = (
+        replace(lv, sequence_parallel=sequence_parallel, context_parallel=context_parallel)
         for lv in LEVERS
     )
+    return tuple(lv if overlap is None else with_overlap(lv, overlap) for lv in staged)
 
 
 def choose_levers(

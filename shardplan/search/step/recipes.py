@@ -56,6 +56,7 @@ KNOBS = (
     "expert",
     "overlap_grad_reduce",
     "overlap_p2p",
+    "tp_comm_overlap",
 )
 """The recipe's keyword knobs after (build, batch, mesh, opts, tensor, pipeline)."""
 
@@ -287,11 +288,13 @@ def megatron_recipe(
     expert: int = 1,
     overlap_grad_reduce: bool = False,
     overlap_p2p: bool = True,
+    tp_comm_overlap: bool = False,
 ) -> TrainingPlan:
     """The Megatron-LM plan with `tensor` x `pipeline` model parallelism on `mesh` and the
     published knobs (module docstring); PlanError for a knob that is unknown or does not fit.
     Overlap at Megatron-LM's defaults (`cost.overlap`): `overlap_grad_reduce` off (megatron-
-    core's buckets when on), `overlap_p2p` on, applied to the interleaved schedule only."""
+    core's buckets when on), `overlap_p2p` on, applied to the interleaved schedule only,
+    `tp_comm_overlap` off (`--tp-comm-overlap`, needs sequence parallelism)."""
     tensor = checks.positive_int(tensor, "Megatron recipe tensor degree")
     pipeline = checks.positive_int(pipeline, "Megatron recipe pipeline degree")
     micro_batch_size = checks.positive_int(micro_batch_size, "Megatron recipe micro-batch size")
@@ -303,11 +306,18 @@ def megatron_recipe(
     v = virtual_stages
     grad_overlap = _flag("overlap_grad_reduce", overlap_grad_reduce)
     p2p_overlap = _flag("overlap_p2p", overlap_p2p) and v > 1
+    tp_overlap = _flag("tp_comm_overlap", tp_comm_overlap)
     data, m = _check_knobs(mesh, batch, tensor, pipeline, micro_batch_size, v, context, expert)
     if sp_on and tensor == 1:
         raise PlanError(
             "megatron-recipe: sequence_parallel splits the tensor-parallel group's replicated "
             "regions; it needs tensor > 1"
+        )
+    if tp_overlap and not sp_on:
+        raise PlanError(
+            "megatron-recipe: tp_comm_overlap overlaps sequence parallelism's all-gathers and "
+            "reduce-scatters with their GEMMs (Megatron-LM's --tp-comm-overlap needs "
+            "--sequence-parallel); set sequence_parallel=True"
         )
     probe = build(batch)
     graph = build(data * micro_batch_size)  # a micro-batch of every data-parallel replica
@@ -322,6 +332,7 @@ def megatron_recipe(
         overlap_grad_reduce=grad_overlap,
         overlap_p2p=p2p_overlap,
         bucket_elements=megatron_bucket(data * context) if grad_overlap else 0,
+        tp_comm_overlap=tp_overlap,
     )
     stages = []
     for sub in stage_graphs(graph, megatron_starts(probe, pipeline * v)):
@@ -348,5 +359,6 @@ def megatron_recipe(
         + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO")
         + (", gradient reduce overlapped with the backward" if grad_overlap else "")
         + (", p2p overlapped with compute" if p2p_overlap else "")
+        + (", tensor-parallel collectives overlapped with their GEMMs" if tp_overlap else "")
     )
     return replace(tp, axes=axis_summary(tp), notes=(note,), step=tp.step)

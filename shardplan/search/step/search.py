@@ -159,8 +159,9 @@ def _search_step(
     groups: dict[tuple[int, int, bool], list[Layout]] = {}  # (S, m, cut) -> layouts, v ascending
     for c in found:
         groups.setdefault(c.key(), []).append(c)
-    # groups by their v = 1 twin's bound; sharpened (memory, `bounds`) when first reached
-    heap = [(g[0].bound, key, False) for key, g in groups.items()]
+    # groups by their least layout bound (an interleaved bubble is smaller than the v = 1
+    # twin's); sharpened (memory, `bounds`) when first reached
+    heap = [(min(c.bound for c in g), key, False) for key, g in groups.items()]
     heapq.heapify(heap)
     while heap:
         bound, key, refined = heapq.heappop(heap)
@@ -173,9 +174,13 @@ def _search_step(
                 heapq.heappush(heap, (sharper, key, True))
                 continue
         for layout in groups[key]:
-            if best is not None and groups[key][0].bound >= best.step_s:
-                break  # an interleaved layout's own bound is below its v = 1 twin's
-            if layout.virtual > 1 and not _worth_interleaving(layout, flat.get(key), best):
+            if best is not None and layout.bound >= best.step_s:
+                continue  # each v its own bound: an interleaved one's bubble is smaller
+            if (
+                layout.virtual > 1
+                and key in flat  # a v = 1 twin bounded out tells nothing: try it
+                and not _worth_interleaving(layout, flat[key], best)
+            ):
                 continue
             tried += 1
             choice = search.evaluate(layout, say)
