@@ -9,18 +9,23 @@ Attention-input graph: x [2, 8, 16] -> layer_norm (gain, bias [16]) -> q, k, v l
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from shardplan.cost import CostOptions
 from shardplan.cost.overlap import (
+    TE_PIPELINE_SPLITS,
     bucket_count,
     exposed_backward,
     exposed_under,
     has_weight_gradient_gemm,
+    ring_exchange_exposed,
 )
 from shardplan.cost.presets import Optimizer
 from shardplan.cost.step import Levers, Pipeline, profile_stage, stage_cost, step_cost
 from shardplan.cost.zero import update_bytes
+from shardplan.errors import PlanError
 from shardplan.ir import GraphBuilder
 from shardplan.mesh import Mesh
 from shardplan.search.experts import data_parallel, megatron
@@ -185,3 +190,65 @@ def test_every_overlap_lever_off_is_todays_step_bit_for_bit():
         sync = zs.step_s if zs else 6144.0
         update = p.update_sharded_s if z else p.update_s
         assert plain.step_s == (4 + 1) * (fwd + bwd + 2 * 6000.0) + sync + update
+
+
+def _mlp():
+    b = GraphBuilder("mlp")
+    x = b.input("x", (2, 8, 16))
+    x = b.apply("layer_norm", x, b.param("gain", (16,)), b.param("bias", (16,)), name="ln")
+    h = b.apply("linear", x, b.param("w1", (64, 16)), name="fc1")
+    h = b.apply("gelu", h, name="act")
+    b.apply("linear", h, b.param("w2", (16, 64)), name="fc2")
+    return b.build()
+
+
+def test_ring_exchange_hides_all_but_what_outlasts_t_minus_1_pieces_of_the_gemm():
+    # local piece first: (t - 1) max(0, c/(t - 1) - w/t) = max(0, c - w (t - 1)/t)
+    assert ring_exchange_exposed(8.0, 4.0, 4) == pytest.approx(3 * max(0.0, 8 / 3 - 4 / 4))
+    assert ring_exchange_exposed(1.0, 4.0, 4) == 0.0
+    assert ring_exchange_exposed(5.0, 9.0, 1) == 5.0  # one way: nothing to pipeline
+
+
+def test_tp_comm_overlap_on_a_megatron_mlp_by_hand():
+    g = _mlp()
+    mesh = Mesh((4,), bandwidth_bytes_per_s=(1.0,), flops_per_s=RATE, machine="uniform")
+    tp = megatron(g, mesh, 4)
+    prof = profile_stage(g, mesh, tp, CostOptions(), sequence_parallel=True)
+    # fc2's partial sums [2, 8, 16] fp32 = 1024 B, all-reduced over 4: 2 x 3/4 x 1024 = 1536 s;
+    # fc1's input gradient alike. Each GEMM's forward: 2 x 2 x 8 x 16 x 64 / 4 FLOPs = 8.192 ms
+    w = 2 * 2 * 8 * 16 * 64 / 4 / RATE
+    rows = {op.name: row for op, row in zip(g.ops, prof.breakdown.ops, strict=True)}
+    assert rows["fc2"].intra_fwd == pytest.approx(1536)
+    assert rows["fc1"].intra_bwd == pytest.approx(1536)
+    # forward: fc2's reduce-scatter (768 s) in 4 chunks under its GEMM, the last one's scatter
+    # after it; the all-gather (768 s) ring-exchanged under fc1's GEMM in 4 pieces
+    rs = max(768 / 4, 768 - w * 3 / 4)
+    ag = max(0.0, 768 - w * 3 / 4)
+    assert prof.tp_overlap_fwd_comm_s == pytest.approx(rs + ag)
+    assert prof.fwd_comm_s == pytest.approx(1536)
+    # backward: fc2's output-gradient all-gather ring-exchanged under its input-gradient GEMM
+    # (w), fc1's re-gather and reduce-scatter under dX and dW as without the lever
+    assert prof.tp_overlap_bwd_comm_s == pytest.approx(ag + 2 * max(0.0, 768 - w))
+    assert prof.bwd_comm_s == pytest.approx(768 + 2 * max(0.0, 768 - w))
+    on = stage_cost(prof, Levers(sequence_parallel=True, tp_comm_overlap=True), 1, 1)
+    off = stage_cost(prof, Levers(sequence_parallel=True), 1, 1)
+    assert off.fwd_s - on.fwd_s == pytest.approx(1536 - rs - ag)
+    assert off.bwd_s - on.bwd_s == pytest.approx(768 - ag)
+
+
+def test_tp_comm_overlap_under_long_gemms_leaves_the_last_scatter_chunk():
+    g = _mlp()
+    mesh = Mesh((4,), bandwidth_bytes_per_s=(1e12,), flops_per_s=RATE, machine="uniform")
+    prof = profile_stage(g, mesh, megatron(g, mesh, 4), CostOptions(), sequence_parallel=True)
+    c = 1536 / 1e12
+    assert prof.tp_overlap_fwd_comm_s == pytest.approx(c / 2 / TE_PIPELINE_SPLITS)
+    assert prof.tp_overlap_bwd_comm_s == pytest.approx(0.0, abs=1e-18)
+
+
+def test_tp_comm_overlap_needs_sequence_parallelism():
+    g = _mlp()
+    mesh = Mesh((4,), bandwidth_bytes_per_s=(1.0,), flops_per_s=RATE, machine="uniform")
+    prof = profile_stage(g, mesh, megatron(g, mesh, 4), CostOptions())
+    assert math.isnan(prof.tp_overlap_fwd_comm_s)  # not profiled without SP
+    with pytest.raises(PlanError, match="tp_comm_overlap"):
+        stage_cost(prof, Levers(tp_comm_overlap=True), 1, 1)

@@ -168,3 +168,30 @@ def test_overlap_levers_round_trip_through_training_json():
             del st[key]
     old = from_json(data)
     assert not any(s.levers.overlaps for s in old.stages) and old.step.hidden_s == 0
+
+
+def test_recipe_overlaps_tensor_parallel_collectives_only_with_sequence_parallelism():
+    base = dict(batch=8, dtype="bf16", tensor=2, pipeline=1, recompute="none")
+    sp_on = sp.plan(_gpt, "2x2", "megatron-recipe", sequence_parallel=True, **base)
+    tpo = sp.plan(
+        _gpt, "2x2", "megatron-recipe", sequence_parallel=True, tp_comm_overlap=True, **base
+    )
+    assert all(s.levers.tp_comm_overlap for s in tpo.stages)
+    assert not any(s.levers.tp_comm_overlap for s in sp_on.stages)
+    assert tpo.step.step_s < sp_on.step.step_s  # the all-gathers run under their GEMMs
+    assert "tensor-parallel collectives overlapped" in tpo.notes[0]
+    with pytest.raises(PlanError, match="tp_comm_overlap.*sequence_parallel=True"):
+        sp.plan(_gpt, "2x2", "megatron-recipe", tp_comm_overlap=True, **base)
+
+
+def test_step_search_overlaps_tensor_parallel_collectives_on_sequence_parallel_stages():
+    kw = dict(method="step", batch=8, dtype="bf16", memory="1GB")
+    plain = sp.plan(_gpt, "2x4", **kw)
+    on = sp.plan(_gpt, "2x4", tp_comm_overlap=True, **kw)
+    assert not any(s.levers.tp_comm_overlap for s in plain.stages)
+    assert any(s.levers.sequence_parallel for s in on.stages)
+    for s in on.stages:  # the lever rides sequence parallelism only
+        assert s.levers.tp_comm_overlap == s.levers.sequence_parallel
+    assert on.step.step_s <= plain.step.step_s * (1 + 1e-9)
+    with pytest.raises(ShardplanError, match="tp_comm_overlap must be True or False"):
+        sp.plan(_gpt, "2x4", tp_comm_overlap=1, **kw)

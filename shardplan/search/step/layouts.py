@@ -4,8 +4,13 @@ A layout is (S stages on the outermost axis, v chunks per device, b samples per 
 chunk cut); its bound (`layouts`): per micro-batch a device runs a piece of each op of its chunks,
 which takes at least the op's launch floor and its FLOPs and bytes at the global batch / (m n) at
 the roofline, forward and its own backward each (`ideal_seconds`), and the step is at least
-(m + (S - 1) / v) such slots of the heaviest device. S divides the outer axis, v > 1 when the
-layer count is a multiple of S x v, b from `sample_options`. O(layouts x ops) in numpy.
+(m + (S - 1) / v) such slots of the heaviest device. Unless the engine overlaps them, each slot
+also sends 2 v times across the widest boundary (`cost.step.step_cost`): at least the bytes of
+the activations made before it and read after it, once each, over the stage's devices (sent
+sharded, `cost.pipeline.boundary_bytes`), 1/m of the probe's (its tensors grow with the batch
+at most linearly), at the link rate (`boundary_items`). S divides the outer axis, v > 1 when
+the layer count is a multiple of S x v, b from `sample_options`. O(layouts x (ops + tensors))
+in numpy.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from shardplan.cost import CostOptions
 from shardplan.cost.work import whole_op_bytes
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
+from shardplan.ir.op import Role
 from shardplan.ir.segments import segments
 from shardplan.ir.traits import backward_recompute
 from shardplan.mesh import Mesh
@@ -39,6 +45,8 @@ class Layout:
     micro_batches: int
     sample: int
     aligned: bool = False
+    sends: float = 0.0
+    """Seconds per slot the pipeline sends take at least (module docstring; 0: overlapped)."""
 
     def key(self) -> tuple[int, int, bool]:
         """Its group: the layouts of one stage count, micro-batch count and cut (v aside)."""
@@ -105,6 +113,46 @@ def ideal_seconds(probe: Graph, mesh: Mesh, opts: CostOptions) -> tuple[np.ndarr
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class BoundaryItems:
+    """A graph's activations as pipeline-send items: producer op, last reader op, bytes."""
+
+    producer: np.ndarray
+    last_reader: np.ndarray
+    nbytes: np.ndarray
+
+    def widest(self, cuts: np.ndarray) -> float:
+        """Bytes crossing the widest boundary of the chunks ops[cuts[c]:cuts[c + 1]], each
+        activation once per boundary it spans (a floor of `cost.pipeline.cut_terms`)."""
+        chunks = len(cuts) - 1
+        if chunks < 2 or not len(self.nbytes):
+            return 0.0
+        src = np.searchsorted(cuts, self.producer, side="right") - 1
+        dst = np.searchsorted(cuts, self.last_reader, side="right") - 1
+        spans = np.zeros(chunks + 1)
+        np.add.at(spans, src, self.nbytes)
+        np.add.at(spans, dst, -self.nbytes)
+        return float(np.cumsum(spans)[: chunks - 1].max())
+
+
+def boundary_items(graph: Graph, opts: CostOptions) -> BoundaryItems:
+    """Every activation read after the op that makes it (`BoundaryItems`), O(operands)."""
+    last: dict[str, int] = {}
+    for i, op in enumerate(graph.ops):
+        for name in op.inputs:
+            if name in graph.producer and graph.tensors[name].role is not Role.PARAMETER:
+                last[name] = i
+    names = list(last)
+    return BoundaryItems(
+        np.array([graph.producer[n] for n in names], dtype=np.int64),
+        np.array([last[n] for n in names], dtype=np.int64),
+        np.array(
+            [graph.tensors[n].numel * opts.element_bytes(graph.tensors[n]) for n in names],
+            dtype=float,
+        ),
+    )
+
+
 def layouts(
     probe: Graph,
     split: LayerSplit,
@@ -113,9 +161,11 @@ def layouts(
     stages: Sequence[int] | None,
     cuts_of: Callable[[int], list[tuple[bool, list[int]]]],
     ideal: tuple[np.ndarray, ...],
+    boundary: BoundaryItems | None = None,
 ) -> list[Layout]:
     """Every candidate layout with its bound (`search` module docstring), in bound order;
-    `cuts_of(chunks)`: the chunk cuts tried, (aligned, first segment of each chunk)."""
+    `cuts_of(chunks)`: the chunk cuts tried, (aligned, first segment of each chunk);
+    `boundary`: the probe's send items when the sends are exposed (None: overlapped)."""
     segs = segments(probe)
     outer = mesh.shape[0]
     if stages is not None:
@@ -142,6 +192,8 @@ def layouts(
         for v in vs:
             for aligned, starts in cuts_of(n_stages * v):
                 cuts = op_start[[*starts, len(segs)]]
+                wide = 0.0 if boundary is None else boundary.widest(cuts)
+                link = wide / smesh.size / mesh.bandwidth_bytes_per_s[0]  # a whole batch's
                 for b in samples:
                     m = batch // b
                     if v > 1 and m % n_stages:
@@ -151,11 +203,20 @@ def layouts(
                     per_op = np.concatenate([[0.0], np.cumsum(piece)])
                     chunk = per_op[cuts[1:]] - per_op[cuts[:-1]]
                     heaviest = max(float(chunk[d::n_stages].sum()) for d in range(n_stages))
-                    bound = (m + (n_stages - 1) / v) * heaviest
-                    out.append(Layout(bound, n_stages, v, m, b, aligned))
+                    sends = 2 * v * link / m
+                    bound = (m + (n_stages - 1) / v) * (heaviest + sends)
+                    out.append(Layout(bound, n_stages, v, m, b, aligned, sends))
     # an interleaved layout right after its v = 1 twin (`_worth_interleaving` reads the twin)
     flat = {c.key(): c.bound for c in out if c.virtual == 1}
     return sorted(out, key=lambda c: (flat[c.key()], c.key(), c.virtual))
 
 
-__all__ = ["Layout", "ideal_seconds", "layouts", "micro_batch_options", "sample_options"]
+__all__ = [
+    "BoundaryItems",
+    "Layout",
+    "boundary_items",
+    "ideal_seconds",
+    "layouts",
+    "micro_batch_options",
+    "sample_options",
+]

@@ -97,6 +97,11 @@ class Menu:
     """ZeRO stages at which it prefetches the next unit's parameters (ZeRO-3)."""
     overlap_p2p: bool = False
     """Its interleaved schedule sends under compute by default (plain 1F1B: never)."""
+    tp_comm_overlap: bool = False
+    """The configuration can say `Levers.tp_comm_overlap` (sequence parallelism's collectives
+    under their GEMMs: Megatron-LM `--tp-comm-overlap`, torchtitan `enable_async_tensor_parallel`
+    with torch.compile); off by default in every engine, and never on in this engine's levers
+    when it cannot say it."""
 
     def engine_levers(
         self,
@@ -108,7 +113,9 @@ class Menu:
     ) -> Levers:
         """`levers` with what this engine overlaps by default at their ZeRO stage (`grad_reduce`:
         a configuration's own choice for the gradient sync); `width`: the gradient's bytes per
-        element, `virtual`: chunks per device, `data`: data-parallel ways (the bucket's size)."""
+        element, `virtual`: chunks per device, `data`: data-parallel ways (the bucket's size).
+        `levers.tp_comm_overlap` is kept only where the engine can say it (`tp_comm_overlap`)
+        and the levers run sequence parallelism."""
         grad = levers.zero in self.overlap_grad_reduce if grad_reduce is None else grad_reduce
         bucket = max(self.bucket_bytes // width, self.bucket_elements, self.bucket_per_rank * data)
         bucket = bucket if grad and levers.zero < 3 else 0
@@ -118,6 +125,9 @@ class Menu:
             prefetch=levers.zero in self.prefetch,
             overlap_p2p=self.overlap_p2p and virtual > 1,
             bucket_elements=bucket,
+            tp_comm_overlap=(
+                levers.tp_comm_overlap and self.tp_comm_overlap and levers.sequence_parallel
+            ),
         )
 
     def levers(self, stages: int) -> tuple[Levers, ...]:
@@ -168,6 +178,9 @@ MENUS: Mapping[str, Menu] = {
         overlap_grad_reduce=(0, 3),
         bucket_bytes=DDP_BUCKET_BYTES,
         prefetch=(3,),
+        # `parallelism.enable_async_tensor_parallel` with `[compile] enable` and "model" in
+        # `compile.components` (torchtitan/distributed/tensor_parallel.py, maybe_enable_async_tp)
+        tp_comm_overlap=True,
     ),
     # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1)
     # --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
@@ -189,6 +202,9 @@ MENUS: Mapping[str, Menu] = {
         bucket_elements=MEGATRON_BUCKET_FLOOR,
         bucket_per_rank=MEGATRON_BUCKET_PER_RANK,
         overlap_p2p=True,
+        # --tp-comm-overlap (megatron-core TransformerConfig.tp_comm_overlap; Megatron-LM asserts
+        # --sequence-parallel with it and needs Transformer Engine's userbuffers)
+        tp_comm_overlap=True,
     ),
     # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
@@ -208,6 +224,8 @@ MENUS: Mapping[str, Menu] = {
         overlap_grad_reduce=(3,),
         bucket_elements=DEEPSPEED_REDUCE_BUCKET,
         prefetch=(3,),
+        # no tensor-parallel communication overlap in its config (tp_comm_overlap stays off)
+        tp_comm_overlap=False,
     ),
 }
 

@@ -57,6 +57,7 @@ from shardplan.search.step.bounds import (
 )
 from shardplan.search.step.layouts import (
     Layout,
+    boundary_items,
     ideal_seconds,
     layouts,
     micro_batch_options,
@@ -148,13 +149,21 @@ def _search_step(
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     search = _Search(problem, mesh, planner or _drec_planner, overlap)
+    sends = None if search.overlap.overlap_p2p else boundary_items(problem.graph, problem.options)
     found = layouts(
-        problem.graph, search.probe_split, mesh, batch, stages, search.chunk_cuts, search.ideal
+        problem.graph,
+        search.probe_split,
+        mesh,
+        batch,
+        stages,
+        search.chunk_cuts,
+        search.ideal,
+        sends,
     )
     say(f"  {len(found)} layouts (stages x chunks x micro-batch size), in order of their bound")
     best: Choice | None = None
     tried = 0
-    flat: dict[tuple[int, int, bool], Choice | None] = {}  # a group's v = 1 result
+    flat: dict[tuple[int, int, bool], tuple[int, Choice]] = {}  # a group's first step found
     reached: dict[tuple[int, int, bool], float] = {}  # a group's least sharpened bound
     groups: dict[tuple[int, int, bool], list[Layout]] = {}  # (S, m, cut) -> layouts, v ascending
     for c in found:
@@ -176,16 +185,13 @@ def _search_step(
         for layout in groups[key]:
             if best is not None and layout.bound >= best.step_s:
                 continue  # each v its own bound: an interleaved one's bubble is smaller
-            if (
-                layout.virtual > 1
-                and key in flat  # a v = 1 twin bounded out tells nothing: try it
-                and not _worth_interleaving(layout, flat[key], best)
-            ):
+            ref = flat.get(key)  # the group's first layout evaluated, and its v
+            if ref is not None and not _worth_interleaving(layout, ref[0], ref[1], best):
                 continue
             tried += 1
             choice = search.evaluate(layout, say)
-            if layout.virtual == 1:
-                flat[key] = choice
+            if ref is None and choice is not None:
+                flat[key] = (layout.virtual, choice)
             elapsed = time.perf_counter() - start
             if choice is None:
                 say(f"  {layout.text()}: does not fit ({elapsed:.1f} s)")
@@ -216,15 +222,15 @@ def _search_step(
     )
 
 
-def _worth_interleaving(layout: Layout, flat: Choice | None, best: Choice | None) -> bool:
-    """Interleaving shrinks the bubble (by 1 - 1/v) and sends v times as often: try v chunks
-    when the same stages and micro-batches without it fit and their step, the bubble so shrunk
-    and the sends so multiplied, reaches the best (a filter on the v = 1 twin's terms)."""
-    if flat is None or best is None or flat is best:
-        return flat is not None
+def _worth_interleaving(layout: Layout, v0: int, ref: Choice, best: Choice | None) -> bool:
+    """Interleaving shrinks the bubble ((S - 1)/v slots) and sends v times per slot: try v
+    chunks when the group's first evaluated layout (`ref`, at v0 chunks), its bubble so shrunk
+    and its sends so multiplied, reaches the best (a filter on the reference's terms)."""
+    if best is None or ref is best:
+        return True
     v, n, m = layout.virtual, layout.stages, layout.micro_batches
-    sends = flat.p2p_s * ((m + (n - 1) / v) * v / (m + n - 1) - 1)
-    return flat.step_s - flat.bubble_s * (1 - 1 / v) + sends < best.step_s
+    sends = ref.p2p_s * ((m + (n - 1) / v) * v / ((m + (n - 1) / v0) * v0) - 1)
+    return ref.step_s - ref.bubble_s * (1 - v0 / v) + sends < best.step_s
 
 
 def _drec_planner(graph: Graph, mesh: Mesh, opts: CostOptions) -> Mapping[str, Strategy]:
@@ -326,7 +332,7 @@ class _Search:
         heaviest = max(
             sum(float(piece[a:e].sum()) for a, e in ranges[d::n]) + forced[d] for d in range(n)
         )
-        return max(layout.bound, (m + (n - 1) / v) * heaviest)
+        return max(layout.bound, (m + (n - 1) / v) * (heaviest + layout.sends))
 
     def chunk_starts(self, chunks: int, aligned: bool = False) -> list[int]:
         """The first segment of each chunk: FLOP-balanced, or `aligned` (Megatron-LM's cut)."""
