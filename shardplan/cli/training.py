@@ -40,9 +40,10 @@ RECIPE_FLAGS = (
     "distributed_optimizer",
     "expert",
 )
-OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_p2p", "prefetch")
-"""Overlap knobs (on / off; None: the method's default): the step search takes all three, the
-Megatron recipe the first two (its ZeRO is the distributed optimizer, nothing to prefetch)."""
+OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_p2p", "prefetch", "tp_comm_overlap")
+"""Overlap knobs (on / off; None: the method's default): the step search takes all four, the
+Megatron recipe all but prefetch (its ZeRO is the distributed optimizer, nothing to prefetch);
+tp_comm_overlap applies to the stages that run sequence parallelism."""
 
 
 def wants_training_plan(args: argparse.Namespace) -> bool:
@@ -254,7 +255,7 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
             "/".join(str(z) for _, z in levers),
             units.seconds(cost.fwd_s + cost.bwd_s),
             units.nbytes(cost.param_bytes),
-            f"{units.nbytes(cost.activation_bytes)} ({cost.in_flight})",
+            f"{units.nbytes(cost.activation_bytes)} ({cost.in_flight:.3g})",  # interleaved: a mean
             units.nbytes(cost.memory_bytes),
         )
     console.print(table)
@@ -355,7 +356,8 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         help="optimizer state split over the data-parallel group (ZeRO-1)",
     )
     o = p.add_argument_group(
-        "Overlap of data-parallel and pipeline collectives (--method step or megatron-recipe)"
+        "Overlap of data-parallel, pipeline and tensor-parallel collectives (--method step or "
+        "megatron-recipe)"
     )
     for flag, what in (
         (
@@ -372,6 +374,12 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
             "prefetch",
             "ZeRO-3: gather the next unit's parameters under this one's compute (FSDP / "
             "DeepSpeed prefetch; --method step only; default off)",
+        ),
+        (
+            "tp-comm-overlap",
+            "sequence parallelism's all-gathers / reduce-scatters piece by piece under their "
+            "GEMMs, on the stages that run it (Megatron-LM --tp-comm-overlap, torchtitan async "
+            "TP; not DeepSpeed; the recipe needs --sequence-parallel; default off)",
         ),
     ):
         o.add_argument(

@@ -9,7 +9,10 @@ pipeline sizes go on the Megatron-DeepSpeed command line (`megatron_deepspeed_fl
 JSON has no sequence, context or expert parallelism and DeepSpeed's PipelineEngine no interleaved
 schedule: such plans are refused by the DeepSpeed menu, naming `--to megatron` (Megatron-LM's
 flags, which Megatron-DeepSpeed inherits) as the route; so is a model with expert layers in
-`megatron_deepspeed_flags` (its MoE flags are not mapped). O(1).
+`megatron_deepspeed_flags` (its MoE flags are not mapped). DeepSpeed has no equivalent of the
+tensor-parallel communication overlap lever (`tp_comm_overlap`: Megatron-LM `--tp-comm-overlap`,
+torchtitan's async TP): a plan or layout with it is refused, naming the lever and saying to
+re-plan without it. O(1).
 """
 
 from __future__ import annotations
@@ -29,8 +32,19 @@ def deepspeed_layout(tp: TrainingPlan) -> EngineLayout:
     return read_layout(tp, MENUS["deepspeed"])
 
 
+def _no_tp_comm_overlap(layout: EngineLayout) -> None:
+    """A layout read for another engine may carry the lever; DeepSpeed cannot say it."""
+    if layout.tp_comm_overlap:
+        raise PlanError(
+            "deepspeed cannot express tp_comm_overlap (sequence parallelism's collectives "
+            "overlapped with their GEMMs; DeepSpeed has no equivalent): re-plan without it "
+            "(drop --tp-comm-overlap / tp_comm_overlap=True), or export with `--to megatron`"
+        )
+
+
 def deepspeed_config(layout: EngineLayout) -> dict[str, Any]:
     """The config dict (see the module docstring)."""
+    _no_tp_comm_overlap(layout)
     full = layout.recompute is Recompute.FULL
     cfg: dict[str, Any] = {
         "train_batch_size": layout.batch,
@@ -56,6 +70,7 @@ def megatron_deepspeed_flags(
     layout: EngineLayout, arch: Mapping[str, int] | None = None
 ) -> list[str]:
     """Megatron-DeepSpeed `pretrain_gpt.py` flags that go with the config."""
+    _no_tp_comm_overlap(layout)
     if layout.moe:
         raise PlanError(
             f"megatron-deepspeed: {layout.model!r} has expert layers and this exporter writes no "

@@ -8,8 +8,9 @@ innermost rounds with Megatron-style cuts (`experts.megatron`), data parallelism
 or context parallelism c ways (`recipes.context_rounds` + `experts.context_parallel`) on the
 rounds next to it, recognised by equality with that construction, never by op names — with the
 same (t, c, e) on every stage; the same levers on every stage (the sequence-parallel lever, the
-context-parallel lever agreeing with c), each allowed by the menu, as are v model chunks per
-stage (`TrainingPlan.virtual_stages`); stage boundaries
+context-parallel lever agreeing with c, `tp_comm_overlap` only in an engine that has it:
+`Menu.tp_comm_overlap`), each allowed by the menu, as are v model chunks per stage
+(`TrainingPlan.virtual_stages`); stage boundaries
 at layer boundaries (`menus.layer_split` over the stages' segment fingerprints) split as the
 engine can say; each micro-batch divisible over the data-parallel ways; a precision the engine
 trains in; and no lever or plan field this module does not map (a lever added to the step model
@@ -44,7 +45,7 @@ from shardplan.training import TrainingPlan
 _MAPPED_LEVERS = frozenset(
     {
         "recompute", "zero", "sequence_parallel", "context_parallel", "overlap_grad_reduce",
-        "overlap_p2p", "prefetch", "bucket_elements",
+        "overlap_p2p", "prefetch", "bucket_elements", "tp_comm_overlap",
     }
 )  # fmt: skip
 """Levers fields the exporters map; any other field set away from its default is refused."""
@@ -93,6 +94,10 @@ class EngineLayout:
     """The gradient sync overlapped with the backward (the stage lever, `cost.overlap`)."""
     overlap_p2p: bool = False
     """Pipeline sends overlapped with compute (the stage lever)."""
+    tp_comm_overlap: bool = False
+    """Sequence parallelism's all-gathers / reduce-scatters run under their GEMMs (the stage
+    lever; one switch for the whole run: Megatron-LM `--tp-comm-overlap`, torchtitan
+    `enable_async_tensor_parallel`)."""
 
 
 def _refuse(engine: str, where: str, construct: str) -> PlanError:
@@ -248,6 +253,7 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
         texts = [_degrees_text(d) for d in degrees]
         raise _refuse(engine, "the plan", f"stage layouts differ between stages ({texts})")
     levers = [stage.levers for stage in tp.stages]
+    _check_tp_comm_overlap(levers, menu)
     if len(set(levers)) > 1:
         raise _refuse(engine, "the plan", f"levers differ between stages ({_levers_text(levers)})")
     lv, d, n = levers[0], degrees[0], tp.pipeline_stages
@@ -294,7 +300,35 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
         moe=moe,
         overlap_grad_reduce=lv.overlap_grad_reduce,
         overlap_p2p=lv.overlap_p2p,
+        tp_comm_overlap=lv.tp_comm_overlap,
     )
+
+
+def _check_tp_comm_overlap(levers: list[Levers], menu: Menu) -> None:
+    """The tensor-parallel communication overlap: one switch for the whole run, in an engine
+    that can say it (`Menu.tp_comm_overlap`). Sequence parallelism with it needs no check here:
+    a TrainingPlan cannot hold the lever without it (`cost.step.stage_cost` refuses it)."""
+    engine, where = menu.engine, "the plan"
+    on = [s for s, lv in enumerate(levers) if lv.tp_comm_overlap]
+    if not on:
+        return
+    if not menu.tp_comm_overlap:
+        raise _refuse(
+            engine,
+            where,
+            f"tp_comm_overlap on stage(s) {on} (sequence parallelism's all-gathers and reduce-"
+            f"scatters under their GEMMs; {engine} has no equivalent): re-plan without it (drop "
+            "--tp-comm-overlap / tp_comm_overlap=True), or export with `--to megatron` "
+            "(--tp-comm-overlap) or `--to torchtitan` (async tensor parallelism)",
+        )
+    off = [s for s in range(len(levers)) if s not in on]
+    if off:
+        raise _refuse(
+            engine,
+            where,
+            f"tp_comm_overlap on stage(s) {on} but not on {off} ({engine} switches it for the "
+            "whole run); re-plan with tp_comm_overlap on every stage or on none",
+        )
 
 
 def _check_parallelism(tp: TrainingPlan, menu: Menu, lv: Levers, d: _Degrees) -> None:
@@ -354,6 +388,7 @@ def _levers_text(levers: list[Levers]) -> str:
         f"stage {s}: {lv.recompute.value}, ZeRO-{lv.zero}"
         + (", SP" if lv.sequence_parallel else "")
         + (", CP" if lv.context_parallel else "")
+        + (", TP comm overlap" if lv.tp_comm_overlap else "")
         for s, lv in enumerate(levers)
     )
 

@@ -14,9 +14,14 @@ plan priced exposed), the gradient-sync overlap as `--overlap-grad-reduce` (mega
 default buckets, what the lever prices), and a model with expert layers as `--num-experts` /
 `--moe-router-topk` / `--moe-ffn-hidden-size` from the zoo with `--expert-model-parallel-size` e
 (the experts split inside the data-parallel group; expert tensor parallelism = t, Megatron's
-default). Model sizes come from the zoo (`architecture`). `megatron_kwargs` are the same
-choices as `TransformerConfig` keyword arguments (dtype names as strings; `transformer_config`
-builds the object with megatron.core, imported lazily). O(1).
+default), and the tensor-parallel communication overlap lever as `--tp-comm-overlap`
+(megatron-core `TransformerConfig.tp_comm_overlap`: sequence parallelism's all-gathers and
+reduce-scatters under their GEMMs with Transformer Engine's userbuffers, the default
+`--transformer-impl transformer_engine`; Megatron-LM's `validate_args` asserts
+`--sequence-parallel` with it, which the plan's lever implies). Model sizes come from the zoo
+(`architecture`). `megatron_kwargs` are the same choices as `TransformerConfig` keyword arguments
+(dtype names as strings; `transformer_config` builds the object with megatron.core, imported
+lazily). O(1).
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
         flags.append("--use-distributed-optimizer")
     if layout.sequence_parallel:
         flags.append("--sequence-parallel")
+    if layout.tp_comm_overlap:  # Megatron-LM asserts --sequence-parallel with it
+        flags.append("--tp-comm-overlap")
     if layout.context > 1:
         flags += ["--context-parallel-size", str(layout.context)]
     if layout.virtual > 1:
@@ -167,6 +174,8 @@ def megatron_kwargs(layout: EngineLayout, arch: Mapping[str, int] | None = None)
         "pipeline_dtype": dtype,
         "num_layers": sum(layout.layers),
     }
+    if layout.tp_comm_overlap:  # megatron-core's default is off
+        kw["tp_comm_overlap"] = True
     if layout.virtual > 1:
         kw["virtual_pipeline_model_parallel_size"] = layout.virtual
         kw["overlap_p2p_comm"] = layout.overlap_p2p or layout.pipeline <= 2

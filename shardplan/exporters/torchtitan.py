@@ -12,7 +12,10 @@ with sequence-parallel norms: the plan's SP lever must be on); context paralleli
 ZeRO-3, because torchtitan shards parameters over dp_shard x cp whenever cp > 1 and carves its
 expert ways out of those FSDP ways (torchtitan/distributed/parallel_dims.py); v > 1 model chunks
 per stage are the `Interleaved1F1B` schedule over S x v module lists (a looped schedule: chunk c
-on rank c mod S, as the plan's chunks).
+on rank c mod S, as the plan's chunks). The tensor-parallel communication overlap lever is
+`enable_async_tensor_parallel = true` with a `[compile]` section (`enable = true`, components
+model and loss): torchtitan applies async TP only to a compiled model (its Inductor micro-
+pipelined all-gather-matmul / matmul-reduce-scatter, `maybe_enable_async_tp`).
 With pipeline stages the local batch holds every micro-batch of a step
 (`pipeline_parallel_microbatch_size` each); without, micro-batches are gradient-accumulation
 steps (global batch / (local batch x data ways)). The module list names torchtitan's Llama
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from shardplan import units
 from shardplan.errors import PlanError
 from shardplan.exporters.engine_layout import EngineLayout, architecture, read_layout
 from shardplan.search.step.menus import MENUS
@@ -35,6 +39,10 @@ _MODELS = {
     "llama3-405b": ("llama3", "405B"),
 }
 """Zoo models torchtitan ships (torchtitan/models/llama3: its flavors 8B, 70B, 405B)."""
+_ASYNC_TP_COMPONENTS = ("model", "loss")
+"""torchtitan's async TP runs only under torch.compile of the model: `maybe_enable_async_tp`
+(torchtitan/distributed/tensor_parallel.py) raises unless `compile.enable` and "model" in
+`compile.components` (written as its default, model and loss)."""
 
 
 def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = None) -> dict:
@@ -51,6 +59,8 @@ def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = N
         "pipeline_parallel_degree": layout.pipeline,
         "context_parallel_degree": layout.context,
     }
+    if layout.tp_comm_overlap:  # async TP: torch.compile's micro-pipelined TP collectives
+        parallelism["enable_async_tensor_parallel"] = True
     if layout.expert > 1:
         parallelism["expert_parallel_degree"] = layout.expert
         parallelism["expert_tensor_parallel_degree"] = layout.tensor
@@ -67,7 +77,7 @@ def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = N
         **({"model": {"name": model[0], "flavor": model[1]}} if model else {}),
         "job": {
             "description": f"shardplan: {layout.model} on {layout.world} devices, predicted step "
-            f"{layout.step_s:.4g} s",
+            f"{units.seconds(layout.step_s)}",
         },
         "training": {
             "local_batch_size": local,
@@ -77,7 +87,13 @@ def torchtitan_sections(layout: EngineLayout, arch: Mapping[str, int] | None = N
         },
         "parallelism": parallelism,
         "activation_checkpoint": {"mode": layout.recompute.value},
+        **({"compile": _compile()} if layout.tp_comm_overlap else {}),
     }
+
+
+def _compile() -> dict[str, object]:
+    """The `[compile]` section async TP needs (`_ASYNC_TP_COMPONENTS`)."""
+    return {"enable": True, "components": list(_ASYNC_TP_COMPONENTS)}
 
 
 def _check_sharded(layout: EngineLayout) -> None:

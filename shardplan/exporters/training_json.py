@@ -2,8 +2,8 @@
 
 The stage plans (model chunks when interleaved: `virtual_stages` per device) are stored in the
 plan schema (`plan_json`), with each stage's levers (recompute, zero, sequence_parallel,
-context_parallel, overlap_grad_reduce, overlap_p2p, prefetch, bucket_elements; all but the
-first two optional, default false / 0) and its
+context_parallel, overlap_grad_reduce, overlap_p2p, prefetch, bucket_elements,
+tp_comm_overlap; all but the first two optional, default false / 0) and its
 place in the model (`first_index`: the index of its first op; `model_ops`: the model's op
 count), the mesh, the batch, the micro-batch size, the number of micro-batches and the Problem
 (budget, batch); the step cost is stored for readers and recomputed on load
@@ -50,7 +50,14 @@ SCHEMA = "shardplan.training/3"
 """/2 (issue 22) adds `problem` (budget, batch); /3 (issue 28) `first_index`, `model_ops` and
 `micro_batch_size`, so a missing or moved stage is found; /1 and /2 files still read."""
 SCHEMAS = ("shardplan.training/1", "shardplan.training/2", SCHEMA)
-_FLAGS = ("sequence_parallel", "context_parallel", "overlap_grad_reduce", "overlap_p2p", "prefetch")
+_FLAGS = (
+    "sequence_parallel",
+    "context_parallel",
+    "overlap_grad_reduce",
+    "overlap_p2p",
+    "prefetch",
+    "tp_comm_overlap",
+)
 """The stage levers stored as true / false (optional on read: false)."""
 _FIX = "regenerate it with `shardplan plan MODEL --mesh M --dtype bf16 --json FILE`"
 
@@ -90,6 +97,7 @@ def to_dict(tp: TrainingPlan) -> dict[str, Any]:
                 "overlap_p2p": s.levers.overlap_p2p,
                 "prefetch": s.levers.prefetch,
                 "bucket_elements": s.levers.bucket_elements,
+                "tp_comm_overlap": s.levers.tp_comm_overlap,
                 "first_op": s.plan.graph.ops[0].name,
                 "last_op": s.plan.graph.ops[-1].name,
                 "plan": plan_json.to_dict(s.plan),

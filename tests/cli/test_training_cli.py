@@ -108,3 +108,29 @@ def test_overlap_flags_that_do_not_apply_are_refused(capsys):
     assert "--prefetch overlaps ZeRO-3's gathers" in capsys.readouterr().err
     assert main([*args, "--target", "torchtitan", "--overlap-p2p"]) == 9
     assert "price what the engine overlaps by default" in capsys.readouterr().err
+
+
+def test_tp_comm_overlap_flag_reaches_the_search_and_the_recipe(tmp_path, capsys):
+    out_file = tmp_path / "train.json"
+    args = ["plan", "gpt2-small", "--small", "--batch", "8", "--mesh", "2x4", "--dtype", "bf16"]
+    args += ["--memory", "80GB", "-q", "--json", str(out_file)]
+
+    def levers():
+        return [s.levers for s in training_json.from_json(out_file.read_text()).stages]
+
+    assert main(args) == 0
+    assert not any(lv.tp_comm_overlap for lv in levers())  # off unless asked for
+    assert main([*args, "--tp-comm-overlap"]) == 0
+    on = levers()
+    assert any(lv.tp_comm_overlap for lv in on)  # the search priced it and kept it
+    assert all(lv.tp_comm_overlap == lv.sequence_parallel for lv in on)  # only with SP
+    recipe = [*args, "--method", "megatron-recipe", "--tensor", "2", "--pipeline", "2"]
+    assert main([*recipe, "--sequence-parallel", "--tp-comm-overlap"]) == 0
+    assert {(lv.sequence_parallel, lv.tp_comm_overlap) for lv in levers()} == {(True, True)}
+    assert main([*recipe, "--sequence-parallel", "--no-tp-comm-overlap"]) == 0
+    assert not any(lv.tp_comm_overlap for lv in levers())
+    capsys.readouterr()
+    assert main([*recipe, "--tp-comm-overlap"]) != 0  # the recipe needs sequence parallelism
+    assert "--tp-comm-overlap needs --sequence-parallel" in capsys.readouterr().err
+    assert main([*args, "--target", "megatron", "--tp-comm-overlap"]) == 9
+    assert "price what the engine overlaps by default" in capsys.readouterr().err

@@ -5,10 +5,11 @@ result per case: {"ok": bool, "error": "...", ...}. Each case initialises torch.
 fake backend with the case's world size (no processes, no devices), so the engines' world-size
 and batch checks run as they would at launch:
 - torchtitan 0.2: its ConfigManager parses the job TOML (`--job.config_file`), then its
-  ParallelDims validates the degrees against the world size. torchtitan's package __init__
-  imports its Triton float8/MoE kernels, so the config and parallel_dims modules are loaded
-  without it (the package path registered by hand); its device mesh is built (the fake
-  backend), which checks that the expert ways divide the FSDP ways.
+  ParallelDims validates the degrees against the world size, and with async TP on its
+  `maybe_enable_async_tp` runs (it refuses async TP without torch.compile of the model).
+  torchtitan's package __init__ imports its Triton float8/MoE kernels, so the config and
+  parallel_dims modules are loaded without it (the package path registered by hand); its device
+  mesh is built (the fake backend), which checks that the expert ways divide the FSDP ways.
 - megatron-core: TransformerConfig(**kwargs) (its __post_init__ checks), then
   parallel_state.initialize_model_parallel (the world must divide into tensor x context x
   pipeline groups, the expert ways into the data x context ways; gloo groups off: the fake
@@ -69,6 +70,10 @@ def check_torchtitan(case: dict) -> dict:
     )
     _init(case["world"])
     dims.build_mesh()  # the device mesh of every dimension, EP's FSDP ways included
+    if p.enable_async_tensor_parallel:  # torchtitan's own check: async TP needs compile
+        from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
+
+        maybe_enable_async_tp(job, dims.get_mesh("tp"))
     return {
         "dp": dims.dp_replicate * dims.dp_shard,
         "tp": dims.tp,
@@ -81,6 +86,9 @@ def check_torchtitan(case: dict) -> dict:
         "pipeline_microbatch_size": p.pipeline_parallel_microbatch_size,
         "ac_mode": job.activation_checkpoint.mode,
         "module_fqns_per_model_part": p.module_fqns_per_model_part,
+        "async_tp": p.enable_async_tensor_parallel,
+        "compile": job.compile.enable,
+        "compile_components": list(job.compile.components),
     }
 
 
@@ -120,6 +128,7 @@ def check_megatron(case: dict) -> dict:
         "ep": ps.get_expert_model_parallel_world_size(),
         "vpp": ps.get_virtual_pipeline_model_parallel_world_size(),
         "sequence_parallel": cfg.sequence_parallel,
+        "tp_comm_overlap": cfg.tp_comm_overlap,
         "num_moe_experts": cfg.num_moe_experts,
     }
 

@@ -15,7 +15,7 @@ from test_engines import run_checks  # tests/exporters is on sys.path (rootdir-l
 
 from shardplan import zoo
 from shardplan.cost import CostOptions
-from shardplan.cost.step import Recompute
+from shardplan.cost.step import Levers, Recompute
 from shardplan.errors import PlanError
 from shardplan.exporters import deepspeed, megatron, torchtitan, training_json
 from shardplan.exporters.engine_layout import architecture, read_layout
@@ -38,6 +38,8 @@ CASES = {
     "ep": (MOE, dict(recompute="none", expert=2, sequence_parallel=True)),
     "overlap": (GPT, dict(recompute="full", virtual_stages=2, distributed_optimizer=True,
                           overlap_grad_reduce=True, overlap_p2p=False)),
+    "tp-overlap": (GPT, dict(recompute="selective", sequence_parallel=True,
+                             tp_comm_overlap=True)),
 }  # fmt: skip
 
 
@@ -68,6 +70,7 @@ def test_layout_reads_the_plans_levers(case: str) -> None:
     assert len(lay.layers) == lay.pipeline * lay.virtual
     assert lay.data * lay.tensor * lay.context * lay.pipeline == MESH.size
     assert lay.moe == (CASES[case][0] is MOE)
+    assert lay.tp_comm_overlap == lv.tp_comm_overlap == knobs.get("tp_comm_overlap", False)
 
 
 def test_megatron_flags_carry_the_levers() -> None:
@@ -111,6 +114,7 @@ def test_megatron_core_accepts_the_levers(tmp_path: Path) -> None:
         assert (good["cp"], good["ep"]) == (lay.context, lay.expert)
         assert good["vpp"] == (lay.virtual if lay.virtual > 1 else None)
         assert good["sequence_parallel"] == lay.sequence_parallel
+        assert good["tp_comm_overlap"] == lay.tp_comm_overlap
         assert (good["num_moe_experts"] is not None) == lay.moe
         assert not bad["ok"], bad
 
@@ -120,7 +124,7 @@ def test_torchtitan_accepts_the_levers(tmp_path: Path) -> None:
         pytest.skip("torchtitan: pip install 'shardplan[engines]'")
     pytest.importorskip("tyro", reason="torchtitan's config manager needs tyro")
     cases, lays = [], []
-    for i, c in enumerate(("sp-interleaved", "cp")):
+    for i, c in enumerate(("sp-interleaved", "cp", "tp-overlap")):
         tp = _at_zero3(plan_of(c))
         path = tmp_path / f"job{i}.toml"
         path.write_text(torchtitan.to_torchtitan(tp, arch_of(c)))
@@ -134,6 +138,9 @@ def test_torchtitan_accepts_the_levers(tmp_path: Path) -> None:
         )  # fmt: skip
         assert got["schedule"] == ("Interleaved1F1B" if lay.virtual > 1 else "1F1B")
         assert len(got["module_fqns_per_model_part"]) == lay.pipeline * lay.virtual
+        assert got["async_tp"] == lay.tp_comm_overlap
+        if lay.tp_comm_overlap:  # torchtitan runs async TP only on a compiled model
+            assert got["compile"] and "model" in got["compile_components"]
 
 
 def _at_zero3(tp: TrainingPlan) -> TrainingPlan:
@@ -211,3 +218,65 @@ def test_deepspeed_writes_overlap_comm_at_zero_stages_that_have_it() -> None:
     }
     zero0 = dataclasses.replace(zero1, zero=0, overlap_grad_reduce=False)
     assert deepspeed.deepspeed_config(zero0)["zero_optimization"] == {"stage": 0}
+
+
+def test_tp_comm_overlap_becomes_megatron_flags_and_kwargs() -> None:
+    tp = plan_of("tp-overlap")  # read back from its JSON
+    assert {s.levers.tp_comm_overlap for s in tp.stages} == {True}
+    lay = read_layout(tp, MENUS["megatron"])
+    flags = megatron.megatron_flags(lay, arch_of("tp-overlap"))
+    assert "--tp-comm-overlap" in flags and "--sequence-parallel" in flags
+    kw = megatron.megatron_kwargs(lay, arch_of("tp-overlap"))
+    assert kw["tp_comm_overlap"] is True and kw["sequence_parallel"] is True
+    for case in ("sp-interleaved", "overlap"):  # plans without the lever: no flag
+        other = read_layout(plan_of(case), MENUS["megatron"])
+        assert "--tp-comm-overlap" not in megatron.megatron_flags(other, arch_of(case))
+        assert "tp_comm_overlap" not in megatron.megatron_kwargs(other, arch_of(case))
+
+
+def test_tp_comm_overlap_becomes_torchtitan_async_tp_with_compile(tmp_path: Path) -> None:
+    text = torchtitan.to_torchtitan(_at_zero3(plan_of("tp-overlap")), arch_of("tp-overlap"))
+    assert "enable_async_tensor_parallel = true" in text
+    assert '[compile]\nenable = true\ncomponents = ["model", "loss"]' in text
+    plain = torchtitan.to_torchtitan(_at_zero3(plan_of("cp")), arch_of("cp"))
+    assert "async_tensor_parallel" not in plain and "[compile]" not in plain
+    if importlib.util.find_spec("torchtitan") is None:
+        return
+    pytest.importorskip("tyro", reason="torchtitan's config manager needs tyro")
+    path = tmp_path / "no-compile.toml"  # torchtitan's own check refuses async TP uncompiled
+    path.write_text(text.replace("enable = true\ncomponents", "enable = false\ncomponents"))
+    (res,) = run_checks([{"engine": "torchtitan", "world": MESH.size, "path": str(path)}], tmp_path)
+    assert not res["ok"] and "Async TP requires" in res["error"], res
+
+
+def test_deepspeed_refuses_tp_comm_overlap_naming_the_lever() -> None:
+    with pytest.raises(PlanError, match="tp_comm_overlap.*re-plan without it"):
+        deepspeed.to_deepspeed(plan_of("tp-overlap"))
+    lay = read_layout(plan_of("tp-overlap"), MENUS["megatron"])  # a layout read for Megatron
+    with pytest.raises(PlanError, match="tp_comm_overlap.*re-plan without it"):
+        deepspeed.deepspeed_config(lay)
+    with pytest.raises(PlanError, match="tp_comm_overlap.*re-plan without it"):
+        deepspeed.megatron_deepspeed_flags(lay, arch_of("tp-overlap"))
+
+
+@pytest.mark.parametrize("engine", ["megatron", "torchtitan"])
+def test_tp_comm_overlap_on_some_stages_only_is_refused(engine: str) -> None:
+    tp = plan_of("tp-overlap")
+    mixed = (tp.stages[0], Stage(tp.stages[1].plan, Levers(Recompute.SELECTIVE, 0, True)))
+    with pytest.raises(PlanError, match=r"tp_comm_overlap on stage\(s\) \[0\] but not on \[1\]"):
+        read_layout(dataclasses.replace(tp, stages=mixed, step=None), MENUS[engine])
+
+
+def test_engine_menus_keep_tp_comm_overlap_only_where_the_engine_says_it() -> None:
+    assert (MENUS["megatron"].tp_comm_overlap, MENUS["torchtitan"].tp_comm_overlap) == (True, True)
+    assert not MENUS["deepspeed"].tp_comm_overlap
+    on = Levers(Recompute.FULL, 1, sequence_parallel=True, tp_comm_overlap=True)
+    assert MENUS["megatron"].engine_levers(on, 2).tp_comm_overlap
+    assert MENUS["torchtitan"].engine_levers(on, 2).tp_comm_overlap
+    assert not MENUS["deepspeed"].engine_levers(on, 2).tp_comm_overlap
+    no_sp = dataclasses.replace(on, sequence_parallel=False)
+    assert not MENUS["megatron"].engine_levers(no_sp, 2).tp_comm_overlap
+    # the menus' own searches never turn it on (every engine's default is off)
+    assert not any(
+        MENUS[e].engine_levers(lv, 2).tp_comm_overlap for e in MENUS for lv in MENUS[e].levers(1)
+    )

@@ -133,3 +133,41 @@ def test_verify_of_a_corrupt_training_file_is_one_line_and_exit_5(data, tmp_path
     assert main(["verify", str(path), "--engine", "torch"]) == 5
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: PlanError: ") and "micro_batches" in err[0]
+
+
+@pytest.fixture(scope="module")
+def tp_overlap():
+    import shardplan
+
+    return shardplan.plan(
+        _gpt, "2x4", "megatron-recipe", batch=8, dtype="bf16", tensor=2, pipeline=2,
+        sequence_parallel=True, tp_comm_overlap=True,
+    )  # fmt: skip
+
+
+def test_tp_comm_overlap_round_trips_per_stage_and_older_files_read_it_off(tp_overlap):
+    assert {s.levers.tp_comm_overlap for s in tp_overlap.stages} == {True}
+    d = training_json.to_dict(tp_overlap)
+    assert [s["tp_comm_overlap"] for s in d["stages"]] == [True, True]
+    back = training_json.from_json(json.dumps(d))
+    assert [s.levers for s in back.stages] == [s.levers for s in tp_overlap.stages]
+    assert back.step == tp_overlap.step
+    for s in d["stages"]:  # a file written before the lever existed
+        del s["tp_comm_overlap"]
+    old = training_json.from_json(json.dumps(d))
+    assert {s.levers.tp_comm_overlap for s in old.stages} == {False}
+    assert old.step is not None and old.step.step_s >= tp_overlap.step.step_s
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda s: s.update(tp_comm_overlap="yes"), r"stages\[0\].tp_comm_overlap"),
+        (lambda s: s.update(sequence_parallel=False), "tp_comm_overlap"),
+    ],
+)
+def test_a_bad_tp_comm_overlap_is_a_plan_error(tp_overlap, edit, match):
+    d = training_json.to_dict(tp_overlap)
+    edit(d["stages"][0])
+    with pytest.raises(PlanError, match=match):
+        training_json.from_json(json.dumps(d))
