@@ -370,12 +370,12 @@ def print_plan(
     console.print(summary_table(p, baseline))
 
 
-def warn_split(p: Any, prefix: str = "") -> None:
-    """The plan's `split_warning` (nothing split, unused axes, no sharded parameter) as one
-    'warning:' line on stderr, so a pipe of the plan still shows it."""
+def warn_split(p: Any, prefix: str = "", state_sharded: bool = False) -> None:
+    """The plan's `split_warning` (nothing split, unused axes, no sharded parameter unless
+    `state_sharded`) as one 'warning:' line on stderr, so a pipe of the plan still shows it."""
     from shardplan.search.api import split_warning
 
-    message = split_warning(p)
+    message = split_warning(p, state_sharded)
     if message:
         err = Console(stderr=True)
         if not err.is_terminal:  # a pipe or file: 100 columns, like the tables

@@ -299,8 +299,14 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     console.print(summary)
     from shardplan.cli.render import warn_split
 
+    unit = "chunk" if tp.virtual_stages > 1 else "stage"
     for s, stage in enumerate(tp.stages):  # a stage that splits nothing says so on stderr
-        warn_split(stage.plan, f"stage {s}: " if tp.pipeline_stages > 1 else "")
+        # its ZeRO lever, chosen under the budget, already splits the state of whole weights
+        warn_split(
+            stage.plan,
+            f"{unit} {s}: " if len(tp.stages) > 1 else "",
+            state_sharded=stage.levers.zero > 0,
+        )
 
 
 def _hidden(seconds: float, label: str) -> list[tuple[str, str]]:

@@ -165,11 +165,12 @@ unused: splitting a few cheap ops (an embedding, a bias) is not using the device
 threshold for the warning only; no plan depends on it."""
 
 
-def split_warning(p: Plan) -> str | None:
+def split_warning(p: Plan, state_sharded: bool = False) -> str | None:
     """One line when `p` leaves a mesh axis of size > 1 unused (no op, or only ops carrying
     under `TRIVIAL_SHARE` of the FLOPs, split across it) or shards no parameter (the devices
-    hold copies of the model), saying what, why and how to get a split (`ADVICE`); None when
-    every axis splits real work and some parameter is sharded. O(ops x rounds + parameters)."""
+    hold copies of the model; not said when `state_sharded`: ZeRO splits the state of a
+    training stage), saying what, why and how to get a split (`ADVICE`); None when every axis
+    splits real work and some parameter is sharded. O(ops x rounds + parameters)."""
     mesh, rounds = p.mesh, p.mesh.rounds
     used = {r for r in range(len(rounds)) if any(s[r] is not None for s in p.strategies.values())}
     total = sum(op.flops for op in p.graph.ops) or 1.0
@@ -203,7 +204,8 @@ def split_warning(p: Plan) -> str | None:
             f"{p.method} plan of {p.graph.name!r} replicates "
             f"{'almost ' if trivial else ''}every op across it{why}; {ADVICE}"
         )
-    if params and not sharded and mesh.size > 1 and p.method != "data-parallel":
+    whole = params and not sharded and not state_sharded
+    if whole and mesh.size > 1 and p.method != "data-parallel":
         return (
             f"no parameter is sharded: the {p.method} plan of {p.graph.name!r} keeps all "
             f"{len(params)} parameters whole on each of the {mesh.size} devices (data "

@@ -134,3 +134,4 @@ def test_tp_comm_overlap_flag_reaches_the_search_and_the_recipe(tmp_path, capsys
     assert "--tp-comm-overlap needs --sequence-parallel" in capsys.readouterr().err
     assert main([*args, "--target", "megatron", "--tp-comm-overlap"]) == 9
     assert "price what the engine overlaps by default" in capsys.readouterr().err
+

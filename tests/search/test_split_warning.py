@@ -56,3 +56,17 @@ def test_repr_is_one_short_line_and_summary_reads_the_axes():
     text = p.summary()
     assert "axis2 axis (1, 300 GB/s): unused (size 1)" in text
     assert "axis1 axis (4, 300 GB/s):" in text and "per step" in text
+
+
+def test_a_training_stage_whose_zero_splits_the_state_is_not_told_to_shard_its_parameters():
+    from shardplan.cost import CostOptions
+    from shardplan.mesh import parse_mesh
+    from shardplan.plans import Plan
+    from shardplan.search.experts import data_parallel
+
+    g = zoo.build("gpt2-small", small=True, batch=64, seq=64, hidden=256)
+    mesh = parse_mesh("8")
+    whole = Plan(g, mesh, data_parallel(g, mesh), "drec", CostOptions())  # weights kept whole
+    message = split_warning(whole)
+    assert message is not None and message.startswith("no parameter is sharded")
+    assert split_warning(whole, state_sharded=True) is None  # ZeRO already splits the state
