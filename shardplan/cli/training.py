@@ -297,16 +297,18 @@ def print_training_plan(console: Console, tp: TrainingPlan) -> None:
     for note in tp.notes:
         summary.add_row("note", note)
     console.print(summary)
+    _warn_stages(tp)
+
+
+def _warn_stages(tp: TrainingPlan) -> None:
+    """A stage (a chunk, interleaved) that splits nothing says so on stderr; one whose ZeRO
+    lever, chosen under the budget, splits the state of whole weights is not told to shard."""
     from shardplan.cli.render import warn_split
 
     unit = "chunk" if tp.virtual_stages > 1 else "stage"
-    for s, stage in enumerate(tp.stages):  # a stage that splits nothing says so on stderr
-        # its ZeRO lever, chosen under the budget, already splits the state of whole weights
-        warn_split(
-            stage.plan,
-            f"{unit} {s}: " if len(tp.stages) > 1 else "",
-            state_sharded=stage.levers.zero > 0,
-        )
+    for s, stage in enumerate(tp.stages):
+        prefix = f"{unit} {s}: " if len(tp.stages) > 1 else ""
+        warn_split(stage.plan, prefix, state_sharded=stage.levers.zero > 0)
 
 
 def _hidden(seconds: float, label: str) -> list[tuple[str, str]]:

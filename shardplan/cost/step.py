@@ -161,11 +161,8 @@ def profile_stage(
     exposed = exposed_backward(graph, plain.ops, op_compute, sequence_parallel)
     bwd_comm = exposed + c.redistribution_bwd + c.halo
     tp_fwd = tp_bwd = math.nan
-    if sequence_parallel:  # the same collectives under `tp_comm_overlap` (cost.overlap)
-        ways = math.prod(rounds[r].q for r in tensor_rounds(graph, mesh, stored, cache))
-        tp_exposed = tensor_overlap_exposed(graph, plain.ops, op_compute, ways)
-        tp_fwd = tp_exposed[0] + c.redistribution_fwd
-        tp_bwd = tp_exposed[1] + c.redistribution_bwd + c.halo
+    if sequence_parallel:
+        tp_fwd, tp_bwd = _tp_overlap_comm(graph, mesh, stored, cache, plain, op_compute)
     if context_parallel:  # the exchange's exposed part replaces its all-gather terms
         ring = ring_terms(graph, mesh, stored, opts, cache)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
@@ -206,6 +203,21 @@ def profile_stage(
         tp_overlap_fwd_comm_s=tp_fwd if math.isnan(tp_fwd) else max(0.0, tp_fwd),
         tp_overlap_bwd_comm_s=tp_bwd if math.isnan(tp_bwd) else max(0.0, tp_bwd),
     )
+
+
+def _tp_overlap_comm(
+    graph: Graph,
+    mesh: Mesh,
+    strategies: Mapping[str, Strategy],
+    cache: ScoreCache,
+    plain: CostBreakdown,
+    op_compute: Mapping[str, float],
+) -> tuple[float, float]:
+    """The profile's forward and backward collectives under `tp_comm_overlap` (cost.overlap)."""
+    ways = math.prod(mesh.rounds[r].q for r in tensor_rounds(graph, mesh, strategies, cache))
+    fwd, bwd = tensor_overlap_exposed(graph, plain.ops, op_compute, ways)
+    c = plain.comm
+    return fwd + c.redistribution_fwd, bwd + c.redistribution_bwd + c.halo
 
 
 def _update_seconds(

@@ -179,7 +179,7 @@ def test_recipe_overlaps_tensor_parallel_collectives_only_with_sequence_parallel
     assert all(s.levers.tp_comm_overlap for s in tpo.stages)
     assert not any(s.levers.tp_comm_overlap for s in sp_on.stages)
     assert tpo.step.step_s < sp_on.step.step_s  # the all-gathers run under their GEMMs
-    assert "tensor-parallel collectives overlapped" in tpo.notes[0]
+    assert "tensor-parallel collectives overlapped with GEMMs" in tpo.notes[0]
     with pytest.raises(PlanError, match="tp_comm_overlap.*sequence_parallel=True"):
         sp.plan(_gpt, "2x2", "megatron-recipe", tp_comm_overlap=True, **base)
 

@@ -271,6 +271,33 @@ def _cut_rounds(
     return tuple(out)
 
 
+def _recipe_note(
+    tensor: int,
+    pipeline: int,
+    data: int,
+    micro_batch_size: int,
+    m: int,
+    lv: Levers,
+    context: int,
+    expert: int,
+    v: int,
+) -> str:
+    """The recipe's one-line summary of its knobs."""
+    schedule = f" (interleaved 1F1B, {v} chunks per device)" if v > 1 else ""
+    return (
+        f"Megatron-LM recipe: tensor x{tensor}, pipeline x{pipeline}{schedule}, data "
+        f"x{data}, micro-batch size {micro_batch_size} ({m} micro-batches), "
+        f"{lv.recompute.value} recomputation, "
+        + ("sequence parallel, " if lv.sequence_parallel else "")
+        + (f"expert parallel x{expert}, " if expert > 1 else "")
+        + (f"context parallel x{context}, " if context > 1 else "")
+        + ("distributed optimizer (ZeRO-1)" if lv.zero else "no ZeRO")
+        + (", gradient reduce overlapped with the backward" if lv.overlap_grad_reduce else "")
+        + (", p2p overlapped with compute" if lv.overlap_p2p else "")
+        + (", tensor-parallel collectives overlapped with GEMMs" if lv.tp_comm_overlap else "")
+    )
+
+
 def megatron_recipe(
     build: Callable[[int], Graph | None],
     batch: int,
@@ -348,17 +375,5 @@ def megatron_recipe(
     tp = assemble(
         probe.name, mesh, batch, stages, m, "megatron-recipe", tokens_per_sample(probe, batch), v
     )
-    schedule = f" (interleaved 1F1B, {v} chunks per device)" if v > 1 else ""
-    note = (
-        f"Megatron-LM recipe: tensor x{tensor}, pipeline x{pipeline}{schedule}, data "
-        f"x{data}, micro-batch size {micro_batch_size} ({m} micro-batches), {rec.value} "
-        "recomputation, "
-        + ("sequence parallel, " if sp_on else "")
-        + (f"expert parallel x{expert}, " if expert > 1 else "")
-        + (f"context parallel x{context}, " if context > 1 else "")
-        + ("distributed optimizer (ZeRO-1)" if zero else "no ZeRO")
-        + (", gradient reduce overlapped with the backward" if grad_overlap else "")
-        + (", p2p overlapped with compute" if p2p_overlap else "")
-        + (", tensor-parallel collectives overlapped with their GEMMs" if tp_overlap else "")
-    )
+    note = _recipe_note(tensor, pipeline, data, micro_batch_size, m, levers, context, expert, v)
     return replace(tp, axes=axis_summary(tp), notes=(note,), step=tp.step)

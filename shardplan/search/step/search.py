@@ -149,17 +149,7 @@ def _search_step(
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     search = _Search(problem, mesh, planner or _drec_planner, overlap)
-    sends = None if search.overlap.overlap_p2p else boundary_items(problem.graph, problem.options)
-    found = layouts(
-        problem.graph,
-        search.probe_split,
-        mesh,
-        batch,
-        stages,
-        search.chunk_cuts,
-        search.ideal,
-        sends,
-    )
+    found = search.layouts(batch, stages)
     say(f"  {len(found)} layouts (stages x chunks x micro-batch size), in order of their bound")
     best: Choice | None = None
     tried = 0
@@ -303,6 +293,15 @@ class _Search:
 
     def graph(self, b: int) -> Built | None:
         return self.sizes(b)
+
+    def layouts(self, batch: int, stages: Sequence[int] | None) -> list[Layout]:
+        """`layouts.layouts` of the problem, its bounds counting the pipeline sends unless the
+        engine overlaps them."""
+        p = self.problem
+        sends = None if self.overlap.overlap_p2p else boundary_items(p.graph, p.options)
+        return layouts(
+            p.graph, self.probe_split, self.mesh, batch, stages, self.chunk_cuts, self.ideal, sends
+        )
 
     def refined_bound(self, layout: Layout) -> float:
         """`layout`'s bound with the full recomputation its memory forces (`bounds`)."""
