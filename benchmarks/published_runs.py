@@ -35,8 +35,9 @@ Overlap: these runs used Megatron-LM of 2021-22, which had neither `--overlap-p2
 (Megatron-LM f9283c5, 2023-05; on by default for the interleaved schedule since 4eeff55, 2023-10)
 nor `--overlap-grad-reduce` (2d5220a, 2023-08; off by default): every row is scored with both
 off (`PAPER_ERA`). The last table scores the same configurations with today's Megatron-LM
-defaults (p2p overlapped when interleaved) and with `--overlap-grad-reduce` as well
-(`cost/overlap.py`): what the step model says those would hide, against the same measurements.
+defaults (p2p overlapped when interleaved) and with `--overlap-grad-reduce` as well, and the
+sequence-parallel rows with `--tp-comm-overlap` too (`cost/overlap.py`): what the step model
+says those would hide, against the same measurements.
 
 Run: python benchmarks/published_runs.py  ->  benchmarks/results/published_runs.{json,md}
 """
@@ -97,6 +98,7 @@ FULL = dict(recompute="full")
 SEL_SP = dict(recompute="selective", sequence_parallel=True)
 PAPER_ERA = dict(overlap_grad_reduce=False, overlap_p2p=False)  # Megatron-LM 2021-22 (docstring)
 TODAY = ({}, dict(overlap_grad_reduce=True))  # today's defaults; and --overlap-grad-reduce
+TP_OVERLAP = dict(overlap_grad_reduce=True, tp_comm_overlap=True)  # and --tp-comm-overlap (SP)
 MLSYS23 = [  # (model, mesh, batch, tensor, pipeline, micro-batch size, v, knobs, measured s)
     ("22B", "1x8", 4, 8, 1, 4, 1, FULL, 1.42),
     ("22B", "1x8", 4, 8, 1, 4, 1, SEL_SP, 1.10),
@@ -264,8 +266,8 @@ def main() -> None:
 
 def overlap_rows(opts: CostOptions) -> list[dict[str, Any]]:
     """Every run again under today's Megatron-LM overlap defaults, then with
-    --overlap-grad-reduce too: step, what each overlap hides, the ratio to the (2021-22)
-    measurement."""
+    --overlap-grad-reduce too (and, with sequence parallelism, --tp-comm-overlap): step, what
+    each overlap hides, the ratio to the (2021-22) measurement."""
     sc21 = [(f"SC'21 {r[0]}", *r[:5], 1, 1, FULL, r[5], "TFLOP/s") for r in SC21]
     mlsys = [
         (f"MLSys'23 {r[0]} {'sel+SP' if r[7].get('sequence_parallel') else 'full'}", *r, "s")
@@ -273,14 +275,17 @@ def overlap_rows(opts: CostOptions) -> list[dict[str, Any]]:
     ]
     out = []
     for label, model, mesh, batch, t, p, mbs, v, knobs, measured, unit in sc21 + mlsys:
-        for extra in TODAY:
+        extras = TODAY + ((TP_OVERLAP,) if knobs.get("sequence_parallel") else ())
+        for extra in extras:
             tp = recipe(opts, model, mesh, batch, t, p, mbs, v, {**knobs, **extra})
             s = tp.step
             assert s is not None
             out.append(
                 {
                     "run": label,
-                    "knobs": "today's defaults" + (" + overlap_grad_reduce" if extra else ""),
+                    "knobs": "today's defaults"
+                    + (" + overlap_grad_reduce" if extra else "")
+                    + (" + tp_comm_overlap" if extra.get("tp_comm_overlap") else ""),
                     "step_s": s.step_s,
                     "grad_sync_s": s.sync_s,
                     "sync_hidden_s": s.sync_hidden_s,

@@ -1,4 +1,4 @@
---tensor-model-parallel-size 4 \
+--tensor-model-parallel-size 8 \
 --pipeline-model-parallel-size 4 \
 --micro-batch-size 1 \
 --global-batch-size 1536 \
@@ -8,6 +8,5 @@
 --num-attention-heads 96 \
 --seq-length 2048 \
 --bf16 \
---checkpoint-activations \
 --deepspeed \
 --deepspeed_config ds_config.json

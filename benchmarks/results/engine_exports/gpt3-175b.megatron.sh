@@ -3,7 +3,6 @@
 --micro-batch-size 1 \
 --global-batch-size 1536 \
 --bf16 \
---recompute-granularity selective \
 --use-distributed-optimizer \
 --num-layers 96 \
 --hidden-size 12288 \

@@ -1,11 +1,9 @@
---tensor-model-parallel-size 4 \
---pipeline-model-parallel-size 2 \
+--tensor-model-parallel-size 8 \
+--pipeline-model-parallel-size 8 \
 --micro-batch-size 1 \
 --global-batch-size 512 \
 --bf16 \
---recompute-granularity full \
---recompute-method uniform \
---recompute-num-layers 1 \
+--recompute-granularity selective \
 --use-distributed-optimizer \
 --num-layers 80 \
 --hidden-size 8192 \
