@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from shardplan.cost.zero import check_stage
 from shardplan.errors import PlanError
 
-_FLAGS = (
+LEVER_FLAGS = (
     "sequence_parallel",
     "context_parallel",
     "overlap_grad_reduce",
@@ -23,6 +23,7 @@ _FLAGS = (
     "prefetch",
     "tp_comm_overlap",
 )
+"""The `Levers` fields that are True or False (what a training JSON stores as flags)."""
 
 
 class Recompute(enum.Enum):
@@ -64,7 +65,7 @@ class Levers:
 
     def __post_init__(self) -> None:
         check_stage(self.zero)
-        for name in _FLAGS:
+        for name in LEVER_FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} must be True or False, got {getattr(self, name)!r}")
         b = self.bucket_elements
@@ -201,4 +202,4 @@ class StepCost:
         }
 
 
-__all__ = ["Levers", "Recompute", "StageCost", "StepCost", "with_overlap"]
+__all__ = ["LEVER_FLAGS", "Levers", "Recompute", "StageCost", "StepCost", "with_overlap"]

@@ -25,6 +25,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from shardplan.cost.levers import LEVER_FLAGS
 from shardplan.cost.step import Levers, Recompute
 from shardplan.errors import PlanError
 from shardplan.exporters import plan_json
@@ -50,14 +51,7 @@ SCHEMA = "shardplan.training/3"
 """/2 (issue 22) adds `problem` (budget, batch); /3 (issue 28) `first_index`, `model_ops` and
 `micro_batch_size`, so a missing or moved stage is found; /1 and /2 files still read."""
 SCHEMAS = ("shardplan.training/1", "shardplan.training/2", SCHEMA)
-_FLAGS = (
-    "sequence_parallel",
-    "context_parallel",
-    "overlap_grad_reduce",
-    "overlap_p2p",
-    "prefetch",
-    "tp_comm_overlap",
-)
+_FLAGS = LEVER_FLAGS
 """The stage levers stored as true / false (optional on read: false)."""
 _FIX = "regenerate it with `shardplan plan MODEL --mesh M --dtype bf16 --json FILE`"
 
