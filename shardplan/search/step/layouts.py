@@ -206,9 +206,11 @@ def layouts(
                     sends = 2 * v * link / m
                     bound = (m + (n_stages - 1) / v) * (heaviest + sends)
                     out.append(Layout(bound, n_stages, v, m, b, aligned, sends))
-    # an interleaved layout right after its v = 1 twin (`_worth_interleaving` reads the twin)
-    flat = {c.key(): c.bound for c in out if c.virtual == 1}
-    return sorted(out, key=lambda c: (flat[c.key()], c.key(), c.virtual))
+    # a group's layouts together, v ascending (the search orders the groups by their bounds)
+    least: dict[tuple[int, int, bool], float] = {}
+    for c in out:
+        least[c.key()] = min(c.bound, least.get(c.key(), c.bound))
+    return sorted(out, key=lambda c: (least[c.key()], c.key(), c.virtual))
 
 
 __all__ = [

@@ -22,11 +22,14 @@ ways of each tensor degree (every micro-batch size per rank) or one of `micro_ba
 Bound (proven, `layouts`): per micro-batch a device runs a piece of each op of its chunks, which
 takes at least the op's launch floor and its FLOPs and bytes at the global batch / (m n) at the
 roofline, forward and its own backward each (`cost.terms.compute_cost`: a piece of a split op
-moves and computes at least that much), and the step is at least (m + (S - 1) / v) such slots.
-When a layout is first reached its bound is sharpened by the full recomputation its memory
-forces (`bounds`: kept bytes no plan can split below) and it goes back in line if that moved
-it; layouts run in order of the bound and the search stops when the bound reaches the best
-step. The graph at a micro-batch size is made only when a layout needs it (`sizes`).
+moves and computes at least that much), plus the exposed sends of its widest boundary, and the
+step is at least (m + (S - 1) / v) such slots. Layouts of one (S, m, cut) form a group (v
+aside); groups run in order of their least layout bound (an interleaved one's bubble is the
+smaller), each sharpened when first reached by the full recomputation its memory forces
+(`bounds`: kept bytes no plan can split below) and put back in line if that moved it; within
+a group every layout whose own bound is below the best step is tried, larger v filtered by
+the group's first result (`_worth_interleaving`, not a bound); the search stops when the next
+group's bound reaches the best step. The graph at a micro-batch size is made only when a layout needs it (`sizes`).
 Deterministic. Progress goes to `progress`.
 """
 
