@@ -29,8 +29,8 @@ smaller), each sharpened when first reached by the full recomputation its memory
 (`bounds`: kept bytes no plan can split below) and put back in line if that moved it; within
 a group every layout whose own bound is below the best step is tried, larger v filtered by
 the group's first result (`_worth_interleaving`, not a bound); the search stops when the next
-group's bound reaches the best step. The graph at a micro-batch size is made only when a layout needs it (`sizes`).
-Deterministic. Progress goes to `progress`.
+group's bound reaches the best step. The graph at a micro-batch size is made only when a
+layout needs it (`sizes`). Deterministic. Progress goes to `progress`.
 """
 
 from __future__ import annotations
