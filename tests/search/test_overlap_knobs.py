@@ -193,5 +193,7 @@ def test_step_search_overlaps_tensor_parallel_collectives_on_sequence_parallel_s
     for s in on.stages:  # the lever rides sequence parallelism only
         assert s.levers.tp_comm_overlap == s.levers.sequence_parallel
     assert on.step.step_s <= plain.step.step_s * (1 + 1e-9)
+    assert any("overlapped with their GEMMs (tp_comm_overlap" in n for n in on.notes)
+    assert not any("tp_comm_overlap" in n for n in plain.notes)
     with pytest.raises(ShardplanError, match="tp_comm_overlap must be True or False"):
         sp.plan(_gpt, "2x4", tp_comm_overlap=1, **kw)

@@ -57,6 +57,13 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
             "residual adds split along the sequence over the tensor-parallel group: their "
             "compute and activations / t)"
         )
+    tpo = [s for s, stage in enumerate(tp.stages) if stage.levers.tp_comm_overlap]
+    if tpo:
+        notes.append(
+            f"{word}{'s' if len(tpo) > 1 else ''} {_ranges(tpo)}: tensor-parallel all-gathers and "
+            "reduce-scatters overlapped with their GEMMs (tp_comm_overlap: Megatron-LM "
+            "--tp-comm-overlap, torchtitan async tensor parallelism)"
+        )
     return tuple(notes)
 
 
