@@ -74,8 +74,8 @@ class Levers:
 
     @property
     def overlaps(self) -> bool:
-        """Does the stage overlap anything beyond tensor and context parallelism (whose own overlap,
-    `tp_comm_overlap`, does not grow with the recomputation's window)?"""
+        """Does the stage overlap anything beyond tensor and context parallelism (whose own
+        overlap, `tp_comm_overlap`, does not grow with the recomputation's window)?"""
         return self.overlap_grad_reduce or self.overlap_p2p or self.prefetch
 
 

@@ -12,6 +12,20 @@ from shardplan.cost.step import Recompute
 from shardplan.search.experts import data_parallel
 from shardplan.training import TrainingPlan
 
+_FLAG_NOTES = (
+    (
+        "sequence_parallel",
+        "sequence parallelism (norms and residual adds split along the sequence over the "
+        "tensor-parallel group: their compute and activations / t)",
+    ),
+    (
+        "tp_comm_overlap",
+        "tensor-parallel all-gathers and reduce-scatters overlapped with their GEMMs "
+        "(tp_comm_overlap: Megatron-LM --tp-comm-overlap, torchtitan async tensor parallelism)",
+    ),
+)
+"""Boolean levers the notes name, with what each does, in this order."""
+
 
 def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
     """Say which levers the plan uses and why: the fastest set that fits the budget (a lever is
@@ -50,20 +64,10 @@ def lever_notes(tp: TrainingPlan, budget: float | None) -> tuple[str, ...]:
     for used_text, where in grouped.items():
         plural = "s" if len(where) > 1 else ""
         notes.append(f"{word}{plural} {_ranges(where)}: {used_text} {why}")
-    sp = [s for s, stage in enumerate(tp.stages) if stage.levers.sequence_parallel]
-    if sp:
-        notes.append(
-            f"{word}{'s' if len(sp) > 1 else ''} {_ranges(sp)}: sequence parallelism (norms and "
-            "residual adds split along the sequence over the tensor-parallel group: their "
-            "compute and activations / t)"
-        )
-    tpo = [s for s, stage in enumerate(tp.stages) if stage.levers.tp_comm_overlap]
-    if tpo:
-        notes.append(
-            f"{word}{'s' if len(tpo) > 1 else ''} {_ranges(tpo)}: tensor-parallel all-gathers and "
-            "reduce-scatters overlapped with their GEMMs (tp_comm_overlap: Megatron-LM "
-            "--tp-comm-overlap, torchtitan async tensor parallelism)"
-        )
+    for flag, text in _FLAG_NOTES:
+        on = [s for s, stage in enumerate(tp.stages) if getattr(stage.levers, flag)]
+        if on:
+            notes.append(f"{word}{'s' if len(on) > 1 else ''} {_ranges(on)}: {text}")
     return tuple(notes)
 
 

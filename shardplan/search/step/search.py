@@ -156,7 +156,7 @@ def _search_step(
     say(f"  {len(found)} layouts (stages x chunks x micro-batch size), in order of their bound")
     best: Choice | None = None
     tried = 0
-    flat: dict[tuple[int, int, bool], tuple[int, Choice]] = {}  # a group's first step found
+    first: dict[tuple[int, int, bool], tuple[int, Choice]] = {}  # a group's first fit, its v
     reached: dict[tuple[int, int, bool], float] = {}  # a group's least sharpened bound
     groups: dict[tuple[int, int, bool], list[Layout]] = {}  # (S, m, cut) -> layouts, v ascending
     for c in found:
@@ -178,13 +178,13 @@ def _search_step(
         for layout in groups[key]:
             if best is not None and layout.bound >= best.step_s:
                 continue  # each v its own bound: an interleaved one's bubble is smaller
-            ref = flat.get(key)  # the group's first layout evaluated, and its v
+            ref = first.get(key)
             if ref is not None and not _worth_interleaving(layout, ref[0], ref[1], best):
                 continue
             tried += 1
             choice = search.evaluate(layout, say)
             if ref is None and choice is not None:
-                flat[key] = (layout.virtual, choice)
+                first[key] = (layout.virtual, choice)
             elapsed = time.perf_counter() - start
             if choice is None:
                 say(f"  {layout.text()}: does not fit ({elapsed:.1f} s)")
