@@ -21,6 +21,7 @@ from pathlib import Path
 from shardplan import units
 from shardplan.cost import CostOptions
 from shardplan.errors import ArgumentError, PlanError
+from shardplan.importers.engine_config import EngineConfig
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.step.menus import Layout
@@ -63,18 +64,12 @@ def engine_plan(
         if cfg.batch is not None and cfg.batch != batch:
             say(f"the config's global batch {cfg.batch} replaces the model's {batch}")
             batch = cfg.batch
-        layout = cfg.layout(mesh, batch)
+        layout = cfg.layout(mesh, batch, _layers(build, batch, cfg.layers_per_chunk))
         graph = build(batch // layout.micro_batches)
         if graph is None:
             raise PlanError("--from-config needs a zoo model (rebuilt at the micro-batch size)")
         say(f"scoring the {cfg.engine} config on mesh {mesh.text()} ...")
-        params = graph.parameters  # the engine overlaps what it does by default
-        width = opts.element_bytes(params[0]) if params else 4
-        data = mesh.size // (layout.tensor * layout.pipeline)
-        levers = get_menu(cfg.engine).engine_levers(
-            layout.levers, width, data=data, grad_reduce=cfg.overlap_grad_reduce
-        )
-        tp = layout_plan(graph, batch, mesh, opts, replace(layout, levers=levers))
+        tp = layout_plan(graph, batch, mesh, opts, _engine_layout(cfg, layout, graph, mesh, opts))
         assert tp is not None and tp.step is not None
         notes = [f"{cfg.engine} config {args.from_config}: {_layout_text(layout)}", *cfg.notes]
         if cfg.ignored:
@@ -101,6 +96,31 @@ def engine_plan(
     return replace(tp, notes=notes, step=tp.step)
 
 
+def _layers(build: Callable[[int], Graph | None], batch: int, per_chunk: int | None) -> int | None:
+    """The model's layer count when the config says its chunks in layers, else None."""
+    from shardplan.search.step.structure import graph_layers
+
+    graph = build(batch) if per_chunk is not None else None
+    return None if graph is None else graph_layers(graph).layers
+
+
+def _engine_layout(
+    cfg: EngineConfig, layout: Layout, graph: Graph, mesh: Mesh, opts: CostOptions
+) -> Layout:
+    """`layout` with what the engine overlaps by default, or the config's own choice."""
+    from shardplan.search.step.menus import get_menu
+
+    params = graph.parameters  # the gradient's element width sizes the buckets
+    width = opts.element_bytes(params[0]) if params else 4
+    data = mesh.size // (layout.tensor * layout.pipeline * layout.context)
+    levers = get_menu(cfg.engine).engine_levers(
+        layout.levers, width, layout.virtual, data, cfg.overlap_grad_reduce
+    )
+    if cfg.overlap_p2p is not None:  # the config's own choice (the interleaved schedule only)
+        levers = replace(levers, overlap_p2p=cfg.overlap_p2p and layout.virtual > 1)
+    return replace(layout, levers=levers)
+
+
 def _attention_note(args: argparse.Namespace, engine: str) -> list[str]:
     """A zoo transformer planned with unfused attention, for an engine that runs it fused."""
     from shardplan.zoo import MODELS
@@ -119,9 +139,21 @@ def _attention_note(args: argparse.Namespace, engine: str) -> list[str]:
 
 def _layout_text(layout: Layout) -> str:
     lv = layout.levers
+    more = [
+        text
+        for on, text in (
+            (lv.sequence_parallel, "sequence parallel"),
+            (layout.virtual > 1, f"{layout.virtual} chunks per stage"),
+            (layout.context > 1, f"context x{layout.context}"),
+            (layout.expert > 1, f"expert x{layout.expert}"),
+            (lv.tp_comm_overlap, "tp_comm_overlap"),
+        )
+        if on
+    ]
     return (
         f"tensor x{layout.tensor}, pipeline x{layout.pipeline}, {layout.micro_batches} "
         f"micro-batches, {lv.recompute.value} recomputation, ZeRO-{lv.zero}"
+        + "".join(f", {m}" for m in more)
     )
 
 

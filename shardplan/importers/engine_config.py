@@ -4,12 +4,14 @@ Formats, by content: a torchtitan job TOML (a `[parallelism]` or `[training]` ta
 DeepSpeed config JSON (an object with `train_batch_size` or `train_micro_batch_size_per_gpu`),
 else Megatron-LM / Megatron-DeepSpeed command-line flags (shell words; flags shardplan does not
 model are listed in `ignored`). Each gives tensor and pipeline degrees, the per-rank micro-batch
-size, the global batch when it says one, recomputation, ZeRO stage, precision and whether the
-gradient sync overlaps the backward (when the file says; else the engine's default); `layout`
-turns them into the `menus.Layout` of a mesh (data ways = devices / (tensor x pipeline)).
-Approximations are listed in `notes` (torchtitan's selective checkpointing is scored as the
-step model's selective recomputation; its tensor parallelism without sequence parallelism).
-O(size of the file).
+size, the global batch when it says one, recomputation, ZeRO stage, precision, the step model's
+further levers where the format says them (sequence parallelism — always on under torchtitan's
+tensor parallelism —, model chunks per pipeline stage of the interleaved schedule, context and
+expert parallelism, tensor-parallel communication overlap) and whether the gradient sync and
+the pipeline sends overlap compute (when the file says; else the engine's default); `layout`
+turns them into the `menus.Layout` of a mesh (data ways = devices / (tensor x pipeline x
+context)). Approximations are listed in `notes` (torchtitan's selective checkpointing is scored
+as the step model's selective recomputation). O(size of the file).
 """
 
 from __future__ import annotations
@@ -44,14 +46,27 @@ class EngineConfig:
     """The configuration's own choice of overlapping the gradient sync (Megatron-LM
     `--overlap-grad-reduce`, DeepSpeed `zero_optimization.overlap_comm`); None: the engine's
     default (`menus.Menu.engine_levers`)."""
+    sequence_parallel: bool = False
+    virtual: int = 1
+    """Model chunks per pipeline stage (interleaved 1F1B)."""
+    layers_per_chunk: int | None = None
+    """... said as layers per chunk instead (`layout` divides the model's layers by it)."""
+    context: int = 1
+    expert: int = 1
+    tp_comm_overlap: bool = False
+    overlap_p2p: bool | None = None
+    """The configuration's own choice of overlapping the interleaved schedule's sends (Megatron-LM
+    `--no-overlap-p2p-communication`); None: the engine's default."""
 
-    def layout(self, mesh: Mesh, batch: int) -> Layout:
-        """The layout on `mesh` for a global batch `batch` (PlanError when they disagree)."""
-        ways = self.tensor * self.pipeline
+    def layout(self, mesh: Mesh, batch: int, layers: int | None = None) -> Layout:
+        """The layout on `mesh` for a global batch `batch` (PlanError when they disagree);
+        `layers`: the model's layer count, needed when the chunks are said in layers."""
+        ways = self.tensor * self.pipeline * self.context
         if mesh.size % ways:
+            cp = f" x context {self.context}" if self.context > 1 else ""
             raise PlanError(
-                f"the {self.engine} config's tensor {self.tensor} x pipeline {self.pipeline} does "
-                f"not divide the {mesh.size} devices of mesh {mesh.text()}"
+                f"the {self.engine} config's tensor {self.tensor} x pipeline {self.pipeline}{cp} "
+                f"does not divide the {mesh.size} devices of mesh {mesh.text()}"
             )
         data = mesh.size // ways
         per = data * self.micro_batch_size
@@ -60,7 +75,28 @@ class EngineConfig:
                 f"global batch {batch} is not a multiple of {data} data-parallel ways x "
                 f"micro-batch size {self.micro_batch_size} ({self.engine} config)"
             )
-        return Layout(self.tensor, self.pipeline, batch // per, Levers(self.recompute, self.zero))
+        levers = Levers(
+            self.recompute,
+            self.zero,
+            self.sequence_parallel,
+            self.context > 1,
+            tp_comm_overlap=self.tp_comm_overlap,
+        )
+        v = self._virtual(layers)
+        return Layout(
+            self.tensor, self.pipeline, batch // per, levers, v, self.context, self.expert
+        )
+
+    def _virtual(self, layers: int | None) -> int:
+        per = self.layers_per_chunk
+        if per is None:
+            return self.virtual
+        if layers is None or layers % (self.pipeline * per):
+            raise PlanError(
+                f"the {self.engine} config's {per} layers per model chunk x {self.pipeline} "
+                f"pipeline stages do not divide the model's {layers} layers"
+            )
+        return layers // (self.pipeline * per)
 
 
 def _int(value: Any, name: str) -> int:
@@ -87,14 +123,13 @@ def read_torchtitan(data: dict[str, Any]) -> EngineConfig:
     notes = []
     if ac == "selective":
         notes.append("torchtitan's selective checkpointing is scored as selective recomputation")
-    if t > 1:
-        notes.append("tensor parallelism scored without torchtitan's sequence-parallel norms")
     recompute = {"none": Recompute.NONE, "full": Recompute.FULL, "selective": Recompute.SELECTIVE}
     if ac not in recompute:
         raise ArgumentError(
             f"activation_checkpoint.mode {ac!r}: shardplan scores none/selective/full"
         )
     dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(train.get("mixed_precision_param", ""))
+    virtual, per_chunk = _torchtitan_chunks(par, n)
     return EngineConfig(
         "torchtitan",
         t,
@@ -105,7 +140,60 @@ def read_torchtitan(data: dict[str, Any]) -> EngineConfig:
         3 if shard != 1 else 0,  # -1 (default) and >1 shard the parameters (FSDP)
         dtype,
         tuple(notes),
+        sequence_parallel=t > 1,  # its tensor-parallel plan shards the norms (SequenceParallel)
+        virtual=virtual,
+        layers_per_chunk=per_chunk,
+        context=_int(par.get("context_parallel_degree", 1), "context_parallel_degree"),
+        expert=_int(par.get("expert_parallel_degree", 1), "expert_parallel_degree"),
+        tp_comm_overlap=_async_tp(data, t),
     )
+
+
+def _torchtitan_chunks(par: dict[str, Any], stages: int) -> tuple[int, int | None]:
+    """(model chunks per pipeline stage, or layers per chunk when said so) of torchtitan's
+    `pipeline_parallel_schedule`: 1F1B one chunk; Interleaved1F1B the chunks of
+    `module_fqns_per_model_part` or `pipeline_parallel_layers_per_stage`."""
+    schedule = par.get("pipeline_parallel_schedule", "1F1B")
+    if stages == 1 or schedule == "1F1B":
+        return 1, None
+    if schedule != "Interleaved1F1B":
+        raise ArgumentError(
+            f"pipeline_parallel_schedule {schedule!r}: shardplan scores 1F1B and "
+            "Interleaved1F1B (docs/engines.md)"
+        )
+    parts = par.get("module_fqns_per_model_part")
+    if isinstance(parts, list) and parts:
+        if len(parts) % stages:
+            raise ArgumentError(
+                f"module_fqns_per_model_part has {len(parts)} parts, not a multiple of "
+                f"pipeline_parallel_degree {stages}"
+            )
+        return len(parts) // stages, None
+    per = par.get("pipeline_parallel_layers_per_stage")
+    if per is None:
+        raise ArgumentError(
+            "pipeline_parallel_schedule Interleaved1F1B: say the model chunks with "
+            "module_fqns_per_model_part or pipeline_parallel_layers_per_stage"
+        )
+    return 1, _int(per, "pipeline_parallel_layers_per_stage")
+
+
+def _async_tp(data: dict[str, Any], tensor: int) -> bool:
+    """torchtitan's `enable_async_tensor_parallel`, which it runs only with tensor parallelism
+    and the model under torch.compile (`maybe_enable_async_tp`): an ArgumentError otherwise."""
+    if data.get("parallelism", {}).get("enable_async_tensor_parallel") is not True:
+        return False
+    comp = data.get("compile", {})
+    if (
+        tensor == 1
+        or comp.get("enable") is not True
+        or "model" not in comp.get("components", ["model", "loss"])
+    ):
+        raise ArgumentError(
+            "enable_async_tensor_parallel needs tensor_parallel_degree > 1 and [compile] "
+            'enable = true with "model" in components (torchtitan refuses it otherwise)'
+        )
+    return True
 
 
 def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
@@ -141,6 +229,10 @@ _VALUE_FLAGS = {
     "--zero-stage": "zero",
     "--recompute-method": "method",  # uniform/block: how full recomputation groups layers
     "--recompute-num-layers": "per_checkpoint",
+    "--num-virtual-stages-per-pipeline-rank": "virtual",
+    "--num-layers-per-virtual-pipeline-stage": "per_chunk",
+    "--context-parallel-size": "context",
+    "--expert-model-parallel-size": "expert",
 }
 _SWITCHES = {
     "--use-distributed-optimizer",
@@ -148,6 +240,10 @@ _SWITCHES = {
     "--fp16",
     "--checkpoint-activations",
     "--overlap-grad-reduce",
+    "--sequence-parallel",
+    "--tp-comm-overlap",
+    "--overlap-p2p-communication",  # Megatron-LM before 2023-10 (off unless said)
+    "--no-overlap-p2p-communication",  # since: on for the interleaved schedule unless said
 }
 
 
@@ -182,6 +278,7 @@ def read_megatron(text: str) -> EngineConfig:
     if "--use-distributed-optimizer" in switches:
         zero = max(zero, 1)
     dtype = "bf16" if "--bf16" in switches else "fp16" if "--fp16" in switches else None
+    chunks = _megatron_chunks(values, switches)
     return EngineConfig(
         "megatron",
         _int(values.get("tensor", 1), "--tensor-model-parallel-size"),
@@ -194,7 +291,39 @@ def read_megatron(text: str) -> EngineConfig:
         (),
         tuple(ignored),
         overlap_grad_reduce=True if "--overlap-grad-reduce" in switches else None,
+        **chunks,
     )
+
+
+def _megatron_chunks(values: dict[str, str], switches: set[str]) -> dict[str, Any]:
+    """The step model's further levers among Megatron-LM's flags (`EngineConfig` fields)."""
+    sp = "--sequence-parallel" in switches
+    if "--tp-comm-overlap" in switches and not sp:
+        raise ArgumentError(
+            "--tp-comm-overlap without --sequence-parallel: Megatron-LM refuses it (it overlaps "
+            "sequence parallelism's all-gathers and reduce-scatters); add --sequence-parallel"
+        )
+    if "virtual" in values and "per_chunk" in values:
+        raise ArgumentError(
+            "--num-virtual-stages-per-pipeline-rank with --num-layers-per-virtual-pipeline-stage:"
+            " Megatron-LM takes one of them"
+        )
+    p2p = None
+    if "--no-overlap-p2p-communication" in switches:
+        p2p = False
+    elif "--overlap-p2p-communication" in switches:
+        p2p = True
+    per = values.get("per_chunk")
+    per_chunk = None if per is None else _int(per, "--num-layers-per-virtual-pipeline-stage")
+    return {
+        "sequence_parallel": sp,
+        "virtual": _int(values.get("virtual", 1), "--num-virtual-stages-per-pipeline-rank"),
+        "layers_per_chunk": per_chunk,
+        "context": _int(values.get("context", 1), "--context-parallel-size"),
+        "expert": _int(values.get("expert", 1), "--expert-model-parallel-size"),
+        "tp_comm_overlap": "--tp-comm-overlap" in switches,
+        "overlap_p2p": p2p,
+    }
 
 
 def read_engine_config(text: str) -> EngineConfig:

@@ -93,3 +93,74 @@ def test_target_notes_unfused_attention_and_exports_a_fused_plan(tmp_path, capsy
     overrides = json.loads(plan.read_text())["model_config"]["overrides"]
     assert overrides == {"layers": 4, "attention": "fused"}
     assert main(["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "t.toml")]) == 0
+
+
+def _recipe(**knobs):
+    import shardplan as sp
+    from shardplan import zoo
+
+    def build(b):
+        return zoo.build("gpt2-small", small=True, layers=4, batch=b)
+
+    return sp.plan(build, "4x4", "megatron-recipe", batch=32, dtype="bf16", **knobs)
+
+
+def test_from_config_scores_the_levers_an_export_says_as_the_recipe_does(tmp_path, capsys):
+    """Sequence parallelism, interleaving, context parallelism and tp_comm_overlap survive the
+    round trip export -> --from-config: the config scores the step of the plan exported."""
+    from shardplan.exporters.megatron import to_megatron
+
+    cases = [
+        dict(virtual_stages=2, sequence_parallel=True, tp_comm_overlap=True),
+        dict(virtual_stages=2, context=2, recompute="selective"),
+    ]
+    for knobs in cases:
+        tp = _recipe(tensor=2, pipeline=2, micro_batch_size=1, **knobs)
+        flags = tmp_path / "flags.sh"
+        flags.write_text(to_megatron(tp))
+        plan = tmp_path / "scored.json"
+        assert main([*PLAN, "--from-config", str(flags), "--json", str(plan)]) == 0
+        capsys.readouterr()
+        data = json.loads(plan.read_text())
+        said, ignored = data["notes"][0], data["notes"][1]
+        assert "2 chunks per stage" in said and data["virtual_stages"] == 2
+        assert ignored == "flags not modelled: --num-layers --seq-length"  # architecture flags
+        assert abs(data["step"]["step_s"] - tp.step.step_s) <= 1e-9 * tp.step.step_s, knobs
+
+
+def test_from_config_refuses_what_the_engine_refuses(tmp_path, capsys):
+    flags = tmp_path / "flags.sh"
+    flags.write_text("--tensor-model-parallel-size 2 --tp-comm-overlap --bf16\n")
+    assert main([*PLAN, "--from-config", str(flags)]) != 0
+    assert "add --sequence-parallel" in capsys.readouterr().err
+    titan = tmp_path / "titan.toml"
+    titan.write_text(
+        "[parallelism]\ntensor_parallel_degree = 2\nenable_async_tensor_parallel = true\n"
+    )
+    assert main([*PLAN, "--from-config", str(titan)]) != 0
+    assert "[compile]" in capsys.readouterr().err
+
+
+def test_torchtitan_config_scores_its_sequence_parallel_interleaved_layout(tmp_path, capsys):
+    """torchtitan's tensor parallelism always shards the norms over the sequence, and its
+    Interleaved1F1B parts say the chunks: the TOML of such a layout scores that layout."""
+    from shardplan import zoo
+    from shardplan.cost import CostOptions
+    from shardplan.cost.step import Levers
+    from shardplan.exporters.torchtitan import to_torchtitan
+    from shardplan.mesh import parse_mesh
+    from shardplan.search.step.menus import MENUS, Layout, layout_plan
+
+    opts = CostOptions.make("shardplan", True, "adam", "bf16")
+    graph = zoo.build("gpt2-small", small=True, layers=4, batch=32 // 8)
+    layout = Layout(2, 2, 8, Levers(), virtual=2)
+    tp = layout_plan(graph, 32, parse_mesh("4x4"), opts, layout, MENUS["torchtitan"])
+    assert tp is not None and tp.step is not None and tp.stages[0].levers.sequence_parallel
+    toml = tmp_path / "job.toml"
+    toml.write_text(to_torchtitan(tp))
+    plan = tmp_path / "scored.json"
+    assert main([*PLAN, "--from-config", str(toml), "--json", str(plan)]) == 0
+    capsys.readouterr()
+    data = json.loads(plan.read_text())
+    assert "sequence parallel, 2 chunks per stage" in data["notes"][0]
+    assert abs(data["step"]["step_s"] - tp.step.step_s) <= 1e-9 * tp.step.step_s

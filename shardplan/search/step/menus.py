@@ -48,6 +48,7 @@ from shardplan.plans import Plan
 from shardplan.search import experts
 from shardplan.search.step.notes import axis_summary, steps_note
 from shardplan.search.step.profiles import LEVERS, stage_tensor_degrees
+from shardplan.search.step.recipes import context_rounds, expert_parallel
 from shardplan.search.step.stages import aligned_starts, stage_mesh, tokens_per_sample
 from shardplan.search.step.structure import LayerSplit, graph_layers, layer_split
 from shardplan.search.step.structure import fingerprint as _fingerprint
@@ -238,12 +239,16 @@ def get_menu(engine: str) -> Menu:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """One engine layout: tensor degree, pipeline stages, micro-batches, levers."""
+    """One engine layout: tensor degree, pipeline stages, micro-batches, levers; model chunks per
+    pipeline stage (`virtual`, interleaved 1F1B), context- and expert-parallel degrees."""
 
     tensor: int
     pipeline: int
     micro_batches: int
     levers: Levers = Levers()
+    virtual: int = 1
+    context: int = 1
+    expert: int = 1
 
 
 class _Stages:
@@ -254,16 +259,28 @@ class _Stages:
         self.cache: dict[tuple[object, ...], tuple[str, tuple[object, ...], StageProfile]] = {}
 
     def plan(
-        self, sub: Graph, mesh: Mesh, tensor: int, sp: bool = False
+        self,
+        sub: Graph,
+        mesh: Mesh,
+        tensor: int,
+        sp: bool = False,
+        context: int = 1,
+        expert: int = 1,
     ) -> tuple[Plan, StageProfile]:
-        key = (mesh.shape, tensor, sp, _fingerprint(sub))
+        key = (mesh.shape, tensor, sp, context, expert, _fingerprint(sub))
         hit = self.cache.get(key)
         if hit is None:
-            if tensor == 1:
-                method, st = "data-parallel", experts.data_parallel(sub, mesh)
-            else:
-                method, st = "megatron", experts.megatron(sub, mesh, tensor)
-            prof = profile_stage(sub, mesh, st, self.opts, sequence_parallel=sp)
+            method = "data-parallel" if tensor == 1 else "megatron"
+            if tensor == 1 and context == expert == 1:
+                st = experts.data_parallel(sub, mesh)
+            else:  # as the Megatron recipe places expert and context ways (recipes.py)
+                st = expert_parallel(sub, mesh, experts.megatron(sub, mesh, tensor), expert)
+                if context > 1:
+                    rounds = context_rounds(mesh, st, sub, context)
+                    st = experts.context_parallel(sub, mesh, st, rounds)
+            prof = profile_stage(
+                sub, mesh, st, self.opts, sequence_parallel=sp, context_parallel=context > 1
+            )
             hit = self.cache[key] = (method, tuple(st[op.name] for op in sub.ops), prof)
         method, cuts, prof = hit
         mapped = {op.name: s for op, s in zip(sub.ops, cuts, strict=True)}  # type: ignore[misc]
@@ -286,45 +303,41 @@ def layout_plan(
     none fits). `split`: the graph's layers when known (the same at every batch size).
     Raises PlanError when the layout does not divide the mesh, batch or layers."""
     mesh = at_precision(mesh, opts)
-    t, n, m = layout.tensor, layout.pipeline, layout.micro_batches
-    if mesh.shape[0] % n or mesh.size % (t * n):
-        raise PlanError(
-            f"tensor {t} x pipeline {n} does not divide mesh {mesh.text()} (pipeline stages "
-            "split the outermost axis)"
-        )
-    data = mesh.size // (t * n)
-    if batch % m or (batch // m) % data:
-        raise PlanError(
-            f"batch {batch} is not {m} micro-batches of a multiple of the {data} data-parallel ways"
-        )
+    t, n, m, v = layout.tensor, layout.pipeline, layout.micro_batches, layout.virtual
+    c, e = layout.context, layout.expert
+    data = _layout_data(mesh, batch, layout)
     split = split or graph_layers(graph)
-    if split.layers % n:
-        raise PlanError(f"{split.layers} layers do not split evenly over {n} pipeline stages")
+    if split.layers % (n * v):
+        chunks = f"{n} pipeline stages" + (f" x {v} chunks" if v > 1 else "")
+        raise PlanError(f"{split.layers} layers do not split evenly over {chunks}")
     segs = segments(graph)
-    bounds = [*(segs[k].start for k in aligned_starts(split, n) or [0]), len(graph.ops)]
+    bounds = [*(segs[k].start for k in aligned_starts(split, n * v) or [0]), len(graph.ops)]
     smesh = stage_mesh(mesh, n)
     stages = cache or _Stages(opts)
     sp = layout.levers.sequence_parallel or (menu is not None and menu.sequence_parallel_at(t))
     plans, profiles = [], []
-    for s in range(n):
+    for s in range(n * v):
         sub = subgraph(graph, bounds[s], bounds[s + 1], f"{graph.name}.stage{s}")
-        plan, prof = stages.plan(sub, smesh, t, sp)
+        plan, prof = stages.plan(sub, smesh, t, sp, c, e)
         plans.append(plan)
         profiles.append(prof)
     tokens = tokens_per_sample(graph, batch // m) if batch // m else 1
-    pipe = pipeline_of(plans, mesh, batch, tokens)
+    pipe = pipeline_of(plans, mesh, batch, tokens, v)
+    cp = replace(layout.levers, sequence_parallel=sp, context_parallel=c > 1)
     if menu is None:
-        choices: tuple[Levers, ...] = (layout.levers,)
+        choices: tuple[Levers, ...] = (cp,)
     else:  # the engine's levers, with the sequence parallelism its tensor layout runs
         params = graph.parameters  # the gradient's element width sizes the buckets
         width = opts.element_bytes(params[0]) if params else 4
         choices = tuple(
-            menu.engine_levers(replace(lv, sequence_parallel=sp), width, data=data)
+            menu.engine_levers(
+                replace(lv, sequence_parallel=sp, context_parallel=c > 1), width, v, data
+            )
             for lv in menu.levers(n)
         )
     best = None
     for lv in choices:
-        step = step_cost(profiles, [lv] * n, m, pipe)
+        step = step_cost(profiles, [lv] * len(profiles), m, pipe)
         if budget is not None and step.memory_per_device > budget:
             continue
         if best is None or step.step_s < best[0].step_s * (1 - 1e-9):
@@ -342,8 +355,34 @@ def layout_plan(
         "engine-layout",
         tokens,
         step=step,
+        virtual_stages=v,
     )
     return replace(tp, axes=axis_summary(tp), step=step)
+
+
+def _layout_data(mesh: Mesh, batch: int, layout: Layout) -> int:
+    """The data-parallel ways of `layout` on `mesh` (tensor x pipeline x context aside), or a
+    PlanError naming what does not divide."""
+    t, n, m, v = layout.tensor, layout.pipeline, layout.micro_batches, layout.virtual
+    c, e = layout.context, layout.expert
+    if mesh.shape[0] % n or mesh.size % (t * n * c):
+        raise PlanError(
+            f"tensor {t} x pipeline {n}{f' x context {c}' if c > 1 else ''} does not divide mesh "
+            f"{mesh.text()} (pipeline stages split the outermost axis)"
+        )
+    data = mesh.size // (t * n * c)
+    if batch % m or (batch // m) % data:
+        raise PlanError(
+            f"batch {batch} is not {m} micro-batches of a multiple of the {data} data-parallel ways"
+        )
+    if data % e:
+        raise PlanError(f"expert parallelism {e} must divide the {data} data-parallel ways")
+    if v > 1 and (n == 1 or m % n):
+        raise PlanError(
+            f"{v} chunks per pipeline stage (interleaved 1F1B) need pipeline > 1 and micro-"
+            f"batches ({m}) a multiple of the {n} stages"
+        )
+    return data
 
 
 def plan_for_menu(
