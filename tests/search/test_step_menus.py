@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from shardplan import zoo
 from shardplan.cost import CostOptions
+from shardplan.cost.step import Levers
 from shardplan.errors import ArgumentError, InfeasibleError
 from shardplan.exporters import training_json
 from shardplan.exporters.engine_layout import read_layout
@@ -77,3 +78,58 @@ def test_an_engine_without_any_layout_says_why_not_that_nothing_fits():
         plan_for_menu(build, 2, parse_mesh("5"), opts, None, MENUS["deepspeed"])
     with pytest.raises(InfeasibleError, match=r"fits 10 KB per device on mesh 8 \(\d+ layouts"):
         plan_for_menu(build, 8, parse_mesh("8"), opts, 1e4, MENUS["deepspeed"])
+
+
+def _every_layout(build, batch, mesh, opts, budget, menu):
+    """Every layout the menu can say, priced whole by `layout_plan` (exact, one by one)."""
+    from shardplan.errors import PlanError
+    from shardplan.search.step.menus import MICRO_BATCH_SIZES, Layout, layout_plan
+    from shardplan.search.step.stages import stage_mesh
+
+    probe = build(batch)
+    layers = graph_layers(probe).layers
+    steps = []
+    for n in range(1, mesh.shape[0] + 1):
+        if mesh.shape[0] % n or layers % n:
+            continue
+        for t in menu.tensor_degrees(stage_mesh(mesh, n)):
+            data = mesh.size // (n * t)
+            for mbs in MICRO_BATCH_SIZES:
+                if batch % (data * mbs):
+                    continue
+                m = batch // (data * mbs)
+                vs = [v for v in range(1, layers // n + 1) if v == 1 or menu.virtual]
+                for v, sp in [(v, sp) for v in vs for sp in (False, True)]:
+                    if sp and not (menu.sequence_parallel and t > 1):
+                        continue
+                    layout = Layout(t, n, m, Levers(sequence_parallel=sp), v)
+                    try:
+                        tp = layout_plan(build(batch // m), batch, mesh, opts, layout, menu, budget)
+                    except PlanError:  # v chunks that do not divide the layers or m
+                        continue
+                    if tp is not None and tp.step is not None:
+                        steps.append((tp.step.step_s, layout))
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("mesh", "budget", "engine"),
+    [("4x4", None, "megatron"), ("2x4", 4e9, "torchtitan")],
+)
+def test_target_plan_is_never_slower_than_a_layout_its_engine_can_say(mesh, budget, engine):
+    """Sequence parallelism and interleaved chunks included (on 4x4 Megatron's fastest layout
+    interleaves 4 chunks per stage): the menu search's bound prunes soundly and its
+    extrapolated chunk profiles pick what the exact ones would."""
+    opts = CostOptions.make("shardplan", True, "adam", "bf16")
+    m, menu = parse_mesh(mesh), MENUS[engine]
+
+    def build(b: int):
+        return zoo.build("gpt3", layers=8, hidden=2048, heads=16, seq=1024, vocab=8192, batch=b)
+
+    every = _every_layout(build, 32, m, opts, budget, menu)
+    tp = plan_for_menu(build, 32, m, opts, budget, menu)
+    assert tp.step is not None and every
+    fastest, layout = min(every, key=lambda x: x[0])
+    assert tp.step.step_s <= fastest * (1 + 1e-9), layout
+    if engine == "megatron":
+        assert tp.virtual_stages == layout.virtual > 1  # what v = 1 search missed

@@ -1,0 +1,205 @@
+"""What each engine's configuration can say: torchtitan, Megatron-LM and DeepSpeed as data.
+
+A `Menu` lists the recomputation modes and ZeRO stages an engine's configuration can say (with
+and without pipeline stages), its precisions, whether its tensor parallelism always runs the
+sequence-parallel lever, which of sequence / context / expert parallelism and interleaving it can
+say, and what it overlaps by default (`Menu.engine_levers`, `cost.overlap`), each with the
+engine source it was read from. `menus.plan_for_menu` searches a menu; `exporters.engine_layout`
+reads a plan back through one. O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from shardplan.cost.overlap import (
+    DDP_BUCKET_BYTES,
+    DEEPSPEED_REDUCE_BUCKET,
+    MEGATRON_BUCKET_FLOOR,
+    MEGATRON_BUCKET_PER_RANK,
+)
+from shardplan.cost.step import Levers, Recompute
+from shardplan.errors import ArgumentError
+from shardplan.mesh import Mesh
+from shardplan.search.step.profiles import LEVERS, stage_tensor_degrees
+
+
+@dataclass(frozen=True, slots=True)
+class Menu:
+    """What one engine's configuration can express (see the module docstring)."""
+
+    engine: str
+    recompute: tuple[Recompute, ...]
+    zero: tuple[int, ...]
+    zero_with_pipeline: tuple[int, ...]
+    precisions: tuple[str, ...]
+    stage_layers: str = "even"
+    """How layers may split over pipeline stages: "even", "first-last" (first and last stage
+    apart from an even middle), "any" (a module list per stage)."""
+    tensor_needs_sequence_parallel: bool = False
+    """The engine's tensor parallelism always shards the norms over the sequence (torchtitan):
+    tensor degree t > 1 only with the sequence-parallel lever on."""
+    sequence_parallel: bool = False
+    """The configuration can say Megatron-style sequence parallelism."""
+    context: bool = False
+    """... context parallelism (the sequence split next to tensor parallelism)."""
+    expert: bool = False
+    """... expert parallelism inside the data-parallel group."""
+    virtual: bool = False
+    """... several model chunks per pipeline stage (interleaved 1F1B)."""
+    instead: str = ""
+    """Where a construct this menu lacks can be said instead (in refusals)."""
+    overlap_grad_reduce: tuple[int, ...] = ()
+    """ZeRO stages at which the engine overlaps the gradient sync with the backward by default
+    (`cost.overlap`)."""
+    bucket_bytes: int = 0
+    """... its gradient bucket at ZeRO 0-2, in bytes (PyTorch DDP), or in elements:"""
+    bucket_elements: int = 0
+    bucket_per_rank: int = 0
+    """... max(bucket_elements, bucket_per_rank x data ways) (megatron-core); all 0: one bucket
+    (ZeRO-3 reduces unit by unit whatever these are)."""
+    prefetch: tuple[int, ...] = ()
+    """ZeRO stages at which it prefetches the next unit's parameters (ZeRO-3)."""
+    overlap_p2p: bool = False
+    """Its interleaved schedule sends under compute by default (plain 1F1B: never)."""
+    tp_comm_overlap: bool = False
+    """The configuration can say `Levers.tp_comm_overlap` (sequence parallelism's collectives
+    under their GEMMs: Megatron-LM `--tp-comm-overlap`, torchtitan `enable_async_tensor_parallel`
+    with torch.compile); off by default in every engine, and never on in this engine's levers
+    when it cannot say it."""
+
+    def engine_levers(
+        self,
+        levers: Levers,
+        width: int,
+        virtual: int = 1,
+        data: int = 1,
+        grad_reduce: bool | None = None,
+    ) -> Levers:
+        """`levers` with what this engine overlaps by default at their ZeRO stage (`grad_reduce`:
+        a configuration's own choice for the gradient sync); `width`: the gradient's bytes per
+        element, `virtual`: chunks per device, `data`: data-parallel ways (the bucket's size).
+        `levers.tp_comm_overlap` is kept only where the engine can say it (`tp_comm_overlap`)
+        and the levers run sequence parallelism."""
+        grad = levers.zero in self.overlap_grad_reduce if grad_reduce is None else grad_reduce
+        bucket = max(self.bucket_bytes // width, self.bucket_elements, self.bucket_per_rank * data)
+        bucket = bucket if grad and levers.zero < 3 else 0
+        return replace(
+            levers,
+            overlap_grad_reduce=grad,
+            prefetch=levers.zero in self.prefetch,
+            overlap_p2p=self.overlap_p2p and virtual > 1,
+            bucket_elements=bucket,
+            tp_comm_overlap=(
+                levers.tp_comm_overlap and self.tp_comm_overlap and levers.sequence_parallel
+            ),
+        )
+
+    def levers(self, stages: int) -> tuple[Levers, ...]:
+        """The allowed levers for a plan of `stages` pipeline stages, least intrusive first."""
+        zs = self.zero if stages == 1 else self.zero_with_pipeline
+        return tuple(lv for lv in LEVERS if lv.recompute in self.recompute and lv.zero in zs)
+
+    def tensor_degrees(self, mesh: Mesh) -> tuple[int, ...]:
+        """The tensor degrees this engine can run on `mesh` (`tensor_degrees`)."""
+        return tensor_degrees(mesh)
+
+    def sequence_parallel_at(self, tensor: int) -> bool:
+        """Whether the layout of tensor degree `tensor` runs the sequence-parallel lever."""
+        return self.tensor_needs_sequence_parallel and tensor > 1
+
+
+def tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
+    """Tensor-parallel degrees on `mesh`: products of its innermost rounds (1 first); a
+    one-axis mesh has only 1 (its axis is also the pipeline's)."""
+    return (1, *stage_tensor_degrees(mesh)) if len(mesh.shape) > 1 else (1,)
+
+
+_N, _S, _F = Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL
+
+MENUS: Mapping[str, Menu] = {
+    # torchtitan 0.2 (docs/engines.md): activation_checkpoint.mode none/full (its "selective"
+    # keeps matmul outputs, not the step model's selective set); DDP (ZeRO-0) or FSDP (ZeRO-3);
+    # its tensor parallelism always shards norms over the sequence (SequenceParallel)
+    # (`parallelism.tensor_parallel_degree`); context_parallel_degree, expert_parallel_degree
+    # and the Interleaved1F1B schedule over a module list per chunk
+    # (torchtitan/config/job_config.py)
+    "torchtitan": Menu(
+        "torchtitan",
+        (_N, _F),
+        (0, 3),
+        (0, 3),
+        ("bf16", "fp32"),
+        "any",
+        True,
+        True,
+        True,
+        True,
+        True,
+        # DDP (`replicate`) all-reduces 25 MiB buckets from autograd hooks, FSDP2 reduce-
+        # scatters and prefetches unit by unit (each TransformerBlock is `fully_shard`ed);
+        # torch.distributed.pipelining's 1F1B waits each send with the next receive
+        # (schedules.py, Schedule1F1B._step_microbatches): no p2p overlap
+        overlap_grad_reduce=(0, 3),
+        bucket_bytes=DDP_BUCKET_BYTES,
+        prefetch=(3,),
+        # `parallelism.enable_async_tensor_parallel` with `[compile] enable` and "model" in
+        # `compile.components` (torchtitan/distributed/tensor_parallel.py, maybe_enable_async_tp)
+        tp_comm_overlap=True,
+    ),
+    # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1)
+    # --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
+    # --num-virtual-stages-per-pipeline-rank
+    "megatron": Menu(
+        "megatron",
+        (_N, _S, _F),
+        (0, 1),
+        (0, 1),
+        ("bf16", "fp16", "fp32"),
+        "first-last",
+        False,
+        True,
+        True,
+        True,
+        True,
+        # --overlap-grad-reduce is off by default (buckets max(4e7, 1e6 x dp) when on); p2p
+        # overlap is on for the interleaved schedule, which this menu's layouts do not use
+        bucket_elements=MEGATRON_BUCKET_FLOOR,
+        bucket_per_rank=MEGATRON_BUCKET_PER_RANK,
+        overlap_p2p=True,
+        # --tp-comm-overlap (megatron-core TransformerConfig.tp_comm_overlap; Megatron-LM asserts
+        # --sequence-parallel with it and needs Transformer Engine's userbuffers)
+        tp_comm_overlap=True,
+    ),
+    # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
+    # pipeline parallelism (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
+    # --checkpoint-activations is full recomputation
+    # its config JSON has no sequence, context or expert parallelism and its PipelineEngine no
+    # interleaving: such plans go to Megatron-LM / Megatron-DeepSpeed's own flags
+    "deepspeed": Menu(
+        "deepspeed",
+        (_N, _F),
+        (0, 1, 2, 3),
+        (0, 1),
+        ("bf16", "fp16", "fp32"),
+        instead="the DeepSpeed config JSON has no such key; export with `--to megatron`, or run "
+        "Megatron-DeepSpeed with Megatron-LM's flags for it",
+        # zero_optimization.overlap_comm defaults to true at stage 3 only, with the stage-3
+        # prefetch (deepspeed/runtime/zero/config.py); the pipeline engine's sends block
+        overlap_grad_reduce=(3,),
+        bucket_elements=DEEPSPEED_REDUCE_BUCKET,
+        prefetch=(3,),
+        # no tensor-parallel communication overlap in its config (tp_comm_overlap stays off)
+        tp_comm_overlap=False,
+    ),
+}
+
+
+def get_menu(engine: str) -> Menu:
+    if engine not in MENUS:
+        raise ArgumentError(f"unknown engine {engine!r}; pick one of {', '.join(sorted(MENUS))}")
+    return MENUS[engine]
+
+
+__all__ = ["MENUS", "Menu", "get_menu", "tensor_degrees"]
