@@ -139,6 +139,13 @@ def test_from_config_refuses_what_the_engine_refuses(tmp_path, capsys):
     )
     assert main([*PLAN, "--from-config", str(titan)]) != 0
     assert "[compile]" in capsys.readouterr().err
+    for text, says in [
+        ("--num-virtual-stages-per-pipeline-rank 2", "need pipeline > 1"),
+        ("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3", "4 layers"),
+    ]:
+        flags.write_text(text + " --bf16\n")
+        assert main([*PLAN, "--from-config", str(flags)]) == 5
+        assert says in capsys.readouterr().err
 
 
 def test_torchtitan_config_scores_its_sequence_parallel_interleaved_layout(tmp_path, capsys):

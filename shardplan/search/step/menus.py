@@ -301,10 +301,12 @@ def _layout_data(mesh: Mesh, batch: int, layout: Layout) -> int:
         )
     if data % e:
         raise PlanError(f"expert parallelism {e} must divide the {data} data-parallel ways")
-    if v > 1 and (n == 1 or m % n):
+    if v > 1 and n == 1:
+        raise PlanError(f"{v} chunks per pipeline stage (interleaved 1F1B) need pipeline > 1")
+    if v > 1 and m % n:
         raise PlanError(
-            f"{v} chunks per pipeline stage (interleaved 1F1B) need pipeline > 1 and micro-"
-            f"batches ({m}) a multiple of the {n} stages"
+            f"{v} chunks per pipeline stage (interleaved 1F1B): the {m} micro-batches must be a "
+            f"multiple of the {n} pipeline stages (as Megatron-LM requires)"
         )
     return data
 
