@@ -105,6 +105,15 @@ def _recipe(**knobs):
     return sp.plan(build, "4x4", "megatron-recipe", batch=32, dtype="bf16", **knobs)
 
 
+def _scored(path, text, capsys):
+    """The training JSON of `plan --from-config` on a file holding `text`."""
+    path.write_text(text)
+    plan = path.with_suffix(".scored.json")
+    assert main([*PLAN, "--from-config", str(path), "--json", str(plan)]) == 0
+    capsys.readouterr()
+    return json.loads(plan.read_text())
+
+
 def test_from_config_scores_the_levers_an_export_says_as_the_recipe_does(tmp_path, capsys):
     """Sequence parallelism, interleaving, context parallelism and tp_comm_overlap survive the
     round trip export -> --from-config: the config scores the step of the plan exported."""
@@ -116,12 +125,7 @@ def test_from_config_scores_the_levers_an_export_says_as_the_recipe_does(tmp_pat
     ]
     for knobs in cases:
         tp = _recipe(tensor=2, pipeline=2, micro_batch_size=1, **knobs)
-        flags = tmp_path / "flags.sh"
-        flags.write_text(to_megatron(tp))
-        plan = tmp_path / "scored.json"
-        assert main([*PLAN, "--from-config", str(flags), "--json", str(plan)]) == 0
-        capsys.readouterr()
-        data = json.loads(plan.read_text())
+        data = _scored(tmp_path / "flags.sh", to_megatron(tp), capsys)
         said, ignored = data["notes"][0], data["notes"][1]
         assert "2 chunks per stage" in said and data["virtual_stages"] == 2
         assert ignored == "flags not modelled: --num-layers --seq-length"  # architecture flags
@@ -163,11 +167,6 @@ def test_torchtitan_config_scores_its_sequence_parallel_interleaved_layout(tmp_p
     layout = Layout(2, 2, 8, Levers(), virtual=2)
     tp = layout_plan(graph, 32, parse_mesh("4x4"), opts, layout, MENUS["torchtitan"])
     assert tp is not None and tp.step is not None and tp.stages[0].levers.sequence_parallel
-    toml = tmp_path / "job.toml"
-    toml.write_text(to_torchtitan(tp))
-    plan = tmp_path / "scored.json"
-    assert main([*PLAN, "--from-config", str(toml), "--json", str(plan)]) == 0
-    capsys.readouterr()
-    data = json.loads(plan.read_text())
+    data = _scored(tmp_path / "job.toml", to_torchtitan(tp), capsys)
     assert "sequence parallel, 2 chunks per stage" in data["notes"][0]
     assert abs(data["step"]["step_s"] - tp.step.step_s) <= 1e-9 * tp.step.step_s

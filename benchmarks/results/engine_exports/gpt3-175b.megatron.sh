@@ -1,9 +1,11 @@
---tensor-model-parallel-size 8 \
---pipeline-model-parallel-size 4 \
+--tensor-model-parallel-size 4 \
+--pipeline-model-parallel-size 8 \
 --micro-batch-size 1 \
 --global-batch-size 1536 \
 --bf16 \
 --use-distributed-optimizer \
+--sequence-parallel \
+--num-virtual-stages-per-pipeline-rank 12 \
 --num-layers 96 \
 --hidden-size 12288 \
 --num-attention-heads 96 \
