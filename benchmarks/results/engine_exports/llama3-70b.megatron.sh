@@ -1,10 +1,12 @@
 --tensor-model-parallel-size 8 \
---pipeline-model-parallel-size 8 \
---micro-batch-size 1 \
+--pipeline-model-parallel-size 4 \
+--micro-batch-size 2 \
 --global-batch-size 512 \
 --bf16 \
 --recompute-granularity selective \
 --use-distributed-optimizer \
+--sequence-parallel \
+--num-virtual-stages-per-pipeline-rank 20 \
 --num-layers 80 \
 --hidden-size 8192 \
 --num-attention-heads 64 \

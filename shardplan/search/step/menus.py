@@ -53,6 +53,7 @@ from shardplan.search.step.notes import axis_summary, steps_note
 from shardplan.search.step.profiles import (
     Family,
     StageProfiler,
+    data_degrees,
     expert_counts,
 )
 from shardplan.search.step.recipes import context_rounds, expert_parallel
@@ -338,7 +339,7 @@ def plan_for_menu(
     built: dict[int, Graph | None] = {batch: probe}
     tried = 0
     # in order of the bound; stop at the first that cannot beat the best found
-    for bound, n, t, m, v, sp in candidates:
+    for bound, n, t, m, v, sp, e in candidates:
         if best is not None and bound >= best[0]:
             say(f"  the remaining {menu.engine} layouts cannot beat {best[0]:.4g} s")
             break
@@ -349,12 +350,12 @@ def plan_for_menu(
         if graph is None:
             continue
         tried += 1
-        layout = Layout(t, n, m, Levers(sequence_parallel=sp), v)
+        layout = Layout(t, n, m, Levers(sequence_parallel=sp), v, expert=e)
         found = layout_step(graph, batch, mesh, opts, layout, menu, budget, cache, split, True)
         data = mesh.size // (n * t)
         label = (
             f"pipeline {n}{f' x {v} chunks' if v > 1 else ''} x tensor {t}{' (SP)' if sp else ''}"
-            f" x data {data}, micro-batch {b // data} (m={m})"
+            f" x data {data}{f' (expert {e})' if e > 1 else ''}, micro-batch {b // data} (m={m})"
         )
         if found is None:
             say(f"  {menu.engine}: {label}: does not fit")
@@ -404,15 +405,18 @@ def _menu_note(plan: TrainingPlan, menu: Menu, t: int) -> str:
 
 def _candidates(
     probe: Graph, split: LayerSplit, batch: int, mesh: Mesh, opts: CostOptions, menu: Menu
-) -> list[tuple[float, int, int, int, int, bool]]:
-    """(lower bound of the step, S, t, m, v, sequence parallel) of every layout, by bound (then
-    S, t, m, v, SP off first): m + (S - 1)/v slots of the heaviest device's compute with
-    every op split ideally over m x the stage's devices (the training search's bound,
-    search/step/layouts.py), chunks of even layers as `layout_plan` cuts them. v > 1 where the
-    engine can say interleaving, the layers split evenly over S x v chunks and m is a multiple
-    of S (Megatron-LM's rule); SP on and off where the engine can say it (always on where its
-    tensor parallelism needs it)."""
+) -> list[tuple[float, int, int, int, int, bool, int]]:
+    """(lower bound of the step, S, t, m, v, sequence parallel, expert ways) of every layout, by
+    bound (then S, t, m, v, SP off first, e): m + (S - 1)/v slots of the heaviest device's
+    compute with every op split ideally over m x the stage's devices (the training search's
+    bound, search/step/layouts.py), chunks of even layers as `layout_plan` cuts them. v > 1
+    where the engine can say interleaving, the layers split evenly over S x v chunks and m is a
+    multiple of S (Megatron-LM's rule); SP on and off where the engine can say it (always on
+    where its tensor parallelism needs it); expert parallelism e > 1 where it can say it and the
+    model has expert layers, e a product of the data-parallel rounds next to tensor parallelism
+    dividing every expert count (`profiles.data_degrees`, as the step search tries it)."""
     segs = segments(probe)
+    experts = expert_counts(probe) if menu.expert else frozenset()
     sizes = [(op.flops, whole_op_bytes(probe, op, opts)) for op in probe.ops]
     out = []
     outer = mesh.shape[0]
@@ -425,6 +429,9 @@ def _candidates(
         ]
         for t in menu.tensor_degrees(smesh):
             data = smesh.size // t
+            es = [1] + [
+                d for d in data_degrees(smesh, t) if experts and all(x % d == 0 for x in experts)
+            ]
             sps = [menu.sequence_parallel_at(t)]
             if menu.sequence_parallel and t > 1 and not sps[0]:
                 sps.append(True)
@@ -440,7 +447,8 @@ def _candidates(
                         continue
                     chunk = [upto[e] - upto[a] for a, e in zip(bounds, bounds[1:], strict=False)]
                     slot = max(sum(chunk[d::n]) for d in range(n))
-                    out += [((m + (n - 1) / v) * slot, n, t, m, v, sp) for sp in sps]
+                    bound = (m + (n - 1) / v) * slot
+                    out += [(bound, n, t, m, v, sp, e) for sp in sps for e in es]
     return sorted(out)
 
 
