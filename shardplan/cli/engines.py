@@ -48,8 +48,11 @@ def engine_plan(
     opts: CostOptions,
     budget: float | None,
     say: Callable[[str], None],
+    detail: Callable[[str], None] | None = None,
 ) -> TrainingPlan:
-    """The plan of `--target` or `--from-config`, with the comparison note."""
+    """The plan of `--target` or `--from-config`, with the comparison note; `say` tells what
+    runs, `detail` (default `say`) each layout a search tries."""
+    detail = detail or say
     from shardplan.search.step.menus import get_menu, layout_plan, plan_for_menu
     from shardplan.search.step.search import plan_training
 
@@ -79,15 +82,15 @@ def engine_plan(
                 f"does not fit --memory: needs {tp.step.memory_per_device / 1e9:.3g} GB/device"
             )
         say(f"searching the best {cfg.engine} layout for comparison ...")
-        best = plan_for_menu(build, batch, mesh, opts, budget, get_menu(cfg.engine), say)
+        best = plan_for_menu(build, batch, mesh, opts, budget, get_menu(cfg.engine), detail)
         notes.append(_compare(tp, best, f"best {cfg.engine} layout ({best.notes[0]})"))
         notes += _attention_note(args, cfg.engine)
         return replace(tp, method=f"config-{cfg.engine}", notes=tuple(notes), step=tp.step)
     menu = get_menu(args.target)
     say(f"searching {menu.engine} layouts on mesh {mesh.text()} ...")
-    tp = plan_for_menu(build, batch, mesh, opts, budget, menu, say)
+    tp = plan_for_menu(build, batch, mesh, opts, budget, menu, detail)
     say("searching the unrestricted plan for comparison ...")
-    free = plan_training(build, batch, mesh, opts, budget, progress=say)
+    free = plan_training(build, batch, mesh, opts, budget, progress=detail)
     compared = _compare(tp, free, "unrestricted plan")
     if tp.step is not None and free.step is not None and tp.step.step_s < free.step.step_s:
         compared += (

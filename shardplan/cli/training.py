@@ -136,7 +136,7 @@ def run_training_plan(args: argparse.Namespace) -> int:
         options = {k: _knob(args, k) for k in RECIPE_FLAGS if _knob(args, k) is not None}
     options.update((k, _overlap(args, k)) for k in OVERLAP_FLAGS if _overlap(args, k) is not None)
     if args.from_config or args.target:
-        tp = _engine_plan(args, graph, batch, progress.note)
+        tp = _engine_plan(args, graph, batch, progress.note, progress.update)
     else:
         tp = plan(
             builder_of(args, graph, batch),
@@ -170,7 +170,9 @@ def run_training_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_plan(args: argparse.Namespace, graph: Graph, batch: int, say: Any) -> TrainingPlan:
+def _engine_plan(
+    args: argparse.Namespace, graph: Graph, batch: int, say: Any, detail: Any
+) -> TrainingPlan:
     """`--target` / `--from-config` (cli/engines.py) on the Problem of these arguments."""
     from shardplan.cli.engines import engine_plan
     from shardplan.problem import Problem
@@ -193,7 +195,8 @@ def _engine_plan(args: argparse.Namespace, graph: Graph, batch: int, say: Any) -
     def rebuild(b: int) -> Graph | None:  # imported graphs exist at one batch only
         return problem.graph if b == batch else build(b) if build is not None else None
 
-    return engine_plan(args, rebuild, batch, problem.mesh, problem.options, problem.budget, say)
+    mesh, opts, budget = problem.mesh, problem.options, problem.budget
+    return engine_plan(args, rebuild, batch, mesh, opts, budget, say, detail)
 
 
 def reprint_training_plan(args: argparse.Namespace) -> bool:
@@ -390,9 +393,7 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
             "TP; not DeepSpeed; the recipe needs --sequence-parallel; default off)",
         ),
     ):
-        o.add_argument(
-            f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=what
-        )
+        o.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=what)
 
 
 def verify_training_plan(args: argparse.Namespace) -> int:
