@@ -248,18 +248,19 @@ def layout_step(
     smesh = stage_mesh(mesh, n)
     sp = layout.levers.sequence_parallel or (menu is not None and menu.sequence_parallel_at(t))
     chunks = list(zip(starts, ends, strict=True))
+    fast: list[StageProfile | None] = [None] * len(chunks)
     if extrapolate:
         family = (
             Family("data-parallel")
             if t == c == layout.expert == 1
             else Family("megatron", t, sp, c, layout.expert)
         )
-        priced = [stages.profiler(graph, smesh, m).profile(a, e, family) for a, e in chunks]
-        if any(p is None for p in priced):
-            return None  # SP where the expert splits nothing along the sequence
-        profiles = [p for p in priced if p is not None]
-    else:
-        profiles = [stages.priced(graph, a, e, smesh, layout, sp)[2] for a, e in chunks]
+        fast = [stages.profiler(graph, smesh, m).profile(a, e, family) for a, e in chunks]
+    # None: not extrapolated, or SP where the expert splits nothing along the sequence
+    profiles = [
+        p if p is not None else stages.priced(graph, a, e, smesh, layout, sp)[2]
+        for p, (a, e) in zip(fast, chunks, strict=True)
+    ]
     tokens = tokens_per_sample(graph, batch // m) if batch // m else 1
     bounds = [*(segs[k].start for k in starts), len(graph.ops)]
     pipe = pipeline_cut(graph, bounds, opts, mesh, batch, tokens, v)
