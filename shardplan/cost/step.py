@@ -515,15 +515,20 @@ def step_cost(
             f"step model: {chunks} stages need {chunks} levers and {chunks - 1} "
             f"boundaries and m >= 1 (got {len(levers)}, {len(pipe.p2p_bytes)}, m={m})"
         )
+    priced: dict[tuple[int, int, float], StageCost] = {}  # chunks of one profile priced once
+
+    def cost(c: int, in_flight: float) -> StageCost:
+        key = (id(profiles[c]), id(levers[c]), in_flight)
+        if key not in priced:
+            priced[key] = stage_cost(profiles[c], levers[c], m, in_flight)
+        return priced[key]
+
     if v == 1:
-        stages = tuple(
-            stage_cost(p, lv, m, min(n_stages - s, m))
-            for s, (p, lv) in enumerate(zip(profiles, levers, strict=True))
-        )
+        stages = tuple(cost(s, min(n_stages - s, m)) for s in range(chunks))
     else:  # device d runs chunks d, d + S, ...: their times add, their activations interleave
         stages = tuple(
             _device_cost(
-                [stage_cost(profiles[c], levers[c], m, 1) for c in range(d, chunks, n_stages)],
+                [cost(c, 1) for c in range(d, chunks, n_stages)],
                 interleaved_in_flight(d, n_stages, m, v),
             )
             for d in range(n_stages)
