@@ -495,6 +495,34 @@ def _device_cost(chunks: Sequence[StageCost], in_flight: float) -> StageCost:
     )
 
 
+def _device_costs(
+    profiles: Sequence[StageProfile],
+    levers: Sequence[Levers],
+    m: int,
+    n_stages: int,
+    v: int,
+) -> tuple[StageCost, ...]:
+    """Each device's cost: its stage, or (v > 1) its chunks d, d + S, ... as one stage; chunks
+    sharing one profile and lever are priced once."""
+    priced: dict[tuple[int, int, float], StageCost] = {}
+
+    def cost(c: int, in_flight: float) -> StageCost:
+        key = (id(profiles[c]), id(levers[c]), in_flight)
+        if key not in priced:
+            priced[key] = stage_cost(profiles[c], levers[c], m, in_flight)
+        return priced[key]
+
+    if v == 1:
+        return tuple(cost(s, min(n_stages - s, m)) for s in range(len(profiles)))
+    return tuple(  # their times add, their activations interleave
+        _device_cost(
+            [cost(c, 1) for c in range(d, len(profiles), n_stages)],
+            interleaved_in_flight(d, n_stages, m, v),
+        )
+        for d in range(n_stages)
+    )
+
+
 def step_cost(
     profiles: Sequence[StageProfile],
     levers: Sequence[Levers],
@@ -515,24 +543,7 @@ def step_cost(
             f"step model: {chunks} stages need {chunks} levers and {chunks - 1} "
             f"boundaries and m >= 1 (got {len(levers)}, {len(pipe.p2p_bytes)}, m={m})"
         )
-    priced: dict[tuple[int, int, float], StageCost] = {}  # chunks of one profile priced once
-
-    def cost(c: int, in_flight: float) -> StageCost:
-        key = (id(profiles[c]), id(levers[c]), in_flight)
-        if key not in priced:
-            priced[key] = stage_cost(profiles[c], levers[c], m, in_flight)
-        return priced[key]
-
-    if v == 1:
-        stages = tuple(cost(s, min(n_stages - s, m)) for s in range(chunks))
-    else:  # device d runs chunks d, d + S, ...: their times add, their activations interleave
-        stages = tuple(
-            _device_cost(
-                [cost(c, 1) for c in range(d, chunks, n_stages)],
-                interleaved_in_flight(d, n_stages, m, v),
-            )
-            for d in range(n_stages)
-        )
+    stages = _device_costs(profiles, levers, m, n_stages, v)
     p2p = max((b / pipe.bandwidth_bytes_per_s for b in pipe.p2p_bytes), default=0.0)
     # each micro-batch crosses v boundaries per device and direction (Narayanan et al. §2.2.2)
     sends = 2 * v * p2p
