@@ -164,7 +164,7 @@ MENUS: Mapping[str, Menu] = {
         True,
         True,
         # --overlap-grad-reduce is off by default (buckets max(4e7, 1e6 x dp) when on); p2p
-        # overlap is on for the interleaved schedule, which this menu's layouts do not use
+        # overlap is on for the interleaved schedule (--no-overlap-p2p-communication turns it off)
         bucket_elements=MEGATRON_BUCKET_FLOOR,
         bucket_per_rank=MEGATRON_BUCKET_PER_RANK,
         overlap_p2p=True,
