@@ -64,6 +64,7 @@ def engine_plan(
         except OSError as e:
             raise ArgumentError(f"--from-config {args.from_config}: {e.strerror}") from e
         cfg = read_engine_config(text)
+        notes = _check_sizes(args, cfg)
         if cfg.batch is not None and cfg.batch != batch:
             say(f"the config's global batch {cfg.batch} replaces the model's {batch}")
             batch = cfg.batch
@@ -74,7 +75,11 @@ def engine_plan(
         say(f"scoring the {cfg.engine} config on mesh {mesh.text()} ...")
         tp = layout_plan(graph, batch, mesh, opts, _engine_layout(cfg, layout, graph, mesh, opts))
         assert tp is not None and tp.step is not None
-        notes = [f"{cfg.engine} config {args.from_config}: {_layout_text(layout)}", *cfg.notes]
+        notes = [
+            f"{cfg.engine} config {args.from_config}: {_layout_text(layout)}",
+            *cfg.notes,
+            *notes,
+        ]
         if cfg.ignored:
             notes.append(f"flags not modelled: {' '.join(cfg.ignored)}")
         if budget is not None and tp.step.memory_per_device > budget:
@@ -100,6 +105,23 @@ def engine_plan(
         )
     notes = (*tp.notes, compared, *_attention_note(args, menu.engine))
     return replace(tp, notes=notes, step=tp.step)
+
+
+def _check_sizes(args: argparse.Namespace, cfg: EngineConfig) -> list[str]:
+    """The config's model sizes against the zoo model planned (PlanError when another model);
+    a note when the model is imported, whose sizes are its code's."""
+    from shardplan.cli.options import zoo_overrides
+    from shardplan.exporters.engine_layout import architecture
+
+    if not cfg.arch:
+        return []
+    model, small = getattr(args, "model", None), getattr(args, "small", False)
+    sizes = architecture(model, small, zoo_overrides(args, batch=False)) if model else {}
+    if not sizes:
+        flags = " ".join(flag for _, flag, _ in cfg.arch)
+        return [f"model-size flags not checked against an imported model: {flags}"]
+    cfg.check_architecture(model, sizes)
+    return []
 
 
 def _layers(build: Callable[[int], Graph | None], batch: int, per_chunk: int | None) -> int | None:

@@ -20,7 +20,6 @@ from shardplan.cost.classes import op_classes, op_key, previous_consumer, previo
 from shardplan.cost.collectives import CollectiveKind
 from shardplan.cost.memory import memory_per_device
 from shardplan.cost.presets import CostOptions
-from shardplan.cost.rows import OpCost, Rows, credited, op_rows, own_and_edges
 from shardplan.cost.price import (
     OpPrice,
     faster_rounds,
@@ -31,6 +30,7 @@ from shardplan.cost.price import (
     shared_intra,
     sum_rounds,
 )
+from shardplan.cost.rows import OpCost, Rows, credited, op_rows, own_and_edges
 from shardplan.cost.terms import (
     ZERO,
     CommTerms,

@@ -65,7 +65,9 @@ class Rows:
     def field_sums(self) -> list[float]:
         """Each CommTerms field summed over the ops (module docstring)."""
         comm = [0.0] * len(ZERO.values())
-        columns = zip(zip(*self.intra, strict=True), zip(*self.redistribution, strict=True))
+        columns = zip(
+            zip(*self.intra, strict=True), zip(*self.redistribution, strict=True), strict=False
+        )
         for f, (a_col, b_col) in enumerate(columns):
             if not any(a_col) and not any(b_col):
                 continue  # every op adds 0.0 (+ -0.0): the sum stays 0.0

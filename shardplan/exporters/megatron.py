@@ -32,17 +32,9 @@ from typing import Any
 from shardplan.cost.step import Recompute
 from shardplan.errors import PlanError
 from shardplan.exporters.engine_layout import EngineLayout, family, read_layout
+from shardplan.search.step.engine_menus import MEGATRON_SIZE_FLAGS
 from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
-
-_ARCH_FLAGS = (
-    ("layers", "--num-layers"),
-    ("hidden", "--hidden-size"),
-    ("heads", "--num-attention-heads"),
-    ("seq", "--seq-length"),
-    ("max_positions", "--max-position-embeddings"),
-    ("ffn", "--ffn-hidden-size"),
-)
 
 
 def megatron_layout(tp: TrainingPlan) -> EngineLayout:
@@ -90,7 +82,7 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
     arch = dict(arch or {})
     arch.setdefault("layers", sum(layout.layers))
     arch.setdefault("seq", layout.seq_len)
-    for key, flag in _ARCH_FLAGS:
+    for key, flag in MEGATRON_SIZE_FLAGS:
         if key in arch:
             flags += [flag, str(arch[key])]
     if "kv_heads" in arch and arch["kv_heads"] != arch.get("heads"):

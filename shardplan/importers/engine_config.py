@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import shlex
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardplan.cost.step import Levers, Recompute
 from shardplan.errors import ArgumentError, PlanError
 from shardplan.mesh import Mesh
+from shardplan.search.step.engine_menus import MEGATRON_SIZE_FLAGS
 from shardplan.search.step.menus import Layout
 
 
@@ -57,6 +59,21 @@ class EngineConfig:
     overlap_p2p: bool | None = None
     """The configuration's own choice of overlapping the interleaved schedule's sends (Megatron-LM
     `--no-overlap-p2p-communication`); None: the engine's default."""
+    arch: tuple[tuple[str, str, int], ...] = ()
+    """The model sizes the configuration says, as (zoo hyper-parameter, flag, value): Megatron-LM
+    `--num-layers`, `--hidden-size`, ... (`engine_menus.MEGATRON_SIZE_FLAGS`), checked against the
+    model planned (`check_architecture`)."""
+
+    def check_architecture(self, model: str, sizes: Mapping[str, int]) -> None:
+        """PlanError naming the first size the configuration says that `model` (its zoo
+        hyper-parameters `sizes`) does not have: the config trains another model."""
+        for key, flag, value in self.arch:
+            if key in sizes and sizes[key] != value:
+                raise PlanError(
+                    f"the {self.engine} config says {flag} {value}, but {model} has {key} "
+                    f"{sizes[key]}: plan the model the config trains (e.g. --{key} {value}) or "
+                    "correct the flag"
+                )
 
     def layout(self, mesh: Mesh, batch: int, layers: int | None = None) -> Layout:
         """The layout on `mesh` for a global batch `batch` (PlanError when they disagree);
@@ -244,7 +261,12 @@ _SWITCHES = {
     "--tp-comm-overlap",
     "--overlap-p2p-communication",  # Megatron-LM before 2023-10 (off unless said)
     "--no-overlap-p2p-communication",  # since: on for the interleaved schedule unless said
+    "--group-query-attention",  # with --num-query-groups (`_ARCH`)
 }
+
+
+_ARCH = {flag: key for key, flag in (*MEGATRON_SIZE_FLAGS, ("kv_heads", "--num-query-groups"))}
+"""Megatron-LM's model-size flags, by flag: the zoo hyper-parameter each says."""
 
 
 def read_megatron(text: str) -> EngineConfig:
@@ -255,10 +277,10 @@ def read_megatron(text: str) -> EngineConfig:
     i = 0
     while i < len(words):
         w, _, inline = words[i].partition("=")
-        if w in _VALUE_FLAGS:
+        if w in _VALUE_FLAGS or w in _ARCH:
             if not inline and i + 1 >= len(words):
                 raise ArgumentError(f"Megatron flag {w} has no value")
-            values[_VALUE_FLAGS[w]] = inline or words[i + 1]
+            values[_VALUE_FLAGS.get(w, w)] = inline or words[i + 1]
             i += 1 if inline else 2
         elif w in _SWITCHES:
             switches.add(w)
@@ -279,6 +301,9 @@ def read_megatron(text: str) -> EngineConfig:
         zero = max(zero, 1)
     dtype = "bf16" if "--bf16" in switches else "fp16" if "--fp16" in switches else None
     chunks = _megatron_chunks(values, switches)
+    arch = tuple(
+        (key, flag, _int(values[flag], flag)) for flag, key in _ARCH.items() if flag in values
+    )
     return EngineConfig(
         "megatron",
         _int(values.get("tensor", 1), "--tensor-model-parallel-size"),
@@ -291,6 +316,7 @@ def read_megatron(text: str) -> EngineConfig:
         (),
         tuple(ignored),
         overlap_grad_reduce=True if "--overlap-grad-reduce" in switches else None,
+        arch=arch,
         **chunks,
     )
 

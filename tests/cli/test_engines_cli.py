@@ -126,9 +126,9 @@ def test_from_config_scores_the_levers_an_export_says_as_the_recipe_does(tmp_pat
     for knobs in cases:
         tp = _recipe(tensor=2, pipeline=2, micro_batch_size=1, **knobs)
         data = _scored(tmp_path / "flags.sh", to_megatron(tp), capsys)
-        said, ignored = data["notes"][0], data["notes"][1]
-        assert "2 chunks per stage" in said and data["virtual_stages"] == 2
-        assert ignored == "flags not modelled: --num-layers --seq-length"  # architecture flags
+        assert "2 chunks per stage" in data["notes"][0] and data["virtual_stages"] == 2
+        # every flag the export wrote is read: the levers, and the sizes checked against the model
+        assert not any(n.startswith("flags not modelled") for n in data["notes"]), data["notes"]
         assert abs(data["step"]["step_s"] - tp.step.step_s) <= 1e-9 * tp.step.step_s, knobs
 
 
@@ -144,6 +144,7 @@ def test_from_config_refuses_what_the_engine_refuses(tmp_path, capsys):
     assert main([*PLAN, "--from-config", str(titan)]) != 0
     assert "[compile]" in capsys.readouterr().err
     for text, says in [
+        ("--num-layers 8", "says --num-layers 8, but gpt2-small has layers 4"),
         ("--num-virtual-stages-per-pipeline-rank 2", "need pipeline > 1"),
         ("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3", "4 layers"),
     ]:

@@ -196,10 +196,22 @@ MENUS: Mapping[str, Menu] = {
 }
 
 
+MEGATRON_SIZE_FLAGS = (
+    ("layers", "--num-layers"),
+    ("hidden", "--hidden-size"),
+    ("heads", "--num-attention-heads"),
+    ("seq", "--seq-length"),
+    ("max_positions", "--max-position-embeddings"),
+    ("ffn", "--ffn-hidden-size"),
+)
+"""(zoo hyper-parameter, Megatron-LM flag): the model sizes `exporters.megatron` writes and
+`importers.engine_config` checks against the model planned."""
+
+
 def get_menu(engine: str) -> Menu:
     if engine not in MENUS:
         raise ArgumentError(f"unknown engine {engine!r}; pick one of {', '.join(sorted(MENUS))}")
     return MENUS[engine]
 
 
-__all__ = ["MENUS", "Menu", "get_menu", "tensor_degrees"]
+__all__ = ["MEGATRON_SIZE_FLAGS", "MENUS", "Menu", "get_menu", "tensor_degrees"]
