@@ -8,6 +8,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from shardplan import zoo
+from shardplan.cli.engines import export_text
 from shardplan.cost import CostOptions
 from shardplan.cost.step import Levers
 from shardplan.errors import ArgumentError, InfeasibleError
@@ -16,7 +17,7 @@ from shardplan.exporters.engine_layout import read_layout
 from shardplan.mesh import parse_mesh
 from shardplan.search.step.menus import MENUS, graph_layers, layer_split, plan_for_menu
 
-MODELS = ("gpt2-small", "bert-base", "vit-b16", "mlp", "gpt3")
+MODELS = ("gpt2-small", "bert-base", "vit-b16", "mlp", "gpt3", "moe-llm", "mixtral-8x7b")
 
 
 def test_layer_split_finds_the_repeating_run() -> None:
@@ -60,6 +61,9 @@ def test_target_plans_are_always_expressible(model, mesh, batch, budget, engine)
     assert layout.tensor * layout.pipeline * layout.data == m.size
     assert layout.micro_batch_size * layout.data * layout.micro_batches == batch
     assert sum(layout.layers) == graph_layers(build(batch)).layers
+    data = training_json.to_dict(tp)
+    data["model_config"] = {"name": model, "small": True}
+    assert export_text(data, engine)  # the exporter writes it (no PlanError)
 
 
 def test_a_precision_the_engine_lacks_is_an_argument_error() -> None:
@@ -133,3 +137,19 @@ def test_target_plan_is_never_slower_than_a_layout_its_engine_can_say(mesh, budg
     assert tp.step.step_s <= fastest * (1 + 1e-9), layout
     if engine == "megatron":
         assert tp.virtual_stages == layout.virtual > 1  # what v = 1 search missed
+
+
+def test_torchtitan_expert_ways_are_fsdp_ways_so_its_layouts_with_them_run_zero3() -> None:
+    """torchtitan's expert- and context-parallel ways are FSDP ways: a menu layout with expert
+    parallelism takes only ZeRO-3 levers, and its export is accepted (not refused)."""
+    from shardplan.exporters.torchtitan import to_torchtitan
+    from shardplan.search.step.menus import Layout, layout_plan
+
+    menu = MENUS["torchtitan"]
+    assert {lv.zero for lv in menu.levers(1, sharded_ways=True)} == {3}
+    assert {lv.zero for lv in menu.levers(1)} == {0, 3}
+    opts = CostOptions.make("shardplan", True, "adam", "bf16")
+    graph = zoo.build("moe-llm", small=True, batch=8)
+    tp = layout_plan(graph, 8, parse_mesh("2x4"), opts, Layout(1, 1, 1, Levers(), expert=2), menu)
+    assert tp is not None and all(st.levers.zero == 3 for st in tp.stages)
+    assert "expert_parallel_degree = 2" in to_torchtitan(tp)

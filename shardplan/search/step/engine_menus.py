@@ -63,6 +63,9 @@ class Menu:
     """ZeRO stages at which it prefetches the next unit's parameters (ZeRO-3)."""
     overlap_p2p: bool = False
     """Its interleaved schedule sends under compute by default (plain 1F1B: never)."""
+    sharded_ways_zero: int = 0
+    """A ZeRO stage its context and expert ways need (torchtitan: they are FSDP ways, 3); 0:
+    any of its stages."""
     tp_comm_overlap: bool = False
     """The configuration can say `Levers.tp_comm_overlap` (sequence parallelism's collectives
     under their GEMMs: Megatron-LM `--tp-comm-overlap`, torchtitan `enable_async_tensor_parallel`
@@ -96,9 +99,12 @@ class Menu:
             ),
         )
 
-    def levers(self, stages: int) -> tuple[Levers, ...]:
-        """The allowed levers for a plan of `stages` pipeline stages, least intrusive first."""
+    def levers(self, stages: int, sharded_ways: bool = False) -> tuple[Levers, ...]:
+        """The allowed levers for a plan of `stages` pipeline stages, least intrusive first;
+        `sharded_ways`: the layout has context or expert ways (`sharded_ways_zero`)."""
         zs = self.zero if stages == 1 else self.zero_with_pipeline
+        if sharded_ways and self.sharded_ways_zero:
+            zs = tuple(z for z in zs if z == self.sharded_ways_zero)
         return tuple(lv for lv in LEVERS if lv.recompute in self.recompute and lv.zero in zs)
 
     def tensor_degrees(self, mesh: Mesh) -> tuple[int, ...]:
@@ -144,6 +150,8 @@ MENUS: Mapping[str, Menu] = {
         overlap_grad_reduce=(0, 3),
         bucket_bytes=DDP_BUCKET_BYTES,
         prefetch=(3,),
+        # its context- and expert-parallel ways are FSDP ways (dp_shard x cp, ParallelDims)
+        sharded_ways_zero=3,
         # `parallelism.enable_async_tensor_parallel` with `[compile] enable` and "model" in
         # `compile.components` (torchtitan/distributed/tensor_parallel.py, maybe_enable_async_tp)
         tp_comm_overlap=True,

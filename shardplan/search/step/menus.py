@@ -274,7 +274,7 @@ def layout_step(
             menu.engine_levers(
                 replace(lv, sequence_parallel=sp, context_parallel=c > 1), width, v, data
             )
-            for lv in menu.levers(n)
+            for lv in menu.levers(n, c > 1 or layout.expert > 1)
         )
     best = None
     for lv in choices:
