@@ -136,13 +136,11 @@ def _engine_layout(
     cfg: EngineConfig, layout: Layout, graph: Graph, mesh: Mesh, opts: CostOptions
 ) -> Layout:
     """`layout` with what the engine overlaps by default, or the config's own choice."""
-    from shardplan.search.step.menus import get_menu
+    from shardplan.search.step.menus import get_menu, gradient_width
 
-    params = graph.parameters  # the gradient's element width sizes the buckets
-    width = opts.element_bytes(params[0]) if params else 4
     data = mesh.size // (layout.tensor * layout.pipeline * layout.context)
     levers = get_menu(cfg.engine).engine_levers(
-        layout.levers, width, layout.virtual, data, cfg.overlap_grad_reduce
+        layout.levers, gradient_width(graph, opts), layout.virtual, data, cfg.overlap_grad_reduce
     )
     if cfg.overlap_p2p is not None:  # the config's own choice (the interleaved schedule only)
         levers = replace(levers, overlap_p2p=cfg.overlap_p2p and layout.virtual > 1)

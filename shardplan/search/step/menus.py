@@ -268,8 +268,7 @@ def layout_step(
     if menu is None:
         choices: tuple[Levers, ...] = (cp,)
     else:  # the engine's levers, with the sequence parallelism its tensor layout runs
-        params = graph.parameters  # the gradient's element width sizes the buckets
-        width = opts.element_bytes(params[0]) if params else 4
+        width = gradient_width(graph, opts)
         choices = tuple(
             menu.engine_levers(
                 replace(lv, sequence_parallel=sp, context_parallel=c > 1), width, v, data
@@ -284,6 +283,12 @@ def layout_step(
         if best is None or step.step_s < best[0].step_s * (1 - 1e-9):
             best = (step, lv)
     return None if best is None else (best[0], best[1], starts)
+
+
+def gradient_width(graph: Graph, opts: CostOptions) -> int:
+    """Bytes per gradient element (the first parameter's): what sizes an engine's buckets."""
+    params = graph.parameters
+    return opts.element_bytes(params[0]) if params else 4
 
 
 def _layout_data(mesh: Mesh, batch: int, layout: Layout) -> int:
@@ -460,6 +465,7 @@ __all__ = [
     "LayerSplit",
     "Menu",
     "get_menu",
+    "gradient_width",
     "graph_layers",
     "layer_split",
     "layout_plan",
