@@ -68,7 +68,8 @@ def engine_plan(
         if cfg.batch is not None and cfg.batch != batch:
             say(f"the config's global batch {cfg.batch} replaces the model's {batch}")
             batch = cfg.batch
-        layout = cfg.layout(mesh, batch, _layers(build, batch, cfg.layers_per_chunk))
+        counted = cfg.layers_per_chunk is not None or cfg.uneven
+        layout = cfg.layout(mesh, batch, _layers(build, batch, counted))
         graph = build(batch // layout.micro_batches)
         if graph is None:
             raise PlanError("--from-config needs a zoo model (rebuilt at the micro-batch size)")
@@ -124,11 +125,11 @@ def _check_sizes(args: argparse.Namespace, cfg: EngineConfig) -> list[str]:
     return []
 
 
-def _layers(build: Callable[[int], Graph | None], batch: int, per_chunk: int | None) -> int | None:
-    """The model's layer count when the config says its chunks in layers, else None."""
+def _layers(build: Callable[[int], Graph | None], batch: int, counted: bool) -> int | None:
+    """The model's layer count when the config says its chunks or stages in layers, else None."""
     from shardplan.search.step.structure import graph_layers
 
-    graph = build(batch) if per_chunk is not None else None
+    graph = build(batch) if counted else None
     return None if graph is None else graph_layers(graph).layers
 
 
@@ -170,6 +171,7 @@ def _layout_text(layout: Layout) -> str:
         for on, text in (
             (lv.sequence_parallel, "sequence parallel"),
             (layout.virtual > 1, f"{layout.virtual} chunks per stage"),
+            (bool(layout.stage_layers), f"layers per chunk {list(layout.stage_layers)}"),
             (layout.context > 1, f"context x{layout.context}"),
             (layout.expert > 1, f"expert x{layout.expert}"),
             (lv.tp_comm_overlap, "tp_comm_overlap"),

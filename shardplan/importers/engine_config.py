@@ -6,10 +6,11 @@ else Megatron-LM / Megatron-DeepSpeed command-line flags (shell words; flags sha
 model are listed in `ignored`). Each gives tensor and pipeline degrees, the per-rank micro-batch
 size, the global batch when it says one, recomputation, ZeRO stage, precision, the step model's
 further levers where the format says them (sequence parallelism — always on under torchtitan's
-tensor parallelism —, model chunks per pipeline stage of the interleaved schedule, context and
-expert parallelism, tensor-parallel communication overlap) and whether the gradient sync and
-the pipeline sends overlap compute (when the file says; else the engine's default); `layout`
-turns them into the `menus.Layout` of a mesh (data ways = devices / (tensor x pipeline x
+tensor parallelism —, model chunks per pipeline stage of the interleaved schedule, uneven layers
+per stage — Megatron-LM's first / last stage counts, torchtitan's module lists per model part —,
+context and expert parallelism, tensor-parallel communication overlap) and whether the gradient
+sync and the pipeline sends overlap compute (when the file says; else the engine's default);
+`layout` turns them into the `menus.Layout` of a mesh (data ways = devices / (tensor x pipeline x
 context)). Approximations are listed in `notes` (torchtitan's selective checkpointing is scored
 as the step model's selective recomputation). O(size of the file).
 """
@@ -17,6 +18,7 @@ as the step model's selective recomputation). O(size of the file).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import tomllib
 from collections.abc import Mapping
@@ -59,6 +61,13 @@ class EngineConfig:
     overlap_p2p: bool | None = None
     """The configuration's own choice of overlapping the interleaved schedule's sends (Megatron-LM
     `--no-overlap-p2p-communication`); None: the engine's default."""
+    first_layers: int | None = None
+    """Transformer layers on the first pipeline stage when apart from the even rest (Megatron-LM
+    `--decoder-first-pipeline-num-layers`), and on the last:"""
+    last_layers: int | None = None
+    chunk_layers: tuple[int, ...] = ()
+    """Layers per model chunk as listed (torchtitan `module_fqns_per_model_part`), S x v counts;
+    (): not listed."""
     arch: tuple[tuple[str, str, int], ...] = ()
     """The model sizes the configuration says, as (zoo hyper-parameter, flag, value): Megatron-LM
     `--num-layers`, `--hidden-size`, ... (`engine_menus.MEGATRON_SIZE_FLAGS`), checked against the
@@ -101,8 +110,49 @@ class EngineConfig:
         )
         v = self._virtual(layers)
         return Layout(
-            self.tensor, self.pipeline, batch // per, levers, v, self.context, self.expert
+            self.tensor,
+            self.pipeline,
+            batch // per,
+            levers,
+            v,
+            self.context,
+            self.expert,
+            self._stage_layers(layers),
         )
+
+    @property
+    def uneven(self) -> bool:
+        """The configuration says its layers per stage or chunk (`layout` needs the count)."""
+        return (
+            self.first_layers is not None or self.last_layers is not None or bool(self.chunk_layers)
+        )
+
+    def _stage_layers(self, layers: int | None) -> tuple[int, ...]:
+        """Layers per model chunk when said unevenly (`Layout.stage_layers`), else ()."""
+        if self.chunk_layers:
+            return self.chunk_layers if len(set(self.chunk_layers)) > 1 else ()
+        first, last, n = self.first_layers, self.last_layers, self.pipeline
+        if first is None and last is None:
+            return ()
+        said = "--decoder-first/last-pipeline-num-layers"
+        if layers is None or n < 2:
+            raise PlanError(f"{said} need pipeline stages (--pipeline-model-parallel-size > 1)")
+        if self.virtual > 1 or self.layers_per_chunk is not None:
+            raise PlanError(f"{said} with interleaved chunks: shardplan scores them with 1F1B")
+        if n == 2:  # one of them fixes the other
+            first = layers - last if first is None and last is not None else first
+            last = layers - first if last is None and first is not None else last
+        rest = layers - (first or 0) - (last or 0)
+        middle = n - (first is not None) - (last is not None)
+        if rest < middle or middle < 1 and rest or middle and rest % middle:
+            raise PlanError(
+                f"{said} {first}/{last}: the other {rest} of the model's {layers} layers do not "
+                f"split evenly over the other {middle} pipeline stages"
+            )
+        even = rest // middle if middle else 0
+        counts = (first if first is not None else even, *[even] * (n - 2))
+        counts += (last if last is not None else even,) if n > 1 else ()
+        return counts if len(set(counts)) > 1 else ()
 
     def _virtual(self, layers: int | None) -> int:
         per = self.layers_per_chunk
@@ -146,7 +196,7 @@ def read_torchtitan(data: dict[str, Any]) -> EngineConfig:
             f"activation_checkpoint.mode {ac!r}: shardplan scores none/selective/full"
         )
     dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(train.get("mixed_precision_param", ""))
-    virtual, per_chunk = _torchtitan_chunks(par, n)
+    virtual, per_chunk, chunk_layers = _torchtitan_chunks(par, n)
     return EngineConfig(
         "torchtitan",
         t,
@@ -160,39 +210,56 @@ def read_torchtitan(data: dict[str, Any]) -> EngineConfig:
         sequence_parallel=t > 1,  # its tensor-parallel plan shards the norms (SequenceParallel)
         virtual=virtual,
         layers_per_chunk=per_chunk,
+        chunk_layers=chunk_layers,
         context=_int(par.get("context_parallel_degree", 1), "context_parallel_degree"),
         expert=_int(par.get("expert_parallel_degree", 1), "expert_parallel_degree"),
         tp_comm_overlap=_async_tp(data, t),
     )
 
 
-def _torchtitan_chunks(par: dict[str, Any], stages: int) -> tuple[int, int | None]:
-    """(model chunks per pipeline stage, or layers per chunk when said so) of torchtitan's
-    `pipeline_parallel_schedule`: 1F1B one chunk; Interleaved1F1B the chunks of
-    `module_fqns_per_model_part` or `pipeline_parallel_layers_per_stage`."""
+def _torchtitan_chunks(par: dict[str, Any], stages: int) -> tuple[int, int | None, tuple[int, ...]]:
+    """(model chunks per pipeline stage, layers per chunk when said so, layers per chunk when
+    listed) of torchtitan's `pipeline_parallel_schedule`: 1F1B one chunk per stage;
+    Interleaved1F1B the chunks of `module_fqns_per_model_part` or
+    `pipeline_parallel_layers_per_stage`; a part's layers are its `layers.<i>` modules."""
     schedule = par.get("pipeline_parallel_schedule", "1F1B")
-    if stages == 1 or schedule == "1F1B":
-        return 1, None
-    if schedule != "Interleaved1F1B":
+    if stages == 1:
+        return 1, None, ()
+    if schedule not in ("1F1B", "Interleaved1F1B"):
         raise ArgumentError(
             f"pipeline_parallel_schedule {schedule!r}: shardplan scores 1F1B and "
             "Interleaved1F1B (docs/engines.md)"
         )
     parts = par.get("module_fqns_per_model_part")
     if isinstance(parts, list) and parts:
-        if len(parts) % stages:
+        chunks = len(parts) // stages
+        if len(parts) % stages or (schedule == "1F1B" and chunks != 1):
             raise ArgumentError(
-                f"module_fqns_per_model_part has {len(parts)} parts, not a multiple of "
+                f"module_fqns_per_model_part has {len(parts)} parts: {schedule} takes "
+                f"{'one per' if schedule == '1F1B' else 'a multiple of the'} "
                 f"pipeline_parallel_degree {stages}"
             )
-        return len(parts) // stages, None
+        return chunks, None, tuple(_part_layers(part, k) for k, part in enumerate(parts))
+    if schedule == "1F1B":
+        return 1, None, ()
     per = par.get("pipeline_parallel_layers_per_stage")
     if per is None:
         raise ArgumentError(
             "pipeline_parallel_schedule Interleaved1F1B: say the model chunks with "
             "module_fqns_per_model_part or pipeline_parallel_layers_per_stage"
         )
-    return 1, _int(per, "pipeline_parallel_layers_per_stage")
+    return 1, _int(per, "pipeline_parallel_layers_per_stage"), ()
+
+
+_LAYER_FQN = re.compile(r"(^|\.)layers\.\d+$")
+"""A transformer layer's module name in torchtitan's models (`layers.<i>`)."""
+
+
+def _part_layers(part: Any, k: int) -> int:
+    """The transformer layers listed in model part k of `module_fqns_per_model_part`."""
+    if not isinstance(part, list) or not all(isinstance(x, str) for x in part):
+        raise ArgumentError(f"module_fqns_per_model_part[{k}] = {part!r} is not a list of names")
+    return sum(1 for name in part if _LAYER_FQN.search(name))
 
 
 def _async_tp(data: dict[str, Any], tensor: int) -> bool:
@@ -250,6 +317,8 @@ _VALUE_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage": "per_chunk",
     "--context-parallel-size": "context",
     "--expert-model-parallel-size": "expert",
+    "--decoder-first-pipeline-num-layers": "first",
+    "--decoder-last-pipeline-num-layers": "last",
 }
 _SWITCHES = {
     "--use-distributed-optimizer",
@@ -349,6 +418,12 @@ def _megatron_chunks(values: dict[str, str], switches: set[str]) -> dict[str, An
         "expert": _int(values.get("expert", 1), "--expert-model-parallel-size"),
         "tp_comm_overlap": "--tp-comm-overlap" in switches,
         "overlap_p2p": p2p,
+        "first_layers": _int(values["first"], "--decoder-first-pipeline-num-layers")
+        if "first" in values
+        else None,
+        "last_layers": _int(values["last"], "--decoder-last-pipeline-num-layers")
+        if "last" in values
+        else None,
     }
 
 

@@ -171,3 +171,51 @@ def test_torchtitan_config_scores_its_sequence_parallel_interleaved_layout(tmp_p
     data = _scored(tmp_path / "job.toml", to_torchtitan(tp), capsys)
     assert "sequence parallel, 2 chunks per stage" in data["notes"][0]
     assert abs(data["step"]["step_s"] - tp.step.step_s) <= 1e-9 * tp.step.step_s
+
+
+def test_from_config_reads_uneven_stages_back(tmp_path, capsys):
+    """Megatron-LM's --decoder-first/last-pipeline-num-layers and torchtitan's module lists per
+    part survive the round trip export -> --from-config: the config scores the uneven layout."""
+    from shardplan import zoo
+    from shardplan.cost import CostOptions
+    from shardplan.cost.step import Levers
+    from shardplan.exporters.megatron import to_megatron
+    from shardplan.exporters.torchtitan import to_torchtitan
+    from shardplan.mesh import parse_mesh
+    from shardplan.search.step.menus import MENUS, Layout, layout_plan
+
+    opts = CostOptions.make("shardplan", True, "adam", "bf16")
+    graph = zoo.build("gpt2-small", small=True, layers=6, batch=32 // 8)
+    layout = Layout(1, 4, 8, Levers(), stage_layers=(2, 1, 1, 2))
+    plan = [*PLAN[:4], "6", *PLAN[5:]]
+    for engine, export, name in [
+        ("megatron", to_megatron, "flags.sh"),
+        ("torchtitan", to_torchtitan, "job.toml"),
+    ]:
+        tp = layout_plan(graph, 32, parse_mesh("4x4"), opts, layout, MENUS[engine])
+        assert tp is not None and tp.step is not None
+        path = tmp_path / name
+        path.write_text(export(tp))
+        out = path.with_suffix(".json")
+        assert main([*plan, "--from-config", str(path), "--json", str(out)]) == 0, engine
+        capsys.readouterr()
+        data = json.loads(out.read_text())
+        assert "layers per chunk [2, 1, 1, 2]" in data["notes"][0], data["notes"]
+        assert abs(data["step"]["step_s"] - tp.step.step_s) <= 1e-9 * tp.step.step_s, engine
+
+
+def test_from_config_refuses_first_last_counts_that_do_not_add_up(tmp_path, capsys):
+    flags = tmp_path / "flags.sh"
+    plan = [*PLAN[:4], "6", *PLAN[5:]]
+    for text, says in [
+        ("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 2", "other 3 pipe"),
+        ("--decoder-first-pipeline-num-layers 2", "need pipeline stages"),
+        (
+            "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 "
+            "--decoder-last-pipeline-num-layers 2",
+            "other 2 of the model's 6 layers",
+        ),
+    ]:
+        flags.write_text(text + " --bf16\n")
+        assert main([*plan, "--from-config", str(flags)]) == 5, text
+        assert says in capsys.readouterr().err, text

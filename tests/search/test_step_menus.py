@@ -3,6 +3,8 @@ zoo models, meshes and budgets), fits the budget, and layer detection finds the 
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -153,3 +155,81 @@ def test_torchtitan_expert_ways_are_fsdp_ways_so_its_layouts_with_them_run_zero3
     tp = layout_plan(graph, 8, parse_mesh("2x4"), opts, Layout(1, 1, 1, Levers(), expert=2), menu)
     assert tp is not None and all(st.levers.zero == 3 for st in tp.stages)
     assert "expert_parallel_degree = 2" in to_torchtitan(tp)
+
+
+def test_first_last_layers_balances_the_embedding_and_head_by_hand() -> None:
+    """Six unit-cost layers, a free embedding and a head costing one layer: four stages are
+    best cut 1-2-2-1 (heaviest 2: the head beside one layer), five 2-1-1-1-1; on three and two
+    stages no first / last cut beats the even one (heaviest 3 and 4)."""
+    from shardplan.search.step.menus import first_last_layers
+    from shardplan.search.step.structure import LayerSplit
+
+    split = LayerSplit(first=1, period=1, layers=6, segments=8)
+    cost = [0.0, 1, 1, 1, 1, 1, 1, 1]
+    assert first_last_layers(split, 4, cost) == (1, 2, 2, 1)
+    assert first_last_layers(split, 5, cost) == (2, 1, 1, 1, 1)
+    assert first_last_layers(split, 3, cost) is None
+    assert first_last_layers(split, 2, cost) is None
+
+
+def test_engines_that_say_uneven_stages_search_them_and_deepspeed_does_not() -> None:
+    """Six layers on four pipeline stages: Megatron-LM (first / last counts) and torchtitan
+    (module lists) get the uneven cut as a candidate, DeepSpeed (even partition) none."""
+    from shardplan.search.step.menus import _candidates
+
+    opts = CostOptions.make("shardplan", True, "adam", "bf16")
+    probe = zoo.build("gpt3", layers=6, hidden=256, heads=4, seq=64, vocab=512, batch=16)
+    split, mesh = graph_layers(probe), parse_mesh("4x2")
+    for engine, expect in [("megatron", True), ("torchtitan", True), ("deepspeed", False)]:
+        found = _candidates(probe, split, 16, mesh, opts, MENUS[engine])
+        uneven = {c[-1] for c in found if c[1] == 4}
+        assert bool(uneven - {()}) == expect, engine
+        assert all(sum(layers) == 6 for layers in uneven - {()})
+        assert not any(c[1] == 4 and c[-1] == () for c in found)  # 4 does not divide 6
+
+
+def test_an_uneven_layout_exports_to_megatron_and_torchtitan_but_not_deepspeed() -> None:
+    from shardplan.errors import PlanError
+    from shardplan.exporters.deepspeed import to_deepspeed
+    from shardplan.exporters.megatron import to_megatron
+    from shardplan.exporters.torchtitan import to_torchtitan
+    from shardplan.search.step.menus import Layout, layout_plan
+
+    opts = CostOptions.make("shardplan", True, "adam", "bf16")
+    graph = zoo.build("gpt3", layers=6, hidden=256, heads=4, seq=64, vocab=512, batch=4)
+    layout = Layout(1, 4, 4, Levers(), stage_layers=(1, 2, 2, 1))
+    tp = layout_plan(graph, 16, parse_mesh("4x2"), opts, layout, MENUS["megatron"])
+    assert tp is not None and tp.pipeline_stages == 4
+    assert [len(graph_layers_of(st.plan.graph)) for st in tp.stages] == [1, 2, 2, 1]
+    flags = to_megatron(tp)
+    assert "--decoder-first-pipeline-num-layers 1" in flags
+    assert "--decoder-last-pipeline-num-layers 1" in flags
+    titan = layout_plan(graph, 16, parse_mesh("4x2"), opts, layout, MENUS["torchtitan"])
+    assert titan is not None
+    parts = tomllib.loads(to_torchtitan(titan))["parallelism"]["module_fqns_per_model_part"]
+    assert [sum(name.startswith("layers.") for name in part) for part in parts] == [1, 2, 2, 1]
+    with pytest.raises(PlanError, match="layers per pipeline stage"):
+        to_deepspeed(layout_plan(graph, 16, parse_mesh("4x2"), opts, layout, MENUS["deepspeed"]))
+    with pytest.raises(PlanError, match="adding up to the model's 6 layers"):
+        layout_plan(graph, 16, parse_mesh("4x2"), opts, Layout(1, 4, 4, stage_layers=(1, 2, 2)))
+
+
+def graph_layers_of(graph) -> list[str]:
+    """The distinct transformer layer names (`layers.<i>` / `h.<i>`) a stage's ops belong to."""
+    import re
+
+    found = [re.match(r"(?:.*\.)?(?:layers|h|blocks?)\.(\d+)\.", op.name) for op in graph.ops]
+    return sorted({m.group(1) for m in found if m})
+
+
+def test_llama3_405b_on_16_stages_is_cut_as_meta_cut_it() -> None:
+    """Llama 3 405B (126 layers) on 16 pipeline stages: the paper's cut (Llama Team, "The Llama
+    3 Herd of Models", 2024, section 3.3.2: one layer fewer on the first and the last stage,
+    which hold the embedding and the head), 7 + 14 x 8 + 7."""
+    from shardplan.ir.segments import segments
+    from shardplan.search.step.menus import first_last_layers
+
+    probe = zoo.build("llama3-405b", batch=1)
+    split = graph_layers(probe)
+    flops = [sum(op.flops for op in probe.ops[s.start : s.stop]) for s in segments(probe)]
+    assert first_last_layers(split, 16, flops) == (7, *[8] * 14, 7)

@@ -7,16 +7,18 @@ a tensor-parallel degree t (the innermost rounds of the mesh, Megatron-style cut
 (interleaved 1F1B where the engine can say it) of an equal number of transformer layers (the
 embedding on the first chunk, the head on the last), data parallelism on the remaining ways, m
 micro-batches, sequence parallelism on or off where the engine can say it, and one
-recomputation mode and ZeRO stage on every stage. `plan_for_menu` searches exactly that space
-with the step model (cost/step.py): for each S dividing the outer axis and the layer count, each
-allowed t, each per-rank micro-batch size in MICRO_BATCH_SIZES that divides the batch, each v
-with S x v dividing the layers and m a multiple of S (Megatron-LM's rule), the chunks are
-priced by the step search's `StageProfiler` under the expert (chunks of one structure once,
-long runs of layers extrapolated from two), and the allowed lever with the shortest step that
-fits the budget is kept; layouts run in order of the training search's lower bound (m + (S -
-1)/v slots of the heaviest device's roofline compute, search/step/layouts.py) and the search
-stops when the bound reaches the best step found; the winner is then built and priced whole
-(`layout_plan`, also used to score a user's config; context and expert parallelism there too).
+recomputation mode and ZeRO stage on every stage. `plan_for_menu` searches exactly that space with
+the step model (cost/step.py): for each S dividing the outer axis and the layer count (or, where
+the engine can say uneven stages, any S up to the layer count, the first and last stage apart from
+an even middle: `first_last_layers`), each allowed t, each per-rank micro-batch size in
+MICRO_BATCH_SIZES that divides the batch, each v with S x v dividing the layers and m a multiple of
+S (Megatron-LM's rule), the chunks are priced by the step search's `StageProfiler` under the expert
+(chunks of one structure once, long runs of layers extrapolated from two), and the allowed lever
+with the shortest step that fits the budget is kept; layouts run in order of the training search's
+lower bound (m + (S - 1)/v slots of the heaviest device's roofline compute, search/step/layouts.py)
+and the search stops when the bound reaches the best step found; the winner is then built and
+priced whole (`layout_plan`, also used to score a user's config; context and expert parallelism
+there too).
 Layers are the longest periodic run of segment fingerprints (`layer_split`), so no op name is
 read. Each engine's levers carry what it overlaps by default (`Menu.engine_levers`,
 `cost.overlap`): torchtitan its DDP / FSDP2 gradient sync and FSDP2 prefetch, DeepSpeed ZeRO-3's
@@ -85,6 +87,9 @@ class Layout:
     virtual: int = 1
     context: int = 1
     expert: int = 1
+    stage_layers: tuple[int, ...] = ()
+    """Transformer layers per model chunk in model order when not even (Megatron-LM's
+    `--decoder-first/last-pipeline-num-layers`, a torchtitan module list per stage); (): even."""
 
 
 class _Stages:
@@ -239,11 +244,8 @@ def layout_step(
     c = layout.context
     data = _layout_data(mesh, batch, layout)
     split = split or graph_layers(graph)
-    if split.layers % (n * v):
-        chunks = f"{n} pipeline stages" + (f" x {v} chunks" if v > 1 else "")
-        raise PlanError(f"{split.layers} layers do not split evenly over {chunks}")
     segs, _ = stages.structure(graph)
-    starts = aligned_starts(split, n * v) or [0]
+    starts = chunk_starts(split, n * v, layout.stage_layers)
     ends = [*starts[1:], len(segs)]
     smesh = stage_mesh(mesh, n)
     sp = layout.levers.sequence_parallel or (menu is not None and menu.sequence_parallel_at(t))
@@ -283,6 +285,58 @@ def layout_step(
         if best is None or step.step_s < best[0].step_s * (1 - 1e-9):
             best = (step, lv)
     return None if best is None else (best[0], best[1], starts)
+
+
+def chunk_starts(split: LayerSplit, chunks: int, stage_layers: tuple[int, ...] = ()) -> list[int]:
+    """The first segment of each of `chunks` chunks: equal layers, or `stage_layers` per chunk
+    (the embedding with the first, the head with the last); PlanError when they do not add up."""
+    if not stage_layers:
+        starts = aligned_starts(split, chunks)
+        if starts is None:
+            said = f"{chunks} pipeline chunks"
+            raise PlanError(f"{split.layers} layers do not split evenly over {said}")
+        return starts
+    if len(stage_layers) != chunks or sum(stage_layers) != split.layers or min(stage_layers) < 1:
+        raise PlanError(
+            f"layers per pipeline chunk {list(stage_layers)} must be {chunks} counts of at least "
+            f"1 adding up to the model's {split.layers} layers"
+        )
+    ends = itertools.accumulate(stage_layers[:-1])
+    return [0, *(split.layer_start(k) for k in ends)]
+
+
+def first_last_layers(
+    split: LayerSplit, stages: int, segment_cost: list[float]
+) -> tuple[int, ...] | None:
+    """Megatron-LM's uneven cut of `stages` pipeline stages (`--decoder-first/last-pipeline-num-
+    layers`): k whole layers on each middle stage, the rest on the first and last (with the
+    embedding and the head), f and l >= 1; the (f, k, l) whose heaviest stage costs least
+    (`segment_cost` per segment, FLOPs); the even cut, where there is one, unless it is
+    strictly heavier; then ties to the first in (k, f) order. None when no cut beats the even
+    one. O(layers^2 / stages) cuts of O(stages) each."""
+    layers = split.layers
+    if stages < 2 or layers < stages:
+        return None
+    upto = [0.0, *itertools.accumulate(segment_cost)]
+
+    def heaviest(counts: tuple[int, ...]) -> float:
+        starts = chunk_starts(split, stages, counts)
+        ends = [*starts[1:], len(segment_cost)]
+        return max(upto[e] - upto[a] for a, e in zip(starts, ends, strict=True))
+
+    even = (layers // stages,) * stages
+    best = (heaviest(even), even) if layers % stages == 0 else None
+    middle = stages - 2
+    for k in range(1, layers // max(middle, 1) + 1) if middle else [0]:
+        rest = layers - middle * k
+        for f in range(1, rest):
+            counts = (f, *([k] * middle), rest - f)
+            cost = heaviest(counts)
+            if best is None or cost < best[0] * (1 - 1e-12):
+                best = (cost, counts)
+    if best is None or len(set(best[1])) == 1:
+        return None
+    return best[1]
 
 
 def gradient_width(graph: Graph, opts: CostOptions) -> int:
@@ -345,7 +399,7 @@ def plan_for_menu(
     built: dict[int, Graph | None] = {batch: probe}
     tried = 0
     # in order of the bound; stop at the first that cannot beat the best found
-    for bound, n, t, m, v, sp, e in candidates:
+    for bound, n, t, m, v, sp, e, layers in candidates:
         if best is not None and bound >= best[0]:
             say(f"  the remaining {menu.engine} layouts cannot beat {best[0]:.4g} s")
             break
@@ -356,11 +410,12 @@ def plan_for_menu(
         if graph is None:
             continue
         tried += 1
-        layout = Layout(t, n, m, Levers(sequence_parallel=sp), v, expert=e)
+        layout = Layout(t, n, m, Levers(sequence_parallel=sp), v, expert=e, stage_layers=layers)
         found = layout_step(graph, batch, mesh, opts, layout, menu, budget, cache, split, True)
         data = mesh.size // (n * t)
         label = (
-            f"pipeline {n}{f' x {v} chunks' if v > 1 else ''} x tensor {t}{' (SP)' if sp else ''}"
+            f"pipeline {n}{f' x {v} chunks' if v > 1 else ''}"
+            f"{f' (layers {list(layers)})' if layers else ''} x tensor {t}{' (SP)' if sp else ''}"
             f" x data {data}{f' (expert {e})' if e > 1 else ''}, micro-batch {b // data} (m={m})"
         )
         if found is None:
@@ -411,28 +466,35 @@ def _menu_note(plan: TrainingPlan, menu: Menu, t: int) -> str:
 
 def _candidates(
     probe: Graph, split: LayerSplit, batch: int, mesh: Mesh, opts: CostOptions, menu: Menu
-) -> list[tuple[float, int, int, int, int, bool, int]]:
-    """(lower bound of the step, S, t, m, v, sequence parallel, expert ways) of every layout, by
-    bound (then S, t, m, v, SP off first, e): m + (S - 1)/v slots of the heaviest device's
-    compute with every op split ideally over m x the stage's devices (the training search's
-    bound, search/step/layouts.py), chunks of even layers as `layout_plan` cuts them. v > 1
-    where the engine can say interleaving, the layers split evenly over S x v chunks and m is a
-    multiple of S (Megatron-LM's rule); SP on and off where the engine can say it (always on
-    where its tensor parallelism needs it); expert parallelism e > 1 where it can say it and the
-    model has expert layers, e a product of the data-parallel rounds next to tensor parallelism
-    dividing every expert count (`profiles.data_degrees`, as the step search tries it)."""
+) -> list[tuple[float, int, int, int, int, bool, int, tuple[int, ...]]]:
+    """(lower bound of the step, S, t, m, v, sequence parallel, expert ways, layers per stage when
+    uneven) of every layout, by bound (then S, t, m, v, SP off first, e, even first): m + (S - 1)/v
+    slots of the heaviest device's compute with every op split ideally over m x the stage's
+    devices (the training search's bound, search/step/layouts.py), chunks as `layout_plan` cuts
+    them. Even layers per chunk where S x v divides them; where the engine can say uneven stages,
+    also Megatron-LM's first / last cut (`first_last_layers`, v = 1), so a model whose layers S
+    does not divide still runs S stages. v > 1 where the engine can say interleaving, the layers
+    split evenly over S x v chunks and m is a multiple of S (Megatron-LM's rule); SP on and off
+    where the engine can say it (always on where its tensor parallelism needs it); expert
+    parallelism e > 1 where it can say it and the model has expert layers, e a product of the
+    data-parallel rounds next to tensor parallelism dividing every expert count
+    (`profiles.data_degrees`, as the step search tries it)."""
     segs = segments(probe)
     experts = expert_counts(probe) if menu.expert else frozenset()
     sizes = [(op.flops, whole_op_bytes(probe, op, opts)) for op in probe.ops]
     out = []
     outer = mesh.shape[0]
-    for n in (s for s in range(1, outer + 1) if outer % s == 0 and split.layers % s == 0):
+    for n in (s for s in range(1, min(outer, split.layers) + 1) if outer % s == 0):
         smesh = stage_mesh(mesh, n)
         chunkings = [
-            (v, [*(segs[k].start for k in aligned_starts(split, n * v) or [0]), len(probe.ops)])
+            (v, (), [*(segs[k].start for k in chunk_starts(split, n * v)), len(probe.ops)])
             for v in range(1, split.layers // n + 1)
-            if v == 1 or (menu.virtual and n > 1 and split.layers % (n * v) == 0)
+            if split.layers % (n * v) == 0 and (v == 1 or (menu.virtual and n > 1))
         ]
+        uneven = _uneven_layers(probe, segs, split, n, menu)
+        if uneven:  # first and last stages apart (one chunk per stage)
+            starts = chunk_starts(split, n, uneven)
+            chunkings.append((1, uneven, [*(segs[k].start for k in starts), len(probe.ops)]))
         for t in menu.tensor_degrees(smesh):
             data = smesh.size // t
             es = [1] + [
@@ -448,14 +510,25 @@ def _candidates(
                 k = m * smesh.size
                 ops = [ideal_compute(f, b, k, opts, smesh) for f, b in sizes]
                 upto = [0.0, *itertools.accumulate(ops)]  # each chunk's sum in O(1)
-                for v, bounds in chunkings:
+                for v, layers, bounds in chunkings:
                     if v > 1 and m % n:
                         continue
                     chunk = [upto[e] - upto[a] for a, e in zip(bounds, bounds[1:], strict=False)]
                     slot = max(sum(chunk[d::n]) for d in range(n))
                     bound = (m + (n - 1) / v) * slot
-                    out += [(bound, n, t, m, v, sp, e) for sp in sps for e in es]
+                    out += [(bound, n, t, m, v, sp, e, layers) for sp in sps for e in es]
     return sorted(out)
+
+
+def _uneven_layers(
+    probe: Graph, segs: tuple[Segment, ...], split: LayerSplit, stages: int, menu: Menu
+) -> tuple[int, ...]:
+    """`first_last_layers` of `stages` stages where `menu` can say uneven stages (Megatron-LM's
+    first / last counts, torchtitan's module lists); () where not, or no such cut differs."""
+    if menu.stage_layers == "even":
+        return ()
+    flops = [sum(op.flops for op in probe.ops[g.start : g.stop]) for g in segs]
+    return first_last_layers(split, stages, flops) or ()
 
 
 __all__ = [
