@@ -233,3 +233,26 @@ def test_llama3_405b_on_16_stages_is_cut_as_meta_cut_it() -> None:
     split = graph_layers(probe)
     flops = [sum(op.flops for op in probe.ops[s.start : s.stop]) for s in segments(probe)]
     assert first_last_layers(split, 16, flops) == (7, *[8] * 14, 7)
+
+
+def test_context_parallelism_is_searched_where_the_engine_can_say_it() -> None:
+    """Batch 2 on 8 devices of one axis (no tensor degree there): only context parallelism
+    or pipeline stages fill the ways a sample per rank leaves idle. Megatron-LM and torchtitan
+    return a layout with context ways (what the search finds fastest among them), which
+    exports; DeepSpeed, whose config has neither, has none."""
+    opts = CostOptions.make("shardplan", True, "adam", "bf16")
+
+    def build(b: int):
+        return zoo.build("gpt3", layers=2, hidden=256, heads=4, seq=256, vocab=512, batch=b)
+
+    for engine in ("megatron", "torchtitan"):
+        tp = plan_for_menu(build, 2, parse_mesh("8"), opts, None, MENUS[engine])
+        layout = read_layout(training_json.from_json(training_json.to_json(tp)), MENUS[engine])
+        assert layout.context > 1 and layout.data * layout.micro_batch_size <= 2, engine
+        assert layout.context * layout.pipeline * layout.data == 8
+        assert f"context x{layout.context}" in tp.notes[0]
+        data = training_json.to_dict(tp)
+        data["model_config"] = {"name": "gpt3"}
+        assert export_text(data, engine)
+    with pytest.raises(InfeasibleError, match="deepspeed has no layout"):
+        plan_for_menu(build, 2, parse_mesh("8"), opts, None, MENUS["deepspeed"])

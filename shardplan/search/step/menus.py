@@ -6,7 +6,8 @@ a tensor-parallel degree t (the innermost rounds of the mesh, Megatron-style cut
 `experts.megatron`), a pipeline degree S over the outermost axis with v model chunks per stage
 (interleaved 1F1B where the engine can say it) of an equal number of transformer layers (the
 embedding on the first chunk, the head on the last), data parallelism on the remaining ways, m
-micro-batches, sequence parallelism on or off where the engine can say it, and one
+micro-batches, sequence parallelism on or off where the engine can say it, context or expert
+parallelism over data-parallel rounds where it can say them (`_candidates`), and one
 recomputation mode and ZeRO stage on every stage. `plan_for_menu` searches exactly that space with
 the step model (cost/step.py): for each S dividing the outer axis and the layer count (or, where
 the engine can say uneven stages, any S up to the layer count, the first and last stage apart from
@@ -399,7 +400,7 @@ def plan_for_menu(
     built: dict[int, Graph | None] = {batch: probe}
     tried = 0
     # in order of the bound; stop at the first that cannot beat the best found
-    for bound, n, t, m, v, sp, e, layers in candidates:
+    for bound, n, t, m, v, sp, e, c, layers in candidates:
         if best is not None and bound >= best[0]:
             say(f"  the remaining {menu.engine} layouts cannot beat {best[0]:.4g} s")
             break
@@ -410,36 +411,27 @@ def plan_for_menu(
         if graph is None:
             continue
         tried += 1
-        layout = Layout(t, n, m, Levers(sequence_parallel=sp), v, expert=e, stage_layers=layers)
-        found = layout_step(graph, batch, mesh, opts, layout, menu, budget, cache, split, True)
-        data = mesh.size // (n * t)
+        layout = Layout(t, n, m, Levers(sequence_parallel=sp), v, c, e, layers)
+        data = mesh.size // (n * t * c)
         label = (
             f"pipeline {n}{f' x {v} chunks' if v > 1 else ''}"
             f"{f' (layers {list(layers)})' if layers else ''} x tensor {t}{' (SP)' if sp else ''}"
-            f" x data {data}{f' (expert {e})' if e > 1 else ''}, micro-batch {b // data} (m={m})"
+            f"{f' x context {c}' if c > 1 else ''} x data {data}"
+            f"{f' (expert {e})' if e > 1 else ''}, micro-batch {b // data} (m={m})"
         )
+        try:
+            found = layout_step(graph, batch, mesh, opts, layout, menu, budget, cache, split, True)
+        except PlanError as err:  # context ways that do not divide the sequence
+            say(f"  {menu.engine}: {label}: {err}")
+            continue
         if found is None:
             say(f"  {menu.engine}: {label}: does not fit")
             continue
         say(f"  {menu.engine}: {label}: step {found[0].step_s:.4g} s")
         if best is None or found[0].step_s < best[0] * (1 - 1e-9):
             best = (found[0].step_s, layout, graph)
-    if best is None and not candidates:
-        raise InfeasibleError(
-            f"{menu.engine} has no layout of {probe.name!r} on mesh {mesh.text()} at batch "
-            f"{batch}: its pipeline stages must divide the outermost axis and the "
-            f"{split.layers} layers, and the batch must split over the data-parallel ways in "
-            f"micro-batches of {', '.join(map(str, MICRO_BATCH_SIZES))}; try another --batch or "
-            "--mesh, or drop --target"
-        )
     if best is None:
-        room = f"fits {units.nbytes(budget)} per device" if budget is not None else "fits"
-        raise InfeasibleError(
-            f"no {menu.engine} layout of {probe.name!r} {room} on mesh {mesh.text()} ({tried} "
-            f"layouts of tensor x pipeline x chunks x data x micro-batch size with "
-            f"{menu.engine}'s recomputation and ZeRO); use more devices, a larger --memory, or "
-            "drop --target"
-        )
+        raise _nothing(probe, split, batch, mesh, budget, menu, tried if candidates else None)
     _, layout, graph = best
     plan = layout_plan(graph, batch, mesh, opts, layout, menu, budget, cache, split)
     assert plan is not None  # it fitted in `layout_step`
@@ -447,18 +439,49 @@ def plan_for_menu(
         plan,
         method=f"target-{menu.engine}",
         search_seconds=time.perf_counter() - start,
-        notes=(_menu_note(plan, menu, layout.tensor),),
+        notes=(_menu_note(plan, menu, layout),),
         step=plan.step,
     )
 
 
-def _menu_note(plan: TrainingPlan, menu: Menu, t: int) -> str:
+def _nothing(
+    probe: Graph,
+    split: LayerSplit,
+    batch: int,
+    mesh: Mesh,
+    budget: float | None,
+    menu: Menu,
+    tried: int | None,
+) -> InfeasibleError:
+    """Why `menu` has no plan: no layout at all (`tried` None), or none of `tried` fits."""
+    if tried is None:
+        return InfeasibleError(
+            f"{menu.engine} has no layout of {probe.name!r} on mesh {mesh.text()} at batch "
+            f"{batch}: its pipeline stages must divide the outermost axis and "
+            f"{'be at most' if menu.stage_layers != 'even' else 'divide'} the "
+            f"{split.layers} layers, and the batch must split over the data-parallel ways in "
+            f"micro-batches of {', '.join(map(str, MICRO_BATCH_SIZES))}; try another --batch or "
+            "--mesh, or drop --target"
+        )
+    room = f"fits {units.nbytes(budget)} per device" if budget is not None else "fits"
+    return InfeasibleError(
+        f"no {menu.engine} layout of {probe.name!r} {room} on mesh {mesh.text()} ({tried} "
+        f"layouts of tensor x pipeline x chunks x data x micro-batch size with "
+        f"{menu.engine}'s recomputation and ZeRO); use more devices, a larger --memory, or "
+        "drop --target"
+    )
+
+
+def _menu_note(plan: TrainingPlan, menu: Menu, layout: Layout) -> str:
     lv = plan.stages[0].levers
     sp_text = " (sequence parallel)" if lv.sequence_parallel else ""
+    sp_text += f", context x{layout.context}" if layout.context > 1 else ""
+    sp_text += f", expert x{layout.expert}" if layout.expert > 1 else ""
     v = plan.virtual_stages
     v_text = f" with {v} chunks per stage (interleaved 1F1B)" if v > 1 else ""
     return (
-        f"{menu.engine} layout: tensor x{t}{sp_text}, pipeline x{plan.pipeline_stages}{v_text}, "
+        f"{menu.engine} layout: tensor x{layout.tensor}{sp_text}, "
+        f"pipeline x{plan.pipeline_stages}{v_text}, "
         f"{plan.micro_batches} micro-batches, {lv.recompute.value} recomputation, ZeRO-{lv.zero} "
         f"on every stage; {steps_note(plan)}"
     )
@@ -466,9 +489,10 @@ def _menu_note(plan: TrainingPlan, menu: Menu, t: int) -> str:
 
 def _candidates(
     probe: Graph, split: LayerSplit, batch: int, mesh: Mesh, opts: CostOptions, menu: Menu
-) -> list[tuple[float, int, int, int, int, bool, int, tuple[int, ...]]]:
-    """(lower bound of the step, S, t, m, v, sequence parallel, expert ways, layers per stage when
-    uneven) of every layout, by bound (then S, t, m, v, SP off first, e, even first): m + (S - 1)/v
+) -> list[tuple[float, int, int, int, int, bool, int, int, tuple[int, ...]]]:
+    """(lower bound of the step, S, t, m, v, sequence parallel, expert ways, context ways, layers
+    per stage when uneven) of every layout, by bound (then S, t, m, v, SP off first, e, c, even
+    first): m + (S - 1)/v
     slots of the heaviest device's compute with every op split ideally over m x the stage's
     devices (the training search's bound, search/step/layouts.py), chunks as `layout_plan` cuts
     them. Even layers per chunk where S x v divides them; where the engine can say uneven stages,
@@ -478,7 +502,10 @@ def _candidates(
     where the engine can say it (always on where its tensor parallelism needs it); expert
     parallelism e > 1 where it can say it and the model has expert layers, e a product of the
     data-parallel rounds next to tensor parallelism dividing every expert count
-    (`profiles.data_degrees`, as the step search tries it)."""
+    (`profiles.data_degrees`, as the step search tries it); context parallelism where it can
+    say it and the batch cannot put a sample on each data-parallel rank: the fewest c (such a
+    product too) that can, with one sample per rank (as the step search tries it; with samples
+    enough data parallelism moves less), without expert parallelism."""
     segs = segments(probe)
     experts = expert_counts(probe) if menu.expert else frozenset()
     sizes = [(op.flops, whole_op_bytes(probe, op, opts)) for op in probe.ops]
@@ -496,14 +523,16 @@ def _candidates(
             starts = chunk_starts(split, n, uneven)
             chunkings.append((1, uneven, [*(segs[k].start for k in starts), len(probe.ops)]))
         for t in menu.tensor_degrees(smesh):
-            data = smesh.size // t
             es = [1] + [
                 d for d in data_degrees(smesh, t) if experts and all(x % d == 0 for x in experts)
             ]
             sps = [menu.sequence_parallel_at(t)]
             if menu.sequence_parallel and t > 1 and not sps[0]:
                 sps.append(True)
-            for mbs in MICRO_BATCH_SIZES:
+            # context ways c: the fewest letting one sample per rank fill the data ways
+            cs = [1, *_context_fill(batch, smesh.size // t, smesh, t, menu)]
+            for c, mbs in [(1, mbs) for mbs in MICRO_BATCH_SIZES] + [(c, 1) for c in cs[1:]]:
+                data = smesh.size // (t * c)
                 if batch % (data * mbs):
                     continue
                 m = batch // (data * mbs)
@@ -516,8 +545,21 @@ def _candidates(
                     chunk = [upto[e] - upto[a] for a, e in zip(bounds, bounds[1:], strict=False)]
                     slot = max(sum(chunk[d::n]) for d in range(n))
                     bound = (m + (n - 1) / v) * slot
-                    out += [(bound, n, t, m, v, sp, e, layers) for sp in sps for e in es]
+                    out += [
+                        (bound, n, t, m, v, sp, e, c, layers)
+                        for sp in sps
+                        for e in (es if c == 1 else [1])
+                    ]
     return sorted(out)
+
+
+def _context_fill(batch: int, data: int, smesh: Mesh, tensor: int, menu: Menu) -> list[int]:
+    """[c]: the fewest context ways (`profiles.data_degrees`) letting one sample per rank fill
+    the `data` ways a stage leaves at tensor degree `tensor` when the batch cannot; [] when it
+    can, when no degree helps, or the engine cannot say context parallelism."""
+    if not menu.context or batch % data == 0:
+        return []
+    return [c for c in data_degrees(smesh, tensor) if batch % (data // c) == 0][:1]
 
 
 def _uneven_layers(
