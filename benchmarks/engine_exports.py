@@ -1,4 +1,5 @@
-"""Engine exports at scale: GPT-3 175B on 128x8 (batch 1536) and Llama 3 70B on 64x8 (batch 512).
+"""Engine exports at scale: GPT-3 175B on 128x8 (batch 1536), Llama 3 70B on 64x8 (batch 512)
+and Llama 3 405B on 2048x8 (batch 2048, as the Llama 3 paper trained it on 16K GPUs).
 
 For each model and each engine (torchtitan, Megatron-LM, DeepSpeed): the search within the
 engine's menu (`plan --target X`, search/step/menus.py) and the unrestricted training search
@@ -9,8 +10,12 @@ export at the plan's world size, and at a wrong world size and batch
 TransformerConfig + parallel_state + micro-batch calculator, DeepSpeedConfig; fake process
 group, no devices). Llama 3 70B is the zoo's entry (80 layers, hidden 8192, 64 heads with 8 KV
 heads, FFN 28672, vocabulary 128,256, sequence 8192); batch 512 sequences is 4.2M tokens.
+Llama 3 405B (126 layers, hidden 16384, 128 heads with 8 KV heads, FFN 53248): no pipeline
+degree above 2 that divides the 2048-way outer axis divides its 126 layers, so Megatron-LM and
+torchtitan run it with uneven first / last stages (`menus.first_last_layers`), which
+megatron-core's TransformerConfig judges here (`num_layers_in_first/last_pipeline_stage`).
 
-Run: python benchmarks/engine_exports.py [--models gpt3-175b,llama3-70b]
+Run: python benchmarks/engine_exports.py [--models gpt3-175b,llama3-70b,llama3-405b]
 Writes benchmarks/results/engine_exports.{json,md} and the configs under
 benchmarks/results/engine_exports/ (with the Megatron-core kwargs and Megatron-DeepSpeed flags
 that go with the Megatron and DeepSpeed configs).
@@ -44,6 +49,7 @@ from shardplan.search.step.search import plan_training  # noqa: E402
 CASES = {
     "gpt3-175b": ("gpt3-175b", {}, "128x8", 1536),
     "llama3-70b": ("llama3-70b", {}, "64x8", 512),
+    "llama3-405b": ("llama3-405b", {}, "2048x8", 2048),
 }
 SUFFIX = {"torchtitan": "toml", "megatron": "sh", "deepspeed": "json"}
 CHECKS = Path(__file__).resolve().parent.parent / "tests" / "exporters" / "engine_checks.py"

@@ -1,5 +1,5 @@
-"""The configs `benchmarks/engine_exports.py` exported for GPT-3 175B on 128x8 and the
-Llama 3 70B on 64x8, judged by the engines' own configuration code at the plan's
+"""The configs `benchmarks/engine_exports.py` exported for GPT-3 175B on 128x8, Llama 3 70B on
+64x8 and Llama 3 405B on 2048x8, judged by the engines' own configuration code at the plan's
 world size (accepted) and at another world size (rejected). The searches take minutes, so the
 benchmark writes the configs and this test re-reads the committed files."""
 
@@ -78,7 +78,7 @@ def test_engines_accept_the_exports_at_scale(engine: str, tmp_path: Path) -> Non
     rows = [r for r in _rows() if r["engine"] == engine]
     if not rows:
         pytest.skip("no benchmarks/results/engine_exports.json: run benchmarks/engine_exports.py")
-    assert {r["model"] for r in rows} == {"gpt3-175b", "llama3-70b"}
+    assert {r["model"] for r in rows} == {"gpt3-175b", "llama3-70b", "llama3-405b"}
     cases = [c for r in rows for c in _cases(r)]
     res = run_checks(cases, tmp_path)
     for i, row in enumerate(rows):
