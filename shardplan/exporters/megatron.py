@@ -3,7 +3,10 @@
 Read off `engine_layout.read_layout` with the Megatron menu: tensor / pipeline parallel sizes
 (data parallelism is the rest of the world), micro and global batch, precision, recomputation
 (selective: `--recompute-granularity selective`; full: granularity full, method uniform, one
-layer per checkpoint), ZeRO-1 as `--use-distributed-optimizer`, uneven first / last stages as
+layer per checkpoint), ZeRO-1 as `--use-distributed-optimizer`, ZeRO-2 / 3 as Megatron-FSDP
+(`--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads / optim_grads_params`, with
+`--ckpt-format fsdp_dtensor --no-gradient-accumulation-fusion` as its examples run it; no
+pipeline stages), uneven first / last stages as
 `--decoder-first/last-pipeline-num-layers`, the sequence-parallel lever as `--sequence-parallel`,
 context parallelism c as `--context-parallel-size` (Megatron orders ranks tp-cp-ep-dp-pp: CP next
 to TP, as the plan's context rounds are), v model chunks per stage as
@@ -36,6 +39,10 @@ from shardplan.search.step.engine_menus import MEGATRON_SIZE_FLAGS
 from shardplan.search.step.menus import MENUS
 from shardplan.training import TrainingPlan
 
+FSDP_STRATEGIES = {1: "optim", 2: "optim_grads", 3: "optim_grads_params"}
+"""Megatron-FSDP's `--data-parallel-sharding-strategy` per ZeRO stage (megatron-core
+`DistributedDataParallelConfig.data_parallel_sharding_strategy`)."""
+
 
 def megatron_layout(tp: TrainingPlan) -> EngineLayout:
     return read_layout(tp, MENUS["megatron"])
@@ -61,8 +68,13 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
     elif layout.recompute is Recompute.FULL:
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
         flags += ["--recompute-num-layers", "1"]
-    if layout.zero == 1:
+    if layout.zero >= 1:
         flags.append("--use-distributed-optimizer")
+    if layout.zero >= 2:  # Megatron-FSDP shards gradients (2) and parameters too (3)
+        flags += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy"]
+        flags.append(FSDP_STRATEGIES[layout.zero])
+        # its checkpoints are DTensor ones; its buffers take no fused gradient accumulation
+        flags += ["--ckpt-format", "fsdp_dtensor", "--no-gradient-accumulation-fusion"]
     if layout.sequence_parallel:
         flags.append("--sequence-parallel")
     if layout.tp_comm_overlap:  # Megatron-LM asserts --sequence-parallel with it

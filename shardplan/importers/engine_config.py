@@ -317,6 +317,8 @@ _VALUE_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage": "per_chunk",
     "--context-parallel-size": "context",
     "--expert-model-parallel-size": "expert",
+    "--data-parallel-sharding-strategy": "sharding",
+    "--ckpt-format": "checkpoint",  # how checkpoints are saved: no part of the step
     "--decoder-first-pipeline-num-layers": "first",
     "--decoder-last-pipeline-num-layers": "last",
 }
@@ -331,6 +333,9 @@ _SWITCHES = {
     "--overlap-p2p-communication",  # Megatron-LM before 2023-10 (off unless said)
     "--no-overlap-p2p-communication",  # since: on for the interleaved schedule unless said
     "--group-query-attention",  # with --num-query-groups (`_ARCH`)
+    "--use-megatron-fsdp",  # with --data-parallel-sharding-strategy: ZeRO 1-3
+    "--use-torch-fsdp2",  # PyTorch FSDP2: ZeRO-3
+    "--no-gradient-accumulation-fusion",  # a kernel choice Megatron-FSDP needs: same step
 }
 
 
@@ -368,6 +373,7 @@ def read_megatron(text: str) -> EngineConfig:
     zero = _int(values["zero"], "--zero-stage") if "zero" in values and values["zero"] != "0" else 0
     if "--use-distributed-optimizer" in switches:
         zero = max(zero, 1)
+    zero = max(zero, _fsdp_zero(values, switches))
     dtype = "bf16" if "--bf16" in switches else "fp16" if "--fp16" in switches else None
     chunks = _megatron_chunks(values, switches)
     arch = tuple(
@@ -388,6 +394,23 @@ def read_megatron(text: str) -> EngineConfig:
         arch=arch,
         **chunks,
     )
+
+
+def _fsdp_zero(values: dict[str, str], switches: set[str]) -> int:
+    """The ZeRO stage of Megatron-LM's FSDP flags (`exporters.megatron.FSDP_STRATEGIES`): 3 for
+    `--use-torch-fsdp2`; `--use-megatron-fsdp`'s `--data-parallel-sharding-strategy`; else 0."""
+    if "--use-torch-fsdp2" in switches:
+        return 3
+    strategy = values.get("sharding")
+    if strategy is None:
+        return 0
+    stages = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+    if strategy not in stages or "--use-megatron-fsdp" not in switches:
+        raise ArgumentError(
+            f"--data-parallel-sharding-strategy {strategy!r}: Megatron-LM takes "
+            f"{', '.join(stages)}, with --use-megatron-fsdp"
+        )
+    return stages[strategy]
 
 
 def _megatron_chunks(values: dict[str, str], switches: set[str]) -> dict[str, Any]:

@@ -219,3 +219,36 @@ def test_from_config_refuses_first_last_counts_that_do_not_add_up(tmp_path, caps
         flags.write_text(text + " --bf16\n")
         assert main([*plan, "--from-config", str(flags)]) == 5, text
         assert says in capsys.readouterr().err, text
+
+
+def test_megatron_fsdp_zero3_round_trips_and_is_searched(tmp_path, capsys):
+    """Megatron-LM says ZeRO-2 / 3 as Megatron-FSDP (--use-megatron-fsdp with its sharding
+    strategy), without pipeline stages: its menu has them, the export writes them and
+    --from-config reads them back to the step exported."""
+    from shardplan import zoo
+    from shardplan.cost import CostOptions
+    from shardplan.cost.step import Levers, Recompute
+    from shardplan.exporters.megatron import to_megatron
+    from shardplan.mesh import parse_mesh
+    from shardplan.search.step.menus import MENUS, Layout, layout_plan
+
+    menu = MENUS["megatron"]
+    assert {lv.zero for lv in menu.levers(1)} == {0, 1, 2, 3}
+    assert {lv.zero for lv in menu.levers(2)} == {0, 1}
+    opts = CostOptions.make("shardplan", True, "adam", "bf16")
+    graph = zoo.build("gpt2-small", small=True, layers=4, batch=32 // 4)
+    for zero, strategy in [(2, "optim_grads"), (3, "optim_grads_params")]:
+        layout = Layout(2, 1, 4, Levers(Recompute.FULL, zero))
+        tp = layout_plan(graph, 32, parse_mesh("4x4"), opts, layout)
+        assert tp is not None and tp.step is not None
+        flags = to_megatron(tp)
+        assert f"--data-parallel-sharding-strategy {strategy}" in flags
+        assert "--use-megatron-fsdp" in flags
+        data = _scored(tmp_path / "flags.sh", flags, capsys)
+        assert f"ZeRO-{zero}" in data["notes"][0]
+        assert not any(n.startswith("flags not modelled") for n in data["notes"]), data["notes"]
+        assert abs(data["step"]["step_s"] - tp.step.step_s) <= 1e-9 * tp.step.step_s, zero
+    flags = tmp_path / "bad.sh"
+    flags.write_text("--data-parallel-sharding-strategy optim_grads --bf16\n")
+    assert main([*PLAN, "--from-config", str(flags)]) == 2
+    assert "with --use-megatron-fsdp" in capsys.readouterr().err

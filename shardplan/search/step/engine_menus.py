@@ -156,13 +156,16 @@ MENUS: Mapping[str, Menu] = {
         # `compile.components` (torchtitan/distributed/tensor_parallel.py, maybe_enable_async_tp)
         tp_comm_overlap=True,
     ),
-    # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1)
-    # --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
+    # Megatron-LM: --recompute-granularity selective/full, --use-distributed-optimizer (ZeRO-1),
+    # Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
+    # optim_grads_params: ZeRO-2 / 3; megatron-core DistributedDataParallelConfig, its examples
+    # without pipeline parallelism, so not with pipeline stages here), --sequence-parallel,
+    # --context-parallel-size, --expert-model-parallel-size,
     # --num-virtual-stages-per-pipeline-rank
     "megatron": Menu(
         "megatron",
         (_N, _S, _F),
-        (0, 1),
+        (0, 1, 2, 3),
         (0, 1),
         ("bf16", "fp16", "fp32"),
         "first-last",

@@ -1,0 +1,13 @@
+--tensor-model-parallel-size 8 \
+--pipeline-model-parallel-size 1 \
+--micro-batch-size 1 \
+--global-batch-size 2048 \
+--zero-stage 3 \
+--num-layers 126 \
+--hidden-size 16384 \
+--num-attention-heads 128 \
+--seq-length 8192 \
+--bf16 \
+--checkpoint-activations \
+--deepspeed \
+--deepspeed_config ds_config.json

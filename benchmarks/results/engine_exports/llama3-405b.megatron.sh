@@ -1,0 +1,25 @@
+--tensor-model-parallel-size 8 \
+--pipeline-model-parallel-size 4 \
+--micro-batch-size 1 \
+--global-batch-size 2048 \
+--decoder-first-pipeline-num-layers 31 \
+--decoder-last-pipeline-num-layers 31 \
+--bf16 \
+--recompute-granularity full \
+--recompute-method uniform \
+--recompute-num-layers 1 \
+--use-distributed-optimizer \
+--sequence-parallel \
+--num-layers 126 \
+--hidden-size 16384 \
+--num-attention-heads 128 \
+--seq-length 8192 \
+--max-position-embeddings 8192 \
+--ffn-hidden-size 53248 \
+--group-query-attention \
+--num-query-groups 8 \
+--swiglu \
+--normalization RMSNorm \
+--position-embedding-type rope \
+--disable-bias-linear \
+--untie-embeddings-and-output-weights
