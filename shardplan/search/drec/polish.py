@@ -30,11 +30,11 @@ BERT's position-embedding lookup and the add reading it leave the batch for the 
 together, the table's gradient no longer all-reduced (BERT-base on 18: 1.052 of the ILP
 optimum, now 1.000). And the tail move (`_tail_move`): the
 run of last ops, replicated in every round, that lowers the total most (ResNet-50 on 12 keeps
-layer 4 whole on every device: 1.088 -> 1.000). And run moves (`_run_moves`): one round left
-unused on a run of consecutive ops that starts just after an op the round leaves unused, the
-run from each such start that lowers the total most (AlexNet on 3x5, batch 60, keeps its last
-convolutions whole over the axis of 3: 1.042 -> 1.006). After any of them the single sweeps run
-again.
+layer 4 whole on every device: 1.088 -> 1.000). And run moves (`runs.py`): one round left
+unused on a run of consecutive ops after an op it leaves unused (AlexNet on 3x5, batch 60:
+1.042 -> 1.006), or a region a round leaves unused cut in it, each op reading a moved one
+following (an MoE layer on 12, batch 6: 1.116 -> 1.001). After any of them the single sweeps
+run again.
 
 Cost: per sweep O(sum over ops of rounds x loop dims x local rows), linear in the graph; a pair
 pass O(edges x tensor axes^2 x local rows).
@@ -48,11 +48,11 @@ from typing import Any
 
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies, own_and_edges, param_homes
 from shardplan.cost.presets import CostOptions
-from shardplan.errors import ShardplanError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
-from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, check_strategy, layout_of_cut
+from shardplan.search.drec.runs import run_moves, split_runs, valid
+from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, layout_of_cut
 
 SWEEPS = 3
 """At most this many passes over the graph (each pass is linear; most plans settle in one)."""
@@ -216,85 +216,12 @@ def _best_move(rows: _Rows, unit: list[int]) -> bool:
 
 
 def _pair_pass(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
-    """`_pair_moves` of every op in graph order, then `_tail_move` and `_run_moves`; whether
-    one moved."""
+    """`_pair_moves` of every op in graph order, then `_tail_move`, `runs.run_moves` and
+    `runs.split_runs`; whether one moved."""
     paired = any([_pair_moves(rows, i, twins, frozen) for i in range(len(rows.graph.ops))])
     tail = _tail_move(rows, twins, frozen)
-    return _run_moves(rows, twins, frozen) or tail or paired
-
-
-def _run_moves(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
-    """Leave one round unused on a run of consecutive ops (graph order) that starts just after
-    an op the round leaves unused: each run start's best run, if one lowers the total; whether
-    one did. Where a cut stage is followed by a replicated one (a convolution that all-reduces
-    its partial sums), the ops after it re-split their input only to all-reduce small weights'
-    gradients; no op alone can stop (it would gather its input and scatter its output again),
-    and the run is not at the graph's end (`_tail_move`): AlexNet on 3x5, batch 60, keeps
-    its last convolutions whole over the axis of 3 (1.042 -> 1.006 of the ILP optimum)."""
-    graph, n, moved = rows.graph, len(rows.graph.ops), False
-    for r in range(len(rows.mesh.rounds)):
-        # what the rows pay beyond their compute, from each op on: the most a run can save
-        suffix = [0.0] * (n + 1)
-        for j in range(n - 1, -1, -1):
-            paid = rows.current(j) - rows.compute(j, rows.plan[graph.ops[j].name])
-            suffix[j] = suffix[j + 1] + max(paid, 0.0)
-        k = 1
-        while k < n:
-            plan, ops = rows.plan, graph.ops
-            if plan[ops[k].name][r] is None or plan[ops[k - 1].name][r] is not None:
-                k += 1
-                continue
-            end = _best_run(rows, k, r, suffix, twins, frozen)
-            moved |= end > k
-            k = max(end, k + 1)
-    return moved
-
-
-def _best_run(
-    rows: _Rows,
-    k: int,
-    r: int,
-    suffix: Sequence[float],
-    twins: Mapping[int, int],
-    frozen: Collection[int],
-) -> int:
-    """Ops k, k+1, ... with round r's cut dropped, cumulatively, each step re-pricing the rows
-    the op reaches; the run k..end-1 that lowers the total most is kept (end; k when none
-    does). Stopped at a pinned op or a folded twin, or when even dropping every later row's
-    collectives (`suffix`) and those of the rows reached could not beat the best run."""
-    graph, plan, n = rows.graph, rows.plan, len(rows.graph.ops)
-    old: dict[int, float] = {}
-    new: dict[int, float] = {}
-    comm: dict[int, float] = {}  # what the rows reached so far pay beyond their compute now
-    changed: list[tuple[int, Strategy]] = []
-    delta, best, best_end, left = 0.0, 0.0, k, 0.0
-    for e in range(k, n):
-        if e in frozen or e in twins or delta - suffix[e] - left >= best:
-            break
-        current = plan[graph.ops[e].name]
-        if current[r] is None:
-            continue
-        strategy = (*current[:r], None, *current[r + 1 :])
-        if not _valid(rows, e, strategy):
-            break
-        for j in rows.touched[e]:
-            if j not in old:
-                old[j] = new[j] = rows.current(j)  # reads no op changed so far
-        rows.set(e, strategy)
-        changed.append((e, current))
-        for j in rows.touched[e]:
-            value = rows.row(j)
-            delta += value - new[j]
-            new[j] = value
-            extra = max(value - rows.compute(j, plan[graph.ops[j].name]), 0.0)
-            left += extra - comm.get(j, 0.0)
-            comm[j] = extra
-        if delta < best - 1e-12 * max(abs(sum(old.values())), 1e-300):
-            best, best_end = delta, e + 1
-    for e, current in changed:
-        rows.set(e, (*current[:r], None, *current[r + 1 :]) if e < best_end else current)
-        rows.moved(e)
-    return best_end
+    runs = run_moves(rows, twins, frozen)
+    return split_runs(rows, twins, frozen) or runs or tail or paired
 
 
 def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
@@ -321,7 +248,7 @@ def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -
             break
         if original[k] == none:
             continue
-        if not _valid(rows, k, none):
+        if not valid(rows, k, none):
             break
         for j in rows.touched[k]:
             if j not in old:
@@ -418,7 +345,7 @@ def _try_pair(
     graph, plan = rows.graph, rows.plan
     units = [(i, s) for i, s in zip(pair, moves, strict=True)]
     units += [(twins[i], s) for i, s in units if i in twins]
-    if not all(_valid(rows, i, strategy) for i, strategy in units):
+    if not all(valid(rows, i, strategy) for i, strategy in units):
         return False
     touched = sorted({j for i, _ in units for j in rows.touched[i]})
     before = sum(rows.current(j) for j in touched)
@@ -474,25 +401,9 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
             if cut == current[r] or (off and not any(mine[cut][k] == t for k, t in off)):
                 continue  # agrees with no neighbour the current cut disagrees with
             strategy = (*current[:r], cut, *current[r + 1 :])
-            if _valid(rows, i, strategy):
+            if valid(rows, i, strategy):
                 out.append(strategy)
     return out
-
-
-def _valid(rows: _Rows, i: int, strategy: Strategy) -> bool:
-    """Whether op i can take `strategy` (`sharding.check_strategy`), remembered per class."""
-    key = (rows.cache.classes[i], strategy)
-    if key in rows.cache.valid:
-        return True
-    if key in rows.invalid:
-        return False
-    try:
-        check_strategy(rows.graph.ops[i], strategy, rows.mesh.rounds)
-    except ShardplanError:
-        rows.invalid.add(key)
-        return False
-    rows.cache.valid.add(key)
-    return True
 
 
 def _layout(op, cut: str | None, side: tuple[Layout, object, bool]) -> int:
