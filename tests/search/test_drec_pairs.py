@@ -109,3 +109,44 @@ def test_the_tail_move_replicates_a_cnns_last_stage():
     drec = sp.plan(graph, mesh)
     assert drec.strategies["fc.linear"] == (None,) * 3
     assert drec.cost.total <= after * (1 + 1e-9)
+
+
+def test_the_run_move_leaves_one_round_unused_on_a_middle_run():
+    # AlexNet, batch 60, on 3x5: features.8 cuts its input channels over the axis of 3 and
+    # all-reduces its partial sums, so its output is whole there; D-Rec cut the batch again for
+    # features.9-12, all-reducing their weights' gradients. No op alone can stop (it would
+    # gather its input and scatter its output), and the run is not the graph's tail (the
+    # classifier stays cut): the ILP optimum keeps the run whole over the axis of 3 (D-Rec was
+    # 1.042 of it; 1.006 with the run move)
+    graph, mesh = sp.zoo.build("alexnet", batch=60), sp.parse_mesh("3x5")
+    opts = CostOptions.make()
+    drec = sp.plan(graph, mesh)
+    run = ["features.9.relu", "features.10.conv", "features.11.relu", "features.12.pool"]
+    assert all(drec.strategies[name][0] is None for name in run)
+    assert drec.strategies["classifier.1.linear"][0] is not None
+    start = dict(drec.strategies) | {name: ("d0", "d0") for name in run[::2]}
+    start |= {"features.10.conv": ("n", "n"), "features.10.bias_add": ("d0", "d0")}
+    start |= {"features.12.pool": ("n", "n"), "flatten": ("r0", "r0")}
+    start |= {"classifier.0.dropout": ("d0", "d0")}
+    before = evaluate_strategies(graph, mesh, start, opts).total
+    single = polish(graph, mesh, start, ScoreCache(graph, mesh, opts))
+    assert evaluate_strategies(graph, mesh, single, opts).total == pytest.approx(before)
+    final = polish(graph, mesh, start, ScoreCache(graph, mesh, opts), pairs=True)
+    assert all(final[name][0] is None for name in run)
+    assert evaluate_strategies(graph, mesh, final, opts).total < before * 0.97
+
+
+def test_the_split_run_cuts_the_token_path_in_a_round_left_unused():
+    # One MoE layer, batch 6, sequence 128, on 12 = 2 x 2 x 3: the 8 experts cannot take the
+    # round of 3, and cutting attention's batch there all-reduces its weights' gradients, so
+    # every variant left the round unused. The ILP optimum cuts the tokens after attention
+    # (residual, norm, router, dispatch, loss) over it: no op alone can start that (it would
+    # scatter its input and gather its output), nor any whole-round alternative (all or nothing;
+    # D-Rec was 1.116 of the optimum, 1.001 with the split run)
+    graph, mesh = sp.zoo.build("moe", batch=6, seq=128), sp.parse_mesh("12")
+    drec = sp.plan(graph, mesh)
+    tokens = ["residual_1", "ln_2.norm", "moe.router.linear", "residual_2", "loss"]
+    assert all(drec.strategies[name][2] is not None for name in tokens)
+    assert all(drec.strategies[name][2] is None for name in ("attn.q.linear", "moe.expert_fc"))
+    exact = sp.plan(graph, mesh, method="ilp", time_limit=120)  # optimal in about 1 s
+    assert drec.cost.total <= exact.cost.total * 1.01

@@ -30,7 +30,11 @@ BERT's position-embedding lookup and the add reading it leave the batch for the 
 together, the table's gradient no longer all-reduced (BERT-base on 18: 1.052 of the ILP
 optimum, now 1.000). And the tail move (`_tail_move`): the
 run of last ops, replicated in every round, that lowers the total most (ResNet-50 on 12 keeps
-layer 4 whole on every device: 1.088 -> 1.000). After either moves the single sweeps run again.
+layer 4 whole on every device: 1.088 -> 1.000). And run moves (`runs.py`): one round left
+unused on a run of consecutive ops after an op it leaves unused (AlexNet on 3x5, batch 60:
+1.042 -> 1.006), or a region a round leaves unused cut in it, each op reading a moved one
+following (an MoE layer on 12, batch 6: 1.116 -> 1.001). After any of them the single sweeps
+run again.
 
 Cost: per sweep O(sum over ops of rounds x loop dims x local rows), linear in the graph; a pair
 pass O(edges x tensor axes^2 x local rows).
@@ -44,11 +48,11 @@ from typing import Any
 
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies, own_and_edges, param_homes
 from shardplan.cost.presets import CostOptions
-from shardplan.errors import ShardplanError
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
-from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, check_strategy, layout_of_cut
+from shardplan.search.drec.runs import run_moves, split_runs, valid
+from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, layout_of_cut
 
 SWEEPS = 3
 """At most this many passes over the graph (each pass is linear; most plans settle in one)."""
@@ -212,9 +216,12 @@ def _best_move(rows: _Rows, unit: list[int]) -> bool:
 
 
 def _pair_pass(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
-    """`_pair_moves` of every op in graph order, then `_tail_move`; whether one moved."""
+    """`_pair_moves` of every op in graph order, then `_tail_move`, `runs.run_moves` and
+    `runs.split_runs`; whether one moved."""
     paired = any([_pair_moves(rows, i, twins, frozen) for i in range(len(rows.graph.ops))])
-    return _tail_move(rows, twins, frozen) or paired
+    tail = _tail_move(rows, twins, frozen)
+    runs = run_moves(rows, twins, frozen)
+    return split_runs(rows, twins, frozen) or runs or tail or paired
 
 
 def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
@@ -241,7 +248,7 @@ def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -
             break
         if original[k] == none:
             continue
-        if not _valid(rows, k, none):
+        if not valid(rows, k, none):
             break
         for j in rows.touched[k]:
             if j not in old:
@@ -338,7 +345,7 @@ def _try_pair(
     graph, plan = rows.graph, rows.plan
     units = [(i, s) for i, s in zip(pair, moves, strict=True)]
     units += [(twins[i], s) for i, s in units if i in twins]
-    if not all(_valid(rows, i, strategy) for i, strategy in units):
+    if not all(valid(rows, i, strategy) for i, strategy in units):
         return False
     touched = sorted({j for i, _ in units for j in rows.touched[i]})
     before = sum(rows.current(j) for j in touched)
@@ -394,25 +401,9 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
             if cut == current[r] or (off and not any(mine[cut][k] == t for k, t in off)):
                 continue  # agrees with no neighbour the current cut disagrees with
             strategy = (*current[:r], cut, *current[r + 1 :])
-            if _valid(rows, i, strategy):
+            if valid(rows, i, strategy):
                 out.append(strategy)
     return out
-
-
-def _valid(rows: _Rows, i: int, strategy: Strategy) -> bool:
-    """Whether op i can take `strategy` (`sharding.check_strategy`), remembered per class."""
-    key = (rows.cache.classes[i], strategy)
-    if key in rows.cache.valid:
-        return True
-    if key in rows.invalid:
-        return False
-    try:
-        check_strategy(rows.graph.ops[i], strategy, rows.mesh.rounds)
-    except ShardplanError:
-        rows.invalid.add(key)
-        return False
-    rows.cache.valid.add(key)
-    return True
 
 
 def _layout(op, cut: str | None, side: tuple[Layout, object, bool]) -> int:

@@ -29,7 +29,7 @@ from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.polish import plan_score, polished_if_lower
+from shardplan.search.drec.polish import pair_polished, plan_score, polished_if_lower
 from shardplan.sharding import Strategy
 
 Search = Callable[..., "dict[str, Strategy] | None"]
@@ -93,10 +93,12 @@ def with_round_orders(
     found = search(graph, reordered(mesh, order), opts, memory_lambda, fold, flex, None)
     if found is None:
         return best  # it broke the fold's uniform interior: keep the ascending order's plan
+    # compared as the search returns them: with the pair and run moves (`polish.pair_polished`)
+    best = pair_polished(graph, mesh, opts, memory_lambda, fold, cache, best)
     best_score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, best)
     candidate = restored(found, order)
     args = (graph, mesh, opts, memory_lambda, fold, cache, best, best_score, candidate)
-    return polished_if_lower(*args)
+    return polished_if_lower(*args, pairs=True)
 
 
 __all__ = ["largest_first", "reordered", "restored", "with_round_orders"]

@@ -505,7 +505,9 @@ def drec_folded(
     more with each axis's largest prime rounds first (`roundorder.py`; BERT-base, one layer, on
     24: 1.185 -> 1.096). The best plan then gets pair moves and the tail move
     (`polish.pair_polished`: an op and its reader leave one axis of their tensor together,
-    BERT-base on 18: 1.052 -> 1.000; the last ops replicated, ResNet-50 on 12: 1.088 -> 1.000). That
+    BERT-base on 18: 1.052 -> 1.000; the last ops replicated, ResNet-50 on 12: 1.088 -> 1.000;
+    a run of ops left unused in one round, AlexNet on 3x5: 1.042 -> 1.006, or cut in a round
+    that left them unused, an MoE layer on 12: 1.116 -> 1.001; `runs.py`). That
     is at most 3 * (3 + mesh axes) + 1 linear searches; the
     unused-axis ones are shorter. With
     the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.

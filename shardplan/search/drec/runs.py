@@ -1,0 +1,219 @@
+"""Run moves of D-Rec's exact polish (`polish.py`): one round changed on a run of ops at once.
+
+Single moves change one op, pair moves an op and one reader, the tail move replicates the
+graph's last ops in every round. Two kinds of runs no such move reaches, since each of their
+ops alone adds a redistribution on both of its sides:
+  * `run_moves`: a run of consecutive ops (graph order) left unused in one round, starting just
+    after an op that round leaves unused. After a convolution that cuts its input channels over
+    an axis (its output whole there once its partial sums are all-reduced), D-Rec cut the batch
+    again for the next ops and all-reduced their weights' gradients: AlexNet, batch 60, on 3x5
+    keeps its last convolutions whole over the axis of 3 (1.042 -> 1.006 of the ILP optimum);
+  * `split_runs`: a region a round leaves unused, cut in that round: from an op the round
+    leaves unused, cut along its first valid loop dim, each later op the round leaves unused
+    that reads a moved op takes the cut its own row prices lowest. An MoE layer (batch 6,
+    sequence 128) on 12 = 2 x 2 x 3 left the round of 3 unused, where the optimum splits the
+    tokens after attention (residual, norm, router, dispatch, loss) and keeps attention and the
+    8 experts whole: 1.116 -> 1.001.
+Each run is priced exactly and cumulatively by the evaluator's rows (`polish._Rows`), and its
+prefix that lowers the total most is kept. Run once per search, on its final plan, with the pair
+moves (`polish.pair_polished`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from shardplan.errors import ShardplanError
+from shardplan.sharding import Strategy, check_strategy
+
+if TYPE_CHECKING:
+    from shardplan.search.drec.polish import _Rows
+
+
+def valid(rows: _Rows, i: int, strategy: Strategy) -> bool:
+    """Whether op i can take `strategy` (`sharding.check_strategy`), remembered per class."""
+    key = (rows.cache.classes[i], strategy)
+    if key in rows.cache.valid:
+        return True
+    if key in rows.invalid:
+        return False
+    try:
+        check_strategy(rows.graph.ops[i], strategy, rows.mesh.rounds)
+    except ShardplanError:
+        rows.invalid.add(key)
+        return False
+    rows.cache.valid.add(key)
+    return True
+
+
+def split_runs(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
+    """Cut, in one round r, a region that leaves it unused: from each op left unused in round
+    r, cut along its first valid loop dim, then each op left unused in round r reading a moved
+    op (graph order) takes the cut of round r its own row prices lowest, cumulatively; the
+    region up to the op where the total is lowest is kept when it lowers the total. Whether one
+    was."""
+    graph, n, moved = rows.graph, len(rows.graph.ops), False
+    for r in range(len(rows.mesh.rounds)):
+        for k in range(n):
+            current = rows.plan[graph.ops[k].name]
+            if current[r] is not None or k in frozen or k in twins:
+                continue
+            seed = next((s for s in _round_cuts(rows, k, r) if s[r] is not None), None)
+            if seed is not None:
+                moved |= _best_region(rows, k, r, seed, twins, frozen)
+    return moved
+
+
+def _round_cuts(rows: _Rows, i: int, r: int) -> list[Strategy]:
+    """Op i's valid strategies that differ from its current one in round r alone."""
+    op, current = rows.graph.ops[i], rows.plan[rows.graph.ops[i].name]
+    dims = [None, *(d.name for d in op.signature.loop_dims)]
+    out = [(*current[:r], c, *current[r + 1 :]) for c in dims if c != current[r]]
+    return [s for s in out if valid(rows, i, s)]
+
+
+def _best_region(
+    rows: _Rows,
+    k: int,
+    r: int,
+    seed: Strategy,
+    twins: Mapping[int, int],
+    frozen: Collection[int],
+) -> bool:
+    """`split_runs` from op k cutting `seed`; whether the region was kept."""
+    graph, plan = rows.graph, rows.plan
+    old: dict[int, float] = {}
+    new: dict[int, float] = {}
+    changed: list[tuple[int, Strategy]] = []
+    moved: set[str] = set()  # tensors written by moved ops
+    delta, best, best_len = 0.0, 0.0, 0
+    e, strategy = k, seed
+    while True:
+        for j in rows.touched[e]:
+            if j not in old:
+                old[j] = new[j] = rows.current(j)
+        changed.append((e, plan[graph.ops[e].name]))
+        rows.set(e, strategy)
+        moved.update(graph.ops[e].outputs)
+        for j in rows.touched[e]:
+            value = rows.row(j)
+            delta += value - new[j]
+            new[j] = value
+        if delta < best - 1e-12 * max(abs(sum(old.values())), 1e-300):
+            best, best_len = delta, len(changed)
+        e, strategy = _next_follower(rows, e, r, moved, twins, frozen)
+        if strategy is None:
+            break
+    for m, (i, current) in enumerate(changed):
+        if m >= best_len:
+            rows.set(i, current)
+        rows.moved(i)
+    return best_len > 0
+
+
+def _next_follower(
+    rows: _Rows,
+    after: int,
+    r: int,
+    moved: set[str],
+    twins: Mapping[int, int],
+    frozen: Collection[int],
+) -> tuple[int, Strategy | None]:
+    """The next op after `after` (graph order) reading a tensor in `moved`, left unused in round
+    r, whose own row prices another cut of round r lowest, with that strategy (None: no such
+    op before a pinned op or a folded twin, or the graph's end)."""
+    graph, plan = rows.graph, rows.plan
+    for e in range(after + 1, len(graph.ops)):
+        op = graph.ops[e]
+        if not moved.intersection(op.inputs):
+            continue
+        if e in frozen or e in twins:
+            return e, None
+        current = plan[op.name]
+        if current[r] is not None:
+            continue  # cut in round r already: the region grows over ops the round leaves unused
+        options = [current, *_round_cuts(rows, e, r)]
+        costs = []
+        for s in options:
+            rows.set(e, s)
+            costs.append(rows.row(e))
+        rows.set(e, current)
+        pick = options[costs.index(min(costs))]
+        if pick != current:
+            return e, pick
+    return len(graph.ops), None
+
+
+def run_moves(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
+    """Leave one round unused on a run of consecutive ops (graph order) that starts just after
+    an op the round leaves unused: each run start's best run, if one lowers the total; whether
+    one did. Where a cut stage is followed by a replicated one (a convolution that all-reduces
+    its partial sums), the ops after it re-split their input only to all-reduce small weights'
+    gradients; no op alone can stop (it would gather its input and scatter its output again),
+    and the run is not at the graph's end (`polish._tail_move`): AlexNet on 3x5, batch 60, keeps
+    its last convolutions whole over the axis of 3 (1.042 -> 1.006 of the ILP optimum)."""
+    graph, n, moved = rows.graph, len(rows.graph.ops), False
+    for r in range(len(rows.mesh.rounds)):
+        # what the rows pay beyond their compute, from each op on: the most a run can save
+        suffix = [0.0] * (n + 1)
+        for j in range(n - 1, -1, -1):
+            paid = rows.current(j) - rows.compute(j, rows.plan[graph.ops[j].name])
+            suffix[j] = suffix[j + 1] + max(paid, 0.0)
+        k = 1
+        while k < n:
+            plan, ops = rows.plan, graph.ops
+            if plan[ops[k].name][r] is None or plan[ops[k - 1].name][r] is not None:
+                k += 1
+                continue
+            end = _best_run(rows, k, r, suffix, twins, frozen)
+            moved |= end > k
+            k = max(end, k + 1)
+    return moved
+
+
+def _best_run(
+    rows: _Rows,
+    k: int,
+    r: int,
+    suffix: Sequence[float],
+    twins: Mapping[int, int],
+    frozen: Collection[int],
+) -> int:
+    """Ops k, k+1, ... with round r's cut dropped, cumulatively, each step re-pricing the rows
+    the op reaches; the run k..end-1 that lowers the total most is kept (end; k when none
+    does). Stopped at a pinned op or a folded twin, or when even dropping every later row's
+    collectives (`suffix`) and those of the rows reached could not beat the best run."""
+    graph, plan, n = rows.graph, rows.plan, len(rows.graph.ops)
+    old: dict[int, float] = {}
+    new: dict[int, float] = {}
+    comm: dict[int, float] = {}  # what the rows reached so far pay beyond their compute now
+    changed: list[tuple[int, Strategy]] = []
+    delta, best, best_end, left = 0.0, 0.0, k, 0.0
+    for e in range(k, n):
+        if e in frozen or e in twins or delta - suffix[e] - left >= best:
+            break
+        current = plan[graph.ops[e].name]
+        if current[r] is None:
+            continue
+        strategy = (*current[:r], None, *current[r + 1 :])
+        if not valid(rows, e, strategy):
+            break
+        for j in rows.touched[e]:
+            if j not in old:
+                old[j] = new[j] = rows.current(j)  # reads no op changed so far
+        rows.set(e, strategy)
+        changed.append((e, current))
+        for j in rows.touched[e]:
+            value = rows.row(j)
+            delta += value - new[j]
+            new[j] = value
+            extra = max(value - rows.compute(j, plan[graph.ops[j].name]), 0.0)
+            left += extra - comm.get(j, 0.0)
+            comm[j] = extra
+        if delta < best - 1e-12 * max(abs(sum(old.values())), 1e-300):
+            best, best_end = delta, e + 1
+    for e, current in changed:
+        rows.set(e, (*current[:r], None, *current[r + 1 :]) if e < best_end else current)
+        rows.moved(e)
+    return best_end
