@@ -51,7 +51,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
-from shardplan.search.drec.runs import run_moves, split_runs, valid
+from shardplan.search.drec.runs import Trial, run_moves, split_runs, valid
 from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, layout_of_cut
 
 SWEEPS = 3
@@ -239,31 +239,19 @@ def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -
     saveable = [0.0] * (n + 1)
     for j in range(n):
         saveable[j + 1] = saveable[j] + max(paid[j], 0.0)
-    old: dict[int, float] = {}
-    new: dict[int, float] = {}
-    comm: dict[int, float] = {}  # what the rows reached so far pay beyond their compute now
-    delta, best, best_start, changed, left = 0.0, 0.0, n, [], 0.0
+    trial = Trial(rows)
+    best, best_start, changed = 0.0, n, []
     for k in range(n - 1, -1, -1):
-        if k in frozen or k in twins or delta - saveable[k + 1] - left >= best:
+        if k in frozen or k in twins or trial.delta - saveable[k + 1] - trial.left >= best:
             break
         if original[k] == none:
             continue
         if not valid(rows, k, none):
             break
-        for j in rows.touched[k]:
-            if j not in old:
-                old[j] = new[j] = rows.current(j)  # reads no op changed so far
-        rows.set(k, none)
+        trial.move(k, none)
         changed.append(k)
-        for j in rows.touched[k]:
-            value = rows.row(j)
-            delta += value - new[j]
-            new[j] = value
-            extra = max(value - rows.compute(j, plan[graph.ops[j].name]), 0.0)
-            left += extra - comm.get(j, 0.0)
-            comm[j] = extra
-        if delta < best - 1e-12 * max(abs(sum(old.values())), 1e-300):
-            best, best_start = delta, k
+        if trial.beats(best):
+            best, best_start = trial.delta, k
     for k in changed:
         rows.set(k, none if k >= best_start else original[k])
         rows.moved(k)

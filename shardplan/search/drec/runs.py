@@ -47,6 +47,40 @@ def valid(rows: _Rows, i: int, strategy: Strategy) -> bool:
     return True
 
 
+class Trial:
+    """A run of moves priced cumulatively: each move re-prices the rows the op reaches;
+    `delta` is the change of the total so far, `left` what the rows reached pay beyond their
+    compute now (the most a longer run could still save there)."""
+
+    def __init__(self, rows: _Rows) -> None:
+        self.rows = rows
+        self.old: dict[int, float] = {}
+        self.new: dict[int, float] = {}
+        self.comm: dict[int, float] = {}
+        self.delta = 0.0
+        self.left = 0.0
+
+    def move(self, i: int, strategy: Strategy) -> None:
+        """Op i takes `strategy`; the rows it reaches re-priced."""
+        rows = self.rows
+        plan, ops = rows.plan, rows.graph.ops
+        for j in rows.touched[i]:
+            if j not in self.old:
+                self.old[j] = self.new[j] = rows.current(j)  # reads no op changed so far
+        rows.set(i, strategy)
+        for j in rows.touched[i]:
+            value = rows.row(j)
+            self.delta += value - self.new[j]
+            self.new[j] = value
+            extra = max(value - rows.compute(j, plan[ops[j].name]), 0.0)
+            self.left += extra - self.comm.get(j, 0.0)
+            self.comm[j] = extra
+
+    def beats(self, best: float) -> bool:
+        """Whether the run so far lowers the total by more than `best` (to rounding)."""
+        return self.delta < best - 1e-12 * max(abs(sum(self.old.values())), 1e-300)
+
+
 def split_runs(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
     """Cut, in one round r, a region that leaves it unused: from each op left unused in round
     r, cut along its first valid loop dim, then each op left unused in round r reading a moved
@@ -185,13 +219,11 @@ def _best_run(
     does). Stopped at a pinned op or a folded twin, or when even dropping every later row's
     collectives (`suffix`) and those of the rows reached could not beat the best run."""
     graph, plan, n = rows.graph, rows.plan, len(rows.graph.ops)
-    old: dict[int, float] = {}
-    new: dict[int, float] = {}
-    comm: dict[int, float] = {}  # what the rows reached so far pay beyond their compute now
+    trial = Trial(rows)
     changed: list[tuple[int, Strategy]] = []
-    delta, best, best_end, left = 0.0, 0.0, k, 0.0
+    best, best_end = 0.0, k
     for e in range(k, n):
-        if e in frozen or e in twins or delta - suffix[e] - left >= best:
+        if e in frozen or e in twins or trial.delta - suffix[e] - trial.left >= best:
             break
         current = plan[graph.ops[e].name]
         if current[r] is None:
@@ -199,20 +231,10 @@ def _best_run(
         strategy = (*current[:r], None, *current[r + 1 :])
         if not valid(rows, e, strategy):
             break
-        for j in rows.touched[e]:
-            if j not in old:
-                old[j] = new[j] = rows.current(j)  # reads no op changed so far
-        rows.set(e, strategy)
+        trial.move(e, strategy)
         changed.append((e, current))
-        for j in rows.touched[e]:
-            value = rows.row(j)
-            delta += value - new[j]
-            new[j] = value
-            extra = max(value - rows.compute(j, plan[graph.ops[j].name]), 0.0)
-            left += extra - comm.get(j, 0.0)
-            comm[j] = extra
-        if delta < best - 1e-12 * max(abs(sum(old.values())), 1e-300):
-            best, best_end = delta, e + 1
+        if trial.beats(best):
+            best, best_end = trial.delta, e + 1
     for e, current in changed:
         rows.set(e, (*current[:r], None, *current[r + 1 :]) if e < best_end else current)
         rows.moved(e)
