@@ -18,7 +18,8 @@ also choose today's Megatron-core overlap levers (`TODAYS_OVERLAPS`: --overlap-g
 2021-22 Megatron-LM did not have: its ratio is printed beside the engine-neutral one, against the
 same published configuration as run. A third search per run is `--target megatron`
 (`menus.plan_for_menu`): the fastest layout Megatron-LM can say (tensor x pipeline x v chunks x
-data x micro-batch size, sequence parallelism on or off, recomputation, distributed optimizer)
+data x micro-batch size, uneven first / last stages, sequence and context parallelism,
+recomputation, distributed optimizer, Megatron-FSDP)
 with what today's Megatron-LM overlaps by default (the interleaved schedule's sends), against
 the same published configuration as run.
 Nothing is fitted: both sides are the same step model (shardplan/cost/step.py).
@@ -268,8 +269,10 @@ def markdown(info: dict[str, Any], speed: list[dict[str, Any]], pub: list[dict[s
     md += (
         "\n## The same runs planned by `--target megatron`\n\n"
         "The fastest layout Megatron-LM can say (menus.plan_for_menu: one tensor degree, pipeline"
-        " stages with v interleaved chunks, sequence parallelism on or off, one recomputation mode"
-        " and ZeRO-0/1 on every stage), priced with today's Megatron-LM default overlap (the"
+        " stages with v interleaved chunks or uneven first / last stages, sequence parallelism on"
+        " or off, context parallelism where a sample per rank cannot fill the data ways, one"
+        " recomputation mode and ZeRO-0/1 on every stage, ZeRO-2/3 as Megatron-FSDP without"
+        " pipeline stages), priced with today's Megatron-LM default overlap (the"
         " interleaved schedule's sends; gradient sync not overlapped), against the published"
         " configuration as run.\n\n"
     )
