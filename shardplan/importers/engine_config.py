@@ -130,6 +130,12 @@ class EngineConfig:
     def _stage_layers(self, layers: int | None) -> tuple[int, ...]:
         """Layers per model chunk when said unevenly (`Layout.stage_layers`), else ()."""
         if self.chunk_layers:
+            if layers is not None and sum(self.chunk_layers) != layers:
+                raise PlanError(
+                    f"the {self.engine} config's model parts hold {sum(self.chunk_layers)} layers "
+                    f"({list(self.chunk_layers)}), but the model has {layers}: plan the model the "
+                    "config trains, or correct module_fqns_per_model_part"
+                )
             return self.chunk_layers if len(set(self.chunk_layers)) > 1 else ()
         first, last, n = self.first_layers, self.last_layers, self.pipeline
         if first is None and last is None:

@@ -252,3 +252,17 @@ def test_megatron_fsdp_zero3_round_trips_and_is_searched(tmp_path, capsys):
     flags.write_text("--data-parallel-sharding-strategy optim_grads --bf16\n")
     assert main([*PLAN, "--from-config", str(flags)]) == 2
     assert "with --use-megatron-fsdp" in capsys.readouterr().err
+
+
+def test_torchtitan_parts_of_another_model_are_refused(tmp_path, capsys):
+    """Equal parts whose layers do not add up to the model's: the config trains another model
+    (never scored as the model's own even cut)."""
+    parts = [[f"layers.{2 * s}", f"layers.{2 * s + 1}"] for s in range(4)]  # 8 layers
+    titan = tmp_path / "job.toml"
+    titan.write_text(
+        "[parallelism]\npipeline_parallel_degree = 4\n"
+        f"module_fqns_per_model_part = {json.dumps(parts)}\n"
+    )
+    plan = [*PLAN[:4], "12", *PLAN[5:]]
+    assert main([*plan, "--from-config", str(titan)]) == 5
+    assert "hold 8 layers" in capsys.readouterr().err
