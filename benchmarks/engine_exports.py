@@ -11,9 +11,10 @@ TransformerConfig + parallel_state + micro-batch calculator, DeepSpeedConfig; fa
 group, no devices). Llama 3 70B is the zoo's entry (80 layers, hidden 8192, 64 heads with 8 KV
 heads, FFN 28672, vocabulary 128,256, sequence 8192); batch 512 sequences is 4.2M tokens.
 Llama 3 405B (126 layers, hidden 16384, 128 heads with 8 KV heads, FFN 53248): no pipeline
-degree above 2 that divides the 2048-way outer axis divides its 126 layers, so Megatron-LM and
-torchtitan run it with uneven first / last stages (`menus.first_last_layers`), which
-megatron-core's TransformerConfig judges here (`num_layers_in_first/last_pipeline_stage`).
+degree above 2 that divides the 2048-way outer axis divides its 126 layers, so the menus of
+Megatron-LM and torchtitan also try uneven first / last stages (`menus.first_last_layers`;
+megatron-core judges such a cut in tests/exporters/test_engines.py), and Megatron-LM's ZeRO-3
+is Megatron-FSDP (without pipeline stages); the table says which layout won.
 
 Run: python benchmarks/engine_exports.py [--models gpt3-175b,llama3-70b,llama3-405b]
 Writes benchmarks/results/engine_exports.{json,md} and the configs under

@@ -271,3 +271,26 @@ def test_deepspeed_runs_a_step_under_the_export_on_gloo(tmp_path: Path, zero: in
     for r in results:
         assert r["optimizer_steps"] == 1 and r["zero_stage"] == zero
         assert r["train_batch_size"] == 16 and r["gradient_accumulation_steps"] == 2
+
+
+def test_megatron_core_accepts_an_uneven_first_last_cut(tmp_path: Path) -> None:
+    """Six layers on four pipeline stages, cut 1-2-2-1 by the menu: megatron-core's own
+    TransformerConfig accepts the exported first / last counts at the plan's world, and
+    rejects counts that leave the middle stages uneven (first 2, last 1: 3 layers over 2)."""
+    pytest.importorskip("megatron.core", reason="megatron-core: pip install 'shardplan[engines]'")
+    six = lambda b: zoo.build("gpt2-small", batch=b, small=True, layers=6)  # noqa: E731
+    layout = Layout(1, 4, 8, Levers(N, 1), stage_layers=(1, 2, 2, 1))
+    tp = layout_plan(six(BATCH // 8), BATCH, MESH, OPTS, layout, MENUS["megatron"])
+    assert tp is not None
+    lay = read_layout(training_json.from_json(training_json.to_json(tp)), MENUS["megatron"])
+    kw = megatron.megatron_kwargs(lay, architecture("gpt2-small", True, {"layers": 6}))
+    assert (kw["num_layers_in_first_pipeline_stage"], kw["num_layers_in_last_pipeline_stage"]) == (
+        1,
+        1,
+    )
+    ok = {"engine": "megatron", "repo": str(REPO), "kwargs": kw, "world": MESH.size}
+    ok |= {"global_batch_size": BATCH, "micro_batch_size": lay.micro_batch_size}
+    bad = {**ok, "kwargs": {**kw, "num_layers_in_first_pipeline_stage": 2}}
+    good, rejected = run_checks([ok, bad], tmp_path)
+    assert good["ok"], good
+    assert not rejected["ok"], rejected

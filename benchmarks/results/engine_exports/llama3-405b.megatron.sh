@@ -1,14 +1,16 @@
 --tensor-model-parallel-size 8 \
---pipeline-model-parallel-size 4 \
+--pipeline-model-parallel-size 1 \
 --micro-batch-size 1 \
 --global-batch-size 2048 \
---decoder-first-pipeline-num-layers 31 \
---decoder-last-pipeline-num-layers 31 \
 --bf16 \
 --recompute-granularity full \
 --recompute-method uniform \
 --recompute-num-layers 1 \
 --use-distributed-optimizer \
+--use-megatron-fsdp \
+--data-parallel-sharding-strategy optim_grads_params \
+--ckpt-format fsdp_dtensor \
+--no-gradient-accumulation-fusion \
 --sequence-parallel \
 --num-layers 126 \
 --hidden-size 16384 \
