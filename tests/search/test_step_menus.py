@@ -228,10 +228,11 @@ def test_llama3_405b_on_16_stages_is_cut_as_meta_cut_it() -> None:
     which hold the embedding and the head), 7 + 14 x 8 + 7."""
     from shardplan.ir.segments import segments
     from shardplan.search.step.menus import first_last_layers
+    from shardplan.search.step.stages import segment_flops
 
     probe = zoo.build("llama3-405b", batch=1)
     split = graph_layers(probe)
-    flops = [sum(op.flops for op in probe.ops[s.start : s.stop]) for s in segments(probe)]
+    flops = segment_flops(probe, segments(probe))
     assert first_last_layers(split, 16, flops) == (7, *[8] * 14, 7)
 
 

@@ -240,7 +240,7 @@ def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -
     for j in range(n):
         saveable[j + 1] = saveable[j] + max(paid[j], 0.0)
     trial = Trial(rows)
-    best, best_start, changed = 0.0, n, []
+    best, best_len = 0.0, 0
     for k in range(n - 1, -1, -1):
         if k in frozen or k in twins or trial.delta - saveable[k + 1] - trial.left >= best:
             break
@@ -249,13 +249,9 @@ def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -
         if not valid(rows, k, none):
             break
         trial.move(k, none)
-        changed.append(k)
         if trial.beats(best):
-            best, best_start = trial.delta, k
-    for k in changed:
-        rows.set(k, none if k >= best_start else original[k])
-        rows.moved(k)
-    return best_start < n
+            best, best_len = trial.delta, len(trial.changed)
+    return trial.keep(best_len)
 
 
 def _pair_moves(

@@ -59,6 +59,7 @@ class Trial:
         self.comm: dict[int, float] = {}
         self.delta = 0.0
         self.left = 0.0
+        self.changed: list[tuple[int, Strategy]] = []  # (op, its strategy before), in order
 
     def move(self, i: int, strategy: Strategy) -> None:
         """Op i takes `strategy`; the rows it reaches re-priced."""
@@ -67,6 +68,7 @@ class Trial:
         for j in rows.touched[i]:
             if j not in self.old:
                 self.old[j] = self.new[j] = rows.current(j)  # reads no op changed so far
+        self.changed.append((i, plan[ops[i].name]))
         rows.set(i, strategy)
         for j in rows.touched[i]:
             value = rows.row(j)
@@ -79,6 +81,14 @@ class Trial:
     def beats(self, best: float) -> bool:
         """Whether the run so far lowers the total by more than `best` (to rounding)."""
         return self.delta < best - 1e-12 * max(abs(sum(self.old.values())), 1e-300)
+
+    def keep(self, count: int) -> bool:
+        """Keep the first `count` moves, undo the rest; whether any was kept."""
+        for m, (i, before) in enumerate(self.changed):
+            if m >= count:
+                self.rows.set(i, before)
+            self.rows.moved(i)
+        return count > 0
 
 
 def split_runs(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
@@ -116,34 +126,17 @@ def _best_region(
     frozen: Collection[int],
 ) -> bool:
     """`split_runs` from op k cutting `seed`; whether the region was kept."""
-    graph, plan = rows.graph, rows.plan
-    old: dict[int, float] = {}
-    new: dict[int, float] = {}
-    changed: list[tuple[int, Strategy]] = []
+    trial = Trial(rows)
     moved: set[str] = set()  # tensors written by moved ops
-    delta, best, best_len = 0.0, 0.0, 0
+    best, best_len = 0.0, 0
     e, strategy = k, seed
-    while True:
-        for j in rows.touched[e]:
-            if j not in old:
-                old[j] = new[j] = rows.current(j)
-        changed.append((e, plan[graph.ops[e].name]))
-        rows.set(e, strategy)
-        moved.update(graph.ops[e].outputs)
-        for j in rows.touched[e]:
-            value = rows.row(j)
-            delta += value - new[j]
-            new[j] = value
-        if delta < best - 1e-12 * max(abs(sum(old.values())), 1e-300):
-            best, best_len = delta, len(changed)
+    while strategy is not None:
+        trial.move(e, strategy)
+        moved.update(rows.graph.ops[e].outputs)
+        if trial.beats(best):
+            best, best_len = trial.delta, len(trial.changed)
         e, strategy = _next_follower(rows, e, r, moved, twins, frozen)
-        if strategy is None:
-            break
-    for m, (i, current) in enumerate(changed):
-        if m >= best_len:
-            rows.set(i, current)
-        rows.moved(i)
-    return best_len > 0
+    return trial.keep(best_len)
 
 
 def _next_follower(
@@ -220,8 +213,7 @@ def _best_run(
     collectives (`suffix`) and those of the rows reached could not beat the best run."""
     graph, plan, n = rows.graph, rows.plan, len(rows.graph.ops)
     trial = Trial(rows)
-    changed: list[tuple[int, Strategy]] = []
-    best, best_end = 0.0, k
+    best, best_end, best_len = 0.0, k, 0
     for e in range(k, n):
         if e in frozen or e in twins or trial.delta - suffix[e] - trial.left >= best:
             break
@@ -232,10 +224,7 @@ def _best_run(
         if not valid(rows, e, strategy):
             break
         trial.move(e, strategy)
-        changed.append((e, current))
         if trial.beats(best):
-            best, best_end = trial.delta, e + 1
-    for e, current in changed:
-        rows.set(e, (*current[:r], None, *current[r + 1 :]) if e < best_end else current)
-        rows.moved(e)
+            best, best_end, best_len = trial.delta, e + 1, len(trial.changed)
+    trial.keep(best_len)
     return best_end

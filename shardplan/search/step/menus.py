@@ -60,7 +60,12 @@ from shardplan.search.step.profiles import (
     expert_counts,
 )
 from shardplan.search.step.recipes import context_rounds, expert_parallel
-from shardplan.search.step.stages import aligned_starts, stage_mesh, tokens_per_sample
+from shardplan.search.step.stages import (
+    aligned_starts,
+    segment_flops,
+    stage_mesh,
+    tokens_per_sample,
+)
 from shardplan.search.step.structure import (
     LayerSplit,
     graph_layers,
@@ -569,8 +574,7 @@ def _uneven_layers(
     first / last counts, torchtitan's module lists); () where not, or no such cut differs."""
     if menu.stage_layers == "even":
         return ()
-    flops = [sum(op.flops for op in probe.ops[g.start : g.stop]) for g in segs]
-    return first_last_layers(split, stages, flops) or ()
+    return first_last_layers(split, stages, segment_flops(probe, segs)) or ()
 
 
 __all__ = [
