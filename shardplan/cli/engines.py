@@ -20,10 +20,13 @@ from pathlib import Path
 
 from shardplan import units
 from shardplan.cost import CostOptions
+from shardplan.cost.levers import Levers
+from shardplan.cost.overlap import MEGATRON_BUCKET_FLOOR
 from shardplan.errors import ArgumentError, PlanError
 from shardplan.importers.engine_config import EngineConfig
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
+from shardplan.search.step.engine_menus import Overlaps
 from shardplan.search.step.menus import Layout
 from shardplan.training import TrainingPlan
 
@@ -92,20 +95,42 @@ def engine_plan(
         notes.append(_compare(tp, best, f"best {cfg.engine} layout ({best.notes[0]})"))
         notes += _attention_note(args, cfg.engine)
         return replace(tp, method=f"config-{cfg.engine}", notes=tuple(notes), step=tp.step)
-    menu = get_menu(args.target)
+    chosen = _overlaps(args)
+    menu = get_menu(args.target).with_overlaps(chosen)
     say(f"searching {menu.engine} layouts on mesh {mesh.text()} ...")
     tp = plan_for_menu(build, batch, mesh, opts, budget, menu, detail)
     say("searching the unrestricted plan for comparison ...")
-    free = plan_training(build, batch, mesh, opts, budget, progress=detail)
+    free = plan_training(build, batch, mesh, opts, budget, detail, overlap=_free_overlap(chosen))
     compared = _compare(tp, free, "unrestricted plan")
     if tp.step is not None and free.step is not None and tp.step.step_s < free.step.step_s:
         compared += (
-            f" (faster: the {menu.engine} layout is priced with what {menu.engine} overlaps by "
-            "default, the unrestricted search with nothing overlapped unless asked, e.g. "
-            "--overlap-p2p; docs/engines.md)"
+            f" (faster: the {menu.engine} layout is priced with what {menu.engine} overlaps, the "
+            "unrestricted search with only the overlap flags given, e.g. --overlap-p2p; "
+            "docs/engines.md)"
         )
     notes = (*tp.notes, compared, *_attention_note(args, menu.engine))
     return replace(tp, notes=notes, step=tp.step)
+
+
+def _overlaps(args: argparse.Namespace) -> Overlaps:
+    """The overlap flags given (--X: True, --no-X: False, left out: None)."""
+    flags = ("overlap_grad_reduce", "overlap_p2p", "prefetch", "tp_comm_overlap")
+    grad, p2p, prefetch, tp_comm = (
+        v if isinstance(v := getattr(args, k, None), bool) else None for k in flags
+    )
+    return Overlaps(grad, p2p, prefetch, tp_comm)
+
+
+def _free_overlap(chosen: Overlaps) -> Levers:
+    """The unrestricted search's overlap: what the flags turn on (as `--method step` takes them)."""
+    grad = bool(chosen.grad_reduce)
+    return Levers(
+        overlap_grad_reduce=grad,
+        overlap_p2p=bool(chosen.p2p),
+        prefetch=bool(chosen.prefetch),
+        bucket_elements=MEGATRON_BUCKET_FLOOR if grad else 0,
+        tp_comm_overlap=bool(chosen.tp_comm),
+    )
 
 
 def _check_sizes(args: argparse.Namespace, cfg: EngineConfig) -> list[str]:
@@ -140,7 +165,9 @@ def _engine_layout(
     from shardplan.search.step.menus import get_menu, gradient_width
 
     data = mesh.size // (layout.tensor * layout.pipeline * layout.context)
-    levers = get_menu(cfg.engine).engine_levers(
+    chosen = Overlaps(grad_reduce=cfg.overlap_grad_reduce, prefetch=cfg.prefetch)
+    menu = get_menu(cfg.engine).with_overlaps(chosen)
+    levers = menu.engine_levers(
         layout.levers, gradient_width(graph, opts), layout.virtual, data, cfg.overlap_grad_reduce
     )
     if cfg.overlap_p2p is not None:  # the config's own choice (the interleaved schedule only)

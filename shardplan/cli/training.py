@@ -81,10 +81,10 @@ def _refuse_spmd_flags(args: argparse.Namespace) -> None:
                 "megatron-recipe (the step search chooses them itself)"
             )
     overlap = [f"--{k.replace('_', '-')}" for k in OVERLAP_FLAGS if _overlap(args, k) is not None]
-    if overlap and (args.from_config or args.target):
+    if overlap and args.from_config:
         raise SolverError(
-            f"{', '.join(overlap)}: --target and --from-config price what the engine overlaps "
-            "by default (docs/engines.md); drop the flag"
+            f"{', '.join(overlap)}: --from-config prices what the config overlaps (its own "
+            "flags, else the engine's defaults; docs/engines.md); drop the flag"
         )
     if args.method == "megatron-recipe" and _overlap(args, "prefetch") is not None:
         raise SolverError(
@@ -368,7 +368,7 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
     )
     o = p.add_argument_group(
         "Overlap of data-parallel, pipeline and tensor-parallel collectives (--method step or "
-        "megatron-recipe)"
+        "megatron-recipe, or --target X where X's configuration can say it: docs/engines.md)"
     )
     for flag, what in (
         (
@@ -384,7 +384,8 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
         (
             "prefetch",
             "ZeRO-3: gather the next unit's parameters under this one's compute (FSDP / "
-            "DeepSpeed prefetch; --method step only; default off)",
+            "DeepSpeed prefetch, Megatron-LM --overlap-param-gather; --method step or --target; "
+            "default off for the search)",
         ),
         (
             "tp-comm-overlap",

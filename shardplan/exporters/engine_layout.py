@@ -98,6 +98,9 @@ class EngineLayout:
     """Sequence parallelism's all-gathers / reduce-scatters run under their GEMMs (the stage
     lever; one switch for the whole run: Megatron-LM `--tp-comm-overlap`, torchtitan
     `enable_async_tensor_parallel`)."""
+    prefetch: bool = False
+    """ZeRO-3's parameter gathers prefetched under the compute (the stage lever at ZeRO-3:
+    Megatron-LM `--overlap-param-gather`; FSDP2 and DeepSpeed stage 3 by default)."""
 
 
 def _refuse(engine: str, where: str, construct: str) -> PlanError:
@@ -276,6 +279,7 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
         )
     layers = _stage_layers(tp, menu)
     _check_split(layers, menu, tp.virtual_stages)
+    _check_overlaps(lv, menu, tp.virtual_stages)
     assert tp.step is not None
     return EngineLayout(
         engine=engine,
@@ -301,7 +305,37 @@ def read_layout(tp: TrainingPlan, menu: Menu) -> EngineLayout:
         overlap_grad_reduce=lv.overlap_grad_reduce,
         overlap_p2p=lv.overlap_p2p,
         tp_comm_overlap=lv.tp_comm_overlap,
+        prefetch=lv.prefetch and lv.zero == 3,
     )
+
+
+def _check_overlaps(lv: Levers, menu: Menu, virtual: int) -> None:
+    """What the plan priced as overlapped, the engine must run overlapped: its default or a
+    switch its configuration has (`Menu.with_overlaps`); else the run would be slower than the
+    plan says."""
+    p2p = menu.overlap_p2p or menu.p2p_switch
+    grad = (*menu.overlap_grad_reduce, *menu.grad_reduce_switch)
+    prefetch = (*menu.prefetch, *menu.prefetch_switch)
+    missing = [
+        what
+        for what, priced, runs in (
+            ("pipeline sends under compute (overlap_p2p)", lv.overlap_p2p, p2p and virtual > 1),
+            ("the gradient sync under the backward", lv.overlap_grad_reduce, lv.zero in grad),
+            ("ZeRO-3 prefetch", lv.prefetch and lv.zero == 3, 3 in prefetch),
+        )
+        if priced and not runs
+    ]
+    if lv.prefetch and lv.zero == 3 and menu.prefetch_needs_grad_reduce:
+        if not lv.overlap_grad_reduce:
+            missing.append("ZeRO-3 prefetch without the gradient sync overlapped")
+    if missing:
+        raise _refuse(
+            menu.engine,
+            "the plan",
+            f"{'; '.join(missing)} at ZeRO-{lv.zero}{' interleaved' if virtual > 1 else ''} "
+            f"(the plan priced it so; docs/engines.md): re-plan without that overlap flag, or "
+            f"with --target {menu.engine}",
+        )
 
 
 def _check_tp_comm_overlap(levers: list[Levers], menu: Menu) -> None:

@@ -87,6 +87,8 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
             flags.append("--no-overlap-p2p-communication")
     if layout.overlap_grad_reduce:
         flags.append("--overlap-grad-reduce")
+    if layout.prefetch:  # Megatron-FSDP's gathers; asserted with --overlap-grad-reduce
+        flags.append("--overlap-param-gather")
     moe = _moe(layout, arch)
     for key, flag in _MOE_FLAGS:
         if key in moe:

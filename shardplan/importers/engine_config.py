@@ -50,6 +50,8 @@ class EngineConfig:
     """The configuration's own choice of overlapping the gradient sync (Megatron-LM
     `--overlap-grad-reduce`, DeepSpeed `zero_optimization.overlap_comm`); None: the engine's
     default (`menus.Menu.engine_levers`)."""
+    prefetch: bool | None = None
+    """... of prefetching ZeRO-3's gathers (Megatron-LM `--overlap-param-gather`)."""
     sequence_parallel: bool = False
     virtual: int = 1
     """Model chunks per pipeline stage (interleaved 1F1B)."""
@@ -334,6 +336,7 @@ _SWITCHES = {
     "--fp16",
     "--checkpoint-activations",
     "--overlap-grad-reduce",
+    "--overlap-param-gather",  # ZeRO-3 (Megatron-FSDP) prefetch; asserted with the one above
     "--sequence-parallel",
     "--tp-comm-overlap",
     "--overlap-p2p-communication",  # Megatron-LM before 2023-10 (off unless said)
@@ -397,9 +400,23 @@ def read_megatron(text: str) -> EngineConfig:
         (),
         tuple(ignored),
         overlap_grad_reduce=True if "--overlap-grad-reduce" in switches else None,
+        prefetch=_param_gather(switches),
         arch=arch,
         **chunks,
     )
+
+
+def _param_gather(switches: set[str]) -> bool | None:
+    """`--overlap-param-gather`: ZeRO-3's gathers prefetched (True), else the default (None);
+    ArgumentError without `--overlap-grad-reduce`, as Megatron-LM asserts."""
+    if "--overlap-param-gather" not in switches:
+        return None
+    if "--overlap-grad-reduce" not in switches:
+        raise ArgumentError(
+            "--overlap-param-gather without --overlap-grad-reduce: Megatron-LM refuses it "
+            "(megatron/training/arguments.py); add --overlap-grad-reduce"
+        )
+    return True
 
 
 def _fsdp_zero(values: dict[str, str], switches: set[str]) -> int:

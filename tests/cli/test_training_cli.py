@@ -106,8 +106,8 @@ def test_overlap_flags_that_do_not_apply_are_refused(capsys):
     args = ["plan", "gpt3", "--small", "--batch", "8", "--mesh", "4x2", "--dtype", "bf16"]
     assert main([*args, "--method", "megatron-recipe", "--prefetch"]) == 9
     assert "--prefetch overlaps ZeRO-3's gathers" in capsys.readouterr().err
-    assert main([*args, "--target", "torchtitan", "--overlap-p2p"]) == 9
-    assert "price what the engine overlaps by default" in capsys.readouterr().err
+    assert main([*args, "--target", "torchtitan", "--overlap-p2p"]) == 2
+    assert "torchtitan never overlaps pipeline sends" in capsys.readouterr().err
 
 
 def test_tp_comm_overlap_flag_reaches_the_search_and_the_recipe(tmp_path, capsys):
@@ -132,6 +132,6 @@ def test_tp_comm_overlap_flag_reaches_the_search_and_the_recipe(tmp_path, capsys
     capsys.readouterr()
     assert main([*recipe, "--tp-comm-overlap"]) != 0  # the recipe needs sequence parallelism
     assert "--tp-comm-overlap needs --sequence-parallel" in capsys.readouterr().err
-    assert main([*args, "--target", "megatron", "--tp-comm-overlap"]) == 9
-    assert "price what the engine overlaps by default" in capsys.readouterr().err
+    assert main([*args, "--target", "megatron", "--tp-comm-overlap"]) == 0  # a switch it has
+    assert all(lv.tp_comm_overlap == lv.sequence_parallel for lv in levers())
 

@@ -144,9 +144,13 @@ def test_torchtitan_accepts_the_levers(tmp_path: Path) -> None:
 
 
 def _at_zero3(tp: TrainingPlan) -> TrainingPlan:
-    """`tp` with ZeRO-3 and full recomputation on every stage (torchtitan's FSDP and AC modes)."""
+    """`tp` with ZeRO-3 and full recomputation on every stage (torchtitan's FSDP and AC modes),
+    its sends not overlapped (torchtitan's schedules wait each send)."""
     stages = tuple(
-        Stage(s.plan, dataclasses.replace(s.levers, zero=3, recompute=Recompute.FULL))
+        Stage(
+            s.plan,
+            dataclasses.replace(s.levers, zero=3, recompute=Recompute.FULL, overlap_p2p=False),
+        )
         for s in tp.stages
     )
     return dataclasses.replace(tp, stages=stages, step=None)

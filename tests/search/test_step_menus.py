@@ -17,6 +17,7 @@ from shardplan.errors import ArgumentError, InfeasibleError
 from shardplan.exporters import training_json
 from shardplan.exporters.engine_layout import read_layout
 from shardplan.mesh import parse_mesh
+from shardplan.search.step.engine_menus import Overlaps
 from shardplan.search.step.menus import MENUS, graph_layers, layer_split, plan_for_menu
 
 MODELS = ("gpt2-small", "bert-base", "vit-b16", "mlp", "gpt3", "moe-llm", "mixtral-8x7b")
@@ -42,8 +43,11 @@ def test_graph_layers_counts_transformer_layers(layers: int) -> None:
     batch=st.sampled_from([8, 16, 32]),
     budget=st.one_of(st.none(), st.floats(2e5, 5e7)),
     engine=st.sampled_from(sorted(MENUS)),
+    flags=st.tuples(*[st.sampled_from([None, False, True])] * 4),
 )
-def test_target_plans_are_always_expressible(model, mesh, batch, budget, engine) -> None:
+def test_target_plans_are_always_expressible(model, mesh, batch, budget, engine, flags) -> None:
+    """With any overlap flags too: those the engine's configuration cannot say are refused,
+    the others give plans its exporter writes (`Menu.with_overlaps`, `read_layout`)."""
     opts = CostOptions.make("shardplan", True, "adam", "bf16")
     m = parse_mesh(mesh)
 
@@ -51,7 +55,12 @@ def test_target_plans_are_always_expressible(model, mesh, batch, budget, engine)
         return zoo.build(model, small=True, batch=b)
 
     try:
-        tp = plan_for_menu(build, batch, m, opts, budget, MENUS[engine])
+        menu = MENUS[engine].with_overlaps(Overlaps(*flags))
+    except ArgumentError:
+        event("overlap flags refused")
+        return
+    try:
+        tp = plan_for_menu(build, batch, m, opts, budget, menu)
     except InfeasibleError:
         event("infeasible")
         return  # nothing of the menu fits: an error, never an inexpressible plan

@@ -71,6 +71,17 @@ class Menu:
     under their GEMMs: Megatron-LM `--tp-comm-overlap`, torchtitan `enable_async_tensor_parallel`
     with torch.compile); off by default in every engine, and never on in this engine's levers
     when it cannot say it."""
+    tp_comm_on: bool = False
+    """The run overlaps them (a user's choice, `with_overlaps`; no engine does by default)."""
+    grad_reduce_switch: tuple[int, ...] = ()
+    """ZeRO stages at which the configuration can turn the gradient-sync overlap on or off
+    (`with_overlaps`)."""
+    prefetch_switch: tuple[int, ...] = ()
+    """... the ZeRO-3 prefetch."""
+    p2p_switch: bool = False
+    """... the interleaved schedule's send overlap."""
+    prefetch_needs_grad_reduce: bool = False
+    """Its prefetch runs only with the gradient-sync overlap on (Megatron-LM)."""
 
     def engine_levers(
         self,
@@ -95,8 +106,39 @@ class Menu:
             overlap_p2p=self.overlap_p2p and virtual > 1,
             bucket_elements=bucket,
             tp_comm_overlap=(
-                levers.tp_comm_overlap and self.tp_comm_overlap and levers.sequence_parallel
+                (levers.tp_comm_overlap or self.tp_comm_on)
+                and self.tp_comm_overlap
+                and levers.sequence_parallel
             ),
+        )
+
+    def with_overlaps(self, chosen: Overlaps) -> Menu:
+        """This menu with the user's own overlap choices as its defaults (None: the engine's);
+        ArgumentError naming the flag when the configuration cannot say a choice."""
+        for flag, value, switch, default in (
+            ("grad-reduce", chosen.grad_reduce, self.grad_reduce_switch, self.overlap_grad_reduce),
+            ("prefetch", chosen.prefetch, self.prefetch_switch, self.prefetch),
+        ):
+            if value is not None and not switch and bool(default) != value:
+                raise _cannot(self, flag, value, default)
+        if chosen.p2p is not None and not self.p2p_switch and chosen.p2p != self.overlap_p2p:
+            raise _cannot(self, "p2p", chosen.p2p, self.overlap_p2p)
+        if chosen.tp_comm and not self.tp_comm_overlap:
+            raise _cannot(self, "tp-comm-overlap", True, False)
+        if chosen.prefetch and self.prefetch_needs_grad_reduce and not chosen.grad_reduce:
+            raise ArgumentError(
+                f"--prefetch: {self.engine} overlaps ZeRO-3's gathers only with the gradient sync "
+                "overlapped too (Megatron-LM asserts --overlap-param-gather with "
+                "--overlap-grad-reduce): add --overlap-grad-reduce"
+            )
+        return replace(
+            self,
+            overlap_grad_reduce=_switched(
+                self.overlap_grad_reduce, self.grad_reduce_switch, chosen.grad_reduce
+            ),
+            prefetch=_switched(self.prefetch, self.prefetch_switch, chosen.prefetch),
+            overlap_p2p=self.overlap_p2p if chosen.p2p is None else chosen.p2p,
+            tp_comm_on=bool(chosen.tp_comm),
         )
 
     def levers(self, stages: int, sharded_ways: bool = False) -> tuple[Levers, ...]:
@@ -114,6 +156,45 @@ class Menu:
     def sequence_parallel_at(self, tensor: int) -> bool:
         """Whether the layout of tensor degree `tensor` runs the sequence-parallel lever."""
         return self.tensor_needs_sequence_parallel and tensor > 1
+
+
+@dataclass(frozen=True, slots=True)
+class Overlaps:
+    """What a user's engine run overlaps, flag by flag (`--[no-]overlap-grad-reduce`,
+    `--[no-]overlap-p2p`, `--[no-]prefetch`, `--[no-]tp-comm-overlap`); None: the engine's
+    default (`Menu.with_overlaps`)."""
+
+    grad_reduce: bool | None = None
+    p2p: bool | None = None
+    prefetch: bool | None = None
+    tp_comm: bool | None = None
+
+
+def _switched(
+    default: tuple[int, ...], switch: tuple[int, ...], on: bool | None
+) -> tuple[int, ...]:
+    """The ZeRO stages overlapping once a user's choice `on` applies where it can be said."""
+    if on is None:
+        return default
+    kept = tuple(z for z in default if z not in switch)
+    return tuple(sorted(kept + (switch if on else ())))
+
+
+def _cannot(menu: Menu, flag: str, value: bool, default: object) -> ArgumentError:
+    said = {"grad-reduce": "overlap-grad-reduce", "p2p": "overlap-p2p"}.get(flag, flag)
+    said = f"--{'' if value else 'no-'}{said}"
+    return ArgumentError(
+        f"{said}: {menu.engine} {'always' if default else 'never'} {_WHAT[flag]} and its "
+        f"configuration has no switch for it (docs/engines.md); drop {said}"
+    )
+
+
+_WHAT = {
+    "grad-reduce": "overlaps the gradient sync with the backward",
+    "prefetch": "prefetches ZeRO-3's parameter gathers",
+    "p2p": "overlaps pipeline sends with compute",
+    "tp-comm-overlap": "overlaps sequence parallelism's collectives with their GEMMs",
+}
 
 
 def tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
@@ -182,6 +263,14 @@ MENUS: Mapping[str, Menu] = {
         # --tp-comm-overlap (megatron-core TransformerConfig.tp_comm_overlap; Megatron-LM asserts
         # --sequence-parallel with it and needs Transformer Engine's userbuffers)
         tp_comm_overlap=True,
+        # --overlap-grad-reduce at any ZeRO stage (DDP and Megatron-FSDP alike); the ZeRO-3
+        # gathers overlapped by --overlap-param-gather (megatron-core DistributedDataParallel-
+        # Config.overlap_param_gather), which Megatron-LM asserts only with --overlap-grad-reduce
+        # (megatron/training/arguments.py); the interleaved sends: --[no-]overlap-p2p-communication
+        grad_reduce_switch=(0, 1, 2, 3),
+        prefetch_switch=(3,),
+        prefetch_needs_grad_reduce=True,
+        p2p_switch=True,
     ),
     # DeepSpeed: zero_optimization.stage 0-3, but its PipelineEngine refuses ZeRO-2/3 with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
@@ -201,8 +290,11 @@ MENUS: Mapping[str, Menu] = {
         overlap_grad_reduce=(3,),
         bucket_elements=DEEPSPEED_REDUCE_BUCKET,
         prefetch=(3,),
-        # no tensor-parallel communication overlap in its config (tp_comm_overlap stays off)
+        # no tensor-parallel communication overlap in its config (tp_comm_overlap stays off);
+        # zero_optimization.overlap_comm switches the gradient-sync overlap at stages 1-3 (the
+        # stage-0 engine all-reduces after the backward)
         tp_comm_overlap=False,
+        grad_reduce_switch=(1, 2, 3),
     ),
 }
 
@@ -225,4 +317,4 @@ def get_menu(engine: str) -> Menu:
     return MENUS[engine]
 
 
-__all__ = ["MEGATRON_SIZE_FLAGS", "MENUS", "Menu", "get_menu", "tensor_degrees"]
+__all__ = ["MEGATRON_SIZE_FLAGS", "MENUS", "Menu", "Overlaps", "get_menu", "tensor_degrees"]

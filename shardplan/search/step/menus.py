@@ -484,11 +484,21 @@ def _menu_note(plan: TrainingPlan, menu: Menu, layout: Layout) -> str:
     sp_text += f", expert x{layout.expert}" if layout.expert > 1 else ""
     v = plan.virtual_stages
     v_text = f" with {v} chunks per stage (interleaved 1F1B)" if v > 1 else ""
+    hidden = [
+        what
+        for what, on in (
+            ("gradient sync", lv.overlap_grad_reduce),
+            ("pipeline sends", lv.overlap_p2p),
+            ("ZeRO-3 gathers", lv.prefetch and lv.zero == 3),
+            ("sequence-parallel collectives", lv.tp_comm_overlap),
+        )
+        if on
+    ]
     return (
         f"{menu.engine} layout: tensor x{layout.tensor}{sp_text}, "
         f"pipeline x{plan.pipeline_stages}{v_text}, "
         f"{plan.micro_batches} micro-batches, {lv.recompute.value} recomputation, ZeRO-{lv.zero} "
-        f"on every stage; {steps_note(plan)}"
+        f"on every stage; overlapped: {', '.join(hidden) or 'nothing'}; {steps_note(plan)}"
     )
 
 

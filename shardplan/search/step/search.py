@@ -113,6 +113,7 @@ def plan_training(
     progress: Progress | None = None,
     planner: Planner | None = None,
     stages: Sequence[int] | None = None,
+    overlap: Levers | None = None,
 ) -> TrainingPlan:
     """The pre-issue-22 entry point, kept for scripts: `search_step` on the Problem of these
     arguments (`sp.plan(build, mesh, method="step", batch=..., ...)` is the front door)."""
@@ -120,7 +121,7 @@ def plan_training(
     if probe is None:
         raise SolverError(f"the model builder returned no graph at the global batch {batch}")
     problem = Problem(probe, mesh, opts, budget, None, batch, build)
-    return search_step(problem, progress, planner, stages)
+    return search_step(problem, progress, planner, stages, overlap)
 
 
 def search_step(
