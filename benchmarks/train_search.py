@@ -286,35 +286,29 @@ def markdown(info: dict[str, Any], speed: list[dict[str, Any]], pub: list[dict[s
         " interleaved schedule's sends; gradient sync not overlapped), against the published"
         " configuration as run.\n\n"
     )
-    md += table(
-        ["run", "published step s", "--target megatron step s", "target / published",
-         "layout", "GB", "search s"],
-        [
-            [r["run"], f"{r['published_step_s']:.4g}", f"{r['target']['step_s']:.4g}",
-             f"{r['target']['ratio']:.3f}", r["target"]["notes"][0].split(" on every stage")[0],
-             f"{r['target']['memory_GB']:.3g}", f"{r['target']['search_s']:.1f}"]
-            for r in pub
-        ],
-    )  # fmt: skip
+    md += _target_table(pub, "target", "--target megatron step s")
     md += (
         "\n## `--target megatron --overlap-grad-reduce --overlap-p2p --tp-comm-overlap`\n\n"
         "The same engine menu with today's overlap flags as a Megatron-LM run would set them"
         " (`Menu.with_overlaps`: --overlap-grad-reduce, the interleaved sends, --tp-comm-overlap"
         " with sequence parallelism), against the published configuration as run.\n\n"
     )
-    md += table(
-        ["run", "published step s", "target + overlaps step s", "target + overlaps / published",
-         "layout", "GB", "search s"],
+    md += _target_table(pub, "target_overlaps", "target + overlaps step s")
+    return md
+
+
+def _target_table(pub: list[dict[str, Any]], key: str, step_header: str) -> str:
+    """The `--target` rows of `key` ("target", "target_overlaps") against the published step."""
+    return table(
+        ["run", "published step s", step_header, "target / published", "layout", "GB",
+         "search s"],
         [
-            [r["run"], f"{r['published_step_s']:.4g}", f"{r['target_overlaps']['step_s']:.4g}",
-             f"{r['target_overlaps']['ratio']:.3f}",
-             r["target_overlaps"]["notes"][0].split(" on every stage")[0],
-             f"{r['target_overlaps']['memory_GB']:.3g}",
-             f"{r['target_overlaps']['search_s']:.1f}"]
+            [r["run"], f"{r['published_step_s']:.4g}", f"{r[key]['step_s']:.4g}",
+             f"{r[key]['ratio']:.3f}", r[key]["notes"][0].split(" on every stage")[0],
+             f"{r[key]['memory_GB']:.3g}", f"{r[key]['search_s']:.1f}"]
             for r in pub
         ],
     )  # fmt: skip
-    return md
 
 
 if __name__ == "__main__":
