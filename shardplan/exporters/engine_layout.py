@@ -39,6 +39,7 @@ from shardplan.search import experts
 from shardplan.search.step.menus import Menu, graph_layers
 from shardplan.search.step.profiles import data_degrees, stage_tensor_degrees
 from shardplan.search.step.recipes import context_rounds, expert_dim, expert_parallel
+from shardplan.search.step.uneven import chunk_layers, stage_counts
 from shardplan.sharding import Strategy
 from shardplan.training import TrainingPlan
 
@@ -397,23 +398,22 @@ def _check_parallelism(tp: TrainingPlan, menu: Menu, lv: Levers, d: _Degrees) ->
 
 
 def _check_split(layers: tuple[int, ...], menu: Menu, virtual: int = 1) -> None:
-    """Megatron says first/last stage layer counts apart from an even middle (equal chunks when
-    interleaved); the others split pipelines evenly (DeepSpeed's type:transformer partition) or
-    by module list per chunk (torchtitan)."""
+    """Megatron says first/last stage layer counts apart from an even middle, each stage's
+    layers in `virtual` equal chunks (`uneven.chunk_layers`); the others split pipelines evenly
+    (DeepSpeed's type:transformer partition) or by module list per chunk (torchtitan)."""
     if menu.stage_layers == "any" or len(set(layers)) <= 1:
         return
-    if virtual > 1:
-        raise PlanError(
-            f"{menu.engine} cannot express layers per model chunk {list(layers)} with {virtual} "
-            f"chunks per stage (interleaving needs equal chunks); plan with `shardplan plan "
-            f"MODEL ... --target {menu.engine}`"
-        )
-    middle = layers[1:-1]
-    if menu.stage_layers == "first-last" and len(set(middle)) <= 1:
+    stages = len(layers) // virtual
+    counts = stage_counts(layers, stages)
+    middle = counts[1:-1]
+    equal = not any(c % virtual for c in counts) and layers == chunk_layers(counts, virtual)
+    if menu.stage_layers == "first-last" and len(set(middle)) <= 1 and equal:
         return
+    what = "per model chunk" if virtual > 1 else "per pipeline stage"
     raise PlanError(
-        f"{menu.engine} cannot express layers per pipeline stage {list(layers)}; plan with "
-        f"`shardplan plan MODEL ... --target {menu.engine}`"
+        f"{menu.engine} cannot express layers {what} {list(layers)}"
+        f"{f' with {virtual} chunks per stage' if virtual > 1 else ''}; plan with `shardplan "
+        f"plan MODEL ... --target {menu.engine}`"
     )
 
 

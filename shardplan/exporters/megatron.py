@@ -37,6 +37,7 @@ from shardplan.errors import PlanError
 from shardplan.exporters.engine_layout import EngineLayout, family, read_layout
 from shardplan.search.step.engine_menus import MEGATRON_SIZE_FLAGS
 from shardplan.search.step.menus import MENUS
+from shardplan.search.step.uneven import stage_counts
 from shardplan.training import TrainingPlan
 
 FSDP_STRATEGIES = {1: "optim", 2: "optim_grads", 3: "optim_grads_params"}
@@ -56,7 +57,7 @@ def megatron_flags(layout: EngineLayout, arch: Mapping[str, int] | None = None) 
         "--micro-batch-size", str(layout.micro_batch_size),
         "--global-batch-size", str(layout.batch),
     ]  # fmt: skip
-    first, last = _uneven(layout.layers)
+    first, last = _uneven(layout)
     if first is not None:
         flags += ["--decoder-first-pipeline-num-layers", str(first)]
     if last is not None:
@@ -155,13 +156,15 @@ _FAMILY_KWARGS: dict[str, dict[str, Any]] = {
 }
 
 
-def _uneven(layers: tuple[int, ...]) -> tuple[int | None, int | None]:
-    """First / last stage layer counts when they differ from the (even) middle."""
-    if len(set(layers)) <= 1:
+def _uneven(layout: EngineLayout) -> tuple[int | None, int | None]:
+    """First / last stage layer counts when they differ from the (even) middle (a stage's v
+    chunks summed)."""
+    counts = stage_counts(layout.layers, layout.pipeline)
+    if len(set(counts)) <= 1:
         return None, None
-    middle = layers[1:-1] or (None,)
-    first = layers[0] if layers[0] != middle[0] else None
-    last = layers[-1] if layers[-1] != middle[0] else None
+    middle = counts[1:-1] or (None,)
+    first = counts[0] if counts[0] != middle[0] else None
+    last = counts[-1] if counts[-1] != middle[0] else None
     return first, last
 
 
@@ -186,7 +189,7 @@ def megatron_kwargs(layout: EngineLayout, arch: Mapping[str, int] | None = None)
         kw["virtual_pipeline_model_parallel_size"] = layout.virtual
         kw["overlap_p2p_comm"] = layout.overlap_p2p or layout.pipeline <= 2
     kw.update(_moe(layout, arch))
-    first, last = _uneven(layout.layers)
+    first, last = _uneven(layout)
     if first is not None:
         kw["num_layers_in_first_pipeline_stage"] = first
     if last is not None:

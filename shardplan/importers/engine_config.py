@@ -30,6 +30,7 @@ from shardplan.errors import ArgumentError, PlanError
 from shardplan.mesh import Mesh
 from shardplan.search.step.engine_menus import MEGATRON_SIZE_FLAGS
 from shardplan.search.step.menus import Layout
+from shardplan.search.step.uneven import chunk_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +146,11 @@ class EngineConfig:
         said = "--decoder-first/last-pipeline-num-layers"
         if layers is None or n < 2:
             raise PlanError(f"{said} need pipeline stages (--pipeline-model-parallel-size > 1)")
-        if self.virtual > 1 or self.layers_per_chunk is not None:
-            raise PlanError(f"{said} with interleaved chunks: shardplan scores them with 1F1B")
+        if self.layers_per_chunk is not None:  # as Megatron-LM asserts
+            raise PlanError(
+                f"{said} with --num-layers-per-virtual-pipeline-stage: Megatron-LM takes "
+                "--num-virtual-stages-per-pipeline-rank with uneven stages"
+            )
         if n == 2:  # one of them fixes the other
             first = layers - last if first is None and last is not None else first
             last = layers - first if last is None and first is not None else last
@@ -160,7 +164,12 @@ class EngineConfig:
         even = rest // middle if middle else 0
         counts = (first if first is not None else even, *[even] * (n - 2))
         counts += (last if last is not None else even,) if n > 1 else ()
-        return counts if len(set(counts)) > 1 else ()
+        if len(set(counts)) <= 1:
+            return ()
+        try:  # each stage's layers in v equal chunks, as megatron-core's TransformerConfig checks
+            return chunk_layers(counts, self.virtual)
+        except PlanError as err:
+            raise PlanError(f"{said} {first}/{last}: {err}") from None
 
     def _virtual(self, layers: int | None) -> int:
         per = self.layers_per_chunk

@@ -294,3 +294,27 @@ def test_megatron_core_accepts_an_uneven_first_last_cut(tmp_path: Path) -> None:
     good, rejected = run_checks([ok, bad], tmp_path)
     assert good["ok"], good
     assert not rejected["ok"], rejected
+
+
+def test_megatron_core_accepts_an_uneven_interleaved_cut(tmp_path: Path) -> None:
+    """Ten layers on four stages of two chunks, 4-2-2-2 (`uneven.chunk_layers`): megatron-core's
+    TransformerConfig accepts the exported first count with the virtual degree, and rejects a
+    first count its two chunks cannot share equally (3)."""
+    pytest.importorskip("megatron.core", reason="megatron-core: pip install 'shardplan[engines]'")
+    from shardplan.search.step.uneven import chunk_layers
+
+    ten = lambda b: zoo.build("gpt2-small", batch=b, small=True, layers=10)  # noqa: E731
+    layout = Layout(1, 4, 8, Levers(N, 1), 2, stage_layers=chunk_layers((4, 2, 2, 2), 2))
+    tp = layout_plan(ten(BATCH // 8), BATCH, MESH, OPTS, layout, MENUS["megatron"])
+    assert tp is not None
+    lay = read_layout(training_json.from_json(training_json.to_json(tp)), MENUS["megatron"])
+    kw = megatron.megatron_kwargs(lay, architecture("gpt2-small", True, {"layers": 10}))
+    assert kw["num_layers_in_first_pipeline_stage"] == 4
+    assert "num_layers_in_last_pipeline_stage" not in kw
+    assert kw["virtual_pipeline_model_parallel_size"] == 2
+    ok = {"engine": "megatron", "repo": str(REPO), "kwargs": kw, "world": MESH.size}
+    ok |= {"global_batch_size": BATCH, "micro_batch_size": lay.micro_batch_size}
+    bad = {**ok, "kwargs": {**kw, "num_layers_in_first_pipeline_stage": 3}}
+    good, rejected = run_checks([ok, bad], tmp_path)
+    assert good["ok"], good
+    assert not rejected["ok"], rejected

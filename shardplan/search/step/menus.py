@@ -1,31 +1,31 @@
 """Engine menus: the training plans torchtitan, Megatron-LM and DeepSpeed can express, searched.
 
-An engine's `Menu` (search/step/engine_menus.py) says what its configuration can express.
-Every engine configures one layout for the whole run:
-a tensor-parallel degree t (the innermost rounds of the mesh, Megatron-style cuts,
-`experts.megatron`), a pipeline degree S over the outermost axis with v model chunks per stage
-(interleaved 1F1B where the engine can say it) of an equal number of transformer layers (the
-embedding on the first chunk, the head on the last), data parallelism on the remaining ways, m
-micro-batches, sequence parallelism on or off where the engine can say it, context or expert
-parallelism over data-parallel rounds where it can say them (`_candidates`), and one
+An engine's `Menu` (search/step/engine_menus.py) says what its configuration can express. Every
+engine configures one layout for the whole run: a tensor-parallel degree t (the innermost rounds of
+the mesh, Megatron-style cuts, `experts.megatron`), a pipeline degree S over the outermost axis with
+v model chunks per stage (interleaved 1F1B where the engine can say it) of an equal number of
+transformer layers (the embedding on the first chunk, the head on the last), data parallelism on the
+remaining ways, m micro-batches, sequence parallelism on or off where the engine can say it, context
+or expert parallelism over data-parallel rounds where it can say them (`_candidates`), and one
 recomputation mode and ZeRO stage on every stage. `plan_for_menu` searches exactly that space with
-the step model (cost/step.py): for each S dividing the outer axis and the layer count (or, where
-the engine can say uneven stages, any S up to the layer count, the first and last stage apart from
-an even middle: `first_last_layers`), each allowed t, each per-rank micro-batch size in
-MICRO_BATCH_SIZES that divides the batch, each v with S x v dividing the layers and m a multiple of
-S (Megatron-LM's rule), the chunks are priced by the step search's `StageProfiler` under the expert
-(chunks of one structure once, long runs of layers extrapolated from two), and the allowed lever
-with the shortest step that fits the budget is kept; layouts run in order of the training search's
-lower bound (m + (S - 1)/v slots of the heaviest device's roofline compute, search/step/layouts.py)
-and the search stops when the bound reaches the best step found; the winner is then built and
-priced whole (`layout_plan`, also used to score a user's config; context and expert parallelism
-there too).
-Layers are the longest periodic run of segment fingerprints (`layer_split`), so no op name is
-read. Each engine's levers carry what it overlaps by default (`Menu.engine_levers`,
-`cost.overlap`): torchtitan its DDP / FSDP2 gradient sync and FSDP2 prefetch, DeepSpeed ZeRO-3's
-`overlap_comm` and prefetch, Megatron-LM its interleaved schedule's sends. Cost: O(layouts
-reached x chunks) step-model sums plus O((S, t, micro-batch size) x distinct chunk structures x
-ops of four layers) chunk pricing.
+the step model (cost/step.py): for each S dividing the outer axis and the layer count (or, where the
+engine can say uneven stages, any S up to the layer count, the first and last stage apart from an
+even middle, each stage's layers in v equal chunks: `uneven.first_last_layers`), each allowed t,
+each per-rank micro-batch size in MICRO_BATCH_SIZES that divides the batch, each v with S x v
+dividing the layers and m a multiple of S (Megatron-LM's rule), the chunks are priced by the step
+search's `StageProfiler` under the expert (chunks of one structure once, long runs of layers
+extrapolated from two), and the allowed lever with the shortest step that fits the budget is kept;
+layouts run in order of the training search's lower bound (m + (S - 1)/v slots of the heaviest
+device's roofline compute, search/step/layouts.py) and the search stops when the bound reaches the
+best step found; the winner is then built and priced whole (`layout_plan`, also used to score a
+user's config; context and expert parallelism there too). Layers are the longest periodic run of
+segment fingerprints (`layer_split`), so no op name is read. Each engine's levers carry what it
+overlaps by default (`Menu.engine_levers`, `cost.overlap`): torchtitan its DDP / FSDP2 gradient sync
+and FSDP2 prefetch, DeepSpeed ZeRO-3's `overlap_comm` and prefetch, Megatron-LM its interleaved
+schedule's sends. The user's own overlap flags replace those defaults where the engine's
+configuration has the switch (`Menu.with_overlaps`). Cost: O(layouts reached x chunks) step-model
+sums plus O((S, t, micro-batch size) x distinct chunk structures x ops of four layers) chunk
+pricing.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ from shardplan.search.step.profiles import (
 )
 from shardplan.search.step.recipes import context_rounds, expert_parallel
 from shardplan.search.step.stages import (
-    aligned_starts,
     segment_flops,
     stage_mesh,
     tokens_per_sample,
@@ -72,6 +71,7 @@ from shardplan.search.step.structure import (
     layer_split,
     segment_prints,
 )
+from shardplan.search.step.uneven import chunk_layers, chunk_starts, first_last_layers
 from shardplan.sharding import Strategy
 from shardplan.training import Stage, TrainingPlan, at_precision, pipeline_cut
 
@@ -293,58 +293,6 @@ def layout_step(
     return None if best is None else (best[0], best[1], starts)
 
 
-def chunk_starts(split: LayerSplit, chunks: int, stage_layers: tuple[int, ...] = ()) -> list[int]:
-    """The first segment of each of `chunks` chunks: equal layers, or `stage_layers` per chunk
-    (the embedding with the first, the head with the last); PlanError when they do not add up."""
-    if not stage_layers:
-        starts = aligned_starts(split, chunks)
-        if starts is None:
-            said = f"{chunks} pipeline chunks"
-            raise PlanError(f"{split.layers} layers do not split evenly over {said}")
-        return starts
-    if len(stage_layers) != chunks or sum(stage_layers) != split.layers or min(stage_layers) < 1:
-        raise PlanError(
-            f"layers per pipeline chunk {list(stage_layers)} must be {chunks} counts of at least "
-            f"1 adding up to the model's {split.layers} layers"
-        )
-    ends = itertools.accumulate(stage_layers[:-1])
-    return [0, *(split.layer_start(k) for k in ends)]
-
-
-def first_last_layers(
-    split: LayerSplit, stages: int, segment_cost: list[float]
-) -> tuple[int, ...] | None:
-    """Megatron-LM's uneven cut of `stages` pipeline stages (`--decoder-first/last-pipeline-num-
-    layers`): k whole layers on each middle stage, the rest on the first and last (with the
-    embedding and the head), f and l >= 1; the (f, k, l) whose heaviest stage costs least
-    (`segment_cost` per segment, FLOPs); the even cut, where there is one, unless it is
-    strictly heavier; then ties to the first in (k, f) order. None when no cut beats the even
-    one. O(layers^2 / stages) cuts of O(stages) each."""
-    layers = split.layers
-    if stages < 2 or layers < stages:
-        return None
-    upto = [0.0, *itertools.accumulate(segment_cost)]
-
-    def heaviest(counts: tuple[int, ...]) -> float:
-        starts = chunk_starts(split, stages, counts)
-        ends = [*starts[1:], len(segment_cost)]
-        return max(upto[e] - upto[a] for a, e in zip(starts, ends, strict=True))
-
-    even = (layers // stages,) * stages
-    best = (heaviest(even), even) if layers % stages == 0 else None
-    middle = stages - 2
-    for k in range(1, layers // max(middle, 1) + 1) if middle else [0]:
-        rest = layers - middle * k
-        for f in range(1, rest):
-            counts = (f, *([k] * middle), rest - f)
-            cost = heaviest(counts)
-            if best is None or cost < best[0] * (1 - 1e-12):
-                best = (cost, counts)
-    if best is None or len(set(best[1])) == 1:
-        return None
-    return best[1]
-
-
 def gradient_width(graph: Graph, opts: CostOptions) -> int:
     """Bytes per gradient element (the first parameter's): what sizes an engine's buckets."""
     params = graph.parameters
@@ -506,14 +454,15 @@ def _candidates(
     probe: Graph, split: LayerSplit, batch: int, mesh: Mesh, opts: CostOptions, menu: Menu
 ) -> list[tuple[float, int, int, int, int, bool, int, int, tuple[int, ...]]]:
     """(lower bound of the step, S, t, m, v, sequence parallel, expert ways, context ways, layers
-    per stage when uneven) of every layout, by bound (then S, t, m, v, SP off first, e, c, even
+    per chunk when uneven) of every layout, by bound (then S, t, m, v, SP off first, e, c, even
     first): m + (S - 1)/v
     slots of the heaviest device's compute with every op split ideally over m x the stage's
     devices (the training search's bound, search/step/layouts.py), chunks as `layout_plan` cuts
     them. Even layers per chunk where S x v divides them; where the engine can say uneven stages,
-    also Megatron-LM's first / last cut (`first_last_layers`, v = 1), so a model whose layers S
-    does not divide still runs S stages. v > 1 where the engine can say interleaving, the layers
-    split evenly over S x v chunks and m is a multiple of S (Megatron-LM's rule); SP on and off
+    also Megatron-LM's first / last cut for each v (`uneven.first_last_layers`: each stage's
+    layers in v equal chunks), so a model whose layers S does not divide still runs S stages,
+    interleaved too. v > 1 where the engine can say interleaving and m is a multiple of S
+    (Megatron-LM's rule); SP on and off
     where the engine can say it (always on where its tensor parallelism needs it); expert
     parallelism e > 1 where it can say it and the model has expert layers, e a product of the
     data-parallel rounds next to tensor parallelism dividing every expert count
@@ -533,10 +482,13 @@ def _candidates(
             for v in range(1, split.layers // n + 1)
             if split.layers % (n * v) == 0 and (v == 1 or (menu.virtual and n > 1))
         ]
-        uneven = _uneven_layers(probe, segs, split, n, menu)
-        if uneven:  # first and last stages apart (one chunk per stage)
-            starts = chunk_starts(split, n, uneven)
-            chunkings.append((1, uneven, [*(segs[k].start for k in starts), len(probe.ops)]))
+        for v in range(1, split.layers // n + 1) if menu.stage_layers != "even" else ():
+            if v > 1 and not menu.virtual:
+                break
+            uneven = _uneven_layers(probe, segs, split, n, v)
+            if uneven:  # first and last stages apart, each stage's layers in v equal chunks
+                starts = chunk_starts(split, n * v, uneven)
+                chunkings.append((v, uneven, [*(segs[k].start for k in starts), len(probe.ops)]))
         for t in menu.tensor_degrees(smesh):
             es = [1] + [
                 d for d in data_degrees(smesh, t) if experts and all(x % d == 0 for x in experts)
@@ -578,13 +530,13 @@ def _context_fill(batch: int, data: int, smesh: Mesh, tensor: int, menu: Menu) -
 
 
 def _uneven_layers(
-    probe: Graph, segs: tuple[Segment, ...], split: LayerSplit, stages: int, menu: Menu
+    probe: Graph, segs: tuple[Segment, ...], split: LayerSplit, stages: int, virtual: int
 ) -> tuple[int, ...]:
-    """`first_last_layers` of `stages` stages where `menu` can say uneven stages (Megatron-LM's
-    first / last counts, torchtitan's module lists); () where not, or no such cut differs."""
-    if menu.stage_layers == "even":
-        return ()
-    return first_last_layers(split, stages, segment_flops(probe, segs)) or ()
+    """Layers per model chunk of `first_last_layers` on `stages` stages with `virtual` chunks
+    each (Megatron-LM's first / last counts, torchtitan's module lists); () where no such cut
+    beats the even one."""
+    counts = first_last_layers(split, stages, segment_flops(probe, segs), virtual)
+    return chunk_layers(counts, virtual) if counts else ()
 
 
 __all__ = [
