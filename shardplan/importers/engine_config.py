@@ -392,6 +392,9 @@ def read_megatron(text: str) -> EngineConfig:
     if "--use-distributed-optimizer" in switches:
         zero = max(zero, 1)
     zero = max(zero, _fsdp_zero(values, switches))
+    prefetch = _param_gather(switches)
+    if prefetch and zero < 3:  # the distributed optimizer's one gather per step: not modelled
+        ignored.append("--overlap-param-gather")
     dtype = "bf16" if "--bf16" in switches else "fp16" if "--fp16" in switches else None
     chunks = _megatron_chunks(values, switches)
     arch = tuple(
@@ -409,7 +412,7 @@ def read_megatron(text: str) -> EngineConfig:
         (),
         tuple(ignored),
         overlap_grad_reduce=True if "--overlap-grad-reduce" in switches else None,
-        prefetch=_param_gather(switches),
+        prefetch=prefetch,
         arch=arch,
         **chunks,
     )

@@ -97,6 +97,8 @@ def test_megatron_fsdp_prefetch_exports_and_reads_back(tmp_path, capsys):
     assert steps[True] < steps[False]  # ZeRO-3's gathers and the gradient sync hidden
     with pytest.raises(ArgumentError, match="add --overlap-grad-reduce"):
         read_engine_config("--use-megatron-fsdp --overlap-param-gather --bf16\n")
+    zero1 = "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16\n"
+    assert read_engine_config(zero1).ignored == ("--overlap-param-gather",)  # not modelled there
 
 
 def test_a_plan_priced_with_an_overlap_the_engine_does_not_run_is_not_exported():

@@ -170,8 +170,8 @@ def test_first_last_layers_balances_the_embedding_and_head_by_hand() -> None:
     """Six unit-cost layers, a free embedding and a head costing one layer: four stages are
     best cut 1-2-2-1 (heaviest 2: the head beside one layer), five 2-1-1-1-1; on three and two
     stages no first / last cut beats the even one (heaviest 3 and 4)."""
-    from shardplan.search.step.uneven import first_last_layers
     from shardplan.search.step.structure import LayerSplit
+    from shardplan.search.step.uneven import first_last_layers
 
     split = LayerSplit(first=1, period=1, layers=6, segments=8)
     cost = [0.0, 1, 1, 1, 1, 1, 1, 1]
@@ -236,8 +236,8 @@ def test_llama3_405b_on_16_stages_is_cut_as_meta_cut_it() -> None:
     3 Herd of Models", 2024, section 3.3.2: one layer fewer on the first and the last stage,
     which hold the embedding and the head), 7 + 14 x 8 + 7."""
     from shardplan.ir.segments import segments
-    from shardplan.search.step.uneven import first_last_layers
     from shardplan.search.step.stages import segment_flops
+    from shardplan.search.step.uneven import first_last_layers
 
     probe = zoo.build("llama3-405b", batch=1)
     split = graph_layers(probe)
