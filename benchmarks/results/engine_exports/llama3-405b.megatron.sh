@@ -1,17 +1,15 @@
 --tensor-model-parallel-size 8 \
---pipeline-model-parallel-size 1 \
+--pipeline-model-parallel-size 4 \
 --micro-batch-size 1 \
 --global-batch-size 2048 \
+--decoder-last-pipeline-num-layers 18 \
 --bf16 \
 --recompute-granularity full \
 --recompute-method uniform \
 --recompute-num-layers 1 \
 --use-distributed-optimizer \
---use-megatron-fsdp \
---data-parallel-sharding-strategy optim_grads_params \
---ckpt-format fsdp_dtensor \
---no-gradient-accumulation-fusion \
 --sequence-parallel \
+--num-virtual-stages-per-pipeline-rank 18 \
 --num-layers 126 \
 --hidden-size 16384 \
 --num-attention-heads 128 \

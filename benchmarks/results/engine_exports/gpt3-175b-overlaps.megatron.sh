@@ -1,0 +1,19 @@
+--tensor-model-parallel-size 4 \
+--pipeline-model-parallel-size 1 \
+--micro-batch-size 2 \
+--global-batch-size 1536 \
+--bf16 \
+--recompute-granularity selective \
+--use-distributed-optimizer \
+--use-megatron-fsdp \
+--data-parallel-sharding-strategy optim_grads_params \
+--ckpt-format fsdp_dtensor \
+--no-gradient-accumulation-fusion \
+--sequence-parallel \
+--overlap-grad-reduce \
+--overlap-param-gather \
+--num-layers 96 \
+--hidden-size 12288 \
+--num-attention-heads 96 \
+--seq-length 2048 \
+--max-position-embeddings 2048

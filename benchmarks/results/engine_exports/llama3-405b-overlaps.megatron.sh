@@ -1,0 +1,29 @@
+--tensor-model-parallel-size 8 \
+--pipeline-model-parallel-size 1 \
+--micro-batch-size 1 \
+--global-batch-size 2048 \
+--bf16 \
+--recompute-granularity full \
+--recompute-method uniform \
+--recompute-num-layers 1 \
+--use-distributed-optimizer \
+--use-megatron-fsdp \
+--data-parallel-sharding-strategy optim_grads_params \
+--ckpt-format fsdp_dtensor \
+--no-gradient-accumulation-fusion \
+--sequence-parallel \
+--overlap-grad-reduce \
+--overlap-param-gather \
+--num-layers 126 \
+--hidden-size 16384 \
+--num-attention-heads 128 \
+--seq-length 8192 \
+--max-position-embeddings 8192 \
+--ffn-hidden-size 53248 \
+--group-query-attention \
+--num-query-groups 8 \
+--swiglu \
+--normalization RMSNorm \
+--position-embedding-type rope \
+--disable-bias-linear \
+--untie-embeddings-and-output-weights

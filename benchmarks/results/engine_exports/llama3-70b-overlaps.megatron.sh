@@ -1,0 +1,27 @@
+--tensor-model-parallel-size 4 \
+--pipeline-model-parallel-size 1 \
+--micro-batch-size 1 \
+--global-batch-size 512 \
+--bf16 \
+--recompute-granularity selective \
+--use-distributed-optimizer \
+--use-megatron-fsdp \
+--data-parallel-sharding-strategy optim_grads_params \
+--ckpt-format fsdp_dtensor \
+--no-gradient-accumulation-fusion \
+--sequence-parallel \
+--overlap-grad-reduce \
+--overlap-param-gather \
+--num-layers 80 \
+--hidden-size 8192 \
+--num-attention-heads 64 \
+--seq-length 8192 \
+--max-position-embeddings 8192 \
+--ffn-hidden-size 28672 \
+--group-query-attention \
+--num-query-groups 8 \
+--swiglu \
+--normalization RMSNorm \
+--position-embedding-type rope \
+--disable-bias-linear \
+--untie-embeddings-and-output-weights
