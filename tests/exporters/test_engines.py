@@ -273,48 +273,38 @@ def test_deepspeed_runs_a_step_under_the_export_on_gloo(tmp_path: Path, zero: in
         assert r["train_batch_size"] == 16 and r["gradient_accumulation_steps"] == 2
 
 
-def test_megatron_core_accepts_an_uneven_first_last_cut(tmp_path: Path) -> None:
-    """Six layers on four pipeline stages, cut 1-2-2-1 by the menu: megatron-core's own
-    TransformerConfig accepts the exported first / last counts at the plan's world, and
-    rejects counts that leave the middle stages uneven (first 2, last 1: 3 layers over 2)."""
-    pytest.importorskip("megatron.core", reason="megatron-core: pip install 'shardplan[engines]'")
-    six = lambda b: zoo.build("gpt2-small", batch=b, small=True, layers=6)  # noqa: E731
-    layout = Layout(1, 4, 8, Levers(N, 1), stage_layers=(1, 2, 2, 1))
-    tp = layout_plan(six(BATCH // 8), BATCH, MESH, OPTS, layout, MENUS["megatron"])
-    assert tp is not None
-    lay = read_layout(training_json.from_json(training_json.to_json(tp)), MENUS["megatron"])
-    kw = megatron.megatron_kwargs(lay, architecture("gpt2-small", True, {"layers": 6}))
-    assert (kw["num_layers_in_first_pipeline_stage"], kw["num_layers_in_last_pipeline_stage"]) == (
-        1,
-        1,
-    )
-    ok = {"engine": "megatron", "repo": str(REPO), "kwargs": kw, "world": MESH.size}
-    ok |= {"global_batch_size": BATCH, "micro_batch_size": lay.micro_batch_size}
-    bad = {**ok, "kwargs": {**kw, "num_layers_in_first_pipeline_stage": 2}}
-    good, rejected = run_checks([ok, bad], tmp_path)
-    assert good["ok"], good
-    assert not rejected["ok"], rejected
+_FIRST, _LAST = "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"
+_VPP = "virtual_pipeline_model_parallel_size"
 
 
-def test_megatron_core_accepts_an_uneven_interleaved_cut(tmp_path: Path) -> None:
-    """Ten layers on four stages of two chunks, 4-2-2-2 (`uneven.chunk_layers`): megatron-core's
-    TransformerConfig accepts the exported first count with the virtual degree, and rejects a
-    first count its two chunks cannot share equally (3)."""
+@pytest.mark.parametrize(
+    ("layers", "virtual", "counts", "expect", "bad_first"),
+    [
+        # 1-2-2-1 by the menu; first 2 leaves 3 layers over the 2 middle stages
+        (6, 1, (1, 2, 2, 1), {_FIRST: 1, _LAST: 1}, 2),
+        # 4-2-2-2 in two chunks per stage (`uneven.chunk_layers`); a first 3 is no 2 equal chunks
+        (10, 2, (4, 2, 2, 2), {_FIRST: 4, _LAST: None, _VPP: 2}, 3),
+    ],
+)
+def test_megatron_core_accepts_an_uneven_cut(
+    tmp_path: Path, layers: int, virtual: int, counts: tuple, expect: dict, bad_first: int
+) -> None:
+    """An uneven first / last cut, plain and interleaved: megatron-core's own TransformerConfig
+    accepts the exported counts at the plan's world and rejects a first count it cannot lay
+    out."""
     pytest.importorskip("megatron.core", reason="megatron-core: pip install 'shardplan[engines]'")
     from shardplan.search.step.uneven import chunk_layers
 
-    ten = lambda b: zoo.build("gpt2-small", batch=b, small=True, layers=10)  # noqa: E731
-    layout = Layout(1, 4, 8, Levers(N, 1), 2, stage_layers=chunk_layers((4, 2, 2, 2), 2))
-    tp = layout_plan(ten(BATCH // 8), BATCH, MESH, OPTS, layout, MENUS["megatron"])
+    graph = zoo.build("gpt2-small", batch=BATCH // 8, small=True, layers=layers)
+    layout = Layout(1, 4, 8, Levers(N, 1), virtual, stage_layers=chunk_layers(counts, virtual))
+    tp = layout_plan(graph, BATCH, MESH, OPTS, layout, MENUS["megatron"])
     assert tp is not None
     lay = read_layout(training_json.from_json(training_json.to_json(tp)), MENUS["megatron"])
-    kw = megatron.megatron_kwargs(lay, architecture("gpt2-small", True, {"layers": 10}))
-    assert kw["num_layers_in_first_pipeline_stage"] == 4
-    assert "num_layers_in_last_pipeline_stage" not in kw
-    assert kw["virtual_pipeline_model_parallel_size"] == 2
+    kw = megatron.megatron_kwargs(lay, architecture("gpt2-small", True, {"layers": layers}))
+    assert {k: kw.get(k) for k in expect} == expect
     ok = {"engine": "megatron", "repo": str(REPO), "kwargs": kw, "world": MESH.size}
     ok |= {"global_batch_size": BATCH, "micro_batch_size": lay.micro_batch_size}
-    bad = {**ok, "kwargs": {**kw, "num_layers_in_first_pipeline_stage": 3}}
+    bad = {**ok, "kwargs": {**kw, _FIRST: bad_first}}
     good, rejected = run_checks([ok, bad], tmp_path)
     assert good["ok"], good
     assert not rejected["ok"], rejected
