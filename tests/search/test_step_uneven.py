@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardplan import zoo
 from shardplan.cli.main import main
@@ -18,7 +20,12 @@ from shardplan.exporters.torchtitan import to_torchtitan
 from shardplan.mesh import parse_mesh
 from shardplan.search.step.menus import MENUS, Layout, _candidates, graph_layers, layout_plan
 from shardplan.search.step.structure import LayerSplit
-from shardplan.search.step.uneven import chunk_layers, first_last_layers, stage_counts
+from shardplan.search.step.uneven import (
+    chunk_layers,
+    chunk_starts,
+    first_last_layers,
+    stage_counts,
+)
 
 OPTS = CostOptions.make("shardplan", True, "adam", "bf16")
 
@@ -97,3 +104,55 @@ def test_an_uneven_interleaved_layout_exports_and_reads_back(tmp_path, capsys):
     )
     assert main([*plan, "--from-config", str(flags)]) == 5  # 3 is not 2 equal chunks
     assert "do not split into 2 equal chunks" in capsys.readouterr().err
+
+
+def _oracle(costs: list[float], stages: int, virtual: int) -> float | None:
+    """The least heaviest-stage cost over every first / middle / last cut (multiples of
+    `virtual`, the middle even, the even cut included), each layer placed by walking megatron-
+    core's interleaved order directly: virtual round j, stage s, its count / v layers."""
+    layers = len(costs) - 2
+    best = None
+    for first in range(virtual, layers + 1, virtual):
+        for last in range(virtual, layers - first + 1, virtual):
+            middle, rest = stages - 2, layers - first - last
+            if (middle == 0 and rest) or (middle and (rest % (middle * virtual) or rest == 0)):
+                continue
+            counts = [first, *[rest // middle] * middle, last] if middle else [first, last]
+            load = [0.0] * stages
+            load[0], load[-1] = costs[0], costs[-1]  # the embedding and the head
+            layer = 1
+            for _ in range(virtual):
+                for s, count in enumerate(counts):
+                    for _ in range(count // virtual):
+                        load[s] += costs[layer]
+                        layer += 1
+            best = max(load) if best is None else min(best, max(load))
+    return best
+
+
+@settings(deadline=None)
+@given(
+    layers=st.integers(2, 14),
+    stages=st.integers(2, 5),
+    virtual=st.integers(1, 3),
+    seed=st.lists(st.integers(1, 9), min_size=16, max_size=16),
+)
+def test_first_last_layers_is_the_best_first_last_cut(layers, stages, virtual, seed):
+    """Against an oracle walking every cut Megatron-LM can say: the cut found (or the even one
+    when none is returned) has the least heaviest stage, and its counts are sayable."""
+    costs = [float(seed[0] % 3), *map(float, seed[1 : layers + 1]), float(seed[-1])]
+    split = LayerSplit(first=1, period=1, layers=layers, segments=layers + 2)
+    found = first_last_layers(split, stages, costs, virtual)
+    best = _oracle(costs, stages, virtual)
+    if found is None:  # no cut at all, or none beats the even one
+        if best is None:
+            return
+        assert layers % (stages * virtual) == 0
+        found = (layers // stages,) * stages
+    assert sum(found) == layers and all(c % virtual == 0 and c >= virtual for c in found)
+    assert len(set(found[1:-1])) <= 1
+    starts = chunk_starts(split, stages * virtual, chunk_layers(found, virtual))
+    ends = [*starts[1:], len(costs)]
+    chunk = [sum(costs[a:e]) for a, e in zip(starts, ends, strict=True)]
+    heaviest = max(sum(chunk[s::stages]) for s in range(stages))
+    assert best is not None and heaviest == pytest.approx(best)
