@@ -161,17 +161,14 @@ def _layers(build: Callable[[int], Graph | None], batch: int, counted: bool) -> 
 def _engine_layout(
     cfg: EngineConfig, layout: Layout, graph: Graph, mesh: Mesh, opts: CostOptions
 ) -> Layout:
-    """`layout` with what the engine overlaps by default, or the config's own choice."""
+    """`layout` with what the engine overlaps: the config's own choices where it says them
+    (`Menu.with_overlaps`), else the engine's defaults."""
     from shardplan.search.step.menus import get_menu, gradient_width
 
     data = mesh.size // (layout.tensor * layout.pipeline * layout.context)
-    chosen = Overlaps(grad_reduce=cfg.overlap_grad_reduce, prefetch=cfg.prefetch)
+    chosen = Overlaps(cfg.overlap_grad_reduce, cfg.overlap_p2p, cfg.prefetch)
     menu = get_menu(cfg.engine).with_overlaps(chosen)
-    levers = menu.engine_levers(
-        layout.levers, gradient_width(graph, opts), layout.virtual, data, cfg.overlap_grad_reduce
-    )
-    if cfg.overlap_p2p is not None:  # the config's own choice (the interleaved schedule only)
-        levers = replace(levers, overlap_p2p=cfg.overlap_p2p and layout.virtual > 1)
+    levers = menu.engine_levers(layout.levers, gradient_width(graph, opts), layout.virtual, data)
     return replace(layout, levers=levers)
 
 

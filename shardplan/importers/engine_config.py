@@ -307,6 +307,12 @@ def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
     dtype = "bf16" if data.get("bf16", {}).get("enabled") else None
     dtype = "fp16" if data.get("fp16", {}).get("enabled") else dtype
     batch = data.get("train_batch_size")
+    notes = ["tensor degree from tensor_parallel.autotp_size (Megatron-DeepSpeed sets it by flag)"]
+    if overlap and not zero:  # `Menu.with_overlaps`: its switch is at stages 1-3
+        notes.append(
+            "zero_optimization.overlap_comm at stage 0: DeepSpeed's stage-0 engine "
+            "all-reduces after the backward, so the gradient sync is priced exposed"
+        )
     return EngineConfig(
         "deepspeed",
         _int(data.get("tensor_parallel", {}).get("autotp_size", 1), "autotp_size"),
@@ -316,7 +322,7 @@ def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
         Recompute.FULL if "activation_checkpointing" in data else Recompute.NONE,
         _int(zero, "zero_optimization.stage") if zero else 0,
         dtype,
-        ("tensor degree from tensor_parallel.autotp_size (Megatron-DeepSpeed sets it by flag)",),
+        tuple(notes),
         overlap_grad_reduce=overlap,
     )
 

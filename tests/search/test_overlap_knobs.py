@@ -16,6 +16,7 @@ from shardplan.cost.step import Recompute
 from shardplan.errors import PlanError, ShardplanError
 from shardplan.ir import GraphBuilder
 from shardplan.mesh import Mesh, parse_mesh
+from shardplan.search.step.engine_menus import Overlaps
 from shardplan.search.step.menus import MENUS
 from shardplan.search.step.recipes import megatron_recipe
 
@@ -126,14 +127,21 @@ def test_a_configurations_own_overlap_choice_and_its_engines_bucket():
     mg = read_engine_config("--tensor-model-parallel-size 2 --overlap-grad-reduce --bf16")
     assert mg.overlap_grad_reduce is True and "--overlap-grad-reduce" not in mg.ignored
     assert read_engine_config("--tensor-model-parallel-size 2").overlap_grad_reduce is None
-    lv = MENUS["megatron"].engine_levers(Levers(), 2, data=64, grad_reduce=True)
+    on = Overlaps(grad_reduce=True)  # the configuration's own choice
+    lv = MENUS["megatron"].with_overlaps(on).engine_levers(Levers(), 2, data=64)
     assert (lv.overlap_grad_reduce, lv.bucket_elements) == (True, 64_000_000)  # 1e6 x dp
     ds = read_engine_config(
         '{"train_batch_size": 8, "zero_optimization": {"stage": 1, "overlap_comm": true}}'
     )
     assert ds.overlap_grad_reduce is True
-    lv = MENUS["deepspeed"].engine_levers(Levers(zero=1), 2, grad_reduce=True)
+    lv = MENUS["deepspeed"].with_overlaps(on).engine_levers(Levers(zero=1), 2)
     assert lv.bucket_elements == 500_000_000  # DeepSpeed's reduce_bucket_size
+    # its stage-0 engine all-reduces after the backward: overlap_comm there is said, not run
+    assert not MENUS["deepspeed"].with_overlaps(on).engine_levers(Levers(zero=0), 2).overlaps
+    ds0 = read_engine_config(
+        '{"train_batch_size": 8, "zero_optimization": {"stage": 0, "overlap_comm": true}}'
+    )
+    assert any("overlap_comm at stage 0" in note for note in ds0.notes)
     with pytest.raises(ShardplanError, match="overlap_comm"):
         read_engine_config('{"train_batch_size": 8, "zero_optimization": {"overlap_comm": 1}}')
 

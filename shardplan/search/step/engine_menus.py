@@ -89,14 +89,13 @@ class Menu:
         width: int,
         virtual: int = 1,
         data: int = 1,
-        grad_reduce: bool | None = None,
     ) -> Levers:
-        """`levers` with what this engine overlaps by default at their ZeRO stage (`grad_reduce`:
-        a configuration's own choice for the gradient sync); `width`: the gradient's bytes per
-        element, `virtual`: chunks per device, `data`: data-parallel ways (the bucket's size).
+        """`levers` with what this engine overlaps at their ZeRO stage (its defaults, or a run's
+        own choices: `with_overlaps`); `width`: the gradient's bytes per element, `virtual`:
+        chunks per device, `data`: data-parallel ways (the bucket's size).
         `levers.tp_comm_overlap` is kept only where the engine can say it (`tp_comm_overlap`)
         and the levers run sequence parallelism."""
-        grad = levers.zero in self.overlap_grad_reduce if grad_reduce is None else grad_reduce
+        grad = levers.zero in self.overlap_grad_reduce
         bucket = max(self.bucket_bytes // width, self.bucket_elements, self.bucket_per_rank * data)
         bucket = bucket if grad and levers.zero < 3 else 0
         return replace(
