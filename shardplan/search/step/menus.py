@@ -471,6 +471,7 @@ def _candidates(
     product too) that can, with one sample per rank (as the step search tries it; with samples
     enough data parallelism moves less), without expert parallelism."""
     segs = segments(probe)
+    flops = segment_flops(probe, segs) if menu.stage_layers != "even" else []  # once per search
     experts = expert_counts(probe) if menu.expert else frozenset()
     sizes = [(op.flops, whole_op_bytes(probe, op, opts)) for op in probe.ops]
     out = []
@@ -485,7 +486,7 @@ def _candidates(
         for v in range(1, split.layers // n + 1) if menu.stage_layers != "even" else ():
             if v > 1 and not menu.virtual:
                 break
-            uneven = _uneven_layers(probe, segs, split, n, v)
+            uneven = _uneven_layers(split, n, v, flops)
             if uneven:  # first and last stages apart, each stage's layers in v equal chunks
                 starts = chunk_starts(split, n * v, uneven)
                 chunkings.append((v, uneven, [*(segs[k].start for k in starts), len(probe.ops)]))
@@ -530,12 +531,12 @@ def _context_fill(batch: int, data: int, smesh: Mesh, tensor: int, menu: Menu) -
 
 
 def _uneven_layers(
-    probe: Graph, segs: tuple[Segment, ...], split: LayerSplit, stages: int, virtual: int
+    split: LayerSplit, stages: int, virtual: int, segment_cost: list[float]
 ) -> tuple[int, ...]:
     """Layers per model chunk of `first_last_layers` on `stages` stages with `virtual` chunks
     each (Megatron-LM's first / last counts, torchtitan's module lists); () where no such cut
     beats the even one."""
-    counts = first_last_layers(split, stages, segment_flops(probe, segs), virtual)
+    counts = first_last_layers(split, stages, segment_cost, virtual)
     return chunk_layers(counts, virtual) if counts else ()
 
 
