@@ -3,7 +3,8 @@
 Read off `engine_layout.read_layout` with the DeepSpeed menu: `train_batch_size` (the global
 batch), `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` (= the micro-batches,
 which DeepSpeed's pipeline engine also runs per step), `zero_optimization.stage` (with
-`overlap_comm`, the gradient-sync overlap lever, at stages >= 1), bf16 / fp16,
+`overlap_comm`, the gradient-sync overlap lever, at stages >= 1, and at stage 3
+`stage3_prefetch_bucket_size: 0` when the plan was priced without the prefetch), bf16 / fp16,
 `activation_checkpointing` under full recomputation and the `pipeline` stage count. Tensor and
 pipeline sizes go on the Megatron-DeepSpeed command line (`megatron_deepspeed_flags`). The config
 JSON has no sequence, context or expert parallelism and DeepSpeed's PipelineEngine no interleaved
@@ -57,6 +58,8 @@ def deepspeed_config(layout: EngineLayout) -> dict[str, Any]:
     }
     if layout.zero >= 1:  # DeepSpeed's own default: on at stage 3 only
         cfg["zero_optimization"]["overlap_comm"] = layout.overlap_grad_reduce
+    if layout.zero == 3 and not layout.prefetch:  # its default prefetches: 0 switches it off
+        cfg["zero_optimization"]["stage3_prefetch_bucket_size"] = 0
     if full:
         cfg["activation_checkpointing"] = {
             "partition_activations": False,

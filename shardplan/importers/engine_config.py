@@ -313,6 +313,7 @@ def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
             "zero_optimization.overlap_comm at stage 0: DeepSpeed's stage-0 engine "
             "all-reduces after the backward, so the gradient sync is priced exposed"
         )
+    prefetch = _stage3_prefetch(data.get("zero_optimization", {}), zero, notes)
     return EngineConfig(
         "deepspeed",
         _int(data.get("tensor_parallel", {}).get("autotp_size", 1), "autotp_size"),
@@ -324,7 +325,26 @@ def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
         dtype,
         tuple(notes),
         overlap_grad_reduce=overlap,
+        prefetch=prefetch,
     )
+
+
+def _stage3_prefetch(zero_cfg: dict[str, Any], zero: object, notes: list[str]) -> bool | None:
+    """`stage3_prefetch_bucket_size`: 0 switches ZeRO-3's prefetch off (False; DeepSpeed's
+    coordinator prefetches only while it is > 0), else the default (None); below stage 3 it
+    is unused, and said so in `notes`."""
+    size = zero_cfg.get("stage3_prefetch_bucket_size")
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int | float) or not size >= 0:
+        raise ArgumentError(
+            f"config field zero_optimization.stage3_prefetch_bucket_size = {size!r} is not a "
+            "number >= 0 (elements gathered ahead of use; 0 switches the prefetch off)"
+        )
+    if zero != 3:
+        notes.append(f"stage3_prefetch_bucket_size: used by ZeRO-3 only, unused at stage {zero}")
+        return None
+    return False if size == 0 else None
 
 
 _VALUE_FLAGS = {

@@ -13,6 +13,7 @@ from shardplan.cli.main import main
 from shardplan.cost import CostOptions
 from shardplan.cost.step import Levers, Recompute
 from shardplan.errors import ArgumentError, PlanError
+from shardplan.exporters.deepspeed import deepspeed_config, deepspeed_layout
 from shardplan.exporters.engine_layout import read_layout
 from shardplan.exporters.megatron import to_megatron
 from shardplan.importers.engine_config import read_engine_config
@@ -46,7 +47,6 @@ def test_a_users_overlaps_apply_where_the_engines_configuration_can_say_them():
         ("torchtitan", Overlaps(p2p=True), "--overlap-p2p: torchtitan never"),
         ("deepspeed", Overlaps(p2p=True), "--overlap-p2p: deepspeed never"),
         ("deepspeed", Overlaps(tp_comm=True), "--tp-comm-overlap: deepspeed never"),
-        ("deepspeed", Overlaps(prefetch=False), "--no-prefetch: deepspeed always"),
         ("megatron", Overlaps(prefetch=True), "add --overlap-grad-reduce"),
     ],
 )
@@ -99,6 +99,42 @@ def test_megatron_fsdp_prefetch_exports_and_reads_back(tmp_path, capsys):
         read_engine_config("--use-megatron-fsdp --overlap-param-gather --bf16\n")
     zero1 = "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16\n"
     assert read_engine_config(zero1).ignored == ("--overlap-param-gather",)  # not modelled there
+
+
+def test_deepspeed_no_prefetch_exports_a_zero_bucket_and_reads_back(tmp_path, capsys):
+    """DeepSpeed prefetches at ZeRO-3 unless stage3_prefetch_bucket_size is 0 (its coordinator
+    prefetches only while the bucket is > 0): --no-prefetch is priced with the gathers exposed,
+    exported as that 0, and --from-config scores the step exported; a positive bucket keeps the
+    default and below stage 3 the field is noted as unused."""
+    graph = zoo.build("gpt2-small", small=True, layers=4, batch=32 // 2)  # 2 micro-batches
+    mesh = parse_mesh("4x4")
+    off = MENUS["deepspeed"].with_overlaps(Overlaps(prefetch=False))
+    assert off.prefetch == () and MENUS["deepspeed"].prefetch == (3,)
+    steps = {}
+    for m in (off, MENUS["deepspeed"]):
+        levers = m.engine_levers(Levers(Recompute.FULL, 3), gradient_width(graph, OPTS), 1, 16)
+        assert levers.prefetch is (m is not off)
+        tp = layout_plan(graph, 32, mesh, OPTS, Layout(1, 1, 2, levers))
+        assert tp is not None and tp.step is not None
+        steps[m is off] = tp.step.step_s
+        cfg = deepspeed_config(deepspeed_layout(tp))
+        bucket = cfg["zero_optimization"].get("stage3_prefetch_bucket_size")
+        assert bucket == (0 if m is off else None)
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(cfg))
+        out = tmp_path / "scored.json"
+        assert main([*PLAN, "--from-config", str(path), "--json", str(out)]) == 0
+        capsys.readouterr()
+        scored = json.loads(out.read_text())["step"]["step_s"]
+        assert abs(scored - tp.step.step_s) <= 1e-9 * tp.step.step_s
+    assert steps[True] > steps[False]  # the gathers exposed
+    on = {"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e7}}
+    assert read_engine_config(json.dumps(on)).prefetch is None
+    low = {"zero_optimization": {"stage": 1, "stage3_prefetch_bucket_size": 0}}
+    assert any("unused at stage 1" in n for n in read_engine_config(json.dumps(low)).notes)
+    bad = {"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": -1}}
+    with pytest.raises(ArgumentError, match="stage3_prefetch_bucket_size = -1"):
+        read_engine_config(json.dumps(bad))
 
 
 def test_a_plan_priced_with_an_overlap_the_engine_does_not_run_is_not_exported():

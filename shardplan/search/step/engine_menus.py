@@ -294,6 +294,10 @@ MENUS: Mapping[str, Menu] = {
         # stage-0 engine all-reduces after the backward)
         tp_comm_overlap=False,
         grad_reduce_switch=(1, 2, 3),
+        # stage3_prefetch_bucket_size (>= 0) caps the elements gathered ahead of use; the
+        # coordinator prefetches only while it is > 0 (deepspeed/runtime/zero/
+        # partitioned_param_coordinator.py): 0 switches the stage-3 prefetch off
+        prefetch_switch=(3,),
     ),
 }
 
