@@ -222,3 +222,32 @@ def test_an_op_reading_one_tensor_twice_under_a_budget():
     except InfeasibleError:
         return
     assert p.cost.memory_per_device <= free * 0.5
+
+
+def test_one_heavy_op_runs_no_lightest_cut_first_variant():
+    """With one heavy op both orders (dearest or cheapest cut first) are that op: the variant
+    ordering by the cheapest cut would repeat the search, so it is not run; with several heavy
+    ops it is."""
+    from shardplan.cost import CostOptions
+    from shardplan.ir.segments import subgraph
+    from shardplan.search.drec.flex import build_flex_graph
+    from shardplan.search.drec.search import _PinnedSearch, _Search
+    from shardplan.search.drec.variants import best_variant
+
+    orders: list[bool] = []
+
+    class Recorded(_Search):
+        def __init__(self, *args, **kwargs):
+            orders.append(kwargs["lightest_cut_order"])
+            super().__init__(*args, **kwargs)
+
+    g = sp.zoo.build("gpt3", small=True, batch=8)
+    head = g.op_index["lm_head"]
+    mesh, opts = sp.parse_mesh("2x4"), CostOptions.make()
+    for graph, several in ((subgraph(g, head, head + 1), False), (g, True)):
+        orders.clear()
+        flex = build_flex_graph(graph)
+        assert (len(flex.heavy) > 1) is several
+        found = best_variant(graph, mesh, opts, 0.0, None, flex, searches=(Recorded, _PinnedSearch))
+        assert found is not None and set(found) == {op.name for op in graph.ops}
+        assert any(orders) is several

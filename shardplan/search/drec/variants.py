@@ -2,7 +2,8 @@
 
 Each variant (`search.drec_folded`'s docstring: "no cut" priced two ways, leading axes left
 unused, heavy ops by their dearest or cheapest cut, hopeful all-reduces, the next-round
-lookahead) is one linear `search._Search` run over the rounds; its plan is polished
+lookahead) is one linear `search._Search` run over the rounds (the cheapest-cut-first order
+only with two or more heavy ops: with one it is the dearest-first search again); its plan is polished
 (`polish.py`) and scored by the evaluator, and the lowest score is kept. Variants share the
 graph's tables, own prices and edge contexts (`tables.py`, `state.py`), the rounds an earlier
 variant already decided alike, and one `ScoreCache` for scoring. A variant leaving rounds unused
@@ -79,6 +80,8 @@ def best_variant(
     # and the prices of the plans they score
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     runs = variant_runs(mesh, opts, pinned)
+    if len(flex.heavy) <= 1:  # one heavy op orders alike by either cut: the same search
+        runs = deque(v for v in runs if not v[3])
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
     edges = EdgeBook()  # and edge contexts and prices
