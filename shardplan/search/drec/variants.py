@@ -3,8 +3,8 @@
 Each variant (`search.drec_folded`'s docstring: "no cut" priced two ways, leading axes left
 unused, heavy ops by their dearest or cheapest cut, hopeful all-reduces, the next-round
 lookahead) is one linear `search._Search` run over the rounds (the cheapest-cut-first order
-only with two or more heavy ops: with one it is the dearest-first search again); its plan is polished
-(`polish.py`) and scored by the evaluator, and the lowest score is kept. Variants share the
+only with two or more heavy ops: with one it is the dearest-first search again); its plan is
+polished (`polish.py`) and scored by the evaluator, and the lowest score is kept. Variants share the
 graph's tables, own prices and edge contexts (`tables.py`, `state.py`), the rounds an earlier
 variant already decided alike, and one `ScoreCache` for scoring. A variant leaving rounds unused
 is skipped when `gates.unused_floor` shows it cannot win. O(variants x linear search).
