@@ -4,7 +4,7 @@
 127.0.0.1:PORT), wraps a tiny torch MLP that stands in for the planned model with a plain
 torch AdamW (so no DeepSpeed op is compiled), runs `gradient_accumulation_steps` micro-batches of
 `train_micro_batch_size_per_gpu` samples and prints one JSON line: the optimizer steps DeepSpeed
-took, its batch settings, ZeRO stage and the final loss.
+took, its batch settings, ZeRO stage, ZeRO-3 prefetch bucket and the final loss.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def main(rank: int, world: int, port: int, path: str) -> None:
         "train_batch_size": engine.train_batch_size(),
         "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
         "zero_stage": engine.zero_optimization_stage(),
+        "prefetch_bucket_size": engine.zero_prefetch_bucket_size(),
         "loss": float(loss.detach()) if loss is not None else None,
     }
     print("RESULT " + json.dumps(result), flush=True)

@@ -242,13 +242,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("zero", [1, 3])
-def test_deepspeed_runs_a_step_under_the_export_on_gloo(tmp_path: Path, zero: int) -> None:
-    """2 gloo processes: DeepSpeed takes one optimizer step after the plan's micro-batches."""
+@pytest.mark.parametrize(("zero", "prefetch"), [(1, False), (3, False), (3, True)])
+def test_deepspeed_runs_a_step_under_the_export_on_gloo(
+    tmp_path: Path, zero: int, prefetch: bool
+) -> None:
+    """2 gloo processes: DeepSpeed takes one optimizer step after the plan's micro-batches; a
+    ZeRO-3 plan priced without the prefetch runs with DeepSpeed's prefetch bucket at 0."""
     pytest.importorskip("deepspeed", reason="deepspeed: pip install 'shardplan[engines]'")
     mesh = parse_mesh("2")
     graph = zoo.build("gpt2-small", batch=8, **MODEL)
-    tp = layout_plan(graph, 16, mesh, OPTS, Layout(1, 1, 2, Levers(N, zero)))
+    levers = Levers(N, zero, prefetch=prefetch)
+    tp = layout_plan(graph, 16, mesh, OPTS, Layout(1, 1, 2, levers))
     assert tp is not None
     cfg = tmp_path / "ds.json"
     cfg.write_text(deepspeed.to_deepspeed(training_json.from_json(training_json.to_json(tp))))
@@ -271,6 +275,7 @@ def test_deepspeed_runs_a_step_under_the_export_on_gloo(tmp_path: Path, zero: in
     for r in results:
         assert r["optimizer_steps"] == 1 and r["zero_stage"] == zero
         assert r["train_batch_size"] == 16 and r["gradient_accumulation_steps"] == 2
+        assert (r["prefetch_bucket_size"] == 0) is (zero == 3 and not prefetch)
 
 
 _FIRST, _LAST = "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"
