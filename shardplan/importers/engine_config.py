@@ -298,6 +298,8 @@ def _async_tp(data: dict[str, Any], tensor: int) -> bool:
 
 
 def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
+    notes = ["tensor degree from tensor_parallel.autotp_size (Megatron-DeepSpeed sets it by flag)"]
+    data = _hf_auto(data, notes)
     zero = data.get("zero_optimization", {}).get("stage", 0)
     overlap = data.get("zero_optimization", {}).get("overlap_comm")
     if overlap is not None and not isinstance(overlap, bool):
@@ -307,7 +309,6 @@ def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
     dtype = "bf16" if data.get("bf16", {}).get("enabled") else None
     dtype = "fp16" if data.get("fp16", {}).get("enabled") else dtype
     batch = data.get("train_batch_size")
-    notes = ["tensor degree from tensor_parallel.autotp_size (Megatron-DeepSpeed sets it by flag)"]
     if overlap and not zero:  # `Menu.with_overlaps`: its switch is at stages 1-3
         notes.append(
             "zero_optimization.overlap_comm at stage 0: DeepSpeed's stage-0 engine "
@@ -327,6 +328,41 @@ def read_deepspeed(data: dict[str, Any]) -> EngineConfig:
         overlap_grad_reduce=overlap,
         prefetch=prefetch,
     )
+
+
+def _hf_auto(data: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """A DeepSpeed config written for the Hugging Face Trainer, its "auto" values resolved as
+    the Trainer fills them (transformers.integrations.deepspeed, HfTrainerDeepSpeedConfig):
+    the global batch and the precision from the run's own arguments (here --batch and
+    --dtype), stage3_prefetch_bucket_size from the hidden size (int(0.9 h^2) > 0: the prefetch
+    on). The micro-batch size is the Trainer's per_device_train_batch_size, which the config
+    does not carry: an ArgumentError asks for the number."""
+    if data.get("train_micro_batch_size_per_gpu") == "auto":
+        raise ArgumentError(
+            "config field train_micro_batch_size_per_gpu = 'auto': the Hugging Face Trainer fills "
+            "it from its per_device_train_batch_size, which the config does not say; write that "
+            "number in the config"
+        )
+    out = dict(data)
+    auto = []
+    if out.get("train_batch_size") == "auto":  # world x micro-batch x accumulation: --batch
+        del out["train_batch_size"]
+        auto.append("train_batch_size (--batch)")
+    for key in ("bf16", "fp16"):
+        if isinstance(out.get(key), dict) and out[key].get("enabled") == "auto":
+            out[key] = {**out[key], "enabled": False}  # the Trainer's --bf16 / --fp16: --dtype
+            auto.append(f"{key}.enabled (--dtype)")
+    zero_cfg = out.get("zero_optimization")
+    if isinstance(zero_cfg, dict) and zero_cfg.get("stage3_prefetch_bucket_size") == "auto":
+        out["zero_optimization"] = {
+            k: v for k, v in zero_cfg.items() if k != "stage3_prefetch_bucket_size"
+        }
+        auto.append("stage3_prefetch_bucket_size (0.9 x hidden^2: prefetched)")
+    if auto:
+        notes.append(
+            "Hugging Face Trainer 'auto' values read as the Trainer fills them: " + ", ".join(auto)
+        )
+    return out
 
 
 def _stage3_prefetch(zero_cfg: dict[str, Any], zero: object, notes: list[str]) -> bool | None:
