@@ -251,3 +251,46 @@ def test_one_heavy_op_runs_no_lightest_cut_first_variant():
         found = best_variant(graph, mesh, opts, 0.0, None, flex, searches=(Recorded, _PinnedSearch))
         assert found is not None and set(found) == {op.name for op in graph.ops}
         assert any(orders) is several
+
+
+@pytest.mark.parametrize(
+    ("model", "sizes", "mesh"),
+    [
+        ("gpt3", {"layers": 2, "batch": 6, "seq": 512}, "12"),
+        ("mixtral-8x7b", {"small": True, "layers": 2}, "2x12"),
+        ("bert-base", {"layers": 1, "batch": 24}, "3x8"),
+    ],
+)
+def test_variants_sharing_their_rounds_decide_as_each_alone(model, sizes, mesh):
+    """A round priced alike (the lookahead adds nothing where the next round cuts as many
+    ways; the last round's final compute is its local one), with the same rounds done and the
+    same greedy order, is decided alike: variants take such rounds from each other whole, with
+    fewer greedy passes and the plan each finds alone."""
+    from shardplan.cost import CostOptions
+    from shardplan.search.drec.flex import build_flex_graph
+    from shardplan.search.drec.search import _PinnedSearch, _Search
+    from shardplan.search.drec.variants import best_variant
+
+    passes = {"shared": 0, "alone": 0}
+
+    def counted(which, own_rounds):
+        class Counted(_Search):
+            def __init__(self, *args, **kwargs):
+                if own_rounds:
+                    kwargs["rounds_seen"] = {}  # nothing taken from another variant
+                super().__init__(*args, **kwargs)
+
+            def _greedy(self, *args):
+                passes[which] += 1
+                return super()._greedy(*args)
+
+        return Counted
+
+    g = sp.zoo.build(model, **sizes)
+    m, opts = sp.parse_mesh(mesh), CostOptions.make()
+    plans = {}
+    for which, own_rounds in (("shared", False), ("alone", True)):
+        searches = (counted(which, own_rounds), _PinnedSearch)
+        plans[which] = best_variant(g, m, opts, 0.0, None, build_flex_graph(g), searches=searches)
+    assert plans["shared"] == plans["alone"] and plans["shared"] is not None
+    assert passes["shared"] < passes["alone"]

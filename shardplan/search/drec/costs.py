@@ -55,7 +55,7 @@ from shardplan.search.drec.flexcosts import FlexPrices
 from shardplan.search.drec.fold import op_labels
 from shardplan.search.drec.followers import follower_excess
 from shardplan.search.drec.ledger import _NONE_CHARGED, RoundLedger
-from shardplan.search.drec.nextround import NextRoundPrices, scaled
+from shardplan.search.drec.nextround import NextRoundPrices, differs, scaled
 from shardplan.search.drec.overlay import Charges
 from shardplan.search.drec.state import EdgeBook
 from shardplan.search.drec.tables import SearchTables, layout
@@ -123,7 +123,22 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         self._shared_prices = shared_prices if shared_prices is not None else {}
         """The same, for every search of one call that prices alike (an op's kind holds its
         whole state: searches that reach it price it alike)."""
-        self._price_key = (tuple(self.compute_divisor), hopeful, memory_lambda, next_round)
+        rounds = mesh.rounds
+        self._price_keys = [
+            (
+                self.compute_divisor[r],
+                hopeful,
+                memory_lambda,
+                # the next round's prices count only where it cuts another number of ways
+                self.compute_divisor[r + 1]
+                if next_round and r + 1 < len(rounds) and differs(rounds[r], rounds[r + 1])
+                else None,
+            )
+            for r in range(len(rounds))
+        ]
+        """Per round, what its prices read beyond the state: searches with one key there price
+        it alike, whatever they assume in other rounds (the last round's final compute is its
+        local one; the lookahead adds nothing where the next round cuts as many ways)."""
         self._reduced_inputs: list[dict[str | None, tuple[str, ...]]] = [{} for _ in graph.ops]
         """Per op, per cut: the inputs whose gradient the cut all-reduces."""
         self.begin_round(0)
@@ -141,11 +156,11 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         key = (r, st.kind, shared)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._shared_prices.get((self._price_key, *key))
+            cached = self._shared_prices.get((self._price_keys[r], *key))
             if cached is not None:
                 self._assumed(i, r)  # flags `binding` as computing the prices here would
             else:
-                cached = self._shared_prices[self._price_key, *key] = self._compute_own_costs(
+                cached = self._shared_prices[self._price_keys[r], *key] = self._compute_own_costs(
                     i, r, charged
                 )
             self._cache[key] = cached
@@ -163,7 +178,7 @@ class RoundCosts(NextRoundPrices, FlexPrices, RoundLedger):
         cached = self._follow_cache.get((i, shared))
         if cached is None:  # searches that price alike share it at the same states
             states = self.states
-            key = ("followers", *self._price_key, r, states[i].kind, shared)
+            key = ("followers", *self._price_keys[r], r, states[i].kind, shared)
             key += tuple(states[t].kind for t, _, _ in self.followers[i])
             cached = self._shared_prices.get(key)
             if cached is not None:  # flag `binding` as computing the prices here would

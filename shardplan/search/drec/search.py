@@ -74,10 +74,10 @@ class _Search(RoundCosts):
         self.fixed = dict(fixed or {})
         """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
         self.rounds_seen = rounds_seen if rounds_seen is not None else {}
-        """(pricing, the rounds done, the greedy pass's decisions) -> the round's decisions and
-        whether pricing them after the greedy pass hit a binding assumption: shared by the
-        variants of one call (`run_round`)."""
-        self.pricing = (tuple(self.compute_divisor), self.hopeful, self.next_round)
+        """(the round's pricing, the rounds done, the greedy pass's decisions) -> the round's
+        decisions and whether pricing them after the greedy pass hit a binding assumption; and
+        (the round's pricing, the rounds done, the greedy order's options) -> its decisions and
+        whether the round hit one: shared by the variants of one call (`run_round`)."""
         self._flex_pair_cache: dict[int, list[int]] = {}
         self._pair_static: dict[tuple[int, int], list[tuple[int, bool, int, FlexEdge, str]]] = {}
         """(i, j) -> `_pair_edges`' static part (all but the contexts)."""
@@ -373,22 +373,35 @@ class _Search(RoundCosts):
         """Greedy D-Rec assignment, checked against the whole-round alternatives; the cheapest
         (by the round's full cost) is then locally improved, one op at a time. A variant that
         prices alike, with the same rounds done, whose greedy pass decides alike, ends the round
-        alike: the end another variant reached from there is reused (`rounds_seen`)."""
+        alike: the end another variant reached from there is reused (`rounds_seen`); one that
+        also orders its greedy pass alike (the same heavy ops first) takes the round whole."""
         self.begin_round(r)
         if r < self.unused_rounds:
             self._done(r, dict.fromkeys(range(len(self.states))))
             return
-        decided = self._greedy(r, *self._order(r))
-        key = (self.pricing, self.history, tuple(decided.get(i) for i in range(len(self.states))))
-        seen = self.rounds_seen.get(key)
+        pricing = self._price_keys[r]
+        before, self.binding = self.binding, False  # whether this round binds
+        own, order = self._order(r)
+        # the state is the rounds done (with `hopeful`, in the pricing): a search that prices
+        # this round alike and runs its greedy pass in the same order decides it alike, whole
+        ahead = (pricing, self.history, self.defer_ties, tuple(order))
+        seen = self.rounds_seen.get(ahead)
         if seen is not None:
-            self.binding = self.binding or seen[1]
+            self.binding = before or self.binding or seen[1]
             self._done(r, dict(seen[0]))
             return
-        binding, self.binding = self.binding, False  # whether the rest of the round binds
-        decided = self._finish(r, decided)
-        self.rounds_seen[key] = (dict(decided), self.binding)
-        self.binding = binding or self.binding
+        decided = self._greedy(r, own, order)
+        key = (pricing, self.history, tuple(decided.get(i) for i in range(len(self.states))))
+        seen = self.rounds_seen.get(key)
+        if seen is not None:
+            decided, binds = dict(seen[0]), self.binding or seen[1]
+        else:
+            greedy_binds, self.binding = self.binding, False  # whether the rest of it binds
+            decided = self._finish(r, decided)
+            self.rounds_seen[key] = (dict(decided), self.binding)
+            binds = greedy_binds or self.binding
+        self.rounds_seen[ahead] = (dict(decided), binds)
+        self.binding = before or binds
         self._done(r, decided)
 
     def _done(self, r: int, decided: dict[int, str | None]) -> None:
