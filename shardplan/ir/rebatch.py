@@ -97,9 +97,13 @@ class _NotDerived(Exception):
     catalogue writes size-1 dims as broadcasts: another signature, so the builder must say)."""
 
 
-def _apply(rule: Any, base: Any, n: int, a: int, one: bool = False) -> Any:
+def _apply(
+    rule: Any, base: Any, n: int, a: int, one: bool = False, memo: dict | None = None
+) -> Any:
     """`base` (at batch a) at batch n by `rule`; `one`: a number may become 1 (the catalogue
-    derives the op again, `BatchScaling.through_catalogue`)."""
+    derives the op again, `BatchScaling.through_catalogue`); `memo`: the values derived so far
+    by (rule, value), so a field equal in many ops (the signature of a repeated layer's op) is
+    derived once."""
     if rule is _SAME:
         return base
     if isinstance(rule, _Scaled):
@@ -114,7 +118,20 @@ def _apply(rule: Any, base: Any, n: int, a: int, one: bool = False) -> Any:
         for i, r in rule.changed:
             items[i] = _apply(r, base[i], n, a, one)
         return tuple(items)
-    changes = {name: _apply(r, getattr(base, name), n, a, one) for name, r in rule.changed}
+    if memo is None:
+        changes = {name: _apply(r, getattr(base, name), n, a, one) for name, r in rule.changed}
+        return _rebuilt(base, changes)
+    changes = {}
+    for name, r in rule.changed:
+        value = getattr(base, name)
+        if type(r) is _Scaled:  # a number: no cheaper to look up than to scale
+            changes[name] = _apply(r, value, n, a, one)
+            continue
+        key = (r, value)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = _apply(r, value, n, a, one, memo)
+        changes[name] = found
     return _rebuilt(base, changes)
 
 
@@ -152,13 +169,14 @@ class BatchScaling:
         if n == self.batch:
             return self.source
         g, a = self.source, self.batch
+        memo: dict[tuple[Any, Any], Any] = {}  # equal fields of many ops derive once
         try:
             tensors = dict(g.tensors)
             for name, rule in self.tensors:
-                tensors[name] = _apply(rule, tensors[name], n, a)
+                tensors[name] = _apply(rule, tensors[name], n, a, memo=memo)
             ops = list(g.ops)
             for i, rule in self.ops:
-                ops[i] = _apply(rule, ops[i], n, a)
+                ops[i] = _apply(rule, ops[i], n, a, memo=memo)
         except _NotDerived:
             return None
         return self._graph(tensors, ops)
