@@ -127,10 +127,13 @@ def _apply(
         if type(r) is _Scaled:  # a number: no cheaper to look up than to scale
             changes[name] = _apply(r, value, n, a, one)
             continue
-        key = (r, value)
-        found = memo.get(key)
+        try:
+            found = memo.get((r, value))
+        except TypeError:  # a value that does not hash (an attribute holding a list): derived
+            changes[name] = _apply(r, value, n, a, one, memo)
+            continue
         if found is None:
-            found = memo[key] = _apply(r, value, n, a, one, memo)
+            found = memo[r, value] = _apply(r, value, n, a, one, memo)
         changes[name] = found
     return _rebuilt(base, changes)
 

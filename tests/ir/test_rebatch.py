@@ -94,3 +94,24 @@ def test_every_zoo_model_derives_what_its_builder_builds_or_refuses(name):
     for n in (2, 8, 24, 96):
         derived = scaling.at(n)
         assert derived is None or derived == build(n), n
+
+
+def test_a_field_that_does_not_hash_is_derived_without_the_memo():
+    """`at` derives equal fields once by (rule, value); a value that does not hash (an attribute
+    holding a list) is derived directly, with the same result."""
+    from dataclasses import dataclass
+
+    from shardplan.ir import rebatch
+
+    @dataclass(frozen=True)
+    class Holder:
+        items: object
+        size: int
+
+    rule = rebatch._Fields(
+        (("items", rebatch._Items(((0, rebatch._Scaled(4)),))), ("size", rebatch._Scaled(4)))
+    )
+    memo: dict = {}
+    for items in ([4, 5], (4, 5), (4, 5)):
+        assert rebatch._apply(rule, Holder(items, 4), 8, 4, memo=memo) == Holder((8, 5), 8)
+    assert len(memo) == 1  # the two equal tuples derived once; the list not kept
