@@ -79,6 +79,12 @@ class Machine:
     launch_s: float = 0.0
     """Least time any kernel takes (launch overhead), seconds."""
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its constructor's arguments (its FLOP rates a plain dict: a read-only
+        mapping does not pickle), so plans and graphs cross to worker processes."""
+        values = [getattr(self, f.name) for f in fields(self)]
+        return (Machine, tuple(dict(v) if isinstance(v, Mapping) else v for v in values))
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise MeshError(f"a machine needs a non-empty name, got {self.name!r}")

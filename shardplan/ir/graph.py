@@ -40,6 +40,12 @@ class Graph:
     op_index: Mapping[str, int]
     requires_grad: frozenset[str]
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with its indexes as plain dicts (a read-only mapping does not pickle) and
+        read-only again when loaded, so a graph crosses to a worker process unchanged."""
+        maps = (self.tensors, self.producer, self.consumers, self.op_index)
+        return (_loaded, (self.name, self.ops, self.requires_grad, *map(dict, maps)))
+
     def op(self, name: str) -> Op:
         if name not in self.op_index:
             raise IRError(f"graph {self.name!r} has no op {name!r}")
@@ -70,6 +76,27 @@ class Graph:
     def outputs(self) -> tuple[str, ...]:
         """Tensors produced but never consumed (the model's results)."""
         return tuple(t for op in self.ops for t in op.outputs if not self.consumers.get(t))
+
+
+def _loaded(
+    name: str,
+    ops: tuple[Op, ...],
+    requires_grad: frozenset[str],
+    tensors: dict[str, Tensor],
+    producer: dict[str, int],
+    consumers: dict[str, tuple[tuple[int, int], ...]],
+    op_index: dict[str, int],
+) -> Graph:
+    """A pickled `Graph` loaded (`Graph.__reduce__`)."""
+    return Graph(
+        name,
+        MappingProxyType(tensors),
+        ops,
+        MappingProxyType(producer),
+        MappingProxyType(consumers),
+        MappingProxyType(op_index),
+        requires_grad,
+    )
 
 
 class GraphBuilder:
