@@ -51,6 +51,7 @@ from shardplan.search.step.structure import (
     fingerprint,
     reduced_chunk,
 )
+from shardplan.search.step.workers import SegmentWorkers
 from shardplan.sharding import Strategy
 
 Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
@@ -228,6 +229,7 @@ class StageProfiler:
         micro_batches: int = 1,
         samples: int | None = None,
         experts: frozenset[int] | None = None,
+        workers: SegmentWorkers | None = None,
     ) -> None:
         self.graph, self.segs, self.prints, self.split = graph, segs, prints, split
         self.samples = samples
@@ -243,6 +245,15 @@ class StageProfiler:
         self.per_sub: dict[tuple[int, object], tuple[Graph, Any]] = {}  # `_per_sub`
         self.plans: dict[tuple[object, ...], tuple[tuple[Strategy, ...], StageProfile]] = {}
         self.prices = PriceTable(mesh, opts)  # one price per op class across the sub-graphs
+        # priced as the step pays: the gradient sync once per m micro-batches
+        self.weighted = replace(opts, grad_sync_weight=1.0 / micro_batches)
+        self.workers = workers
+        if workers is not None:  # D-Rec on the segments beside the pricing (`workers`)
+            for k, seg in enumerate(segs):
+                key = self._drec_key(k)
+                if key not in drec_cache and key not in workers.jobs:
+                    piece = subgraph(graph, seg.start, seg.stop)
+                    workers.submit(key, piece, mesh, self.weighted)
 
     def families(self) -> list[Family]:
         """Every family this stage mesh allows (sequence-parallel variants where they apply)."""
@@ -287,18 +298,23 @@ class StageProfiler:
         out: dict[str, Strategy] = {}
         for k in seg_range:
             seg = self.segs[k]
-            key = (self.mesh.shape, self.prints[k], self.micro_batches)
+            key = self._drec_key(k)
             cached = self.drec_cache.get(key)
             ops = self.graph.ops[seg.start : seg.stop]
             if cached is None:
-                piece = subgraph(self.graph, seg.start, seg.stop)
-                # priced as the step pays: the gradient sync once per m micro-batches
-                weighted = replace(self.opts, grad_sync_weight=1.0 / self.micro_batches)
-                found = self.planner(piece, self.mesh, weighted)
-                cached = self.drec_cache[key] = tuple(found[op.name] for op in ops)
+                cached = self.workers.take(key) if self.workers is not None else None
+                if cached is None:  # no worker, or it failed the segment: planned here
+                    piece = subgraph(self.graph, seg.start, seg.stop)
+                    found = self.planner(piece, self.mesh, self.weighted)
+                    cached = tuple(found[op.name] for op in ops)
+                self.drec_cache[key] = cached
                 self.counter[0] += 1
             out.update((op.name, s) for op, s in zip(ops, cached, strict=True))
         return out
+
+    def _drec_key(self, k: int) -> tuple[object, ...]:
+        """Segment k's key in the D-Rec cache: stage mesh, segment structure, micro-batches."""
+        return (self.mesh.shape, self.prints[k], self.micro_batches)
 
     def _data_walk(self, sub: Graph) -> tuple[list[int], dict[str, Strategy]]:
         """`sub`'s op classes and data-parallel plan, once per sub-graph: the data-parallel

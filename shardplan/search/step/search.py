@@ -85,6 +85,7 @@ from shardplan.search.step.stages import (
     stage_starts,
     tokens_per_sample,
 )
+from shardplan.search.step.workers import MIN_OPS, SegmentWorkers
 from shardplan.sharding import Strategy
 from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_cut
 
@@ -153,6 +154,22 @@ def _search_step(
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     search = _Search(problem, mesh, planner or _drec_planner, overlap)
+    try:
+        return _searched(search, problem, batch, stages, start, say)
+    finally:
+        search.workers.close()
+
+
+def _searched(
+    search: _Search,
+    problem: Problem,
+    batch: int,
+    stages: Sequence[int] | None,
+    start: float,
+    say: Progress,
+) -> TrainingPlan:
+    """`search_step`'s loop over the layouts (module docstring), then the winner's plan."""
+    budget = problem.budget
     found = search.layouts(batch, stages)
     say(f"  {len(found)} layouts (stages x chunks x micro-batch size), in order of their bound")
     best: Choice | None = None
@@ -287,6 +304,10 @@ class _Search:
         self.floor_items: dict[int, FloorItems] = {}  # per micro-batch size
         self.probe_split = self.sizes.probe[3]
         self.menus: dict[tuple[bool, bool], tuple[Levers, ...]] = {}
+        # D-Rec on the stage segments beside the pricing, for a model that takes seconds
+        # (`workers`; a caller's own planner runs in process)
+        large = len(probe.ops) >= MIN_OPS and planner is _drec_planner
+        self.workers = SegmentWorkers(large)
 
     def menu(self, sequence_parallel: bool, context_parallel: bool) -> tuple[Levers, ...]:
         """`profiles.lever_menu` under the search's overlap, made once per flag pair."""
@@ -376,6 +397,7 @@ class _Search:
                 self.problem.global_batch // b,
                 b,
                 self.experts[b],
+                self.workers,
             )
         return self.profilers[key]
 
@@ -393,9 +415,13 @@ class _Search:
         batch = self.problem.global_batch
         tokens = tokens_per_sample(self.problem.graph, batch)
         pipe = pipeline_cut(prof.graph, bounds, self.problem.options, self.mesh, batch, tokens, v)
-        table: dict[Family, list[StageProfile | None]] = {
-            f: [prof.profile(a, e, f) for a, e in ranges] for f in prof.families()
+        families = prof.families()
+        # the experts first: D-Rec's segment plans may still be on their way (`workers`)
+        priced = {
+            f: [prof.profile(a, e, f) for a, e in ranges]
+            for f in sorted(families, key=lambda f: f.method == "drec")
         }
+        table = {f: priced[f] for f in families}
         budget = self.problem.budget
         best: Choice | None = None
         if v == 1:
