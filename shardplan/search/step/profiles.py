@@ -251,7 +251,7 @@ class StageProfiler:
         if workers is not None:  # D-Rec on the segments beside the pricing (`workers`)
             for k, seg in enumerate(segs):
                 key = self._drec_key(k)
-                if key not in drec_cache and key not in workers.jobs:
+                if key not in drec_cache and key not in workers:
                     piece = subgraph(graph, seg.start, seg.stop)
                     workers.submit(key, piece, mesh, self.weighted)
 
@@ -302,7 +302,7 @@ class StageProfiler:
             cached = self.drec_cache.get(key)
             ops = self.graph.ops[seg.start : seg.stop]
             if cached is None:
-                cached = self.workers.take(key) if self.workers is not None else None
+                cached = self.workers.take(key, self._plan) if self.workers is not None else None
                 if cached is None:  # no worker, or it failed the segment: planned here
                     piece = subgraph(self.graph, seg.start, seg.stop)
                     found = self.planner(piece, self.mesh, self.weighted)
@@ -311,6 +311,11 @@ class StageProfiler:
                 self.counter[0] += 1
             out.update((op.name, s) for op, s in zip(ops, cached, strict=True))
         return out
+
+    def _plan(self, piece: Graph, mesh: Mesh, opts: CostOptions) -> tuple[Strategy, ...]:
+        """The planner's strategies of a segment's sub-graph, in op order (`workers.Planner`)."""
+        found = self.planner(piece, mesh, opts)
+        return tuple(found[op.name] for op in piece.ops)
 
     def _drec_key(self, k: int) -> tuple[object, ...]:
         """Segment k's key in the D-Rec cache: stage mesh, segment structure, micro-batches."""
