@@ -96,7 +96,7 @@ class SegmentWorkers:
                 stderr=subprocess.DEVNULL,
             )
             self._write(list(sys.path))  # the same shardplan as this process imports
-        except OSError:
+        except (OSError, ValueError):  # no interpreter to start (an embedded Python)
             self._proc = None
             return
         self._reader = threading.Thread(target=self._read, args=(self._proc,), daemon=True)
