@@ -31,10 +31,11 @@ from shardplan.sharding import Strategy
 
 
 def variant_runs(
-    mesh: Mesh, opts: CostOptions, pinned: Mapping[int, Strategy] | None
+    mesh: Mesh, opts: CostOptions, pinned: Mapping[int, Strategy] | None, heavy: int = 2
 ) -> deque[tuple[int, bool, bool, bool, bool, bool]]:
     """The variants to run (`search.drec_folded`'s docstring), as (rounds left unused, final
-    compute, ties deferred, lightest cut first, hopeful all-reduces, next-round lookahead)."""
+    compute, ties deferred, lightest cut first, hopeful all-reduces, next-round lookahead);
+    `heavy`: the graph's heavy ops (with one, the lightest-cut-first order is the same search)."""
     rounds = mesh.rounds
     axis_ends = [r for r in range(1, len(rounds)) if rounds[r].mesh_axis != rounds[r - 1].mesh_axis]
     variants = [(0, False, False, False), (0, True, True, False)]
@@ -45,6 +46,8 @@ def variant_runs(
     if pinned:  # a variant leaving rounds unused must not override a fixed cut in them
         first_cut = min((r for s in pinned.values() for r, c in enumerate(s) if c), default=None)
         variants = [v for v in variants if first_cut is None or v[0] <= first_cut]
+    if heavy <= 1:  # one heavy op orders alike by either cut: the same search
+        variants = [v for v in variants if not v[3]]
     runs = deque((*v, opts.preset.symbolic, False) for v in variants)  # MindSpore's: hopeful
     if not opts.preset.symbolic and any(map(differs, rounds, rounds[1:])):
         runs.append((0, False, False, False, False, True))  # the next-round lookahead
@@ -79,9 +82,7 @@ def best_variant(
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
     # and the prices of the plans they score
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
-    runs = variant_runs(mesh, opts, pinned)
-    if len(flex.heavy) <= 1:  # one heavy op orders alike by either cut: the same search
-        runs = deque(v for v in runs if not v[3])
+    runs = variant_runs(mesh, opts, pinned, len(flex.heavy))
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
     edges = EdgeBook()  # and edge contexts and prices
