@@ -305,8 +305,7 @@ class StageProfiler:
                 cached = self.workers.take(key, self._plan) if self.workers is not None else None
                 if cached is None:  # no worker, or it failed the segment: planned here
                     piece = subgraph(self.graph, seg.start, seg.stop)
-                    found = self.planner(piece, self.mesh, self.weighted)
-                    cached = tuple(found[op.name] for op in ops)
+                    cached = self._plan(piece, self.mesh, self.weighted)
                 self.drec_cache[key] = cached
                 self.counter[0] += 1
             out.update((op.name, s) for op, s in zip(ops, cached, strict=True))

@@ -13,7 +13,7 @@ in: each segment is planned once, by whichever process is free. D-Rec is determi
 strategies, and the plan, are those of an in-process run. A worker that cannot start, dies or
 is sent what does not pickle leaves the rest in process (an error D-Rec itself raises is raised
 there again). When the search ends the worker is ended and reaped. Cost: one interpreter start
-(about half a second, while the first layouts are bounded) and one pickle per segment each way.
+(while the first layouts are bounded) and one pickle per segment each way.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ _SERVE = "import pickle, sys; sys.path[:0] = pickle.load(sys.stdin.buffer); " + 
 _READY = -1
 """The job id of the worker's first message: idle, nothing answered yet."""
 _AHEAD = 2
-"""Segments sent before the worker asks: the next one waits in its pipe while it answers one
-(an answer reaches this process's reader thread only when the search yields the interpreter)."""
+"""Segments with the worker at once: the next one waits in its pipe while it answers one (an
+answer reaches this process's reader thread only when the search yields the interpreter)."""
 
 
 def serve() -> None:
@@ -75,7 +75,7 @@ def serve() -> None:
 class SegmentWorkers:
     """At most one worker process and its jobs, keyed by the caller (`StageProfiler`'s D-Rec
     cache keys): `submit` queues a segment, `take` gives its strategies or None (the caller
-    plans it: not queued, not yet asked for by the worker, or failed there)."""
+    plans it: never queued, or failed in the worker)."""
 
     def __init__(self, enabled: bool) -> None:
         self._futures: dict[Hashable, Future[Any]] = {}  # queued or sent, by key
@@ -119,14 +119,15 @@ class SegmentWorkers:
         """Send queued segments until `_AHEAD` are with the worker (under the lock); one that
         does not pickle is answered None (planned in process) and the next one is tried."""
         while self._ready and len(self._sent) < _AHEAD and self._queue and self._proc is not None:
-            job, _, future, message = self._queue.popleft()
+            entry = self._queue.popleft()
+            job, _, future, message = entry
             try:
                 self._write((job, *message))
             except (pickle.PickleError, AttributeError, TypeError):
                 future.set_result(None)
                 continue
             except OSError:  # the worker is gone: `_read` answers the rest
-                self._queue.appendleft((job, _, future, message))
+                self._queue.appendleft(entry)
                 return
             self._sent[job] = future
 
