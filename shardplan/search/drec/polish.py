@@ -52,6 +52,7 @@ from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
 from shardplan.search.drec.runs import Trial, run_moves, split_runs, valid
+from shardplan.search.drec.tied import tied_moves
 from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, layout_of_cut
 
 SWEEPS = 3
@@ -166,21 +167,38 @@ def polish(
     if cache.opts.zero:  # ZeRO's storage collectives are not in the rows (searches price 0)
         return dict(plan)
     rows = _Rows(graph, mesh, {k: tuple(v) for k, v in plan.items()}, cache, weights)
-    twins, frozen = twins or {}, frozen or ()
-    if pairs and not _pair_pass(rows, twins, frozen):
-        return rows.plan  # `plan` settled under single moves (a variant's, polished) stays so
+    _polished(rows, twins or {}, frozen or (), pairs, tied=True, settled=True)
+    return rows.plan
+
+
+def _polished(
+    rows: _Rows,
+    twins: Mapping[int, int],
+    frozen: Collection[int],
+    pairs: bool,
+    tied: bool,
+    settled: bool,
+    near: Collection[int] | None = None,
+) -> None:
+    """`polish` on `rows`: with `pairs`, the pair pass first (`tied`: with tied-parameter
+    moves), then single sweeps, the pair pass again once they settle; `settled`: the plan is
+    already settled under single moves (a variant's, polished), so no sweep runs when the first
+    pair pass moves nothing; `near`: the ops whose moves are tried (None: all)."""
+    n = len(rows.graph.ops)
+    if pairs and not _pair_pass(rows, twins, frozen, tied, near) and settled:
+        return
+    ops = range(n) if near is None else sorted(near)
     for sweep in range(SWEEPS):
         moved = False
-        for i in range(len(graph.ops)):
-            if twins.get(i, len(graph.ops)) < i or i in frozen:
+        for i in ops:
+            if twins.get(i, n) < i or i in frozen:
                 continue  # moved with its twin, or pinned
             moved |= _best_move(rows, [i, twins[i]] if i in twins else [i])
         if pairs and (not moved or sweep == SWEEPS - 1):
             # settled: moves of an op with its reader, which no single move reaches
-            moved = _pair_pass(rows, twins, frozen)
+            moved = _pair_pass(rows, twins, frozen, tied, near)
         if not moved:
             break
-    return rows.plan
 
 
 def _best_move(rows: _Rows, unit: list[int]) -> bool:
@@ -215,13 +233,29 @@ def _best_move(rows: _Rows, unit: list[int]) -> bool:
     return best != current
 
 
-def _pair_pass(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
-    """`_pair_moves` of every op in graph order, then `_tail_move`, `runs.run_moves` and
-    `runs.split_runs`; whether one moved."""
-    paired = any([_pair_moves(rows, i, twins, frozen) for i in range(len(rows.graph.ops))])
-    tail = _tail_move(rows, twins, frozen)
-    runs = run_moves(rows, twins, frozen)
-    return split_runs(rows, twins, frozen) or runs or tail or paired
+def _pair_pass(
+    rows: _Rows,
+    twins: Mapping[int, int],
+    frozen: Collection[int],
+    tied: bool = True,
+    near: Collection[int] | None = None,
+) -> bool:
+    """`_pair_moves` of every op in graph order, then `_tail_move`, `runs.run_moves`,
+    `runs.split_runs` and (`tied`) `tied.tied_moves`, each tied move settled by the rest of the
+    polish around it; whether one moved. `near`: the ops the moves start from (None: all, and
+    the tail move)."""
+    ops = range(len(rows.graph.ops)) if near is None else sorted(near)
+    paired = any([_pair_moves(rows, i, twins, frozen) for i in ops])
+    tail = _tail_move(rows, twins, frozen) if near is None else False
+    runs = run_moves(rows, twins, frozen, near)
+    split = split_runs(rows, twins, frozen, near)
+    if not tied:
+        return split or runs or tail or paired
+
+    def settle(moved: _Rows, around: Collection[int]) -> None:
+        _polished(moved, twins, frozen, pairs=True, tied=False, settled=False, near=around)
+
+    return tied_moves(rows, twins, frozen, settle) or split or runs or tail or paired
 
 
 def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:

@@ -91,15 +91,21 @@ class Trial:
         return count > 0
 
 
-def split_runs(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
+def split_runs(
+    rows: _Rows,
+    twins: Mapping[int, int],
+    frozen: Collection[int],
+    near: Collection[int] | None = None,
+) -> bool:
     """Cut, in one round r, a region that leaves it unused: from each op left unused in round
     r, cut along its first valid loop dim, then each op left unused in round r reading a moved
     op (graph order) takes the cut of round r its own row prices lowest, cumulatively; the
     region up to the op where the total is lowest is kept when it lowers the total. Whether one
-    was."""
+    was. `near`: the ops a region may start from (None: all)."""
     graph, n, moved = rows.graph, len(rows.graph.ops), False
+    starts = range(n) if near is None else sorted(near)
     for r in range(len(rows.mesh.rounds)):
-        for k in range(n):
+        for k in starts:
             current = rows.plan[graph.ops[k].name]
             if current[r] is not None or k in frozen or k in twins:
                 continue
@@ -172,14 +178,20 @@ def _next_follower(
     return len(graph.ops), None
 
 
-def run_moves(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
+def run_moves(
+    rows: _Rows,
+    twins: Mapping[int, int],
+    frozen: Collection[int],
+    near: Collection[int] | None = None,
+) -> bool:
     """Leave one round unused on a run of consecutive ops (graph order) that starts just after
     an op the round leaves unused: each run start's best run, if one lowers the total; whether
     one did. Where a cut stage is followed by a replicated one (a convolution that all-reduces
     its partial sums), the ops after it re-split their input only to all-reduce small weights'
     gradients; no op alone can stop (it would gather its input and scatter its output again),
     and the run is not at the graph's end (`polish._tail_move`): AlexNet on 3x5, batch 60, keeps
-    its last convolutions whole over the axis of 3 (1.042 -> 1.006 of the ILP optimum)."""
+    its last convolutions whole over the axis of 3 (1.042 -> 1.006 of the ILP optimum).
+    `near`: the ops a run may start at (None: all)."""
     graph, n, moved = rows.graph, len(rows.graph.ops), False
     for r in range(len(rows.mesh.rounds)):
         # what the rows pay beyond their compute, from each op on: the most a run can save
@@ -191,6 +203,9 @@ def run_moves(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) ->
         while k < n:
             plan, ops = rows.plan, graph.ops
             if plan[ops[k].name][r] is None or plan[ops[k - 1].name][r] is not None:
+                k += 1
+                continue
+            if near is not None and k not in near:
                 k += 1
                 continue
             end = _best_run(rows, k, r, suffix, twins, frozen)

@@ -50,6 +50,7 @@ from shardplan.search.drec.overlay import Overlay
 from shardplan.search.drec.polish import pair_polished
 from shardplan.search.drec.roundorder import with_round_orders
 from shardplan.search.drec.submesh import with_smaller_meshes
+from shardplan.search.drec.tiedwhole import with_tied_whole
 from shardplan.search.drec.variants import best_variant
 from shardplan.sharding import Strategy
 
@@ -554,6 +555,8 @@ def _drec_folded(
         )
         if plan is not None:
             plan = pair_polished(repeats.reduced, mesh, opts, memory_lambda, repeats, scoring, plan)
+            args = (repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
+            plan = with_tied_whole(_variants, *args, plan, scoring)
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
     flex = build_flex_graph(graph)
@@ -561,7 +564,11 @@ def _drec_folded(
     plan = _orders(_variants, graph, mesh, opts, memory_lambda, None, flex, pinned, cache=scoring)
     assert plan is not None
     frozen = list(pinned) if pinned else None
-    return pair_polished(graph, mesh, opts, memory_lambda, None, scoring, plan, frozen), None
+    plan = pair_polished(graph, mesh, opts, memory_lambda, None, scoring, plan, frozen)
+    if not pinned:  # pinned ops stay as the user fixed them
+        args = (graph, mesh, opts, memory_lambda, None, flex)
+        plan = with_tied_whole(_variants, *args, plan, scoring or ScoreCache(graph, mesh, opts))
+    return plan, None
 
 
 # the variants' best plan of a graph (None: a variant broke the fold's uniform interior), each
