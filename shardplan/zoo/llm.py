@@ -61,9 +61,14 @@ def _rope(b: GraphBuilder, x: str, name: str) -> str:
     )
 
 
-def _shared_constant(b: GraphBuilder, name: str, shape: tuple[int, ...]) -> str:
-    """One graph-level constant per name and shape, read by every layer."""
-    return b.shared_constant(f"{name}_{'x'.join(map(str, shape))}", shape)
+def _shared_constant(
+    b: GraphBuilder, name: str, shape: tuple[int, ...], batched: bool = False
+) -> str:
+    """One graph-level constant per name and shape, read by every layer; `batched`: its leading
+    dim is the batch, left out of the name, so the graph's names are the same at every batch size
+    (the training search then derives the model at other micro-batch sizes: ir/rebatch.py)."""
+    named = shape[1:] if batched else shape
+    return b.shared_constant(f"{name}_{'x'.join(map(str, named))}", shape)
 
 
 def _heads(b: GraphBuilder, x: str, heads: int, dim: int, name: str) -> str:
@@ -143,7 +148,7 @@ def mla_attention(
         ckv = layer_norm(b, dense(b, x, kv_rank, "kv_a", bias=False), "kv_a_norm", rms=True)
         k_pe = _heads(b, dense(b, x, rope_dim, "k_rope", bias=False), 1, rope_dim, "k_pe")
         k_pe = _rope(b, k_pe, "k")
-        zeros = _shared_constant(b, "zeros", (batch, heads, seq, rope_dim))
+        zeros = _shared_constant(b, "zeros", (batch, heads, seq, rope_dim), batched=True)
         k_pe = b.apply("add", zeros, k_pe, name="k_pe_every_head")  # one RoPE key for every head
         k_nope = _heads(
             b, dense(b, ckv, heads * nope_dim, "kv_b_k", bias=False), heads, nope_dim, "k_nope"
