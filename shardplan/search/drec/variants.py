@@ -18,6 +18,7 @@ from typing import Any
 
 from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
+from shardplan.errors import ShardplanError
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.flex import FlexGraph
@@ -26,8 +27,9 @@ from shardplan.search.drec.gates import unused_floor
 from shardplan.search.drec.nextround import differs
 from shardplan.search.drec.polish import plan_score, polish
 from shardplan.search.drec.state import EdgeBook
+from shardplan.search.drec.swaps import with_round_swaps
 from shardplan.search.drec.tables import SearchTables
-from shardplan.sharding import Strategy
+from shardplan.sharding import Strategy, check_strategy
 
 
 def variant_runs(
@@ -132,7 +134,28 @@ def best_variant(
             scored.append((strategies, score))
             if score < best_score:
                 best, best_score = strategies, score
-    return best
+    if best is None or pinned or opts.preset.symbolic:
+        return best
+
+    def improve(candidate: dict[str, Strategy]) -> tuple[dict[str, Strategy], float] | None:
+        if not all(valid_strategy(graph, mesh, i, candidate) for i in range(len(graph.ops))):
+            return None
+        found = polish(graph, mesh, candidate, cache, weights, twins, pairs=True)
+        if fold is not None and not fold.uniform(found):
+            return None
+        return found, plan_score(graph, mesh, opts, memory_lambda, fold, cache, found)
+
+    return with_round_swaps(mesh, scored, best, best_score, improve)[0]
 
 
-__all__ = ["best_variant", "variant_runs"]
+def valid_strategy(graph: Graph, mesh: Mesh, i: int, plan: Mapping[str, Strategy]) -> bool:
+    """Whether op i's strategy in `plan` is valid on `mesh` (`sharding.check_strategy`)."""
+    op = graph.ops[i]
+    try:
+        check_strategy(op, plan[op.name], mesh.rounds)
+    except ShardplanError:
+        return False
+    return True
+
+
+__all__ = ["best_variant", "valid_strategy", "variant_runs"]
