@@ -524,7 +524,9 @@ def drec_folded(
     that left them unused, an MoE layer on 12: 1.116 -> 1.001; `runs.py`; a tied parameter's
     readers re-cut together in one round, GPT-2 small on 2x2: 1.155 -> 1.000, `tied.py`), and
     the variants run once more with a costly tied parameter's readers kept whole (GPT-3, 2
-    layers, on 12: 1.048 -> 1.010; `tiedwhole.py`). That
+    layers, on 12: 1.048 -> 1.010; `tiedwhole.py`); when replication beats every variant, the
+    two best cut plans are tried with two same-axis rounds exchanged (Llama, 3 layers, on 4x3:
+    1.090 -> 1.034; `swaps.py`). That
     is at most 3 * (3 + mesh axes) + 1 linear searches; the
     unused-axis ones are shorter. With
     the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
