@@ -17,16 +17,13 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _report import run_info, write  # noqa: E402
-from quality import geomean, run_case  # noqa: E402
-from quality_sweep import builder_takes, markdown  # noqa: E402
+from quality_sweep import builder_takes, markdown, run_cases, summarize  # noqa: E402
 
 MODELS = (  # the zoo's classic families, small enough for the ILP at one to three layers
     "gpt2-small",
@@ -91,25 +88,8 @@ def main() -> None:
     parser.add_argument("--name", default="quality_random", help="results file stem")
     args = parser.parse_args()
     info = run_info(__file__, time_limit=args.time_limit, seed=args.seed)
-    rows: list[dict[str, Any]] = []
-    for model, mesh, sizes in cases(args.seed, args.cases):
-        start = time.perf_counter()
-        row = run_case(model, mesh, args.time_limit, 8, args.ilp_cache, sizes)
-        rows.append(row)
-        gap = f"{row['gap']:.3f}" if "gap" in row else "-"
-        print(f"{model:12s} {mesh:5s} {sizes} gap={gap} ({time.perf_counter() - start:.1f} s)")
-    proven = [r["gap"] for r in rows if r.get("ilp_status") == "optimal"]
-    summary = {
-        "seed": args.seed,
-        "proven_cases": len(proven),
-        "cases": len(rows),
-        "gap_geomean": geomean(proven),
-        "gap_worst": max(proven, default=None),
-        "within_1_05": sum(1 for g in proven if g <= 1.05),
-        "worse_than_expert": sum(
-            1 for r in rows if r["drec_cost"] > r["expert_cost"] * (1 + 1e-9)
-        ),
-    }
+    rows = run_cases(cases(args.seed, args.cases), args.time_limit, args.ilp_cache)
+    summary = {"seed": args.seed, **summarize(rows)}
     md = markdown(rows, info).replace(
         "# D-Rec quality on meshes with factors 3 and 5, several layers, other sizes",
         f"# D-Rec quality on {len(rows)} random cases (seed {args.seed})",
