@@ -31,7 +31,7 @@ def test_drec_reaches_the_optimum_moving_the_tied_readers_together(gpt2_on_2x2):
 def test_without_the_tied_moves_drec_misses_it(gpt2_on_2x2, monkeypatch):
     graph, exact = gpt2_on_2x2
     monkeypatch.setattr(tied, "GAIN", float("inf"))  # no round pays enough to try
-    monkeypatch.setattr(tiedwhole, "GAIN", float("inf"))
+    monkeypatch.setattr(tiedwhole, "WHOLE_GAIN", float("inf"))
     assert sp.plan(graph, "2x2").cost.total > exact.cost.total * 1.1
 
 
@@ -78,5 +78,5 @@ def test_inference_plans_have_no_tied_moves(gpt2_on_2x2, monkeypatch):
     graph, _ = gpt2_on_2x2
     found = sp.plan(graph, "2x2", train=False)
     monkeypatch.setattr(tied, "GAIN", float("inf"))
-    monkeypatch.setattr(tiedwhole, "GAIN", float("inf"))
+    monkeypatch.setattr(tiedwhole, "WHOLE_GAIN", float("inf"))
     assert sp.plan(graph, "2x2", train=False).strategies == found.strategies

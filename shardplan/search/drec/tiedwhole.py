@@ -7,7 +7,7 @@ body around that. Where the optimum keeps both readers whole and parts the body 
 2 layers, batch 6, on 12: tensor parallel x 4 and the batch x 3 in the body, 1.048 of the ILP
 optimum with the table's gradient summed, the all-replicated plan) no polish move reaches it: it
 changes every op. So when summing such a gradient whole over the mesh would cost at least
-`tied.GAIN` of the plan's score (`tied.whole_sum_s`: what a plan cutting its readers along the
+`WHOLE_GAIN` of the plan's score (`tied.whole_sum_s`: what a plan cutting its readers along the
 batch pays), the variants run once more with those readers pinned whole in every round
 (`variants.best_variant`'s pinned search): 1.048 -> 1.010 there. The plan is polished with
 pair and run moves and kept when the evaluator scores it lower (`polish.polished_if_lower`).
@@ -27,8 +27,14 @@ from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.polish import plan_score, polished_if_lower
-from shardplan.search.drec.tied import GAIN, tied_parameters, whole_sum_s
+from shardplan.search.drec.tied import tied_parameters, whole_sum_s
 from shardplan.sharding import Strategy
+
+WHOLE_GAIN = 0.05
+"""The search with a tied parameter's readers whole runs only where summing its whole gradient
+over the mesh would cost at least this share of the plan's score: it is a second set of variant
+searches, which a gain of a percent or two does not pay for (the tied moves, one polish per
+try, are tried from `tied.GAIN`)."""
 
 
 def with_tied_whole(
@@ -43,7 +49,7 @@ def with_tied_whole(
     cache: ScoreCache,
 ) -> dict[str, Strategy]:
     """`plan` (the search's, pair-polished), or `search`'s plan with the readers of the tied
-    parameters whose gradient sums cost `GAIN` of its score pinned whole, when it scores lower
+    parameters whose gradient sums cost `WHOLE_GAIN` of its score pinned whole, when it scores lower
     once polished (module docstring). `search`: `variants.best_variant` with its classes."""
     if not opts.train or opts.preset.symbolic:
         return plan
@@ -54,7 +60,7 @@ def with_tied_whole(
     whole = (None,) * len(mesh.rounds)
     pinned: dict[int, Strategy] = {}
     for name, readers in tied.items():
-        if whole_sum_s(graph, mesh, name) >= GAIN * score:
+        if whole_sum_s(graph, mesh, name) >= WHOLE_GAIN * score:
             pinned.update(dict.fromkeys(readers, whole))
     if not pinned or _compute_floor(graph, mesh, fold, cache, pinned) >= score:
         return plan  # the readers' whole compute alone costs what the plan found does
@@ -80,4 +86,4 @@ def _compute_floor(
     return floor
 
 
-__all__ = ["with_tied_whole"]
+__all__ = ["WHOLE_GAIN", "with_tied_whole"]
