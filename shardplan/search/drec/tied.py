@@ -1,5 +1,5 @@
 """Tied-parameter moves of D-Rec's exact polish (`polish.py`): a shared parameter's readers re-cut
-together in one round, then the plan around them settled again by single moves.
+together in one round, then the plan around them settled again by the polish's other moves.
 
 A parameter read by several ops (GPT-2's token embedding table, read by the lookup and by the
 tied output head) has one gradient: each round where its readers cut dims that do not index it
