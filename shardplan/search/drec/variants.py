@@ -82,8 +82,7 @@ def best_variant(
     raw: list[dict[str, Strategy]] = []  # the variants' plans before the polish
     twins = fold.twins() if fold is not None else None
     tables = SearchTables.of(graph, flex)  # shared by the variants: graph and flex alone
-    # and the prices of the plans they score
-    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
+    cache = cache if cache is not None else ScoreCache(graph, mesh, opts)  # and plan prices
     runs = variant_runs(mesh, opts, pinned, len(flex.heavy))
     rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] = {}
     prices: dict[tuple[object, ...], dict[str | None, float]] = {}  # own prices, shared
@@ -136,6 +135,24 @@ def best_variant(
                 best, best_score = strategies, score
     if best is None or pinned or opts.preset.symbolic:
         return best
+    return _with_swaps(graph, mesh, opts, memory_lambda, fold, cache, scored, best, best_score)
+
+
+def _with_swaps(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Fold | None,
+    cache: ScoreCache,
+    scored: list[tuple[dict[str, Strategy], float]],
+    best: dict[str, Strategy],
+    best_score: float,
+) -> dict[str, Strategy]:
+    """`swaps.with_round_swaps` of the variants' best plan: a swapped plan polished with pair
+    and run moves, kept when valid, uniform over `fold`'s interior and scored lower."""
+    weights = fold.round_weights() if fold is not None else None
+    twins = fold.twins() if fold is not None else None
 
     def improve(candidate: dict[str, Strategy]) -> tuple[dict[str, Strategy], float] | None:
         if not all(valid_strategy(graph, mesh, i, candidate) for i in range(len(graph.ops))):
