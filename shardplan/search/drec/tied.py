@@ -84,7 +84,7 @@ def tied_moves(
 
 def _near(graph: Graph, kick: Mapping[int, Strategy], hops: int) -> set[int]:
     """The ops within `hops` producer / reader steps of the moved ops (them included)."""
-    producer = {t: i for i, op in enumerate(graph.ops) for t in op.outputs}
+    producer = graph.producer
     ball, frontier = set(kick), set(kick)
     for _ in range(hops):
         step: set[int] = set()
