@@ -12,6 +12,7 @@ import pytest
 import shardplan as sp
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
+from shardplan.search.drec import polish as polish_module
 from shardplan.search.drec.polish import polish
 
 PROJ = "layers.0.experts.expert_proj"
@@ -77,3 +78,19 @@ def test_polish_tries_no_cut_for_a_reduction_cut_its_neighbours_agree_with():
     polished = polish(graph, mesh, start, ScoreCache(graph, mesh, opts))
     assert polished[out] == ("b", None, None)
     assert evaluate_strategies(graph, mesh, polished, opts).total < before * (1 - 1e-3)
+
+
+LLAMA_4X7 = dict(layers=1, batch=84, seq=96, hidden=1024, heads=16, kv_heads=4, ffn=2816)
+
+
+def test_polish_cuts_a_weight_its_neighbours_agree_on_splitting_the_batch(monkeypatch):
+    # Llama (1 layer, batch 84, vocab 32000) on 4x7, found by benchmarks/quality_random.py
+    # (seed 10): every neighbour of the output head split the batch in round 0, so no single
+    # move was tried there, yet cutting the vocabulary instead drops the table's gradient sum
+    graph, mesh = sp.zoo.build("llama", **LLAMA_4X7, vocab=32000), sp.parse_mesh("4x7")
+    exact = sp.plan(graph, mesh, method="ilp", time_limit=120)  # optimal in about 2 s
+    found = sp.plan(graph, mesh)
+    assert found.cost.total <= exact.cost.total * 1.05
+    assert [c for c in found.strategies["lm_head.linear"][:2]] == ["n", "n"]
+    monkeypatch.setattr(polish_module, "_weight_cuts", lambda graph, op: [])
+    assert sp.plan(graph, mesh).cost.total > exact.cost.total * 1.15

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
-from shardplan.search.drec import swaps, variants
+from shardplan.search.drec import swaps
 
 LLAMA = dict(layers=3, batch=36, seq=128, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000)
 
@@ -29,12 +29,22 @@ def test_a_plan_that_cuts_is_kept_as_it_is():
     assert out == (best, 1.0) and not tried
 
 
-def test_llama_on_4x3_finds_a_cut_plan_below_replication(monkeypatch):
+def test_when_replication_wins_a_swapped_cut_plan_that_scores_lower_replaces_it():
+    mesh = sp.parse_mesh("4x3")
+    whole = {"a": (None, None, None)}
+    cut = {"a": ("b", "n", "b")}
+    scores = {("n", "b", "b"): 0.5}  # only the swapped plan, once improved, beats replication
+    out = swaps.with_round_swaps(
+        mesh, [(cut, 2.0), (whole, 1.0)], whole, 1.0, lambda p: (p, scores.get(p["a"], 3.0))
+    )
+    assert out == ({"a": ("n", "b", "b")}, 0.5)
+    worse = swaps.with_round_swaps(mesh, [(cut, 2.0)], whole, 0.4, lambda p: (p, 0.5))
+    assert worse == (whole, 0.4)  # kept: no swapped plan beat it
+
+
+def test_llama_on_4x3_finds_a_cut_plan_below_replication():
+    # the case that made the swaps: replication won; the polish's weight cuts now reach it too
     graph, mesh = sp.zoo.build("llama", **LLAMA), sp.parse_mesh("4x3")
     whole = {op.name: (None,) * len(mesh.rounds) for op in graph.ops}
     replicated = evaluate_strategies(graph, mesh, whole, CostOptions.make()).total
-    found = sp.plan(graph, mesh)
-    assert found.cost.total < replicated * 0.96
-    monkeypatch.setattr(variants, "with_round_swaps", lambda mesh, scored, b, s, f: (b, s))
-    without = sp.plan(graph, mesh)
-    assert without.strategies == whole  # without the swaps, replication won
+    assert sp.plan(graph, mesh).cost.total < replicated * 0.96
