@@ -205,7 +205,7 @@ def _polished(
             break
 
 
-def _best_move(rows: _Rows, unit: list[int]) -> bool:
+def _best_move(rows: _Rows, unit: list[int], weights: bool = False) -> bool:
     """Move the ops of `unit` (alike ops that share one strategy) to the strategy, one round's
     cut away from the current one, that lowers the total most; whether one did. A row costs at
     least its compute (its collectives, credits included, and redistributions are >= 0), and the
@@ -219,7 +219,7 @@ def _best_move(rows: _Rows, unit: list[int]) -> bool:
     before = sum(rows.current(j) for j in touched)
     best, best_cost = current, before - 1e-12 * max(abs(before), 1e-300)
     floor = sum(rows.compute(j, plan[graph.ops[j].name]) for j in others)
-    for strategy in _neighbours(rows, unit[0]):
+    for strategy in _neighbours(rows, unit[0], weights):
         if sum(rows.compute(i, strategy) for i in unit) + floor >= best_cost:
             continue
         for i in unit:
@@ -250,6 +250,7 @@ def _pair_pass(
     the tail move)."""
     ops = range(len(rows.graph.ops)) if near is None else sorted(near)
     paired = any([_pair_moves(rows, i, twins, frozen) for i in ops])
+    paired |= _weight_moves(rows, ops, twins, frozen)
     tail = _tail_move(rows, twins, frozen) if near is None else False
     runs = run_moves(rows, twins, frozen, near)
     split = split_runs(rows, twins, frozen, near)
@@ -260,6 +261,24 @@ def _pair_pass(
         _polished(moved, twins, frozen, pairs=True, tied=False, settled=False, near=around)
 
     return tied_moves(rows, twins, frozen, settle) or split or runs or tail or paired
+
+
+def _weight_moves(
+    rows: _Rows, ops: Sequence[int], twins: Mapping[int, int], frozen: Collection[int]
+) -> bool:
+    """Each op of `ops` that reads a weight: its best single move among no cut and the cuts
+    that split a weight, in the rounds where its neighbours all agree with a cut that leaves a
+    weight whole (`_neighbours(weights=True)`); whether one moved. Once per final pass, not per
+    sweep: a data-parallel plan has such a round for every weight, each costing a move's price."""
+    graph, moved = rows.graph, False
+    n = len(graph.ops)
+    for i in ops:
+        if twins.get(i, n) < i or i in frozen or not _weight_cuts(graph, graph.ops[i]):
+            continue
+        if rows.current(i) <= rows.compute(i, rows.plan[graph.ops[i].name]):
+            continue  # its row pays no collective: no gradient sum to save
+        moved |= _best_move(rows, [i, twins[i]] if i in twins else [i], weights=True)
+    return moved
 
 
 def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
@@ -389,10 +408,12 @@ def _try_pair(
     return keep
 
 
-def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
+def _neighbours(rows: _Rows, i: int, weights: bool = False) -> list[Strategy]:
     """Valid strategies one round's cut away from op i's: in round r, no cut, or a cut that
     splits some operand as its producer, parameter home or a reader splits it in round r (the
-    layouts a move could agree with; any other cut only adds a redistribution)."""
+    layouts a move could agree with; any other cut only adds a redistribution). `weights`:
+    instead, in the rounds where every neighbour agrees and the cut leaves a weight whole, no
+    cut and the cuts that split a weight (`_weight_moves`)."""
     graph, cache, op = rows.graph, rows.cache, rows.graph.ops[i]
     current = rows.plan[op.name]
     sig = op.signature
@@ -408,22 +429,29 @@ def _neighbours(rows: _Rows, i: int) -> list[Strategy]:
             sides.append((layout, sig.outputs[pos], True))
     dims = [None, *(d.name for d in sig.loop_dims)]
     reducing = {d.name for d in sig.loop_dims if d.kind is DimKind.REDUCE}
-    weight_cuts = _weight_cuts(graph, op)
+    splits, rounds = _weight_cuts(graph, op) if weights else [], rows.mesh.rounds
     # each cut's layout of each side, in any round: a cut lays an operand out alike every round
     mine = {cut: [_layout(op, cut, side) for side in sides] for cut in {*dims, *current}}
     out = []
+    alike: set[tuple[object, ...]] = set()  # `weights`: rounds alike to one tried already
     for r in range(len(current)):
         now = mine[current[r]]
         # the sides the current cut disagrees with in round r (their layout): a move must agree
         # with one of them
         off = [(k, side[0][r]) for k, side in enumerate(sides) if now[k] != side[0][r]]
-        # a weight the cut leaves whole has its gradient summed over the round
-        sums = current[r] is not None and any(current[r] not in w for w in weight_cuts)
-        if not off and current[r] not in reducing and not sums:
+        if weights:  # all agree, and a weight the cut leaves whole has its gradient summed
+            summed = current[r] is not None and any(current[r] not in w for w in splits)
+            same = (rounds[r].mesh_axis, rounds[r].q, current[r], *(t[0][r] for t in sides))
+            if off or not summed or same in alike:
+                continue  # rounds alike in axis, ways and layouts: their moves price alike
+            alike.add(same)
+            tried = [None, *sorted(set().union(*splits) - {current[r]})]
+        elif off:
+            tried = dims
+        elif current[r] in reducing:  # all agree: a reduction cut may still not pay its
+            tried = [None]  # all-reduce (no cut: the input gathered, the compute whole instead)
+        else:
             continue
-        # all agree: a reduction cut may still not pay its all-reduce (no cut: the input
-        # gathered, the compute whole instead), a weight's gradient sum its neighbours' layouts
-        tried = dims if off else [None, *sorted(set().union(*weight_cuts) - {current[r]})]
         for cut in tried:
             if cut == current[r] or (off and not any(mine[cut][k] == t for k, t in off)):
                 continue  # agrees with no neighbour the current cut disagrees with
