@@ -18,13 +18,15 @@ parameters' other readers. The polish visits ops in graph order and moves each t
 local sum most, exactly the change of the total. A round where every neighbour agrees with the
 op's cut is left alone unless the cut is along a reduced dim; then no cut is tried, its partial
 sums' all-reduce traded for its input's gather (BERT-base's attention output projection, 2
-layers, on 30: 1.054 -> 1.016 of the ILP optimum); nor is one where the cut leaves a weight
-whole, its gradient summed over the round: then no cut and each cut that splits a weight are
-tried, trading that sum for redistributions on both sides (Llama, 1 layer, batch 84, on 4x7:
-the output head's 32000 x 1024 table summed over the axis of 4 while every neighbour split the
-batch, 1.219 -> 1.036 of the ILP optimum). Sweeps repeat while some move pays, at most
+layers, on 30: 1.054 -> 1.016 of the ILP optimum). Sweeps repeat while some move pays, at most
 `SWEEPS` times. On a folded graph (`fold.py`) a block-1 op and its block-2 twin move together
 and rows are weighted as in the fold's score, so the plan stays uniform and the score exact.
+
+Weight moves (`_weight_moves`, with the pair moves): where every neighbour agrees with a cut
+that leaves a weight whole, its gradient summed over the round, no cut and each cut that splits
+a weight are tried, trading that sum for redistributions on both sides (Llama, 1 layer, batch
+84, on 4x7: the output head's 32000 x 1024 table summed over the axis of 4 while every neighbour
+split the batch, 1.219 -> 1.028 of the ILP optimum).
 
 Pair moves (`pair_polished`, once on a search's final plan, not per variant): an op and a reader
 of its result, where both cut one axis of that tensor in some rounds, both cut another of its
