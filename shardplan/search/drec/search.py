@@ -42,6 +42,7 @@ from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
+from shardplan.search.drec.axisswaps import with_axis_swaps
 from shardplan.search.drec.costs import RoundCosts
 from shardplan.search.drec.flex import FlexEdge, build_flex_graph
 from shardplan.search.drec.fold import Fold, find_fold
@@ -562,6 +563,7 @@ def _drec_folded(
             plan = pair_polished(repeats.reduced, mesh, opts, memory_lambda, repeats, scoring, plan)
             args = (repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
             plan = with_tied_whole(_variants, *args, plan, scoring)
+            plan = with_axis_swaps(*args[:5], scoring, plan)
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
     flex = build_flex_graph(graph)
@@ -572,7 +574,9 @@ def _drec_folded(
     plan = pair_polished(graph, mesh, opts, memory_lambda, None, scoring, plan, frozen)
     if not pinned:  # pinned ops stay as the user fixed them
         args = (graph, mesh, opts, memory_lambda, None, flex)
-        plan = with_tied_whole(_variants, *args, plan, scoring or ScoreCache(graph, mesh, opts))
+        scoring = scoring or ScoreCache(graph, mesh, opts)
+        plan = with_tied_whole(_variants, *args, plan, scoring)
+        plan = with_axis_swaps(graph, mesh, opts, memory_lambda, None, scoring, plan)
     return plan, None
 
 
