@@ -8,7 +8,9 @@ mesh's factors or not. Each case is run by `quality.run_case` (D-Rec, the expert
 with a time limit, one cost model) and reported as `quality_sweep.py` reports its list.
 
 Run: python benchmarks/quality_random.py [--seed 1] [--cases 30] [--time-limit 30]
-     [--ilp-cache DIR] [--name STEM]
+     [--ilp-cache DIR] [--name STEM] [--axes 2|3]
+`--axes 3` also draws 3-D meshes (three factors, either order; seeds keep their cases only at
+the default 2).
 Writes benchmarks/results/{STEM}.{json,md} (default quality_random). Deterministic per seed.
 """
 
@@ -43,9 +45,15 @@ MESHES = (2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16, 18, 20, 21, 24, 25, 27, 28
 SEQS = (64, 96, 128, 160, 192, 256, 384, 512)
 
 
-def draw_mesh(rng: random.Random) -> str:
-    """A 1-D mesh, or (half the time, when it has two factors) a 2-D one of its factors."""
+def draw_mesh(rng: random.Random, axes: int = 2) -> str:
+    """A 1-D mesh, or (half the time, when it has two factors) a 2-D one of its factors; with
+    `axes` 3, a 3-D one of three factors half the time it has them (`--axes 3`)."""
     n = rng.choice(MESHES)
+    if axes >= 3:
+        triples = [(a, b, n // (a * b)) for a in range(2, n) for b in range(2, n)]
+        triples = [t for t in triples if t[2] >= 2 and t[0] * t[1] * t[2] == n]
+        if triples and rng.random() < 0.5:
+            return "x".join(map(str, rng.choice(triples)))
     pairs = [(a, n // a) for a in range(2, n) if n % a == 0]
     if pairs and rng.random() < 0.5:
         a, b = rng.choice(pairs)
@@ -66,12 +74,12 @@ def draw_sizes(rng: random.Random, model: str, devices: int) -> dict[str, int]:
     return {k: v for k, v in sizes.items() if k in takes}
 
 
-def cases(seed: int, count: int) -> list[tuple[str, str, dict[str, int]]]:
+def cases(seed: int, count: int, axes: int = 2) -> list[tuple[str, str, dict[str, int]]]:
     rng = random.Random(seed)
     out = []
     for _ in range(count):
         model = rng.choice(MODELS)
-        mesh = draw_mesh(rng)
+        mesh = draw_mesh(rng, axes)
         devices = 1
         for part in mesh.split("x"):
             devices *= int(part)
@@ -86,9 +94,10 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--ilp-cache", type=Path, default=None, help="reuse/store ILP results")
     parser.add_argument("--name", default="quality_random", help="results file stem")
+    parser.add_argument("--axes", type=int, default=2, choices=(2, 3), help="most mesh axes")
     args = parser.parse_args()
-    info = run_info(__file__, time_limit=args.time_limit, seed=args.seed)
-    rows = run_cases(cases(args.seed, args.cases), args.time_limit, args.ilp_cache)
+    info = run_info(__file__, time_limit=args.time_limit, seed=args.seed, axes=args.axes)
+    rows = run_cases(cases(args.seed, args.cases, args.axes), args.time_limit, args.ilp_cache)
     summary = {"seed": args.seed, **summarize(rows)}
     md = markdown(rows, info).replace(
         "# D-Rec quality on meshes with factors 3 and 5, several layers, other sizes",
