@@ -42,7 +42,7 @@ from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.axisswaps import with_axis_swaps
+from shardplan.search.drec.columns import with_column_moves
 from shardplan.search.drec.costs import RoundCosts
 from shardplan.search.drec.flex import FlexEdge, build_flex_graph
 from shardplan.search.drec.fold import Fold, find_fold
@@ -563,7 +563,7 @@ def _drec_folded(
             plan = pair_polished(repeats.reduced, mesh, opts, memory_lambda, repeats, scoring, plan)
             args = (repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
             plan = with_tied_whole(_variants, *args, plan, scoring)
-            plan = with_axis_swaps(*args[:5], scoring, plan)
+            plan = with_column_moves(*args[:5], scoring, plan)
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
     flex = build_flex_graph(graph)
@@ -576,7 +576,7 @@ def _drec_folded(
         args = (graph, mesh, opts, memory_lambda, None, flex)
         scoring = scoring or ScoreCache(graph, mesh, opts)
         plan = with_tied_whole(_variants, *args, plan, scoring)
-        plan = with_axis_swaps(graph, mesh, opts, memory_lambda, None, scoring, plan)
+        plan = with_column_moves(graph, mesh, opts, memory_lambda, None, scoring, plan)
     return plan, None
 
 
