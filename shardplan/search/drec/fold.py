@@ -390,7 +390,22 @@ def find_fold(graph: Graph, labels: Sequence[int] | None = None) -> Fold | None:
     """The longest run of >= MIN_BLOCKS identical blocks, with its reduced graph, or None.
     `labels`: the graph's `op_labels`, or any numbering of the same classes (a `ScoreCache`'s
     `classes`): only their equality is read."""
+    found = repeated_blocks(graph, labels, MIN_BLOCKS)
+    if found is None:
+        return None
+    start, period, count = found
+    reduced = _reduce(graph, start, period, count)
+    return Fold(graph, reduced, start, period, count, tuple(op_labels(reduced)))
+
+
+def repeated_blocks(
+    graph: Graph, labels: Sequence[int] | None, min_blocks: int
+) -> tuple[int, int, int] | None:
+    """(first op, ops per block, blocks) of the run of >= `min_blocks` identical blocks that
+    saves the most ops when folded (module docstring; below `KEPT` blocks, that covers the most
+    ops), or None."""
     labels = list(labels) if labels is not None else op_labels(graph)
+    kept = KEPT if min_blocks >= KEPT else 0
     last: dict[int, int] = {}
     gaps: Counter[int] = Counter()
     for i, label in enumerate(labels):
@@ -399,16 +414,15 @@ def find_fold(graph: Graph, labels: Sequence[int] | None = None) -> Fold | None:
         last[label] = i
     best: tuple[int, int, int] | None = None  # (ops saved, start, period) ...
     for period, _ in gaps.most_common(3):
-        if best is not None and len(labels) - KEPT * period <= best[0]:
+        if best is not None and len(labels) - kept * period <= best[0]:
             continue  # it saves at most the ops past its 4 kept blocks: it cannot save more
         start, count = _run(graph, labels, period)
-        if count >= MIN_BLOCKS and (best is None or (count - KEPT) * period > best[0]):
-            best = ((count - KEPT) * period, start, period, count)  # type: ignore[assignment]
+        if count >= min_blocks and (best is None or (count - kept) * period > best[0]):
+            best = ((count - kept) * period, start, period, count)  # type: ignore[assignment]
     if best is None:
         return None
     _, start, period, count = best  # type: ignore[misc]
-    reduced = _reduce(graph, start, period, count)
-    return Fold(graph, reduced, start, period, count, tuple(op_labels(reduced)))
+    return start, period, count
 
 
 def _reduce(graph: Graph, start: int, period: int, count: int) -> Graph:

@@ -105,14 +105,26 @@ def split_runs(
     graph, n, moved = rows.graph, len(rows.graph.ops), False
     starts = range(n) if near is None else sorted(near)
     for r in range(len(rows.mesh.rounds)):
+        suffix = _paid_suffix(rows)
         for k in starts:
             current = rows.plan[graph.ops[k].name]
             if current[r] is not None or k in frozen or k in twins:
                 continue
             seed = next((s for s in _round_cuts(rows, k, r) if s[r] is not None), None)
             if seed is not None:
-                moved |= _best_region(rows, k, r, seed, twins, frozen)
+                moved |= _best_region(rows, k, r, seed, twins, frozen, suffix)
     return moved
+
+
+def _paid_suffix(rows: _Rows) -> list[float]:
+    """Per op index e, what the rows of ops e, e+1, ... pay beyond their compute: the most a
+    move of those ops can save there."""
+    graph, n = rows.graph, len(rows.graph.ops)
+    suffix = [0.0] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        paid = rows.current(j) - rows.compute(j, rows.plan[graph.ops[j].name])
+        suffix[j] = suffix[j + 1] + max(paid, 0.0)
+    return suffix
 
 
 def _round_cuts(rows: _Rows, i: int, r: int) -> list[Strategy]:
@@ -130,8 +142,11 @@ def _best_region(
     seed: Strategy,
     twins: Mapping[int, int],
     frozen: Collection[int],
+    suffix: Sequence[float],
 ) -> bool:
-    """`split_runs` from op k cutting `seed`; whether the region was kept."""
+    """`split_runs` from op k cutting `seed`; whether the region was kept. The walk stops when
+    even dropping every later row's collectives (`suffix`) and those of the rows reached could
+    not beat the best region."""
     trial = Trial(rows)
     moved: set[str] = set()  # tensors written by moved ops
     best, best_len = 0.0, 0
@@ -142,6 +157,8 @@ def _best_region(
         if trial.beats(best):
             best, best_len = trial.delta, len(trial.changed)
         e, strategy = _next_follower(rows, e, r, moved, twins, frozen)
+        if strategy is not None and trial.delta - suffix[e] - trial.left >= best:
+            break
     return trial.keep(best_len)
 
 
@@ -194,11 +211,7 @@ def run_moves(
     `near`: the ops a run may start at (None: all)."""
     graph, n, moved = rows.graph, len(rows.graph.ops), False
     for r in range(len(rows.mesh.rounds)):
-        # what the rows pay beyond their compute, from each op on: the most a run can save
-        suffix = [0.0] * (n + 1)
-        for j in range(n - 1, -1, -1):
-            paid = rows.current(j) - rows.compute(j, rows.plan[graph.ops[j].name])
-            suffix[j] = suffix[j + 1] + max(paid, 0.0)
+        suffix = _paid_suffix(rows)  # what the rows from each op on pay: the most a run saves
         k = 1
         while k < n:
             plan, ops = rows.plan, graph.ops

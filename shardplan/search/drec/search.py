@@ -42,6 +42,7 @@ from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
+from shardplan.search.drec.blocks import with_block_copies
 from shardplan.search.drec.columns import with_column_moves
 from shardplan.search.drec.costs import RoundCosts
 from shardplan.search.drec.flex import FlexEdge, build_flex_graph
@@ -577,6 +578,7 @@ def _drec_folded(
         scoring = scoring or ScoreCache(graph, mesh, opts)
         plan = with_tied_whole(_variants, *args, plan, scoring)
         plan = with_column_moves(graph, mesh, opts, memory_lambda, None, scoring, plan)
+        plan = with_block_copies(graph, mesh, opts, memory_lambda, scoring, plan)
     return plan, None
 
 
