@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shardplan as sp
 from shardplan.cost import CostOptions, evaluate_strategies
-from shardplan.search.drec import swaps
+from shardplan.search.drec import swaps, variants
 
 LLAMA = dict(layers=3, batch=36, seq=128, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000)
 
@@ -48,3 +48,19 @@ def test_llama_on_4x3_finds_a_cut_plan_below_replication():
     whole = {op.name: (None,) * len(mesh.rounds) for op in graph.ops}
     replicated = evaluate_strategies(graph, mesh, whole, CostOptions.make()).total
     assert sp.plan(graph, mesh).cost.total < replicated * 0.96
+
+
+def test_a_search_with_pinned_readers_swaps_too(monkeypatch):
+    # GPT-2 medium, 3 layers, batch 18, on 18 (benchmarks/quality_random.py --axes 3, seed 12):
+    # with its tied readers pinned whole (tiedwhole.py) replication won every variant; the best
+    # cut plan with its two rounds of 3 exchanged and polished is the ILP optimum
+    graph = sp.zoo.build("gpt2-medium", layers=3, batch=18, seq=256)
+    exact = sp.plan(graph, "18", method="ilp", time_limit=120)  # optimal in under a second
+    assert sp.plan(graph, "18").cost.total <= exact.cost.total * 1.01
+    original = variants._with_swaps
+
+    def unpinned_only(*args):
+        return args[7] if args[8] else original(*args)  # pinned: the variants' best, as it was
+
+    monkeypatch.setattr(variants, "_with_swaps", unpinned_only)
+    assert sp.plan(graph, "18").cost.total > exact.cost.total * 1.05

@@ -104,8 +104,8 @@ def split_runs(
     was. `near`: the ops a region may start from (None: all)."""
     graph, n, moved = rows.graph, len(rows.graph.ops), False
     starts = range(n) if near is None else sorted(near)
-    for r in range(len(rows.mesh.rounds)):
-        suffix = _paid_suffix(rows)
+    for r, rnd in enumerate(rows.mesh.rounds):
+        suffix = _paid_suffix(rows, r, 1.0 - 1.0 / rnd.q)  # a cut saves that much compute
         for k in starts:
             current = rows.plan[graph.ops[k].name]
             if current[r] is not None or k in frozen or k in twins:
@@ -116,14 +116,19 @@ def split_runs(
     return moved
 
 
-def _paid_suffix(rows: _Rows) -> list[float]:
-    """Per op index e, what the rows of ops e, e+1, ... pay beyond their compute: the most a
-    move of those ops can save there."""
+def _paid_suffix(rows: _Rows, r: int = 0, share: float = 0.0) -> list[float]:
+    """Per op index e, what the rows of ops e, e+1, ... pay beyond their compute, plus `share`
+    of the compute of those left unused in round r: the most a move of those ops can save
+    there (cutting an op in round r of q ways saves at most 1 - 1/q of its compute; dropping a
+    cut, none)."""
     graph, n = rows.graph, len(rows.graph.ops)
     suffix = [0.0] * (n + 1)
     for j in range(n - 1, -1, -1):
-        paid = rows.current(j) - rows.compute(j, rows.plan[graph.ops[j].name])
-        suffix[j] = suffix[j + 1] + max(paid, 0.0)
+        strategy = rows.plan[graph.ops[j].name]
+        compute = rows.compute(j, strategy)
+        paid = rows.current(j) - compute
+        saved = share * compute if share and strategy[r] is None else 0.0
+        suffix[j] = suffix[j + 1] + max(paid, 0.0) + saved
     return suffix
 
 

@@ -133,9 +133,9 @@ def best_variant(
             scored.append((strategies, score))
             if score < best_score:
                 best, best_score = strategies, score
-    if best is None or pinned or opts.preset.symbolic:
+    if best is None or opts.preset.symbolic:
         return best
-    return _with_swaps(graph, mesh, opts, memory_lambda, fold, cache, scored, best, best_score)
+    return _with_swaps(graph, mesh, opts, memory_lambda, fold, cache, scored, best, pinned)
 
 
 def _with_swaps(
@@ -147,10 +147,11 @@ def _with_swaps(
     cache: ScoreCache,
     scored: list[tuple[dict[str, Strategy], float]],
     best: dict[str, Strategy],
-    best_score: float,
+    frozen: Mapping[int, Strategy] | None = None,
 ) -> dict[str, Strategy]:
     """`swaps.with_round_swaps` of the variants' best plan: a swapped plan polished with pair
-    and run moves, kept when valid, uniform over `fold`'s interior and scored lower."""
+    and run moves (`frozen`: the pinned ops kept), kept when valid, uniform over `fold`'s
+    interior and scored lower."""
     weights = fold.round_weights() if fold is not None else None
     twins = fold.twins() if fold is not None else None
 
@@ -159,11 +160,12 @@ def _with_swaps(
             check_strategies(graph.ops, candidate, mesh.rounds, cache.classes, cache.valid)
         except ShardplanError:
             return None
-        found = polish(graph, mesh, candidate, cache, weights, twins, pairs=True)
+        found = polish(graph, mesh, candidate, cache, weights, twins, frozen, pairs=True)
         if fold is not None and not fold.uniform(found):
             return None
         return found, plan_score(graph, mesh, opts, memory_lambda, fold, cache, found)
 
+    best_score = next(score for plan, score in scored if plan is best)
     return with_round_swaps(mesh, scored, best, best_score, improve)[0]
 
 
