@@ -528,7 +528,11 @@ def drec_folded(
     the variants run once more with a costly tied parameter's readers kept whole (GPT-3, 2
     layers, on 12: 1.048 -> 1.010; `tiedwhole.py`); when replication beats every variant, the
     two best cut plans are tried with two same-axis rounds exchanged (Llama, 3 layers, on 4x3:
-    1.090 -> 1.034; `swaps.py`). That
+    1.090 -> 1.034; `swaps.py`). Last, the final plan's column moves: one round's cuts exchanged
+    with another axis's round of equal ways, or copied from another round (ViT-B/16 on 2x5x2:
+    1.125 -> 1.004, on 2x2x7: 1.115 -> 1.000; `columns.py`), and on an unfolded graph every
+    repeated block given one block's strategies (an MoE model, 3 layers, on 2x2x3: 1.181 ->
+    1.121; `blocks.py`), each candidate scored and the best below the plan polished. That
     is at most 3 * (3 + mesh axes) + 1 linear searches; the
     unused-axis ones are shorter. With
     the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
