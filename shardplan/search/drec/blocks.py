@@ -22,8 +22,8 @@ from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
+from shardplan.search.drec.columns import best_polished
 from shardplan.search.drec.fold import repeated_blocks
-from shardplan.search.drec.polish import plan_score, polished_if_lower
 from shardplan.sharding import Strategy
 
 TRIED = 2
@@ -67,21 +67,7 @@ def with_block_copies(
     if opts.preset.symbolic:  # MindSpore's one pass, reproduced
         return plan
     candidates = list(copies(graph, plan, cache.classes))
-    if not candidates:
-        return plan
-    score = plan_score(graph, mesh, opts, memory_lambda, None, cache, plan)
-    below = []
-    for k, candidate in enumerate(candidates):
-        raw = plan_score(graph, mesh, opts, memory_lambda, None, cache, candidate)
-        if raw < score:
-            below.append((raw, k, candidate))
-    best, best_score = plan, score
-    for _, _, candidate in sorted(below, key=lambda item: item[:2])[:TRIED]:
-        args = (graph, mesh, opts, memory_lambda, None, cache, best, best_score, candidate)
-        found = polished_if_lower(*args, pairs=True)
-        if found is not best:
-            best, best_score = found, plan_score(*args[:6], found)
-    return best
+    return best_polished(graph, mesh, opts, memory_lambda, None, cache, plan, candidates, TRIED)
 
 
 __all__ = ["TRIED", "copies", "with_block_copies"]

@@ -24,7 +24,7 @@ O(rounds^2) scorings (fewer: pairs of alike columns are one) and at most `TRIED`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardplan.cost.evaluate import ScoreCache
@@ -115,6 +115,23 @@ def with_column_moves(
         return True
 
     candidates = [*exchanged(mesh, plan), *copied(graph, mesh, plan, valid)]
+    return best_polished(graph, mesh, opts, memory_lambda, fold, cache, plan, candidates, TRIED)
+
+
+def best_polished(
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Any,
+    cache: ScoreCache,
+    plan: Plan,
+    candidates: Sequence[Plan],
+    tried: int,
+) -> Plan:
+    """`plan`, or the best of the valid `candidates` scoring below it, at most `tried` of them
+    lowest first, polished with pair and run moves (`polish.polished_if_lower`), when one then
+    scores lower. Shared by the column moves and the block copies (`blocks.py`)."""
     if not candidates:
         return plan
     score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, plan)
@@ -128,7 +145,7 @@ def with_column_moves(
         if raw < score:
             below.append((raw, k, candidate))
     best, best_score = plan, score
-    for _, _, candidate in sorted(below, key=lambda item: item[:2])[:TRIED]:
+    for _, _, candidate in sorted(below, key=lambda item: item[:2])[:tried]:
         args = (graph, mesh, opts, memory_lambda, fold, cache, best, best_score, candidate)
         found = polished_if_lower(*args, pairs=True)
         if found is not best:
@@ -136,4 +153,4 @@ def with_column_moves(
     return best
 
 
-__all__ = ["TRIED", "copied", "exchanged", "with_column_moves"]
+__all__ = ["TRIED", "best_polished", "copied", "exchanged", "with_column_moves"]
