@@ -11,7 +11,8 @@ redistributions. So for each block k of the longest run of identical blocks
 scored by the evaluator; the ones scoring below the plan, lowest first (at most `TRIED`), are
 polished with pair and run moves (`polish.polished_if_lower`) and kept when they then score
 lower: 1.181 -> 1.121 there. Never worse than the plan; O(blocks) scorings and at most `TRIED`
-polishes, on graphs that were not folded.
+polishes, on graphs that were not folded; not in the memory-aware driver's penalised re-runs
+(as `columns.py`).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def with_block_copies(
 ) -> Plan:
     """`plan`, or a copy of one block's strategies to every block (`copies`) polished, when it
     scores lower (module docstring)."""
-    if opts.preset.symbolic:  # MindSpore's one pass, reproduced
-        return plan
+    if opts.preset.symbolic or memory_lambda:  # MindSpore's one pass; a memory-penalised
+        return plan  # re-run of the driver (`driver.py`, up to 8 of them) seeks a plan that fits
     candidates = list(copies(graph, plan, cache.classes))
     return best_polished(graph, mesh, opts, memory_lambda, None, cache, plan, candidates, TRIED)
 

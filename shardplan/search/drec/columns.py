@@ -19,7 +19,9 @@ many rounds each takes. No polish move reaches another sharing: every op would m
 Each candidate (each distinct pair of columns once) is scored by the evaluator; the ones
 scoring below the plan, lowest first (at most `TRIED`), are polished with pair and run moves
 (`polish.polished_if_lower`) and kept when they then score lower. Never worse than the plan;
-O(rounds^2) scorings (fewer: pairs of alike columns are one) and at most `TRIED` polishes.
+O(rounds^2) scorings (fewer: pairs of alike columns are one) and at most `TRIED` polishes. Not
+run in the memory-aware driver's penalised re-runs (`driver.py`: up to 8 of them, each seeking a
+plan that fits), where their polishes would be paid once per re-run.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ def with_column_moves(
     """`plan`, or an exchange or a copy of two rounds' cuts (`exchanged`, `copied`) polished,
     when it scores lower (module docstring). `fold`: the `Fold` whose reduced graph `graph` is
     (None: the graph)."""
-    if opts.preset.symbolic:  # MindSpore's one pass, reproduced
-        return plan
+    if opts.preset.symbolic or memory_lambda:  # MindSpore's one pass; a memory-penalised
+        return plan  # re-run of the driver (`driver.py`, up to 8 of them) seeks a plan that fits
 
     def valid(op: Op, strategy: Strategy) -> bool:
         try:
