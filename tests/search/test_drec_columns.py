@@ -36,13 +36,13 @@ def test_copied_gives_a_round_another_rounds_cuts_where_an_op_may_take_them():
     mesh = sp.parse_mesh("2x2")
     names = [op.name for op in graph.ops]
     plan = {name: ("b", None) for name in names}
-    out = list(columns.copied(graph, mesh, plan, lambda op, s: op.name != names[0]))
+    out = list(columns.copied(graph, mesh, plan, lambda i, s: i != 0))
     assert out == [  # round 0 takes round 1's cuts, then round 1 takes round 0's
         {names[0]: ("b", None), **{n: (None, None) for n in names[1:]}},
         {names[0]: ("b", None), **{n: ("b", "b") for n in names[1:]}},
     ]
     plan = {name: ("b", "b") for name in names}  # alike columns: nothing to copy
-    assert list(columns.copied(graph, mesh, plan, lambda op, s: True)) == []
+    assert list(columns.copied(graph, mesh, plan, lambda i, s: True)) == []
 
 
 def test_vit_on_2x2x7_gives_round_0_the_hidden_units_of_round_1(monkeypatch):

@@ -32,10 +32,10 @@ from typing import Any
 from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.errors import ShardplanError
-from shardplan.ir.graph import Graph, Op
+from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.polish import plan_score, polished_if_lower
-from shardplan.sharding import Strategy, check_strategies, check_strategy
+from shardplan.sharding import Strategy, check_strategies
 
 TRIED = 2
 """At most this many candidates are polished (each a polish; the scorings are cheap)."""
@@ -65,11 +65,11 @@ def copied(
     graph: Graph,
     mesh: Mesh,
     plan: Mapping[str, Strategy],
-    valid: Callable[[Op, Strategy], bool],
+    valid: Callable[[int, Strategy], bool],
 ) -> Iterator[Plan]:
-    """`plan` with round r taking round s's cuts, for each r != s, where an op may (`valid(op,
-    strategy)`; the others keep theirs), each distinct (axis, ways, column) pair of the two
-    rounds once."""
+    """`plan` with round r taking round s's cuts, for each r != s, where an op may (`valid(op
+    index, strategy)`; the others keep theirs), each distinct (axis, ways, column) pair of the
+    two rounds once."""
     rounds = mesh.rounds
     strategies = [plan[op.name] for op in graph.ops]
     seen: set[tuple[object, ...]] = set()
@@ -81,9 +81,9 @@ def copied(
                 continue
             seen.add(key)
             out = {}
-            for op, cuts in zip(graph.ops, strategies, strict=True):
+            for i, (op, cuts) in enumerate(zip(graph.ops, strategies, strict=True)):
                 new = (*cuts[:r], cuts[s], *cuts[r + 1 :])
-                out[op.name] = new if new == cuts or valid(op, new) else cuts
+                out[op.name] = new if new == cuts or valid(i, new) else cuts
             if out != plan:
                 yield out
 
@@ -109,9 +109,12 @@ def with_column_moves(
     if opts.preset.symbolic or memory_lambda:  # MindSpore's one pass; a memory-penalised
         return plan  # re-run of the driver (`driver.py`, up to 8 of them) seeks a plan that fits
 
-    def valid(op: Op, strategy: Strategy) -> bool:
+    def valid(i: int, strategy: Strategy) -> bool:  # in the cache's per-class valid set
+        op = graph.ops[i]
         try:
-            check_strategy(op, strategy, mesh.rounds)
+            check_strategies(
+                [op], {op.name: strategy}, mesh.rounds, [cache.classes[i]], cache.valid
+            )
         except ShardplanError:
             return False
         return True
