@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shardplan.cost.evaluate import CostBreakdown, ScoreCache, evaluate_strategies
 from shardplan.cost.levers import Levers, Recompute, StageCost, StepCost
@@ -339,6 +340,17 @@ def block_starts(
     return [k for k, fp in enumerate(prints) if k == 0 or fp == opener or counts[fp] == 1 < top]
 
 
+def stage_blocks(graph: Graph, cache: ScoreCache) -> tuple[Any, list[int], list[Any]]:
+    """`graph`'s segments, the first segment of each block full recomputation checkpoints
+    (`block_starts`) and what selective recomputation drops per segment (`selective_drops`):
+    the graph's alone, whatever the strategies, kept in `cache` (a `ScoreCache` of `graph`)."""
+    if "blocks" not in cache.memo:
+        segs = segments(graph)
+        drops = [selective_drops(graph, graph.ops[seg.start : seg.stop]) for seg in segs]
+        cache.memo["blocks"] = (segs, block_starts(graph, segs, cache.classes), drops)
+    return cache.memo["blocks"]  # type: ignore[no-any-return]
+
+
 def selective_drops(graph: Graph, ops: Sequence[Op]) -> list[tuple[Op, str]]:
     """What selective recomputation drops in one segment's `ops`: (op, result) for results
     larger than the widest result of an op reading a parameter (attention scores, softmax);
@@ -390,11 +402,7 @@ def _activations(
     reads = cache.memo["first_reads"]
     inputs = sum((size(name, prices[index].inputs[i]) for index, i, name in reads), 0.0)
     sel_bytes = sel_peak = sel_s = sel_flops = 0.0
-    if "blocks" not in cache.memo:  # the graph's, whatever the strategies
-        segs = segments(graph)
-        drops = [selective_drops(graph, graph.ops[seg.start : seg.stop]) for seg in segs]
-        cache.memo["blocks"] = (segs, block_starts(graph, segs, cache.classes), drops)
-    segs, starts, drops = cache.memo["blocks"]
+    segs, starts, drops = stage_blocks(graph, cache)
     ckpt = sum(local(e) for e in (segs[k].entry for k in starts) if e is not None)
     seg_peak = 0.0
     for a, b in zip(starts, [*starts[1:], len(segs)], strict=True):

@@ -400,3 +400,91 @@ def test_a_family_absent_from_the_first_chunk_prices_the_later_ones(monkeypatch)
     later = prof.profile(starts[1], len(prof.segs), family)
     assert later is not None and math.isclose(later.fwd_compute_s, fresh.fwd_compute_s)
     assert math.isclose(later.activation_bytes, fresh.activation_bytes)
+
+
+def _gpt12(batch: int):
+    return zoo.build("gpt3", batch=batch, layers=12, hidden=128, heads=4, vocab=500, seq=32)
+
+
+def _two_stage_profiler():
+    from shardplan.search.step.stages import stage_mesh
+
+    problem = Problem.make(_gpt12, "4x2", batch=16, dtype="bf16")
+    mesh = at_precision(problem.mesh, problem.options)
+    search = _Search(problem, mesh, _drec_planner)
+    return search.profiler(4, stage_mesh(mesh, 2)), search.chunk_starts(2)
+
+
+def _close(a, b) -> bool:
+    from shardplan.search.step.increments import peaks, same_increment
+
+    return (
+        same_increment(a, a, b, b)
+        and peaks(a) == peaks(b)
+        and all(
+            math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-15)
+            for x, y in (
+                (a.fwd_compute_s, b.fwd_compute_s),
+                (a.activation_bytes, b.activation_bytes),
+            )
+        )
+    )
+
+
+def test_a_later_chunk_cut_as_the_first_chunks_period_is_not_priced_at_three_periods(
+    monkeypatch,
+):
+    """The second stage's six layers are cut, under every family, as the first stage's period
+    repeated: its profile is its two-period reduction plus the first stage's increment, no
+    three-period reduction of it priced (`_by_structure`), and equal to the profile priced from
+    both its reductions."""
+    from shardplan.search.step import profiles
+
+    prof, starts = _two_stage_profiler()
+    families = prof.families()
+    for family in families:
+        prof.profile(starts[0], starts[1], family)
+    assert all(prof.periods[f] is not None for f in families if prof.increments[f] is not None)
+    sizes = _profiled_sizes(monkeypatch)
+    shape = chunk_shape(prof.split, starts[1], len(prof.segs))
+    two = len(prof._reduced_graph(shape, 2)[0].ops)
+    quick, skipped = {}, 0
+    for family in families:
+        sizes.clear()
+        quick[family] = prof.profile(starts[1], len(prof.segs), family)
+        if prof.periods[family] is not None and quick[family] is not None:
+            assert sizes and max(sizes) == two, family  # only its two-period reduction priced
+            skipped += 1
+    assert skipped >= 4  # D-Rec, data-parallel, Megatron t=2 with and without SP
+    slow, _ = _two_stage_profiler()
+    monkeypatch.setattr(profiles.StageProfiler, "_by_structure", lambda *a: None)
+    for family in families:
+        slow.profile(starts[0], starts[1], family)
+        want = slow.profile(starts[1], len(slow.segs), family)
+        assert (quick[family] is None) == (want is None), family
+        assert want is None or _close(quick[family], want), family
+
+
+def test_a_later_chunk_cut_otherwise_is_priced_at_three_periods():
+    """One op of the second stage's three-period reduction cut otherwise, or a parameter split
+    in a round its tensor-parallel rounds did not have (sequence parallelism reads them graph-
+    wide): its period is not the first stage's, and `_by_structure` declines."""
+    from dataclasses import replace
+
+    prof, starts = _two_stage_profiler()
+    family = next(f for f in prof.families() if f.method == "megatron" and f.tensor == 2)
+    prof.profile(starts[0], starts[1], family)
+    shape = chunk_shape(prof.split, starts[1], len(prof.segs))
+    assert prof._by_structure(shape, family) is not None
+    three = prof._reduced_graph(shape, 3)[0]
+    key = (id(three), replace(family, sequence_parallel=False))
+    cuts = dict(prof.per_sub[key][1])
+    middle = three.ops[len(three.ops) // 2].name
+    cuts[middle] = tuple("x" if c is None else None for c in cuts[middle])
+    prof.per_sub[key] = (three, cuts)
+    assert prof._by_structure(shape, family) is None
+    prof, starts = _two_stage_profiler()
+    prof.profile(starts[0], starts[1], family)
+    period = prof.periods[family]
+    prof.periods[family] = (*period[:3], (*period[3], 99))  # other tensor-parallel rounds
+    assert prof._by_structure(shape, family) is None

@@ -16,10 +16,13 @@ k > 4 periods of the model's repeated run is priced on its two-period reduction 
 the two- and three-period reductions of the first such chunk priced (equal layers under equal
 strategies add equal terms, whatever the chunk's ends), checked once per family — by the two
 reductions being cut as one period repeated with the same ends (`_periodic`), else against the
-four-period reduction — and per chunk against its own p3 - p2; the peaks and the stage inputs are
-p2's (equal layers, the same peak). Two periods, not one, are the base: with one period no
-segment repeats, so full recomputation's blocks (`cost.step.block_starts`, the most frequent
-structure opens each) differ from those of every longer run. So a trillion-parameter model
+four-period reduction — and per chunk against its own p3 - p2, or, when the first chunk's
+reductions were so cut, by the chunk's own two reductions being cut as that same period repeated
+(`_by_structure`: its p3 planned, not priced); the peaks and the stage inputs are p2's (equal
+layers, the same peak); `increments.py` adds and compares the terms. Two periods, not one,
+are the base: with one period no segment repeats, so full recomputation's blocks
+(`cost.step.block_starts`, the most frequent structure opens each) differ from those of every
+longer run. So a trillion-parameter model
 costs what a few of its layers and its ends cost, and chunks of one shape share their profiles.
 O(families x (distinct chunk shapes + 1) x ops of four layers).
 `plan` gives a chunk's real plan and exact profile (the search's winner only).
@@ -28,21 +31,28 @@ O(families x (distinct chunk shapes + 1) x ops of four layers).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import PriceTable, ScoreCache, evaluate_strategies
 from shardplan.cost.levers import with_overlap
 from shardplan.cost.sequence import tensor_rounds
-from shardplan.cost.step import Levers, Recompute, StageProfile, profile_stage, stage_cost
-from shardplan.cost.zero import ZeroStep
+from shardplan.cost.step import (
+    Levers,
+    Recompute,
+    StageProfile,
+    profile_stage,
+    stage_blocks,
+    stage_cost,
+)
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.segments import Segment, subgraph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search import experts
+from shardplan.search.step.increments import extrapolate, peaks, same_increment
 from shardplan.search.step.recipes import context_rounds, expert_dim, expert_parallel
 from shardplan.search.step.structure import (
     ChunkShape,
@@ -62,11 +72,6 @@ LEVERS: tuple[Levers, ...] = tuple(
     for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 )
 """Every recomputation x ZeRO combination, least intrusive first (ties go to the earlier one)."""
-
-_RESIDUE = 1e-15
-"""Below this an additive term's increments are equal (`same_increment`)."""
-_PEAKS = {"selective_peak_bytes", "segment_peak_bytes", "input_bytes"}
-_KEEP = {"breakdown", "sequence_parallel", "context_parallel", "zero"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,47 +116,6 @@ def stage_tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
         ways *= r.q
         out.append(ways)
     return tuple(out)
-
-
-def extrapolate(base: StageProfile, q1: StageProfile, q2: StageProfile, k: int) -> StageProfile:
-    """The profile of a chunk of k periods from its own two-period reduction `base` and the
-    per-period increment q2 - q1: additive terms base + (k - 2)(q2 - q1); the peaks and the
-    stage inputs are base's (module docstring)."""
-    out = {}
-    for f in fields(StageProfile):
-        a = getattr(base, f.name)
-        if f.name in _PEAKS or f.name in _KEEP:
-            out[f.name] = a
-        else:
-            out[f.name] = a + (k - 2) * (getattr(q2, f.name) - getattr(q1, f.name))
-    out["zero"] = tuple(
-        ZeroStep(*(a + (k - 2) * (y - x) for a, x, y in zip(_zs(z), _zs(z1), _zs(z2), strict=True)))
-        for z, z1, z2 in zip(base.zero, q1.zero, q2.zero, strict=True)
-    )
-    return StageProfile(**out)
-
-
-def _additive(p: StageProfile) -> list[float]:
-    out = [float(getattr(p, f.name)) for f in fields(StageProfile) if f.name not in _PEAKS | _KEEP]
-    return out + [x for z in p.zero for x in _zs(z)]
-
-
-def _peaks(p: StageProfile) -> list[float]:
-    return [float(getattr(p, name)) for name in sorted(_PEAKS)]
-
-
-def same_increment(p1: StageProfile, p2: StageProfile, q1: StageProfile, q2: StageProfile) -> bool:
-    """p2 - p1 == q2 - q1 in every additive term, to 1e-9 of the larger profile's term or
-    1e-15 (a femtosecond, a femtobyte): a term that cancels to ~0 (a ring exchange's exposed
-    part less the all-gather it replaces) keeps residues of its parts' rounding, not of its own."""
-    for a, b, c, d in zip(_additive(p1), _additive(p2), _additive(q1), _additive(q2), strict=True):
-        if abs((b - a) - (d - c)) > max(1e-9 * max(abs(b), abs(d)), _RESIDUE):
-            return False
-    return True
-
-
-def _zs(z: ZeroStep) -> tuple[float, float, float, float]:
-    return (z.fwd_s, z.bwd_s, z.step_s, z.param_bytes)
 
 
 def heavier_than_fitted(lv: Levers, fitted: set[int], overlap: Levers | None) -> bool:
@@ -240,6 +204,7 @@ class StageProfiler:
         self.micro_batches = micro_batches
         self.cache: dict[tuple[object, ...], StageProfile | None] = {}
         self.increments: dict[Family, tuple[StageProfile, StageProfile] | None] = {}
+        self.periods: dict[Family, tuple[object, ...] | None] = {}  # the increment's (`_period`)
         self.reduced: dict[tuple[object, ...], tuple[Graph | None, list[int]]] = {}
         self.wholes: dict[tuple[int, int], Graph] = {}
         self.per_sub: dict[tuple[int, object], tuple[Graph, Any]] = {}  # `_per_sub`
@@ -384,16 +349,21 @@ class StageProfiler:
         shape = chunk_shape(self.split, a, e)
         if shape.periods <= 4:  # its reductions would cost what the chunk costs
             return self._whole(a, e, family)
+        if self.periods.get(family) is not None:  # the increment's period known op by op
+            found = self._by_structure(shape, family)
+            if found is not None:
+                return found
         own2, own3 = (self._reduced(shape, j, family) for j in (2, 3))
         if family not in self.increments:  # the first chunk of the run priced under this family
             # a family that does not apply to this chunk (None) proves no increment either
             priced = own2 is not None and own3 is not None
-            linear = priced and (
-                self._periodic(shape, family) or self._confirmed(shape, family, own2, own3)
-            )
+            period = self._period(shape, family) if priced else None
+            linear = priced and (period is not None or self._confirmed(shape, family, own2, own3))
             self.increments[family] = (own2, own3) if linear else None  # type: ignore[assignment]
+            alike = priced and peaks(own2) == peaks(own3)  # type: ignore[arg-type]
+            self.periods[family] = period if linear and alike else None
         step = self.increments[family]
-        if own2 is None or own3 is None or _peaks(own2) != _peaks(own3):
+        if own2 is None or own3 is None or peaks(own2) != peaks(own3):
             return self._whole(a, e, family)
         if step is not None and same_increment(own2, own3, *step):
             return extrapolate(own2, step[0], step[1], shape.periods)
@@ -403,30 +373,58 @@ class StageProfiler:
             return self._whole(a, e, family)
         return extrapolate(own2, own2, own3, shape.periods)
 
+    def _by_structure(self, shape: ChunkShape, family: Family) -> StageProfile | None:
+        """The chunk's profile from its two-period reduction and the family's increment, its
+        three-period reduction planned but not priced: when `family` cuts the chunk's two- and
+        three-period reductions as one period repeated (`_period`) and that period is the
+        increment's, op by op and segment by segment, the period added adds the increment's
+        terms (each additive term reads an op, its operands' producers and its readers; the
+        added period sits between two periods in both) and the peaks stay the two-period
+        reduction's. None when that is not shown (the caller prices both reductions)."""
+        own2 = self._reduced(shape, 2, family)
+        if own2 is None or self._reduced_strategies(shape, 3, family) is None:
+            return None
+        if self._period(shape, family) != self.periods[family]:
+            return None
+        step = self.increments[family]
+        assert step is not None  # a period is kept only with its increment
+        return extrapolate(own2, step[0], step[1], shape.periods)
+
     def _periodic(self, shape: ChunkShape, family: Family) -> bool:
         """Whether `family` cuts the chunk's two- and three-period reductions as one period
-        repeated: every period alike op by op, and the ops before and after the periods alike
-        in both. Every additive term reads an op, its operands' producers and its readers, so
-        then each period added adds the same terms (one period's junction to the next is the
-        same junction) and the four-period reduction `_confirmed` prices need not be built."""
+        repeated (`_period`)."""
+        return self._period(shape, family) is not None
+
+    def _period(self, shape: ChunkShape, family: Family) -> tuple[object, ...] | None:
+        """The period, when `family` cuts the chunk's two- and three-period reductions as one
+        period repeated: every period alike op by op, and the ops before and after the periods
+        alike in both; and full recomputation's blocks (`cost.step.stage_blocks`) those of the
+        two-period reduction with one period's inserted. Every additive term reads an op, its
+        operands' producers and its readers, so then each period added adds the same terms
+        (one period's junction to the next is the same junction) and the four-period reduction
+        `_confirmed` prices need not be built. The period as (its segments' structures, its
+        cuts in op order, its blocks' offsets, and with sequence or context parallelism the
+        reductions' tensor-parallel rounds, which they read graph-wide); None when not so cut."""
         plain = replace(family, sequence_parallel=False)
         cuts: list[list[Strategy]] = []
+        subs: list[Graph] = []
         for j in (2, 3):
             found = self.reduced.get(self._reduced_key(shape, j)[0])
             sub = None if found is None else found[0]
             st = None if sub is None else self.per_sub.get((id(sub), plain))
             if sub is None or st is None or st[0] is not sub or st[1] is None:
-                return False
+                return None
             cuts.append([st[1][op.name] for op in sub.ops])
+            subs.append(sub)
         segs = self.segs
         head = segs[shape.run_start].start - segs[shape.a].start
         length = segs[shape.run_start + shape.period].start - segs[shape.run_start].start
         two, three = cuts
         tail = len(two) - head - 2 * length
         if tail < 0 or len(three) != head + 3 * length + tail:
-            return False
+            return None
         period = three[head : head + length]
-        return (
+        alike = (
             all(
                 cut[head + k * length : head + (k + 1) * length] == period
                 for cut, k in ((two, 0), (two, 1), (three, 1), (three, 2))
@@ -434,6 +432,42 @@ class StageProfiler:
             and two[:head] == three[:head]
             and two[len(two) - tail :] == three[len(three) - tail :]
         )
+        blocks = self._period_blocks(shape, subs[0], subs[1]) if alike else None
+        if blocks is None:
+            return None
+        # the rounds some op splits a parameter in: sequence and context parallelism read them
+        rounds: list[tuple[int, ...]] = [(), ()]
+        if family.sequence_parallel or family.context > 1:
+            rounds = [
+                tensor_rounds(
+                    sub, self.mesh, self.per_sub[id(sub), plain][1], self._score_cache(sub)
+                )
+                for sub in subs
+            ]
+        if rounds[0] != rounds[1]:
+            return None
+        run = range(shape.run_start, shape.run_start + shape.period)
+        return (tuple(self.prints[k] for k in run), tuple(period), blocks, rounds[0])
+
+    def _period_blocks(self, shape: ChunkShape, two: Graph, three: Graph) -> tuple[int, ...] | None:
+        """The offsets of full recomputation's blocks in the period, when the three-period
+        reduction's blocks are the two-period one's with the period's inserted after its first
+        period (each reduction's segments those of the chunk it keeps); else None."""
+        head, p = shape.run_start - shape.a, shape.period
+        found = []
+        for sub in (two, three):
+            segs, starts, _ = stage_blocks(sub, self._score_cache(sub))
+            kept = self.reduced[self._reduced_key(shape, 2 if sub is two else 3)[0]][1]
+            sizes = [self.segs[k].stop - self.segs[k].start for k in kept]
+            if [s.stop - s.start for s in segs] != sizes:
+                return None
+            found.append(starts)
+        cut = head + p
+        first = [k for k in found[0] if head <= k < cut]
+        inserted = [k for k in found[0] if k < cut] + [k + p for k in first]
+        if found[1] != inserted + [k + p for k in found[0] if k >= cut]:
+            return None
+        return tuple(k - head for k in first)
 
     def _confirmed(
         self,
@@ -450,7 +484,7 @@ class StageProfiler:
         return (
             own4 is not None
             and same_increment(own2, own3, own3, own4)
-            and _peaks(own3) == _peaks(own4)
+            and peaks(own3) == peaks(own4)
         )
 
     def _whole(self, a: int, e: int, family: Family) -> StageProfile | None:
@@ -468,16 +502,34 @@ class StageProfiler:
         kept = [*range(shape.a, keep), *range(shape.run_stop, shape.e)]
         return ("reduced", tuple(self.prints[k] for k in kept), shape.run_start - shape.a), kept
 
-    def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:
+    def _reduced_graph(self, shape: ChunkShape, j: int) -> tuple[Graph | None, list[int]]:
+        """The chunk's j-period reduced graph (None: not reducible) and the segments it keeps,
+        made once for every family."""
         shared, kept = self._reduced_key(shape, j)
-        key = (family, *shared)
+        if shared not in self.reduced:
+            name = f"{self.graph.name}.reduced"
+            self.reduced[shared] = (reduced_chunk(self.graph, self.segs, shape, j, name), kept)
+        return self.reduced[shared]
+
+    def _reduced(self, shape: ChunkShape, j: int, family: Family) -> StageProfile | None:
+        key = (family, *self._reduced_key(shape, j)[0])
         if key not in self.cache:
-            if shared not in self.reduced:
-                name = f"{self.graph.name}.reduced"
-                self.reduced[shared] = (reduced_chunk(self.graph, self.segs, shape, j, name), kept)
-            sub, its_segments = self.reduced[shared]
+            sub, its_segments = self._reduced_graph(shape, j)
             self.cache[key] = None if sub is None else self._exact(sub, family, its_segments)
         return self.cache[key]
+
+    def _reduced_strategies(
+        self, shape: ChunkShape, j: int, family: Family
+    ) -> dict[str, Strategy] | None:
+        """`family`'s strategies of the chunk's j-period reduction, planned, not priced (None:
+        not reducible, or the family does not divide it)."""
+        sub, its_segments = self._reduced_graph(shape, j)
+        if sub is None:
+            return None
+        plain = replace(family, sequence_parallel=False)  # the strategies `_exact` keeps
+        return self._per_sub(  # type: ignore[no-any-return]
+            sub, plain, lambda: self._strategies_or_none(sub, family, its_segments)
+        )
 
     def plan(self, sub: Graph, a: int, e: int, family: Family) -> tuple[Plan, StageProfile]:
         """The real plan of chunk [a, e) (its sub-graph `sub`) and its exact profile; chunks of

@@ -7,7 +7,7 @@ repeating segment fingerprints with the shortest period, O(K^2) over K segments 
 what comes before and after it, and reconnects the part after to the last period kept (its
 inputs come from the same positions one period earlier): a chunk of k > 4 periods costs what
 its j = 2 reduction costs plus (k - 2) times the difference of its j = 3 and j = 2 reductions,
-exactly, for every term that is a sum over ops (`search.step.profiles.extrapolate`).
+exactly, for every term that is a sum over ops (`search.step.increments.extrapolate`).
 O(ops of the chunk).
 """
 
