@@ -58,6 +58,7 @@ from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
 from shardplan.search.drec.runs import Trial, run_moves, split_runs, valid
+from shardplan.search.drec.streams import stream_moves
 from shardplan.search.drec.tied import tied_moves
 from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, layout_of_cut
 
@@ -91,6 +92,9 @@ class _Rows:
             static = cache.memo["polish"] = self._static()
         self.first_reader, self.touched = static
         self.invalid: set[tuple[object, ...]] = set()  # (class, strategy) pairs found invalid
+        self.streams_tried: dict[tuple[object, ...], tuple[object, ...]] = {}
+        """(round, stream) -> what its trial read when it was tried and kept nothing
+        (`streams.stream_moves`)."""
         self.values: dict[int, float] = {}
         """Row -> its value under the current plan (`current`), dropped when an op it reads
         moves."""
@@ -247,15 +251,16 @@ def _pair_pass(
     near: Collection[int] | None = None,
 ) -> bool:
     """`_pair_moves` of every op in graph order, then `_tail_move`, `runs.run_moves`,
-    `runs.split_runs` and (`tied`) `tied.tied_moves`, each tied move settled by the rest of the
-    polish around it; whether one moved. `near`: the ops the moves start from (None: all, and
-    the tail move)."""
+    `runs.split_runs`, `streams.stream_moves` and (`tied`) `tied.tied_moves`, each tied move
+    settled by the rest of the polish around it; whether one moved. `near`: the ops the moves
+    start from (None: all, and the tail move)."""
     ops = range(len(rows.graph.ops)) if near is None else sorted(near)
     paired = any([_pair_moves(rows, i, twins, frozen) for i in ops])
     paired |= _weight_moves(rows, ops, twins, frozen)
     tail = _tail_move(rows, twins, frozen) if near is None else False
     runs = run_moves(rows, twins, frozen, near)
     split = split_runs(rows, twins, frozen, near)
+    split |= stream_moves(rows, twins, frozen, near)
     if not tied:
         return split or runs or tail or paired
 
@@ -313,9 +318,7 @@ def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -
     return trial.keep(best_len)
 
 
-def _pair_moves(
-    rows: _Rows, i: int, twins: Mapping[int, int], frozen: Collection[int]
-) -> bool:
+def _pair_moves(rows: _Rows, i: int, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
     """Op i with each reader j of its results: where both cut a tensor axis a of the result in
     some rounds, both cut another axis b there instead (`_swapped`), kept when the total falls.
     Single moves miss it when each half alone adds a redistribution the pair removes (an
