@@ -1,6 +1,6 @@
 """D-Rec's stream moves (`search/drec/streams.py`): one round dropped on a stream of
 transparent ops that pass tensors to one another split alike. Found by
-benchmarks/quality_random.py --axes 3 (seed 13: an MoE model, 3 layers, batch 24, on 2x2x3 split
+benchmarks/quality_random.py --axes 3 (seed 11: an MoE model, 3 layers, batch 24, on 2x2x3 split
 its residual stream along the hidden units, each norm gathering it: 1.121 of the ILP optimum)."""
 
 from __future__ import annotations

@@ -1,18 +1,21 @@
 """Stream moves of D-Rec's exact polish (`polish.py`): one round dropped on a stream of ops.
 
-A stream of round r: the ops cut in round r that pass tensors to one another split along the
-same tensor dim in r on both sides (no redistribution between them there), found by a union of
-those edges. A residual stream split along the hidden units is one: from the embedding through
-every attention projection's bias, residual add and expert combine, each norm between them
-gathering it again (a norm normalises over the hidden units). No single, pair or run move
-reaches the plan that keeps the stream whole in r: each op alone re-splits and gathers on its
-sides, and the stream's ops are not consecutive (attention and the experts keep their cuts in
-between). Each stream of three ops or more has round r dropped op by op (graph order), priced
-cumulatively by the evaluator's rows (`runs.Trial`), a folded twin moving with its op; the
-prefix that lowers the total most is kept. DeepSeek-MoE-shaped, 3 layers, batch 24, on 2 x 2 x 3
-(`benchmarks/quality_random.py --axes 3`, seed 13): D-Rec split the residual stream along the
-hidden units over both axes of 2, paying an all-gather at every norm. O(rounds x operands) to
-find the streams, one trial per stream.
+A stream of round r: the transparent ops (`flex.is_transparent`: every loop dim parallel or
+frozen, an element-wise op or a norm) cut in round r that pass tensors to one another split
+along the same tensor dim in r on both sides (no redistribution between them there), found by a
+union of those edges, and kept when a tensor entering or leaving it changes its layout in round
+r. A residual stream split along the hidden units is one: every attention projection's bias,
+residual add and shared-expert add, each norm reading it gathering it again (a norm normalises
+over the hidden units). No single, pair or run move reaches the plan that keeps the stream whole
+in r: each op alone re-splits and gathers on its sides, and the stream's ops are not consecutive
+(attention and the experts keep their cuts in between). Each stream of three ops or more has
+round r dropped op by op (graph order), priced cumulatively by the evaluator's rows
+(`runs.Trial`), a folded twin moving with its op; the prefix that lowers the total most is kept.
+Not tried when the compute it adds reaches what the rows it reaches could save (`_paid`), nor
+again while nothing its rows read has moved (`_reads`). DeepSeek-MoE-shaped, 3 layers, batch
+24, on 2 x 2 x 3 (`benchmarks/quality_random.py --axes 3`, seed 11): D-Rec split the residual
+stream along the hidden units over both axes of 2, paying an all-gather at every norm; 1.121 ->
+1.061 of the ILP optimum. O(rounds x operands) to find the streams, one trial per stream.
 """
 
 from __future__ import annotations
