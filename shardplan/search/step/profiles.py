@@ -9,7 +9,7 @@ parallelism c ways when the micro-batch has fewer samples than the data-parallel
 sequence fills the ways the batch cannot, c the largest that fits; with samples enough, data
 parallelism moves less), e and c products of the data-parallel rounds next to tensor
 parallelism, as Megatron-LM orders its ranks (`recipes.expert_parallel`,
-`recipes.context_rounds`). `Family` names one.
+`recipes.context_rounds`). `families.Family` names one (with the levers, `families.py`).
 `StageProfiler.profile` prices a chunk under a family with `cost.step.profile_stage`; a chunk of
 k > 4 periods of the model's repeated run is priced on its two-period reduction p2
 (`structure.reduced_chunk`) plus (k - 2) per-period increments, the increment being q3 - q2 of
@@ -31,20 +31,16 @@ O(families x (distinct chunk shapes + 1) x ops of four layers).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import PriceTable, ScoreCache, evaluate_strategies
-from shardplan.cost.levers import with_overlap
 from shardplan.cost.sequence import tensor_rounds
 from shardplan.cost.step import (
-    Levers,
-    Recompute,
     StageProfile,
     profile_stage,
     stage_blocks,
-    stage_cost,
 )
 from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
@@ -52,6 +48,16 @@ from shardplan.ir.segments import Segment, subgraph
 from shardplan.mesh import Mesh
 from shardplan.plans import Plan
 from shardplan.search import experts
+from shardplan.search.step.families import (
+    LEVERS,
+    Family,
+    choose_levers,
+    data_degrees,
+    expert_counts,
+    heavier_than_fitted,
+    lever_menu,
+    stage_tensor_degrees,
+)
 from shardplan.search.step.increments import extrapolate, peaks, same_increment
 from shardplan.search.step.recipes import context_rounds, expert_dim, expert_parallel
 from shardplan.search.step.structure import (
@@ -65,113 +71,6 @@ from shardplan.search.step.workers import SegmentWorkers
 from shardplan.sharding import Strategy
 
 Planner = Callable[[Graph, Mesh, CostOptions], Mapping[str, Strategy]]
-
-LEVERS: tuple[Levers, ...] = tuple(
-    Levers(r, z)
-    for z in (0, 1, 2, 3)
-    for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-)
-"""Every recomputation x ZeRO combination, least intrusive first (ties go to the earlier one)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Family:
-    """How a stage is planned: "drec", "data-parallel" or "megatron" (at `tensor` ways), and
-    whether it runs sequence parallel."""
-
-    method: str
-    tensor: int = 1
-    sequence_parallel: bool = False
-    context: int = 1
-    expert: int = 1
-
-    def text(self) -> str:
-        t = f" t={self.tensor}" if self.method == "megatron" else ""
-        cp = f" +CP{self.context}" if self.context > 1 else ""
-        ep = f" +EP{self.expert}" if self.expert > 1 else ""
-        return f"{self.method}{t}{' +SP' if self.sequence_parallel else ''}{cp}{ep}"
-
-
-def data_degrees(mesh: Mesh, tensor: int) -> tuple[int, ...]:
-    """Degrees > 1 of expert or context parallelism next to tensor parallelism `tensor`: products
-    of the rounds outside its innermost rounds, from the innermost outwards."""
-    out, ways, skipped = [], 1, 1
-    for r in reversed(mesh.rounds):
-        if skipped < tensor:
-            skipped *= r.q
-            continue
-        ways *= r.q
-        out.append(ways)
-    return tuple(out)
-
-
-def stage_tensor_degrees(mesh: Mesh) -> tuple[int, ...]:
-    """Tensor degrees > 1 of a stage mesh: products of the rounds of its innermost axis, from
-    the last round inwards (a one-axis mesh included: its pipeline ways are already taken)."""
-    out, ways = [], 1
-    inner = len(mesh.shape) - 1
-    for r in reversed(mesh.rounds):
-        if r.mesh_axis != inner:
-            break
-        ways *= r.q
-        out.append(ways)
-    return tuple(out)
-
-
-def heavier_than_fitted(lv: Levers, fitted: set[int], overlap: Levers | None) -> bool:
-    """Whether `lv` (walking `LEVERS` in order) recomputes more than a lever of its ZeRO stage
-    that already fits (`fitted`): with nothing overlapped, more recomputation only adds time,
-    so it cannot be faster."""
-    return lv.zero in fitted and (overlap is None or not overlap.overlaps)
-
-
-def lever_menu(
-    sequence_parallel: bool, context_parallel: bool, overlap: Levers | None
-) -> tuple[Levers, ...]:
-    """`LEVERS` in order, each with a stage's sequence and context parallelism and the overlap
-    fields of `overlap` (`cost.levers.with_overlap`; None: nothing overlapped)."""
-    staged = (
-        replace(lv, sequence_parallel=sequence_parallel, context_parallel=context_parallel)
-        for lv in LEVERS
-    )
-    return tuple(lv if overlap is None else with_overlap(lv, overlap) for lv in staged)
-
-
-def choose_levers(
-    profile: StageProfile,
-    m: int,
-    in_flight: int,
-    slots: int,
-    budget: float | None,
-    overlap: Levers | None = None,
-    menu: Sequence[Levers] | None = None,
-) -> tuple[float, Levers] | None:
-    """The levers giving this stage the shortest (slots x slot share + sync + optimizer step)
-    within `budget`, with that time; None when no combination fits. `overlap`: the overlap
-    fields every lever carries (`cost.levers.with_overlap`); `menu`: the profile's
-    `lever_menu` under `overlap` when made already."""
-    best: tuple[float, Levers] | None = None
-    fitted: set[int] = set()  # ZeRO stages a lighter recomputation already fits
-    if menu is None:
-        menu = lever_menu(profile.sequence_parallel, profile.context_parallel, overlap)
-    for lv in menu:
-        if heavier_than_fitted(lv, fitted, overlap):
-            continue
-        c = stage_cost(profile, lv, m, in_flight)
-        if budget is not None and c.memory_bytes > budget:
-            continue
-        fitted.add(lv.zero)
-        t = slots * (c.fwd_s + c.bwd_s) + c.sync_s + c.optimizer_s
-        if best is None or t < best[0] * (1 - 1e-9):
-            best = (t, lv)
-    return best
-
-
-def expert_counts(graph: Graph) -> frozenset[int]:
-    """The expert count of each expert layer of `graph` (`recipes.expert_dim`), O(ops)."""
-    return frozenset(
-        op.signature.extents[d] for op in graph.ops if (d := expert_dim(graph, op)) is not None
-    )
 
 
 class StageProfiler:
@@ -490,10 +389,14 @@ class StageProfiler:
     def _whole(self, a: int, e: int, family: Family) -> StageProfile | None:
         key = (family, tuple(self.prints[a:e]))
         if key not in self.cache:
-            if (a, e) not in self.wholes:  # one sub-graph for every family
-                self.wholes[a, e] = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
-            self.cache[key] = self._exact(self.wholes[a, e], family, range(a, e))
+            self.cache[key] = self._exact(self._whole_graph(a, e), family, range(a, e))
         return self.cache[key]
+
+    def _whole_graph(self, a: int, e: int) -> Graph:
+        """Chunk [a, e)'s sub-graph, one for every family."""
+        if (a, e) not in self.wholes:
+            self.wholes[a, e] = subgraph(self.graph, self.segs[a].start, self.segs[e - 1].stop)
+        return self.wholes[a, e]
 
     def _reduced_key(self, shape: ChunkShape, j: int) -> tuple[tuple[object, ...], list[int]]:
         """The key of the chunk's j-period reduced graph (one for every family) and the
