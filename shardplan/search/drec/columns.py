@@ -17,8 +17,9 @@ many rounds each takes. No polish move reaches another sharing: every op would m
     ViT-B/16 (2 layers, batch 28) on 2x2x7 was cut (batch, hidden, batch), 1.115 of the
     optimum, which is (hidden, hidden, batch): round 0 copying round 1, 1.000.
 Each candidate (each distinct pair of columns once) is scored by the evaluator; the ones
-scoring below the plan, lowest first (at most `TRIED`), are polished with pair and run moves
-(`polish.polished_if_lower`) and kept when they then score lower. Never worse than the plan;
+scoring below the plan, lowest first (at most `TRIED`), or when none does the lowest (`ABOVE`),
+are polished with pair and run moves (`polish.polished_if_lower`) and kept when they then score
+lower. Never worse than the plan;
 O(rounds^2) scorings (fewer: pairs of alike columns are one) and at most `TRIED` polishes. Not
 run in the memory-aware driver's penalised re-runs (`driver.py`: up to 8 of them, each seeking a
 plan that fits), where their polishes would be paid once per re-run.
@@ -39,6 +40,13 @@ from shardplan.sharding import Strategy, check_strategies
 
 TRIED = 2
 """At most this many candidates are polished (each a polish; the scorings are cheap)."""
+ABOVE = 1
+"""When no candidate scores below the plan, this many of the lowest are polished all the same:
+a copy moves every op, and a region that should keep its cut can cost more, as copied, than
+the rest saves, until the polish gives it its cut back (BERT-base, one layer, batch 56, on 28 =
+2 x 2 x 7: round 0 taking round 2's batch cut scores 1.137 of the ILP optimum as copied, above
+the plan's 1.053; polished, its embeddings split along their width again (`runs.split_runs`):
+1.000)."""
 
 Plan = dict[str, Strategy]
 
@@ -120,7 +128,8 @@ def with_column_moves(
         return True
 
     candidates = [*exchanged(mesh, plan), *copied(graph, mesh, plan, valid)]
-    return best_polished(graph, mesh, opts, memory_lambda, fold, cache, plan, candidates, TRIED)
+    args = (graph, mesh, opts, memory_lambda, fold, cache, plan, candidates)
+    return best_polished(*args, TRIED, ABOVE)
 
 
 def best_polished(
@@ -133,24 +142,28 @@ def best_polished(
     plan: Plan,
     candidates: Sequence[Plan],
     tried: int,
+    above: int = 0,
 ) -> Plan:
     """`plan`, or the best of the valid `candidates` scoring below it, at most `tried` of them
-    lowest first, polished with pair and run moves (`polish.polished_if_lower`), when one then
-    scores lower. Shared by the column moves and the block copies (`blocks.py`)."""
+    lowest first — or, when none scores below it, the `above` lowest — polished with pair and
+    run moves (`polish.polished_if_lower`), when one then scores lower. Shared by the column
+    moves and the block copies (`blocks.py`)."""
     if not candidates:
         return plan
     score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, plan)
-    below: list[tuple[float, int, Plan]] = []
+    scored: list[tuple[float, int, Plan]] = []
     for k, candidate in enumerate(candidates):
         try:  # an exchange keeps each dim's split, yet a halo may not allow it
             check_strategies(graph.ops, candidate, mesh.rounds, cache.classes, cache.valid)
         except ShardplanError:
             continue
         raw = plan_score(graph, mesh, opts, memory_lambda, fold, cache, candidate)
-        if raw < score:
-            below.append((raw, k, candidate))
+        scored.append((raw, k, candidate))
+    ranked = sorted(scored, key=lambda item: item[:2])
+    below = [item for item in ranked if item[0] < score]
+    chosen = below[:tried] if below else ranked[:above]
     best, best_score = plan, score
-    for _, _, candidate in sorted(below, key=lambda item: item[:2])[:tried]:
+    for _, _, candidate in chosen:
         args = (graph, mesh, opts, memory_lambda, fold, cache, best, best_score, candidate)
         found = polished_if_lower(*args, pairs=True)
         if found is not best:
@@ -158,4 +171,4 @@ def best_polished(
     return best
 
 
-__all__ = ["TRIED", "best_polished", "copied", "exchanged", "with_column_moves"]
+__all__ = ["ABOVE", "TRIED", "best_polished", "copied", "exchanged", "with_column_moves"]

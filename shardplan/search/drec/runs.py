@@ -9,11 +9,11 @@ ops alone adds a redistribution on both of its sides:
     again for the next ops and all-reduced their weights' gradients: AlexNet, batch 60, on 3x5
     keeps its last convolutions whole over the axis of 3 (1.042 -> 1.006 of the ILP optimum);
   * `split_runs`: a region a round leaves unused, cut in that round: from an op the round
-    leaves unused, cut along its first valid loop dim, each later op the round leaves unused
-    that reads a moved op takes the cut its own row prices lowest. An MoE layer (batch 6,
-    sequence 128) on 12 = 2 x 2 x 3 left the round of 3 unused, where the optimum splits the
-    tokens after attention (residual, norm, router, dispatch, loss) and keeps attention and the
-    8 experts whole: 1.116 -> 1.001.
+    leaves unused, cut along the loop dim its own row prices lowest, each later op the round
+    leaves unused that reads a moved op takes the cut its own row prices lowest. An MoE layer
+    (batch 6, sequence 128) on 12 = 2 x 2 x 3 left the round of 3 unused, where the optimum
+    splits the tokens after attention (residual, norm, router, dispatch, loss) and keeps
+    attention and the 8 experts whole: 1.116 -> 1.001.
 Each run is priced exactly and cumulatively by the evaluator's rows (`polish._Rows`), and its
 prefix that lowers the total most is kept. Run once per search, on its final plan, with the pair
 moves (`polish.pair_polished`).
@@ -99,8 +99,10 @@ def split_runs(
     near: Collection[int] | None = None,
 ) -> bool:
     """Cut, in one round r, a region that leaves it unused: from each op left unused in round
-    r, cut along its first valid loop dim, then each op left unused in round r reading a moved
-    op (graph order) takes the cut of round r its own row prices lowest, cumulatively; the
+    r, cut along the valid loop dim its own row prices lowest (an embedding along its table's
+    width, where the first, the batch, only re-splits what its readers gather: BERT-base on
+    28 after a column copy, `columns.ABOVE`), then each op left unused in round r reading a
+    moved op (graph order) takes the cut of round r its own row prices lowest, cumulatively; the
     region up to the op where the total is lowest is kept when it lowers the total. Whether one
     was. `near`: the ops a region may start from (None: all). A start that an earlier walk of
     the round, since the plan last changed, reached taking the same cut, with no lower total
@@ -115,7 +117,7 @@ def split_runs(
             current = rows.plan[graph.ops[k].name]
             if current[r] is not None or k in frozen or k in twins:
                 continue
-            seed = next((s for s in _round_cuts(rows, k, r) if s[r] is not None), None)
+            seed = _own_best(rows, k, [s for s in _round_cuts(rows, k, r) if s[r] is not None])
             if seed is None or (k, seed) in walked:
                 continue
             kept = _best_region(rows, k, r, seed, twins, frozen, suffix, walked)
@@ -123,6 +125,20 @@ def split_runs(
                 walked.clear()  # the plan changed: walks priced before no longer hold
             moved |= kept
     return moved
+
+
+def _own_best(rows: _Rows, k: int, options: list[Strategy]) -> Strategy | None:
+    """The strategy of `options` op k's own row prices lowest (the first on a tie), or None
+    when there is none."""
+    if not options:
+        return None
+    current = rows.plan[rows.graph.ops[k].name]
+    costs = []
+    for strategy in options:
+        rows.set(k, strategy)
+        costs.append(rows.row(k))
+    rows.set(k, current)
+    return options[costs.index(min(costs))]
 
 
 def _paid_suffix(rows: _Rows, r: int = 0, share: float = 0.0) -> list[float]:
