@@ -8,11 +8,13 @@ the next two's along the hidden units, 1.181 of the ILP optimum, where the optim
 layer's attention whole; the polish moves one op, a pair or a run at a time, each alone adding
 redistributions. So for each block k of the longest run of identical blocks
 (`fold.repeated_blocks`, two or more), the plan with every block taking block k's strategies is
-scored by the evaluator; the ones scoring below the plan, lowest first (at most `TRIED`), are
-polished with pair and run moves (`polish.polished_if_lower`) and kept when they then score
-lower: 1.181 -> 1.121 there. Never worse than the plan; O(blocks) scorings and at most `TRIED`
-polishes, on graphs that were not folded; not in the memory-aware driver's penalised re-runs
-(as `columns.py`).
+scored by the evaluator; the ones scoring below the plan, lowest first (at most `TRIED`), or
+when none does the lowest (`columns.ABOVE`: a copy that must shed a cut costs more as copied
+than polished), are polished with pair and run moves (`polish.polished_if_lower`) and kept
+when they then score lower: 1.181 -> 1.121 there, 1.000 with the stream moves and the copy
+polished as `ABOVE` says (`streams.py`). Never worse than the plan; O(blocks) scorings and at
+most `TRIED` polishes, on graphs that were not folded; not in the memory-aware driver's
+penalised re-runs (as `columns.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from shardplan.cost.evaluate import ScoreCache
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
-from shardplan.search.drec.columns import best_polished
+from shardplan.search.drec.columns import ABOVE, best_polished
 from shardplan.search.drec.fold import repeated_blocks
 from shardplan.sharding import Strategy
 
@@ -68,7 +70,8 @@ def with_block_copies(
     if opts.preset.symbolic or memory_lambda:  # MindSpore's one pass; a memory-penalised
         return plan  # re-run of the driver (`driver.py`, up to 8 of them) seeks a plan that fits
     candidates = list(copies(graph, plan, cache.classes))
-    return best_polished(graph, mesh, opts, memory_lambda, None, cache, plan, candidates, TRIED)
+    args = (graph, mesh, opts, memory_lambda, None, cache, plan, candidates)
+    return best_polished(*args, TRIED, ABOVE)
 
 
 __all__ = ["TRIED", "copies", "with_block_copies"]
