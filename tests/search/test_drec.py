@@ -32,7 +32,7 @@ def test_large_model_small_batch_rediscovers_megatron():
         assert _linear_cuts(p, suffix) == {"n"}, suffix
     assert _linear_cuts(p, "proj.linear") == {"k"}
     # the attention output projection is row-parallel in some round and column-parallel in the
-    # others (the ILP optimum cuts it (n, k, k); D-Rec (n, n, k), its plan 1.003 of the optimum)
+    # others (the ILP optimum cuts it (n, k, k), D-Rec (n, n, k))
     for name, strategy in p.strategies.items():
         if name.endswith("out.linear"):
             assert "k" in strategy and set(strategy) <= {"k", "n"}, (name, strategy)
