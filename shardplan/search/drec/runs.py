@@ -225,13 +225,7 @@ def _next_follower(
         current = plan[op.name]
         if current[r] is not None:
             continue  # cut in round r already: the region grows over ops the round leaves unused
-        options = [current, *_round_cuts(rows, e, r)]
-        costs = []
-        for s in options:
-            rows.set(e, s)
-            costs.append(rows.row(e))
-        rows.set(e, current)
-        pick = options[costs.index(min(costs))]
+        pick = _own_best(rows, e, [current, *_round_cuts(rows, e, r)])
         if pick != current:
             return e, pick
     return len(graph.ops), None
