@@ -39,3 +39,28 @@ def test_a_worker_that_dies_leaves_the_segments_to_the_search(monkeypatch):
     alone = _plan(monkeypatch, 10**9)
     monkeypatch.setattr(workers, "_SERVE", "import sys; sys.exit(3)")  # ends at once
     assert _plan(monkeypatch, 0) == alone
+
+
+@pytest.mark.skipif(not (workers.os.cpu_count() or 1) > 1, reason="one core: no worker")
+def test_the_next_group_is_queued_before_the_current_one_is_priced(monkeypatch):
+    events: list[tuple[str, object]] = []
+    submit, evaluate = workers.SegmentWorkers.submit, step_search._Search.evaluate
+
+    def submitted(self, key, graph, mesh, opts):
+        events.append(("submit", (key[0], key[2])))  # stage mesh, micro-batches
+        submit(self, key, graph, mesh, opts)
+
+    def evaluated(self, layout, say):
+        smesh = step_search.stage_mesh(self.mesh, layout.stages)
+        events.append(("evaluate", (smesh.shape, layout.micro_batches)))
+        return evaluate(self, layout, say)
+
+    monkeypatch.setattr(workers.SegmentWorkers, "submit", submitted)
+    monkeypatch.setattr(step_search._Search, "evaluate", evaluated)
+    _plan(monkeypatch, 0)
+    evaluations = [what for kind, what in events if kind == "evaluate"]
+    assert len(set(evaluations)) > 1
+    first = events.index(("evaluate", evaluations[0]))
+    queued = {what for kind, what in events[:first] if kind == "submit"}
+    # the first group's segments and another group's, before the first layout is priced
+    assert evaluations[0] in queued and len(queued) > 1

@@ -193,6 +193,8 @@ def _searched(
             if sharper > bound:  # back in line behind the groups it no longer precedes
                 heapq.heappush(heap, (sharper, key, True))
                 continue
+        if search.workers.active:  # this group's D-Rec segments queued, then the next's
+            search.warm(groups[key][0], _next_group(heap, groups, best))
         for layout in groups[key]:
             if best is not None and layout.bound >= best.step_s:
                 continue  # each v its own bound: an interleaved one's bubble is smaller
@@ -231,6 +233,18 @@ def _searched(
         step=tp.step,
         step_floor_s=floor,
     )
+
+
+def _next_group(
+    heap: list[tuple[float, tuple[int, int, bool], bool]],
+    groups: Mapping[tuple[int, int, bool], list[Layout]],
+    best: Choice | None,
+) -> Layout | None:
+    """The first layout of the group next in line, unless its bound already reaches the best
+    step (a guess: the group evaluated now may lower the best below it)."""
+    if not heap or (best is not None and heap[0][0] >= best.step_s):
+        return None
+    return groups[heap[0][1]][0]
 
 
 def _worth_interleaving(layout: Layout, v0: int, ref: Choice, best: Choice | None) -> bool:
@@ -400,6 +414,13 @@ class _Search:
                 self.workers,
             )
         return self.profilers[key]
+
+    def warm(self, layout: Layout, upcoming: Layout | None) -> None:
+        """Make the profilers of `layout` and of `upcoming` (their D-Rec segments queued for
+        the worker in that order), so the worker plans the next group's segments while this
+        process prices the current one's (`workers`): no result depends on it."""
+        for c in (layout, upcoming) if upcoming is not None else (layout,):
+            self.profiler(c.sample, stage_mesh(self.mesh, c.stages))
 
     def evaluate(self, layout: Layout, say: Progress) -> Choice | None:
         """The layout's fastest assignment that fits (module docstring), or None."""

@@ -6,9 +6,11 @@ nothing the pricing computes. On a machine with more than one core, a search who
 least `MIN_OPS` ops starts one worker: a fresh interpreter (`python -c`, never a fork, as torch
 may have run in this one; and not `multiprocessing`'s spawn, which would run the caller's
 unguarded script again in the child) that is sent segments `_AHEAD` at a time and answers each
-with D-Rec's strategies. A profiler queues its segments when it is made; the search prices the
-expert families meanwhile and, when a D-Rec family needs a segment the worker has not answered,
-plans the queued segments not sent yet itself, from the back of the queue, until the answer is
+with D-Rec's strategies. A profiler queues its segments when it is made, and the search makes
+the profiler of the group next in line before pricing the current one (`search._Search.warm`),
+so the worker plans ahead; the search prices the expert families meanwhile and, when a D-Rec
+family needs a segment the worker has not answered, plans the queued segments not sent yet
+itself, from the back of the queue, until the answer is
 in: each segment is planned once, by whichever process is free. D-Rec is deterministic, so the
 strategies, and the plan, are those of an in-process run. A worker that cannot start, dies or
 is sent what does not pickle leaves the rest in process (an error D-Rec itself raises is raised
