@@ -223,10 +223,10 @@ def markdown(info: dict[str, Any], speed: list[dict[str, Any]], pub: list[dict[s
     md += f"Command: `{info['command']}` (source {info['source']}); bf16, 80 GB per device.\n"
     md += (
         "Wall seconds (perf_counter) and, in brackets, CPU seconds of this process and of the"
-        " search's D-Rec worker process (search/step/workers.py, for models of 1000 ops or more:"
-        " it plans the stage segments while the search prices the other families, so the CPU"
-        " seconds may exceed the wall): on a shared machine other jobs inflate the wall time, not"
-        " the CPU time (1-minute load"
+        " search's D-Rec worker process (search/step/workers.py, for models of 1000 ops or more"
+        " or whose first layout took 0.1 s: it plans the stage segments while the search prices"
+        " the other families, so the CPU seconds may exceed the wall): on a shared machine other"
+        " jobs inflate the wall time, not the CPU time (1-minute load"
         f" average {info['load_before']:.1f} before the run, {info['load_after']:.1f} after).\n\n"
     )
     if speed:

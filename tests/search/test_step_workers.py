@@ -64,3 +64,21 @@ def test_the_next_group_is_queued_before_the_current_one_is_priced(monkeypatch):
     queued = {what for kind, what in events[:first] if kind == "submit"}
     # the first group's segments and another group's, before the first layout is priced
     assert evaluations[0] in queued and len(queued) > 1
+
+
+@pytest.mark.skipif(not (workers.os.cpu_count() or 1) > 1, reason="one core: no worker")
+def test_a_smaller_model_starts_the_worker_once_a_layout_proves_slow(monkeypatch):
+    starts = []
+    real = workers.SegmentWorkers.start
+
+    def recorded(self):
+        real(self)
+        starts.append(self.active)
+
+    monkeypatch.setattr(workers.SegmentWorkers, "start", recorded)
+    monkeypatch.setattr(step_search, "SLOW_LAYOUT", 3600.0)  # no layout that slow: no worker
+    alone = _plan(monkeypatch, 10**9)
+    assert starts == []
+    monkeypatch.setattr(step_search, "SLOW_LAYOUT", 0.0)  # every layout slow: started late
+    assert _plan(monkeypatch, 10**9) == alone
+    assert starts == [True]

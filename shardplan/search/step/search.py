@@ -85,7 +85,7 @@ from shardplan.search.step.stages import (
     stage_starts,
     tokens_per_sample,
 )
-from shardplan.search.step.workers import MIN_OPS, SegmentWorkers
+from shardplan.search.step.workers import MIN_OPS, SLOW_LAYOUT, SegmentWorkers
 from shardplan.sharding import Strategy
 from shardplan.training import TrainingPlan, assemble, at_precision, pipeline_cut
 
@@ -202,7 +202,10 @@ def _searched(
             if ref is not None and not _worth_interleaving(layout, ref[0], ref[1], best):
                 continue
             tried += 1
+            began = time.perf_counter()
             choice = search.evaluate(layout, say)
+            if tried == 1 and time.perf_counter() - began >= SLOW_LAYOUT:
+                search.start_worker()  # the other layouts will take seconds: D-Rec beside them
             if ref is None and choice is not None:
                 first[key] = (layout.virtual, choice)
             elapsed = time.perf_counter() - start
@@ -320,8 +323,14 @@ class _Search:
         self.menus: dict[tuple[bool, bool], tuple[Levers, ...]] = {}
         # D-Rec on the stage segments beside the pricing, for a model that takes seconds
         # (`workers`; a caller's own planner runs in process)
-        large = len(probe.ops) >= MIN_OPS and planner is _drec_planner
-        self.workers = SegmentWorkers(large)
+        self.own_planner = planner is _drec_planner
+        self.workers = SegmentWorkers(len(probe.ops) >= MIN_OPS and self.own_planner)
+
+    def start_worker(self) -> None:
+        """Start the D-Rec worker late (a smaller model whose layouts prove slow): profilers
+        made from now on queue their segments for it (a caller's own planner runs in process)."""
+        if self.own_planner:
+            self.workers.start()
 
     def menu(self, sequence_parallel: bool, context_parallel: bool) -> tuple[Levers, ...]:
         """`profiles.lever_menu` under the search's overlap, made once per flag pair."""

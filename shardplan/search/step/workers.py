@@ -3,7 +3,8 @@
 The step search plans each distinct stage segment with D-Rec (once per segment structure, stage
 mesh and micro-batch count) and prices every family of every chunk; D-Rec's runs depend on
 nothing the pricing computes. On a machine with more than one core, a search whose model has at
-least `MIN_OPS` ops starts one worker: a fresh interpreter (`python -c`, never a fork, as torch
+least `MIN_OPS` ops, or whose first layout took `SLOW_LAYOUT` seconds or more (a search of
+seconds either way), starts one worker: a fresh interpreter (`python -c`, never a fork, as torch
 may have run in this one; and not `multiprocessing`'s spawn, which would run the caller's
 unguarded script again in the child) that is sent segments `_AHEAD` at a time and answers each
 with D-Rec's strategies. A profiler queues its segments when it is made, and the search makes
@@ -41,6 +42,10 @@ Planner = Callable[[Graph, Mesh, CostOptions], tuple[Strategy, ...]]
 MIN_OPS = 1000
 """Models this large take the search seconds: a worker pays for its start. Smaller ones (tests,
 small models) plan in process."""
+
+SLOW_LAYOUT = 0.1
+"""A smaller model's search starts the worker once a layout took this long to evaluate: its
+other layouts will take seconds, and the worker's start (about 0.3 s of the other core) pays."""
 
 _SERVE = "import pickle, sys; sys.path[:0] = pickle.load(sys.stdin.buffer); " + (
     "from shardplan.search.step.workers import serve; serve()"
@@ -88,8 +93,16 @@ class SegmentWorkers:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        if not enabled or (os.cpu_count() or 1) < 2:
+        self._started = False
+        if enabled:
+            self.start()
+
+    def start(self) -> None:
+        """Start the worker (once; nothing on one core): segments submitted from now on go to
+        it. A search may start it late, once its layouts prove slow (`search._Search`)."""
+        if self._started or (os.cpu_count() or 1) < 2:
             return
+        self._started = True
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _SERVE],
@@ -201,4 +214,4 @@ class SegmentWorkers:
             self._reader.join(timeout=5.0)
 
 
-__all__ = ["MIN_OPS", "SegmentWorkers", "serve"]
+__all__ = ["MIN_OPS", "SLOW_LAYOUT", "SegmentWorkers", "serve"]
