@@ -1,6 +1,7 @@
 """Issue 24 item 3: the training-step search is never slower than any Megatron recipe that fits.
 
-For random small models, meshes (1-D, 2-D, factors 3), batches and budgets, every Megatron
+For random small models (dense, and MoE with and without shared experts), meshes (1-D, 2-D,
+3-D, factors 3, 5 and 7), batches and budgets, every Megatron
 recipe — tensor degree t a product of the stage mesh's innermost rounds (any divisor of the
 innermost axis the expert accepts), pipeline degree p dividing the outer axis, context or expert
 parallelism over a divisor of the data-parallel ways (context parallelism at one sample per
@@ -29,10 +30,15 @@ MODELS = st.sampled_from(
         ("bert-base", {"layers": 2}),
         ("mlp", {}),
         ("mixtral-8x7b", {"layers": 2}),
+        ("llama", {"layers": 2}),
+        ("deepseek-moe", {"layers": 2}),
+        ("qwen3-235b-a22b", {"layers": 2}),
     ]
 )
-MESHES = st.sampled_from(["4", "8", "2x2", "2x4", "4x2", "1x4", "3x2", "2x3", "2x2x2"])
-BATCHES = st.sampled_from([4, 6, 8, 12, 16])
+MESHES = st.sampled_from(
+    ["4", "8", "2x2", "2x4", "4x2", "1x4", "3x2", "2x3", "2x2x2", "6", "5x2", "3x5", "2x2x3", "7"]
+)
+BATCHES = st.sampled_from([4, 6, 8, 10, 12, 15, 16, 24])
 BUDGETS = st.one_of(st.none(), st.sampled_from([2e6, 5e6, 2e7, 1e8]))
 REL = 1e-9
 
