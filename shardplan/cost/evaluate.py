@@ -18,6 +18,7 @@ from typing import Any
 
 from shardplan.cost.classes import op_classes, op_key, previous_consumer, previous_consumers
 from shardplan.cost.collectives import CollectiveKind
+from shardplan.cost.incremental import Placement, placed_since
 from shardplan.cost.memory import memory_per_device
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.price import (
@@ -38,7 +39,7 @@ from shardplan.cost.terms import (
     local_bytes,
     reduces,
 )
-from shardplan.cost.zero import zero_pricing
+from shardplan.cost.zero import ZeroPricing, zero_pricing
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
@@ -504,10 +505,21 @@ def evaluate_strategies(
     """
     rounds = mesh.rounds
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
-    placed = _placed(graph, strategies, opts, param_layouts, cache)
-    strategies, zero, prices, homes, out_layout = placed
+    last = cache.memo.get("placement") if repeats is None and param_layouts is None else None
+    since = None
+    if last is not None and not opts.zero:  # from the last plan placed: few ops differ
+        try:
+            strategies, prices, homes, out_layout, changed = placed_since(last, strategies, cache)
+            zero, since = ZeroPricing(None, {}), (last.rows, changed)
+        except ValueError:  # too many changed: placed whole
+            pass
+    if since is None:
+        placed = _placed(graph, strategies, opts, param_layouts, cache)
+        strategies, zero, prices, homes, out_layout = placed
     if repeats is None:
-        rows = op_rows(cache, strategies, homes, out_layout, prices, zero.by_reader)
+        rows = op_rows(cache, strategies, homes, out_layout, prices, zero.by_reader, since)
+        if param_layouts is None and not opts.zero:
+            cache.memo["placement"] = Placement(strategies, prices, homes, out_layout, rows)
     else:
         rows = repeats[0].repeated(repeats[1], [op.name for op in graph.ops])
     ins = [p.inputs for p in prices]

@@ -106,18 +106,29 @@ def op_rows(
     out_layout: Mapping[str, Layout],
     prices: Sequence[OpPrice],
     by_reader: Mapping[int, CommTerms],
+    since: tuple[Rows, Sequence[int]] | None = None,
 ) -> Rows:
     """The rows of the plan `strategies` of the cache's graph (module docstring); `prices`: per
-    op, its price under its strategy; `by_reader`: ZeRO collectives per first reader's index."""
+    op, its price under its strategy; `by_reader`: ZeRO collectives per first reader's index.
+    `since`: another plan's rows and the ops whose rows differ (`incremental.placed_since`):
+    only those are computed, the others kept."""
     graph = cache.graph
     zero_fields = (ZERO.values(), ZERO.total)
     known: dict[int, tuple[tuple[float, ...], float]] = {id(ZERO): zero_fields}
-    rows: list[OpCost] = []
-    intras: list[tuple[float, ...]] = []
-    redises: list[tuple[float, ...]] = []
+    ops = graph.ops
+    if since is None:
+        indices: Sequence[int] = range(len(ops))
+        rows: list[OpCost] = [None] * len(ops)  # type: ignore[list-item]
+        intras: list[tuple[float, ...]] = [()] * len(ops)
+        redises: list[tuple[float, ...]] = [()] * len(ops)
+    else:
+        indices = since[1]
+        base = since[0]
+        rows, intras, redises = list(base.ops), list(base.intra), list(base.redistribution)
     sizes = cache.local_bytes
     move, credits = cache.move, cache.has_previous()
-    for index, (op, price) in enumerate(zip(graph.ops, prices, strict=True)):
+    for index in indices:
+        op, price = ops[index], prices[index]
         intra = price.intra
         if credits[index]:
             intra = credited(cache, strategies, index, op, intra)
@@ -135,16 +146,16 @@ def op_rows(
             kept = (intra.values(), intra.total)
             if intra is price.intra:
                 known[id(intra)] = kept
-        intras.append(kept[0])
+        intras[index] = kept[0]
         mine = zero_fields if redis is ZERO else (redis.values(), redis.total)
-        redises.append(mine[0])
+        redises[index] = mine[0]
         outputs = op.outputs
         if len(outputs) == 1:
             act = 0 + sizes(outputs[0], out_layout[outputs[0]])  # as sum() of one value
         else:
             act = sum([sizes(name, out_layout[name]) for name in outputs])
-        rows.append(
-            OpCost(op.name, price.compute, kept[1], mine[1], act, intra.intra_fwd, intra.intra_bwd)
+        rows[index] = OpCost(
+            op.name, price.compute, kept[1], mine[1], act, intra.intra_fwd, intra.intra_bwd
         )
     return Rows(tuple(rows), tuple(intras), tuple(redises))
 
