@@ -53,6 +53,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies, own_and_edges, param_homes
+from shardplan.cost.incremental import row_readers
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
@@ -100,29 +101,16 @@ class _Rows:
         moves."""
 
     def _static(self) -> tuple[dict[str, int], list[list[int]]]:
-        """Parameter -> its first reader (whose layout is its home), and per op `_touched`."""
+        """Parameter -> its first reader (whose layout is its home), and per op the rows that
+        read its strategy (`cost.incremental.row_readers`: its own, its outputs' readers, the
+        next reader of each of its inputs, all readers of the parameters it reads first)."""
         graph = self.graph
         self.first_reader = {
             name: users[0][0]
             for name, users in graph.consumers.items()
             if graph.tensors[name].role is Role.PARAMETER and users
         }
-        return self.first_reader, [self._touched(i) for i in range(len(graph.ops))]
-
-    def _touched(self, i: int) -> list[int]:
-        """Rows that read op i's strategy: its own, its outputs' readers, the next reader of each
-        of its inputs (share credits) and, for parameters it reads first, all their readers."""
-        graph, op = self.graph, self.graph.ops[i]
-        rows = {i}
-        rows.update(w for t in op.outputs for w, _ in graph.consumers.get(t, ()))
-        for pos, name in enumerate(op.inputs):
-            users = graph.consumers.get(name, ())
-            k = users.index((i, pos))
-            if k + 1 < len(users):
-                rows.add(users[k + 1][0])
-            if self.first_reader.get(name) == i:
-                rows.update(w for w, _ in users)
-        return sorted(rows)
+        return self.first_reader, row_readers(graph)
 
     def row(self, j: int) -> float:
         op = self.graph.ops[j]
