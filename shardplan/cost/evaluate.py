@@ -39,7 +39,7 @@ from shardplan.cost.terms import (
     local_bytes,
     reduces,
 )
-from shardplan.cost.zero import ZeroPricing, zero_pricing
+from shardplan.cost.zero import zero_pricing
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.mesh import Mesh, Round
@@ -510,7 +510,7 @@ def evaluate_strategies(
     if last is not None and not opts.zero:  # from the last plan placed: few ops differ
         try:
             strategies, prices, homes, out_layout, changed = placed_since(last, strategies, cache)
-            zero, since = ZeroPricing(None, {}), (last.rows, changed)
+            zero, since = zero_pricing(graph, rounds, strategies, opts, None), (last.rows, changed)
         except ValueError:  # too many changed: placed whole
             pass
     if since is None:

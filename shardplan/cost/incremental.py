@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardplan.cost.price import OpPrice
 from shardplan.cost.rows import Rows
+from shardplan.cost.zero import param_reads
 from shardplan.ir.graph import Graph
-from shardplan.ir.op import Role
 from shardplan.sharding import Layout, Strategy, check_strategies
+
+if TYPE_CHECKING:  # the cache's class lives with the evaluator, which imports this module
+    from shardplan.cost.evaluate import ScoreCache
 
 SHARE = 0.5
 """Placed from the last plan when at most this share of the ops changed (else whole: the
@@ -44,11 +48,7 @@ def row_readers(graph: Graph) -> list[list[int]]:
     """Per op i, the rows that read its strategy: its own, its results' readers, the next
     reader of each of its operands (share credits) and, for a parameter it reads first, every
     reader of that parameter (its home is i's layout)."""
-    first: dict[str, int] = {}
-    for index, op in enumerate(graph.ops):
-        for name in op.inputs:
-            if graph.tensors[name].role is Role.PARAMETER:
-                first.setdefault(name, index)
+    first = first_reads(graph)
     out = []
     for index, op in enumerate(graph.ops):
         rows = {index}
@@ -58,22 +58,29 @@ def row_readers(graph: Graph) -> list[list[int]]:
             k = users.index((index, pos))
             if k + 1 < len(users):
                 rows.add(users[k + 1][0])
-            if first.get(name) == index:
+            if first.get(name, (None,))[0] == index:
                 rows.update(w for w, _ in users)
         out.append(sorted(rows))
     return out
 
 
+def first_reads(graph: Graph) -> dict[str, tuple[int, int]]:
+    """Per parameter, its first read (op index, operand position): whose layout is its home
+    (`evaluate.param_homes`)."""
+    first: dict[str, tuple[int, int]] = {}
+    for index, pos, name in param_reads(graph):
+        first.setdefault(name, (index, pos))
+    return first
+
+
 def placed_since(
-    last: Placement,
-    strategies: Mapping[str, Strategy],
-    cache: object,
+    last: Placement, strategies: Mapping[str, Strategy], cache: ScoreCache
 ) -> tuple[dict[str, Strategy], list[OpPrice], dict[str, Layout], dict[str, Layout], list[int]]:
     """The placement of `strategies` (tuples, as `evaluate._placed` makes them) from `last`,
     and the rows to recompute, in op order; ValueError when too many ops changed (the caller
     places the plan whole). Raises PlanError for an invalid changed op, as a whole check would
     for the first invalid op (the unchanged ones passed it)."""
-    graph = cache.graph  # type: ignore[attr-defined]
+    graph = cache.graph
     ops, before = graph.ops, last.strategies
     new = {name: tuple(s) for name, s in strategies.items()}
     try:
@@ -82,21 +89,18 @@ def placed_since(
         raise ValueError("an op has no strategy: place the plan whole") from None
     if len(changed) > SHARE * len(ops) or len(new) != len(before):
         raise ValueError("too many ops changed: place the plan whole")
-    rounds, classes = cache.mesh.rounds, cache.classes  # type: ignore[attr-defined]
-    check_strategies([ops[i] for i in changed], new, rounds, [classes[i] for i in changed],
-                     cache.valid)  # type: ignore[attr-defined]  # fmt: skip
+    classes = cache.classes
+    moved = [ops[i] for i in changed]
+    check_strategies(moved, new, cache.mesh.rounds, [classes[i] for i in changed], cache.valid)
+    if "row readers" not in cache.memo:  # the graph's alone
+        cache.memo["row readers"] = row_readers(graph)
+        cache.memo["first reads"] = first_reads(graph)
+    readers, first = cache.memo["row readers"], cache.memo["first reads"]
     prices = list(last.prices)
     homes, out_layout = dict(last.homes), dict(last.out_layout)
-    readers = cache.memo.get("row readers")  # type: ignore[attr-defined]
-    if readers is None:
-        readers = cache.memo["row readers"] = row_readers(graph)  # type: ignore[attr-defined]
-    first = cache.memo.get("first readers")  # type: ignore[attr-defined]
-    if first is None:
-        first = cache.memo["first readers"] = _first_readers(graph)  # type: ignore[attr-defined]
     rows: set[int] = set()
-    for i in changed:
-        op = ops[i]
-        price = prices[i] = cache.price(op, classes[i], new[op.name])  # type: ignore[attr-defined]
+    for i, op in zip(changed, moved, strict=True):
+        price = prices[i] = cache.price(op, classes[i], new[op.name])
         out_layout.update(zip(op.outputs, price.resolved, strict=True))
         for pos, name in enumerate(op.inputs):
             if first.get(name) == (i, pos):  # its home: the first reader's first operand
@@ -105,14 +109,4 @@ def placed_since(
     return new, prices, homes, out_layout, sorted(rows)
 
 
-def _first_readers(graph: Graph) -> dict[str, tuple[int, int]]:
-    """Per parameter, its first read (op index, operand position): `evaluate.param_homes`."""
-    first: dict[str, tuple[int, int]] = {}
-    for index, op in enumerate(graph.ops):
-        for pos, name in enumerate(op.inputs):
-            if graph.tensors[name].role is Role.PARAMETER:
-                first.setdefault(name, (index, pos))
-    return first
-
-
-__all__ = ["SHARE", "Placement", "placed_since", "row_readers"]
+__all__ = ["SHARE", "Placement", "first_reads", "placed_since", "row_readers"]

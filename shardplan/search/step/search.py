@@ -428,8 +428,9 @@ class _Search:
         """Make the profilers of `layout` and of `upcoming` (their D-Rec segments queued for
         the worker in that order), so the worker plans the next group's segments while this
         process prices the current one's (`workers`): no result depends on it."""
-        for c in (layout, upcoming) if upcoming is not None else (layout,):
-            self.profiler(c.sample, stage_mesh(self.mesh, c.stages))
+        for c in (layout, upcoming):
+            if c is not None:
+                self.profiler(c.sample, stage_mesh(self.mesh, c.stages))
 
     def evaluate(self, layout: Layout, say: Progress) -> Choice | None:
         """The layout's fastest assignment that fits (module docstring), or None."""

@@ -11,9 +11,9 @@ with D-Rec's strategies. A profiler queues its segments when it is made, and the
 the profiler of the group next in line before pricing the current one (`search._Search.warm`),
 so the worker plans ahead; the search prices the expert families meanwhile and, when a D-Rec
 family needs a segment the worker has not answered, plans the queued segments not sent yet
-itself, from the back of the queue, until the answer is
-in: each segment is planned once, by whichever process is free. D-Rec is deterministic, so the
-strategies, and the plan, are those of an in-process run. A worker that cannot start, dies or
+itself, from the back of the queue, until the answer is in: each segment is planned once, by
+whichever process is free. D-Rec is deterministic, so the strategies, and the plan, are those
+of an in-process run. A worker that cannot start, dies or
 is sent what does not pickle leaves the rest in process (an error D-Rec itself raises is raised
 there again). When the search ends the worker is ended and reaped. Cost: one interpreter start
 (while the first layouts are bounded) and one pickle per segment each way.
