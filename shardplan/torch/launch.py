@@ -2,9 +2,12 @@
 
 Each process gets MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, initialises the default process group
 (gloo), calls `fn(*args)` and destroys the group; rank 0 pickles its result to a file the parent
-reads. `fn` must be importable by name (a module-level function): processes are started with
-the "spawn" method. Cost: one interpreter start-up and torch import per process (~5-10 s each on
-a small machine), then whatever `fn` does. The launch loop is
+reads. A rank that succeeded then leaves without interpreter finalization (`exit_fast`): CI saw a
+gloo rank abort (SIGABRT, "terminate called without an active exception"; a C++ thread destroyed
+while joinable, as in teardown), and finalization costs seconds per process with torch loaded.
+`fn` must be importable by name (a module-level function): processes are started with the
+"spawn" method. Cost: one interpreter start-up and torch import per process (~5-10 s each on a
+small machine), then whatever `fn` does. The launch loop is
 `shardplan.engines.spawn.spawn_and_wait`.
 """
 
@@ -17,7 +20,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardplan.engines.spawn import free_port, spawn_and_wait
+from shardplan.engines.spawn import exit_fast, free_port, spawn_and_wait
 
 DEFAULT_TIMEOUT = 600.0
 
@@ -39,6 +42,7 @@ def _entry(
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_fast()  # only on success: an exception above reaches the parent with its traceback
 
 
 def spawn(
