@@ -42,11 +42,12 @@ stage's ops: O(stages x ops).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shardplan.cost.evaluate import CostBreakdown, ScoreCache, evaluate_strategies
+from shardplan.cost.kept import kept_items, output_layouts, saved_bytes
 from shardplan.cost.levers import Levers, Recompute, StageCost, StepCost
 from shardplan.cost.overlap import (
     exposed_backward,
@@ -62,7 +63,6 @@ from shardplan.cost.pipeline import (
 from shardplan.cost.presets import CostOptions
 from shardplan.cost.price import OpPrice
 from shardplan.cost.sequence import ring_terms, sequence_parallel_strategies, tensor_rounds
-from shardplan.cost.terms import round_numels
 from shardplan.cost.zero import (
     ZeroParam,
     ZeroStep,
@@ -76,12 +76,8 @@ from shardplan.errors import PlanError
 from shardplan.ir.graph import Graph
 from shardplan.ir.op import Op, Role
 from shardplan.ir.segments import Segment, segments
-from shardplan.ir.traits import Saved, saved_for_backward
 from shardplan.mesh import Mesh, Round
-from shardplan.sharding import Layout, Strategy, operand_layouts, resolved
-
-OpLayouts = tuple[tuple[Layout, ...], tuple[Layout, ...]]
-"""An op's (input layouts, resolved result layouts) under its strategy."""
+from shardplan.sharding import Layout, Strategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +167,7 @@ def profile_stage(
         tp_fwd += ring.exposed_fwd_s - ring.gather_s
         tp_bwd += ring.exposed_bwd_s - ring.scatter_s
     act = _activations(graph, prices, rounds, opts, op_compute, cache)
-    reads = cache.memo.get("param reads")  # the graph's alone: one list for every plan
-    if reads is None:
-        reads = cache.memo["param reads"] = param_reads(graph)
-    params = zero_params(graph, rounds, strategies, opts.train, [p.inputs for p in prices], reads)
+    params = _zero_params(graph, rounds, strategies, opts, prices, cache)
     update = _update_seconds(graph, mesh, strategies, opts, params)
     return StageProfile(
         fwd_compute_s=fwd,
@@ -204,6 +197,24 @@ def profile_stage(
         tp_overlap_fwd_comm_s=tp_fwd if math.isnan(tp_fwd) else max(0.0, tp_fwd),
         tp_overlap_bwd_comm_s=tp_bwd if math.isnan(tp_bwd) else max(0.0, tp_bwd),
     )
+
+
+def _zero_params(
+    graph: Graph,
+    rounds: Sequence[Round],
+    strategies: Mapping[str, Strategy],
+    opts: CostOptions,
+    prices: Sequence[OpPrice],
+    cache: ScoreCache,
+) -> dict[str, ZeroParam]:
+    """`zero_params` of the stage's plan, its parameter reads and memo kept in `cache` (the
+    graph's alone, under one mesh's rounds: shared by every plan profiled there)."""
+    reads = cache.memo.get("param reads")
+    if reads is None:
+        reads = cache.memo["param reads"] = param_reads(graph)
+    memo = cache.memo.setdefault("zero params", {})
+    inputs = [p.inputs for p in prices]
+    return zero_params(graph, rounds, strategies, opts.train, inputs, reads, memo)
 
 
 def _tp_overlap_comm(
@@ -249,66 +260,6 @@ class _Activations:
     checkpoints: float
     segment_peak: float
     blocks: int
-
-
-def saved_bytes(
-    graph: Graph,
-    strategies: Mapping[str, Strategy],
-    rounds: Sequence[Round],
-    opts: CostOptions,
-    layouts: Sequence[OpLayouts] | None = None,
-    size: Callable[[str, Layout], float] | None = None,
-    out_layout: Mapping[str, Layout] | None = None,
-) -> dict[str, float]:
-    """Local bytes of each tensor autograd keeps for the backward (`ir.traits.SAVED_FOR_BACKWARD`:
-    an op's inputs but parameters and constants, its results, or a one-byte mask per result
-    element), each once, in the layout its producer leaves it (a graph input: its first
-    reader's). `layouts`: per op,
-    its (input, resolved result) layouts when known (`OpPrice`); `size(tensor, layout)`: its
-    local bytes at the options' width when memoised (`ScoreCache.local_bytes`); `out_layout`:
-    the results' layouts of `layouts` when already read off."""
-    if layouts is None:
-        layouts = []
-        for op in graph.ops:
-            ins, outs = operand_layouts(op, tuple(strategies[op.name]))
-            layouts.append((ins, tuple(resolved(lay) for lay in outs)))
-    if out_layout is None:
-        out_layout = _output_layouts(graph, layouts)
-    saved: dict[str, float] = {}
-
-    def keep(key: str, name: str, layout: Layout, width: float | None) -> None:
-        """`width` None: the element width the options price (what `size` returns)."""
-        if key not in saved:
-            if width is None and size is not None:
-                saved[key] = size(name, layout)
-            else:
-                t = graph.tensors[name]
-                w = opts.element_bytes(t) if width is None else width
-                saved[key] = round_numels(t.numel, layout, rounds)[-1] * w
-
-    for op, (ins, _) in zip(graph.ops, layouts, strict=True):
-        rule = saved_for_backward(op.kind)
-        if rule is Saved.INPUTS:
-            for i, name in enumerate(op.inputs):
-                t = graph.tensors[name]
-                # a constant (mask, RoPE table) is a buffer held once, not kept per micro-batch
-                if t.role is not Role.PARAMETER and t.role is not Role.CONSTANT:
-                    keep(name, name, out_layout.get(name) or ins[i], None)
-        for name in op.outputs if rule is not Saved.INPUTS else ():
-            if rule is Saved.OUTPUTS:
-                keep(name, name, out_layout[name], None)
-            elif rule is Saved.MASK:
-                keep(f"{name}:mask", name, out_layout[name], 1.0)
-    return saved
-
-
-def _output_layouts(graph: Graph, layouts: Sequence[OpLayouts]) -> dict[str, Layout]:
-    """Each op result's resolved layout (`evaluate.output_layouts`) from the ops' layouts."""
-    return {
-        name: lay
-        for op, (_, outs) in zip(graph.ops, layouts, strict=True)
-        for name, lay in zip(op.outputs, outs, strict=True)
-    }
 
 
 def block_starts(
@@ -382,8 +333,11 @@ def _activations(
     priced them (local bytes, op classes)."""
     size = cache.local_bytes
     layouts = [(p.inputs, p.resolved) for p in prices]
-    out_layout = _output_layouts(graph, layouts)
-    saved = saved_bytes(graph, {}, rounds, opts, layouts, size, out_layout)
+    out_layout = output_layouts(graph, layouts)
+    items = cache.memo.get("kept items")  # the graph's alone: read once for every plan
+    if items is None:
+        items = cache.memo["kept items"] = kept_items(graph)
+    saved = saved_bytes(graph, {}, rounds, opts, layouts, size, out_layout, items)
 
     def local(name: str) -> float:
         return size(name, out_layout[name])

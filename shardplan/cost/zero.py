@@ -136,14 +136,18 @@ def zero_params(
     train: bool,
     layouts: Sequence[Sequence[Layout]] | None = None,
     reads: Sequence[tuple[int, int, str]] | None = None,
+    memo: dict[tuple[object, ...], Any] | None = None,
 ) -> dict[str, ZeroParam]:
     """The ZeRO facts of every parameter some op reads (see the module docstring); `layouts`:
-    per op, its inputs' layouts when known; `reads`: the graph's `param_reads` when kept."""
+    per op, its inputs' layouts when known; `reads`: the graph's `param_reads` when kept;
+    `memo`: a caller's dict kept across calls under the same `rounds` (one graph's plans): each
+    (shape, home layout)'s ZeRO shard, gathered rounds and ways (`zero_layout`), and each
+    ("cut", strategy)'s rounds of more than one way it cuts."""
     homes: dict[str, tuple[Layout, int]] = {}
     reduced: dict[str, set[int]] = {}
     tensors, requires_grad, ops = graph.tensors, graph.requires_grad, graph.ops
     big = [rnd.q > 1 for rnd in rounds]
-    cut_of: dict[int, list[int]] = {}  # per op index, the rounds of q > 1 it cuts
+    memo = {} if memo is None else memo
     for index, pos, name in param_reads(graph) if reads is None else reads:
         if layouts is not None:
             layout = layouts[index][pos]
@@ -153,28 +157,27 @@ def zero_params(
         if name not in homes:
             homes[name] = (layout, index)
         if train and name in requires_grad:  # where stage 0 all-reduces its gradient
-            cut = cut_of.get(index)
-            if cut is None:
-                strategy = strategies[ops[index].name]
-                cut = [r for r, c in enumerate(strategy) if c is not None and big[r]]
-                cut_of[index] = cut
-            red = reduced.get(name)
-            if red is None:
-                red = reduced[name] = set()
-            red.update(r for r in cut if layout[r] < 0)
+            key = ("cut", strategies[ops[index].name])
+            cut = memo.get(key)
+            if cut is None:  # the rounds of q > 1 the reader cuts
+                cut = memo[key] = tuple(r for r, c in enumerate(key[1]) if c is not None and big[r])
+            if cut:
+                red = reduced.get(name)
+                if red is None:
+                    red = reduced[name] = set()
+                red.update(r for r in cut if layout[r] < 0)
     out: dict[str, ZeroParam] = {}
     # repeated layers: one shard, group and size per shape and home
-    shards: dict[tuple[object, ...], tuple[Layout, tuple[int, ...], int]] = {}
     for name, (home, first) in homes.items():
         shape = tensors[name].shape
-        found = shards.get((shape, home))
+        found = memo.get((shape, home))
         if found is None:
             shard = zero_layout(shape, home, rounds)
             gathered = tuple(r for r, (h, s) in enumerate(zip(home, shard, strict=True)) if s != h)
             ways = 1
             for r in gathered:
                 ways *= rounds[r].q
-            found = shards[shape, home] = (shard, gathered, ways)
+            found = memo[shape, home] = (shard, gathered, ways)
         shard, gathered, ways = found
         red = tuple(sorted(reduced.get(name, ())))
         out[name] = ZeroParam(name, home, shard, gathered, red, ways, first)

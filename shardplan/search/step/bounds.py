@@ -46,7 +46,7 @@ class ChunkFloors:
 @dataclass(frozen=True, slots=True)
 class FloorItems:
     """A graph's byte items, read once and summed per chunking (`chunk_floors`): each
-    parameter at its first reader; each kept tensor (as `cost.step.saved_bytes` keys it) at its
+    parameter at its first reader; each kept tensor (as `cost.kept.saved_bytes` keys it) at its
     producer, counted when the producer keeps it or a reader keeping its inputs sits in the same
     chunk (one made in another chunk is a stage input, left out: a floor)."""
 
