@@ -20,7 +20,9 @@ The hash matches only when the baseline's cost model is this tree's but for the 
 regenerated golden) says NO there while its timings still compare the same code paths.
 
 Run: python benchmarks/cost_speed.py [--baseline PATH] [--repeats N] [--no-search] [--name NAME]
-       [--search LAYERS,MESH,BATCH] [--no-cases]   (e.g. --search 96,128x8,1536: issue 24's 175B)
+       [--search LAYERS,MESH,BATCH | MODEL,MESH,BATCH] [--no-cases]
+       (e.g. --search 96,128x8,1536: issue 24's 175B; --search deepseek-v3,256x8,4096: a zoo
+       model at full size)
   ->  benchmarks/results/NAME.{json,md} (NAME: cost_speed)
 """
 
@@ -63,9 +65,15 @@ def _best(f: Any, reps: int) -> tuple[float, Any]:
     return best, out
 
 
-def _search_spec(spec: str) -> tuple[int, str, int]:
-    layers, mesh, batch = spec.split(",")
-    return int(layers), mesh, int(batch)
+def _search_spec(spec: str) -> tuple[int | str, str, int]:
+    """LAYERS,MESH,BATCH (GPT-3 at that depth) or MODEL,MESH,BATCH (a zoo model at full size)."""
+    what, mesh, batch = spec.split(",")
+    return (int(what) if what.isdigit() else what), mesh, int(batch)
+
+
+def _search_label(spec: str) -> str:
+    what, mesh, batch = _search_spec(spec)
+    return f"step search {f'GPT-3 L{what}' if isinstance(what, int) else what} {mesh} b{batch}"
 
 
 def worker(reps: int, search: str | None, cases: bool = True) -> dict[str, Any]:
@@ -114,11 +122,11 @@ def worker(reps: int, search: str | None, cases: bool = True) -> dict[str, Any]:
                         hashes.append(_digest(prof))
     out: dict[str, Any] = {"profile_stage": profiles, "megatron": megatron}
     if search:
-        layers, mesh_text, batch = _search_spec(search)
+        what, mesh_text, batch = _search_spec(search)
+        model = (partial(build, layers=what) if isinstance(what, int)
+                 else lambda b, name=what: zoo.build(name, batch=b))  # fmt: skip
         t = time.process_time()
-        tp = sp.plan(
-            partial(build, layers=layers), mesh_text, "step", batch=batch, dtype="bf16", memory=80e9
-        )
+        tp = sp.plan(model, mesh_text, "step", batch=batch, dtype="bf16", memory=80e9)
         out["search_s"] = time.process_time() - t
         out["search"] = search
         hashes.append(_digest(tp.step))
@@ -176,8 +184,7 @@ def _report(current: dict[str, Any], base: dict[str, Any] | None, info: dict[str
             row += [ms(old / len(base[part])), f"{old / cur:.2f}x"]
         rows.append(row)
     if "search_s" in current:
-        layers, mesh_text, batch = _search_spec(current["search"])
-        row = [f"step search GPT-3 L{layers} {mesh_text} b{batch}", 1]
+        row = [_search_label(current["search"]), 1]
         row.append(ms(current["search_s"]))
         if base:
             row += [ms(base["search_s"]), f"{base['search_s'] / current['search_s']:.2f}x"]
@@ -212,7 +219,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="worker passes per tree")
     ap.add_argument("--reps", type=int, default=2, help="calls per case within a pass")
     ap.add_argument("--no-search", action="store_true", help="skip the whole step search")
-    ap.add_argument("--search", default=SEARCH, help="the timed search: LAYERS,MESH,BATCH")
+    ap.add_argument("--search", default=SEARCH, help="timed: LAYERS,MESH,BATCH or MODEL,MESH,BATCH")
     ap.add_argument("--no-cases", action="store_true", help="time the search alone")
     ap.add_argument("--name", default="cost_speed", help="results file name (no extension)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
