@@ -157,7 +157,7 @@ def zero_params(
         if name not in homes:
             homes[name] = (layout, index)
         if train and name in requires_grad:  # where stage 0 all-reduces its gradient
-            key = ("cut", strategies[ops[index].name])
+            key = ("cut", tuple(strategies[ops[index].name]))  # a caller's list hashes too
             cut = memo.get(key)
             if cut is None:  # the rounds of q > 1 the reader cuts
                 cut = memo[key] = tuple(r for r, c in enumerate(key[1]) if c is not None and big[r])

@@ -89,3 +89,7 @@ def test_zero_params_with_a_memo_across_plans_equal_those_without():
                 fresh = zero_params(g, mesh.rounds, st, True)
                 assert zero_params(g, mesh.rounds, st, True, memo=memo) == fresh
             assert any(k[0] == "cut" for k in memo) and any(k[0] != "cut" for k in memo)
+            listed = {k: list(v) for k, v in plans[0].items()}  # a caller's lists, as before
+            assert zero_params(g, mesh.rounds, listed, True, memo=memo) == zero_params(
+                g, mesh.rounds, plans[0], True
+            )
