@@ -183,6 +183,8 @@ def tensor_overlap_exposed(
     gathered = hidden_gather = 0.0  # the forward all-gathers' seconds, and what their GEMMs hide
     for index, (op, row) in enumerate(zip(graph.ops, rows, strict=True)):
         out, back = row.intra_fwd, row.intra_bwd
+        if out <= 0 and back <= 0:
+            continue  # no collective of its own: most ops (asking `is_gemm` costs a scan)
         gemm = is_gemm(index)
         if out > 0:  # row-parallel: reduce-scatter, and all-gather of its result's gradient
             gathered += out / 2
