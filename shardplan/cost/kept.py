@@ -29,15 +29,24 @@ OpLayouts = tuple[tuple[Layout, ...], tuple[Layout, ...]]
 @dataclass(frozen=True, slots=True)
 class KeptItem:
     """One kept tensor: its key in `saved_bytes` (a mask's is `name:mask`), and where its layout
-    comes from: its producer's result layout, or (`reader` >= 0, a graph input) the layout its
-    first keeping reader reads it in (input `position`); `width` 1.0 for a mask's byte per
-    element, None for the element width the options price."""
+    comes from: result `output` of op `producer` (-1: a graph input); an input kept by its reader
+    (`reader` >= 0) falls back to the layout its first keeping reader reads it in (input
+    `position`) when it has no producer; `width` 1.0 for a mask's byte per element, None for the
+    element width the options price."""
 
     key: str
     name: str
+    producer: int = -1
+    output: int = -1
     reader: int = -1
     position: int = -1
     width: float | None = None
+
+
+def made_at(graph: Graph, name: str) -> tuple[int, int]:
+    """(producing op's index, result position) of tensor `name`; (-1, -1) for a graph input."""
+    index = graph.producer.get(name, -1)
+    return (index, graph.ops[index].outputs.index(name)) if index >= 0 else (-1, -1)
 
 
 def kept_items(graph: Graph) -> tuple[KeptItem, ...]:
@@ -50,13 +59,13 @@ def kept_items(graph: Graph) -> tuple[KeptItem, ...]:
                 role = graph.tensors[name].role
                 # a constant (mask, RoPE table) is a buffer held once, not kept per micro-batch
                 if role is not Role.PARAMETER and role is not Role.CONSTANT and name not in items:
-                    items[name] = KeptItem(name, name, index, i)
+                    items[name] = KeptItem(name, name, *made_at(graph, name), index, i)
             continue
-        for name in op.outputs:
+        for k, name in enumerate(op.outputs):
             if rule is Saved.OUTPUTS and name not in items:
-                items[name] = KeptItem(name, name)
+                items[name] = KeptItem(name, name, index, k)
             elif rule is Saved.MASK and f"{name}:mask" not in items:
-                items[f"{name}:mask"] = KeptItem(f"{name}:mask", name, width=1.0)
+                items[f"{name}:mask"] = KeptItem(f"{name}:mask", name, index, k, width=1.0)
     return tuple(items.values())
 
 
@@ -67,29 +76,26 @@ def saved_bytes(
     opts: CostOptions,
     layouts: Sequence[OpLayouts] | None = None,
     size: Callable[[str, Layout], float] | None = None,
-    out_layout: Mapping[str, Layout] | None = None,
     items: Sequence[KeptItem] | None = None,
 ) -> dict[str, float]:
     """Local bytes of each tensor autograd keeps for the backward (module docstring), in the
     layout its producer leaves it (a graph input: its first keeping reader's). `layouts`: per
     op, its (input, resolved result) layouts when known (`OpPrice`); `size(tensor, layout)`: its
-    local bytes at the options' width when memoised (`ScoreCache.local_bytes`); `out_layout`:
-    the results' layouts of `layouts` when already read off; `items`: `kept_items(graph)` when
-    kept."""
+    local bytes at the options' width when memoised (`ScoreCache.local_bytes`); `items`:
+    `kept_items(graph)` when kept."""
     if layouts is None:
         layouts = []
         for op in graph.ops:
             ins, outs = operand_layouts(op, tuple(strategies[op.name]))
             layouts.append((ins, tuple(resolved(lay) for lay in outs)))
-    if out_layout is None:
-        out_layout = output_layouts(graph, layouts)
     saved: dict[str, float] = {}
     for item in kept_items(graph) if items is None else items:
         name = item.name
+        made = layouts[item.producer][1][item.output] if item.producer >= 0 else None
         if item.reader < 0:
-            layout = out_layout[name]
+            layout = made
         else:  # a graph input has no producer: its reader's layout
-            layout = out_layout.get(name) or layouts[item.reader][0][item.position]
+            layout = made or layouts[item.reader][0][item.position]
         if item.width is None and size is not None:
             saved[item.key] = size(name, layout)
         else:
@@ -99,13 +105,4 @@ def saved_bytes(
     return saved
 
 
-def output_layouts(graph: Graph, layouts: Sequence[OpLayouts]) -> dict[str, Layout]:
-    """Each op result's resolved layout (`evaluate.output_layouts`) from the ops' layouts."""
-    return {
-        name: lay
-        for op, (_, outs) in zip(graph.ops, layouts, strict=True)
-        for name, lay in zip(op.outputs, outs, strict=True)
-    }
-
-
-__all__ = ["KeptItem", "OpLayouts", "kept_items", "output_layouts", "saved_bytes"]
+__all__ = ["KeptItem", "OpLayouts", "kept_items", "made_at", "saved_bytes"]

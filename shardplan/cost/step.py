@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardplan.cost.evaluate import CostBreakdown, ScoreCache, evaluate_strategies
-from shardplan.cost.kept import kept_items, output_layouts, saved_bytes
+from shardplan.cost.kept import KeptItem, kept_items, made_at, saved_bytes
 from shardplan.cost.levers import Levers, Recompute, StageCost, StepCost
 from shardplan.cost.overlap import (
     exposed_backward,
@@ -168,7 +168,7 @@ def profile_stage(
         tp_bwd += ring.exposed_bwd_s - ring.scatter_s
     act = _activations(graph, prices, rounds, opts, op_compute, cache)
     params = _zero_params(graph, rounds, strategies, opts, prices, cache)
-    update = _update_seconds(graph, mesh, strategies, opts, params)
+    update = _update_seconds(graph, mesh, strategies, opts, params, cache.memo["zero params"])
     return StageProfile(
         fwd_compute_s=fwd,
         bwd_compute_s=cost.compute - fwd,
@@ -192,7 +192,7 @@ def profile_stage(
         breakdown=plain,
         sequence_parallel=sequence_parallel,
         context_parallel=context_parallel,
-        grad_elements=gradient_elements(graph, rounds, params),
+        grad_elements=gradient_elements(graph, rounds, params, cache.memo["zero params"]),
         blocks=act.blocks,
         tp_overlap_fwd_comm_s=tp_fwd if math.isnan(tp_fwd) else max(0.0, tp_fwd),
         tp_overlap_bwd_comm_s=tp_bwd if math.isnan(tp_bwd) else max(0.0, tp_bwd),
@@ -238,14 +238,16 @@ def _update_seconds(
     strategies: Mapping[str, Strategy],
     opts: CostOptions,
     params: Mapping[str, ZeroParam],
+    memo: dict[tuple[object, ...], Any] | None = None,
 ) -> tuple[float, float]:
     """The optimizer step is element-wise: its bytes at the machine's achieved HBM bandwidth
-    (the roofline's memory side; a machine without an HBM rate prices none)."""
+    (the roofline's memory side; a machine without an HBM rate prices none); `memo`:
+    `update_bytes`'."""
     m = mesh.hardware
     if opts.preset.symbolic or m is None:
         return 0.0, 0.0
     rate = m.hbm_bytes_per_s * m.hbm_efficiency
-    plain, sharded = update_bytes(graph, mesh.rounds, strategies, opts, params)
+    plain, sharded = update_bytes(graph, mesh.rounds, strategies, opts, params, memo)
     return plain / rate, sharded / rate
 
 
@@ -320,6 +322,29 @@ def selective_drops(graph: Graph, ops: Sequence[Op]) -> list[tuple[Op, str]]:
     return [(op, n) for op in ops for n in op.outputs if graph.tensors[n].numel > widest]
 
 
+def _kept_facts(
+    graph: Graph, cache: ScoreCache
+) -> tuple[tuple[KeptItem, ...], list[tuple[str, int, int]], list[tuple[tuple[str, str], ...]]]:
+    """The graph's alone, kept in `cache`: its kept tensors (`kept_items`); each full-
+    recomputation checkpoint with its (producer, result position); per block, the (result,
+    its mask's key) pairs of its results (the next checkpoint left out) that something keeps."""
+    found = cache.memo.get("kept facts")
+    if found is None:
+        items = kept_items(graph)
+        keys = {item.key for item in items}
+        segs, starts, _ = stage_blocks(graph, cache)
+        entries = [(e, graph.producer[e], made_at(graph, e)[1])
+                   for e in (segs[k].entry for k in starts) if e is not None]  # fmt: skip
+        blocks = []
+        for a, b in zip(starts, [*starts[1:], len(segs)], strict=True):
+            exit_ = segs[b].entry if b < len(segs) else None  # kept as the next checkpoint
+            names = [n for op in graph.ops[segs[a].start : segs[b - 1].stop] for n in op.outputs]
+            blocks.append(tuple((n, f"{n}:mask") for n in names
+                                if n != exit_ and (n in keys or f"{n}:mask" in keys)))  # fmt: skip
+        found = cache.memo["kept facts"] = (items, entries, blocks)
+    return found  # type: ignore[no-any-return]
+
+
 def _activations(
     graph: Graph,
     prices: Sequence[OpPrice],
@@ -333,14 +358,8 @@ def _activations(
     priced them (local bytes, op classes)."""
     size = cache.local_bytes
     layouts = [(p.inputs, p.resolved) for p in prices]
-    out_layout = output_layouts(graph, layouts)
-    items = cache.memo.get("kept items")  # the graph's alone: read once for every plan
-    if items is None:
-        items = cache.memo["kept items"] = kept_items(graph)
-    saved = saved_bytes(graph, {}, rounds, opts, layouts, size, out_layout, items)
-
-    def local(name: str) -> float:
-        return size(name, out_layout[name])
+    items, entries, blocks = _kept_facts(graph, cache)
+    saved = saved_bytes(graph, {}, rounds, opts, layouts, size, items)
 
     def kept(name: str) -> float:
         return saved.get(name, 0.0) + saved.get(f"{name}:mask", 0.0)
@@ -356,13 +375,11 @@ def _activations(
     reads = cache.memo["first_reads"]
     inputs = sum((size(name, prices[index].inputs[i]) for index, i, name in reads), 0.0)
     sel_bytes = sel_peak = sel_s = sel_flops = 0.0
-    segs, starts, drops = stage_blocks(graph, cache)
-    ckpt = sum(local(e) for e in (segs[k].entry for k in starts) if e is not None)
+    drops = stage_blocks(graph, cache)[2]
+    ckpt = sum(size(e, layouts[index][1][k]) for e, index, k in entries)
     seg_peak = 0.0
-    for a, b in zip(starts, [*starts[1:], len(segs)], strict=True):
-        exit_ = segs[b].entry if b < len(segs) else None  # kept as the next checkpoint
-        block = graph.ops[segs[a].start : segs[b - 1].stop]
-        seg_peak = max(seg_peak, sum(kept(n) for op in block for n in op.outputs if n != exit_))
+    for block in blocks:  # each block's results kept, the next checkpoint left out
+        seg_peak = max(seg_peak, sum(saved.get(n, 0.0) + saved.get(m, 0.0) for n, m in block))
     for dropped in drops:
         seg_bytes = sum(kept(n) for _, n in dropped)
         sel_bytes += seg_bytes
@@ -379,7 +396,7 @@ def _activations(
         sel_flops,
         ckpt,
         seg_peak,
-        len(starts),
+        len(blocks),
     )
 
 

@@ -325,35 +325,51 @@ def update_bytes(
     strategies: Mapping[str, Strategy],
     opts: CostOptions,
     params: Mapping[str, ZeroParam] | None = None,
+    memo: dict[tuple[object, ...], Any] | None = None,
 ) -> tuple[float, float]:
     """Bytes one device's optimizer step reads and writes (`CostOptions.update_bytes_for` per
     element it updates): (without ZeRO, with ZeRO 1-3, where each device updates its 1/ways shard
-    of each parameter). O(params x rounds); `params`: the plan's `zero_params` when known."""
+    of each parameter). O(params x rounds); `params`: the plan's `zero_params` when known;
+    `memo`: each (parameter, home)'s bytes, kept across calls on one graph, rounds and options."""
     plain = sharded = 0.0
     if not opts.train:
         return plain, sharded
     if params is None:
         params = zero_params(graph, rounds, strategies, opts.train)
+    memo = {} if memo is None else memo
     for p in params.values():
-        t = graph.tensors[p.name]
         if p.name not in graph.requires_grad:
             continue
-        per = _local_numel(t.numel, p.home, rounds) * opts.update_bytes_for(opts.element_bytes(t))
+        key = ("update", p.name, p.home)
+        per = memo.get(key)
+        if per is None:
+            t = graph.tensors[p.name]
+            width = opts.update_bytes_for(opts.element_bytes(t))
+            per = memo[key] = _local_numel(t.numel, p.home, rounds) * width
         plain += per
         sharded += per / p.ways
     return plain, sharded
 
 
 def gradient_elements(
-    graph: Graph, rounds: Sequence[Round], params: Mapping[str, ZeroParam]
+    graph: Graph,
+    rounds: Sequence[Round],
+    params: Mapping[str, ZeroParam],
+    memo: dict[tuple[object, ...], Any] | None = None,
 ) -> float:
     """Gradient elements one device holds: each parameter needing a gradient, in its home
-    layout (what the data-parallel all-reduce or reduce-scatter moves). O(params x rounds)."""
-    return sum(
-        _local_numel(graph.tensors[p.name].numel, p.home, rounds)
-        for p in params.values()
-        if p.name in graph.requires_grad
-    )
+    layout (what the data-parallel all-reduce or reduce-scatter moves). O(params x rounds);
+    `memo`: each (parameter, home)'s count, kept across calls on one graph and rounds."""
+    memo = {} if memo is None else memo
+    out = []
+    for p in params.values():
+        if p.name in graph.requires_grad:
+            key = ("local", p.name, p.home)
+            local = memo.get(key)
+            if local is None:
+                local = memo[key] = _local_numel(graph.tensors[p.name].numel, p.home, rounds)
+            out.append(local)
+    return sum(out)
 
 
 def _local_numel(numel: int, layout: Layout, rounds: Sequence[Round]) -> float:
