@@ -1,5 +1,6 @@
 """`cost.kept`: the kept tensors read once per graph price every plan as the rule read op by op
-does; `zero_params` with a memo kept across plans gives what it gives without one."""
+does; `zero_params`, `update_bytes` and `gradient_elements` with a memo kept across plans give
+what they give without one."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from shardplan import zoo
 from shardplan.cost import CostOptions
 from shardplan.cost.kept import kept_items, saved_bytes
 from shardplan.cost.terms import round_numels
-from shardplan.cost.zero import zero_params
+from shardplan.cost.zero import gradient_elements, update_bytes, zero_params
 from shardplan.ir.op import Role
 from shardplan.ir.traits import Saved, saved_for_backward
 from shardplan.mesh import parse_mesh
@@ -88,6 +89,12 @@ def test_zero_params_with_a_memo_across_plans_equal_those_without():
             for st in plans + plans[::-1]:  # the memo filled by other plans, then reused
                 fresh = zero_params(g, mesh.rounds, st, True)
                 assert zero_params(g, mesh.rounds, st, True, memo=memo) == fresh
+                assert update_bytes(g, mesh.rounds, st, OPTS, fresh, memo) == update_bytes(
+                    g, mesh.rounds, st, OPTS, fresh
+                )
+                assert gradient_elements(g, mesh.rounds, fresh, memo) == gradient_elements(
+                    g, mesh.rounds, fresh
+                )
             assert any(k[0] == "cut" for k in memo) and any(k[0] != "cut" for k in memo)
             listed = {k: list(v) for k, v in plans[0].items()}  # a caller's lists, as before
             assert zero_params(g, mesh.rounds, listed, True, memo=memo) == zero_params(
