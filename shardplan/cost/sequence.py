@@ -29,7 +29,7 @@ backward in place of the evaluator's terms for those edges.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardplan.cost.evaluate import ScoreCache
@@ -86,12 +86,13 @@ def sequence_parallel_strategies(
     mesh: Mesh,
     strategies: Mapping[str, Strategy],
     cache: ScoreCache | None = None,
+    rounds: Sequence[int] | None = None,
 ) -> dict[str, Strategy]:
     """`strategies` with every op left whole in the tensor-parallel rounds split along a
     parameter-free PARALLEL loop dim there (module docstring); PlanError when the plan has no
-    tensor-parallel round. `cache`: as `tensor_rounds`'."""
+    tensor-parallel round. `cache`: as `tensor_rounds`'; `rounds`: its result when known."""
     dims = param_dims(graph, cache)
-    rounds = tensor_rounds(graph, mesh, strategies, cache)
+    rounds = tensor_rounds(graph, mesh, strategies, cache) if rounds is None else rounds
     if not rounds:
         raise PlanError(
             "sequence parallelism splits the tensor-parallel group's replicated regions, but "

@@ -143,8 +143,9 @@ def profile_stage(
     cache = cache or ScoreCache(graph, mesh, opts)  # evaluations and forward share op prices
     cost = plain = plain or evaluate_strategies(graph, mesh, strategies, opts, param_layouts, cache)
     stored = strategies
-    if sequence_parallel:
-        strategies = sequence_parallel_strategies(graph, mesh, strategies, cache)
+    if sequence_parallel:  # the tensor-parallel rounds read once for the layout and the overlap
+        tp_rounds = tensor_rounds(graph, mesh, strategies, cache)
+        strategies = sequence_parallel_strategies(graph, mesh, strategies, cache, tp_rounds)
         cost = evaluate_strategies(graph, mesh, strategies, opts, param_layouts, cache)
     rounds = mesh.rounds
     prices = [
@@ -159,7 +160,7 @@ def profile_stage(
     bwd_comm = exposed + c.redistribution_bwd + c.halo
     tp_fwd = tp_bwd = math.nan
     if sequence_parallel:
-        tp_fwd, tp_bwd = _tp_overlap_comm(graph, mesh, stored, cache, plain, op_compute)
+        tp_fwd, tp_bwd = _tp_overlap_comm(graph, mesh, tp_rounds, plain, op_compute)
     if context_parallel:  # the exchange's exposed part replaces its all-gather terms
         ring = ring_terms(graph, mesh, stored, opts, cache)
         fwd_comm += ring.exposed_fwd_s - ring.gather_s
@@ -220,13 +221,13 @@ def _zero_params(
 def _tp_overlap_comm(
     graph: Graph,
     mesh: Mesh,
-    strategies: Mapping[str, Strategy],
-    cache: ScoreCache,
+    rounds: Sequence[int],
     plain: CostBreakdown,
     op_compute: Mapping[str, float],
 ) -> tuple[float, float]:
-    """The profile's forward and backward collectives under `tp_comm_overlap` (cost.overlap)."""
-    ways = math.prod(mesh.rounds[r].q for r in tensor_rounds(graph, mesh, strategies, cache))
+    """The profile's forward and backward collectives under `tp_comm_overlap` (cost.overlap);
+    `rounds`: the plan's tensor-parallel rounds (`cost.sequence.tensor_rounds`)."""
+    ways = math.prod(mesh.rounds[r].q for r in rounds)
     fwd, bwd = tensor_overlap_exposed(graph, plain.ops, op_compute, ways)
     c = plain.comm
     return fwd + c.redistribution_fwd, bwd + c.redistribution_bwd + c.halo
