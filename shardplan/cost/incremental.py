@@ -44,11 +44,24 @@ class Placement:
     rows: Rows
 
 
-def row_readers(graph: Graph) -> list[list[int]]:
+def graph_readers(cache: ScoreCache) -> tuple[list[list[int]], dict[str, tuple[int, int]]]:
+    """The cache's graph's `row_readers` and `first_reads`, kept in its memo (the graph's alone:
+    shared by the incremental placement and D-Rec's polish, `search.drec.polish`)."""
+    found = cache.memo.get("row readers")
+    if found is None:
+        first = first_reads(cache.graph)
+        found = cache.memo["row readers"] = (row_readers(cache.graph, first), first)
+    return found  # type: ignore[no-any-return]
+
+
+def row_readers(
+    graph: Graph, first: Mapping[str, tuple[int, int]] | None = None
+) -> list[list[int]]:
     """Per op i, the rows that read its strategy: its own, its results' readers, the next
     reader of each of its operands (share credits) and, for a parameter it reads first, every
-    reader of that parameter (its home is i's layout)."""
-    first = first_reads(graph)
+    reader of that parameter (its home is i's layout); `first`: `first_reads(graph)` when
+    known."""
+    first = first_reads(graph) if first is None else first
     out = []
     for index, op in enumerate(graph.ops):
         rows = {index}
@@ -92,10 +105,7 @@ def placed_since(
     classes = cache.classes
     moved = [ops[i] for i in changed]
     check_strategies(moved, new, cache.mesh.rounds, [classes[i] for i in changed], cache.valid)
-    if "row readers" not in cache.memo:  # the graph's alone
-        cache.memo["row readers"] = row_readers(graph)
-        cache.memo["first reads"] = first_reads(graph)
-    readers, first = cache.memo["row readers"], cache.memo["first reads"]
+    readers, first = graph_readers(cache)
     prices = list(last.prices)
     homes, out_layout = dict(last.homes), dict(last.out_layout)
     rows: set[int] = set()
@@ -109,4 +119,4 @@ def placed_since(
     return new, prices, homes, out_layout, sorted(rows)
 
 
-__all__ = ["SHARE", "Placement", "first_reads", "placed_since", "row_readers"]
+__all__ = ["SHARE", "Placement", "first_reads", "graph_readers", "placed_since", "row_readers"]

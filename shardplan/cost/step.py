@@ -169,7 +169,7 @@ def profile_stage(
         tp_bwd += ring.exposed_bwd_s - ring.scatter_s
     act = _activations(graph, prices, rounds, opts, op_compute, cache)
     params = _zero_params(graph, rounds, strategies, opts, prices, cache)
-    update = _update_seconds(graph, mesh, strategies, opts, params, cache.memo["zero params"])
+    update = _update_seconds(graph, mesh, strategies, opts, params, _zero_memo(cache))
     return StageProfile(
         fwd_compute_s=fwd,
         bwd_compute_s=cost.compute - fwd,
@@ -193,7 +193,7 @@ def profile_stage(
         breakdown=plain,
         sequence_parallel=sequence_parallel,
         context_parallel=context_parallel,
-        grad_elements=gradient_elements(graph, rounds, params, cache.memo["zero params"]),
+        grad_elements=gradient_elements(graph, rounds, params, _zero_memo(cache)),
         blocks=act.blocks,
         tp_overlap_fwd_comm_s=tp_fwd if math.isnan(tp_fwd) else max(0.0, tp_fwd),
         tp_overlap_bwd_comm_s=tp_bwd if math.isnan(tp_bwd) else max(0.0, tp_bwd),
@@ -213,9 +213,14 @@ def _zero_params(
     reads = cache.memo.get("param reads")
     if reads is None:
         reads = cache.memo["param reads"] = param_reads(graph)
-    memo = cache.memo.setdefault("zero params", {})
     inputs = [p.inputs for p in prices]
-    return zero_params(graph, rounds, strategies, opts.train, inputs, reads, memo)
+    return zero_params(graph, rounds, strategies, opts.train, inputs, reads, _zero_memo(cache))
+
+
+def _zero_memo(cache: ScoreCache) -> dict[tuple[object, ...], Any]:
+    """The memo `cost.zero` keeps in `cache` across the plans of its graph (shards, cut rounds,
+    per-parameter counts and update bytes: one graph, rounds and options)."""
+    return cache.memo.setdefault("zero params", {})  # type: ignore[no-any-return]
 
 
 def _tp_overlap_comm(

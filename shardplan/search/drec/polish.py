@@ -53,7 +53,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies, own_and_edges, param_homes
-from shardplan.cost.incremental import row_readers
+from shardplan.cost.incremental import graph_readers
 from shardplan.cost.presets import CostOptions
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
@@ -89,8 +89,9 @@ class _Rows:
         for op, price in zip(ops, prices, strict=True):
             self.out.update(zip(op.outputs, price.resolved, strict=True))
         static = cache.memo.get("polish")  # the graph's alone: one copy for every polish
-        if static is None:
-            static = cache.memo["polish"] = self._static()
+        if static is None:  # each parameter's first reader (its home), each op's row readers
+            readers, first = graph_readers(cache)
+            static = cache.memo["polish"] = ({n: i for n, (i, _) in first.items()}, readers)
         self.first_reader, self.touched = static
         self.invalid: set[tuple[object, ...]] = set()  # (class, strategy) pairs found invalid
         self.streams_tried: dict[tuple[object, ...], tuple[object, ...]] = {}
@@ -99,18 +100,6 @@ class _Rows:
         self.values: dict[int, float] = {}
         """Row -> its value under the current plan (`current`), dropped when an op it reads
         moves."""
-
-    def _static(self) -> tuple[dict[str, int], list[list[int]]]:
-        """Parameter -> its first reader (whose layout is its home), and per op the rows that
-        read its strategy (`cost.incremental.row_readers`: its own, its outputs' readers, the
-        next reader of each of its inputs, all readers of the parameters it reads first)."""
-        graph = self.graph
-        self.first_reader = {
-            name: users[0][0]
-            for name, users in graph.consumers.items()
-            if graph.tensors[name].role is Role.PARAMETER and users
-        }
-        return self.first_reader, row_readers(graph)
 
     def row(self, j: int) -> float:
         op = self.graph.ops[j]
