@@ -58,6 +58,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
+from shardplan.search.drec.compound import compound_runs
 from shardplan.search.drec.runs import Trial, run_moves, split_runs, valid
 from shardplan.search.drec.streams import stream_moves
 from shardplan.search.drec.tied import tied_moves
@@ -237,6 +238,7 @@ def _pair_pass(
     tail = _tail_move(rows, twins, frozen) if near is None else False
     runs = run_moves(rows, twins, frozen, near)
     split = split_runs(rows, twins, frozen, near)
+    split |= compound_runs(rows, twins, frozen, near)
     split |= stream_moves(rows, twins, frozen, near)
     if not tied:
         return split or runs or tail or paired

@@ -292,3 +292,7 @@ def _best_run(
             best, best_end, best_len = trial.delta, e + 1, len(trial.changed)
     trial.keep(best_len)
     return best_end
+
+
+# the walk's parts, shared with the two-round walks of `compound.py`
+own_best, round_cuts, next_follower = _own_best, _round_cuts, _next_follower
