@@ -69,7 +69,7 @@ def _walk(
     saved: list[float] = []
     e, strategy = k, seed
     while strategy is not None:
-        before = rows.plan[graph_name(rows, e)]
+        before = rows.plan[_name(rows, e)]
         saved.append(rows.compute(e, before) - rows.compute(e, strategy))
         trial.move(e, strategy)
         totals.append(trial.delta)
@@ -78,7 +78,8 @@ def _walk(
     return trial, totals, saved
 
 
-def graph_name(rows: _Rows, i: int) -> str:
+def _name(rows: _Rows, i: int) -> str:
+    """Op i's name."""
     return rows.graph.ops[i].name
 
 
@@ -111,7 +112,7 @@ def _compound(
         if r2 == r:
             continue
         for s in region:
-            if rows.plan[graph_name(rows, s)][r2] is not None:
+            if rows.plan[_name(rows, s)][r2] is not None:
                 continue
             cuts = [c for c in round_cuts(rows, s, r2) if c[r2] is not None]
             seed2 = own_best(rows, s, cuts)

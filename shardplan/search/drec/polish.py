@@ -39,8 +39,10 @@ run of last ops, replicated in every round, that lowers the total most (ResNet-5
 layer 4 whole on every device: 1.088 -> 1.000). And run moves (`runs.py`): one round left
 unused on a run of consecutive ops after an op it leaves unused (AlexNet on 3x5, batch 60:
 1.042 -> 1.006), or a region a round leaves unused cut in it, each op reading a moved one
-following (an MoE layer on 12, batch 6: 1.116 -> 1.001). After any of them the single sweeps
-run again.
+following (an MoE layer on 12, batch 6: 1.116 -> 1.001), and such a region cut in two rounds
+at once when neither round alone pays (`compound.py`: a DeepSeek-MoE-style model, 2 layers, on
+3x5 cuts its language-model head along the sequence over 3 and the vocabulary over 5: 1.055 ->
+1.000). After any of them the single sweeps run again.
 
 Cost: per sweep O(sum over ops of rounds x loop dims x local rows), linear in the graph; a pair
 pass O(edges x tensor axes^2 x local rows).
@@ -229,7 +231,8 @@ def _pair_pass(
     near: Collection[int] | None = None,
 ) -> bool:
     """`_pair_moves` of every op in graph order, then `_tail_move`, `runs.run_moves`,
-    `runs.split_runs`, `streams.stream_moves` and (`tied`) `tied.tied_moves`, each tied move
+    `runs.split_runs`, `compound.compound_runs`, `streams.stream_moves` and (`tied`)
+    `tied.tied_moves`, each tied move
     settled by the rest of the polish around it; whether one moved. `near`: the ops the moves
     start from (None: all, and the tail move)."""
     ops = range(len(rows.graph.ops)) if near is None else sorted(near)

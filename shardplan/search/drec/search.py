@@ -523,7 +523,8 @@ def drec_folded(
     (`polish.pair_polished`: an op and its reader leave one axis of their tensor together,
     BERT-base on 18: 1.052 -> 1.000; the last ops replicated, ResNet-50 on 12: 1.088 -> 1.000;
     a run of ops left unused in one round, AlexNet on 3x5: 1.042 -> 1.006, or cut in a round
-    that left them unused, an MoE layer on 12: 1.116 -> 1.001; `runs.py`; a tied parameter's
+    that left them unused, an MoE layer on 12: 1.116 -> 1.001; `runs.py`; or in two rounds at
+    once, `compound.py`; a tied parameter's
     readers re-cut together in one round, GPT-2 small on 2x2: 1.155 -> 1.000, `tied.py`), and
     the variants run once more with a costly tied parameter's readers kept whole (GPT-3, 2
     layers, on 12: 1.048 -> 1.010; `tiedwhole.py`); when replication beats every variant, the
