@@ -9,24 +9,30 @@ a share of the tokens. D-Rec's rounds decide one at a time and each, alone, keep
 whole (a DeepSeek-MoE-style model, 2 layers, on 3x5, replicated but for the language-model
 head, which the optimum cuts along the sequence over 3 and the vocabulary over 5: 1.055 ->
 1.000 of the ILP optimum).
-Here each walk of `split_runs` that lowered nothing alone (its prefix with the least increase)
-is kept tentatively, and each other round's walk from each of its ops left unused there (the
-cut its own row prices lowest, then the readers that follow, as `split_runs`) is priced on top;
-the first pair whose total is lower is kept, else both are undone. Gate: the first walk must
-save compute (its prefix's rows cost more only through collectives, which the second round's
-cut can shrink). O(rounds^2 x region x walk) per start; run once per search, on its final plan.
+A walk starts where `split_runs` starts one (an op left unused in round r, its own row's
+cheapest cut there) when that op reads a parameter its cut leaves whole (the gradient it then
+all-reduces is what another round's cut could shrink); its prefix with the least increase,
+when that saves compute, is kept tentatively, and each other round's walk from each of its ops
+that reads a parameter (as `split_runs` walks) is priced on top; the first pair whose total is
+lower is kept, else both are undone. Both walks stop when even dropping every collective of
+the rows still ahead and a round's share of their compute could not pay for them. O(rounds^2 x
+region x walk) per start; run once per search, on its final plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
+from shardplan.ir.graph import Role
 from shardplan.search.drec.runs import Trial, next_follower, own_best, round_cuts
 from shardplan.sharding import Strategy
 
 if TYPE_CHECKING:
     from shardplan.search.drec.polish import _Rows
+
+Stop = Callable[[int, Trial], bool]
+"""(the next op of a walk, the walk so far) -> whether to stop before moving it."""
 
 
 def compound_runs(
@@ -43,14 +49,48 @@ def compound_runs(
         return False
     starts = range(n) if near is None else sorted(near)
     moved = False
+    ahead: dict[float, list[float]] = {}  # `_ahead` per share, until a pair is kept
     for r in range(rounds):
         for k in starts:
             if rows.plan[graph.ops[k].name][r] is not None or k in frozen or k in twins:
                 continue
             seed = own_best(rows, k, [s for s in round_cuts(rows, k, r) if s[r] is not None])
-            if seed is not None:
-                moved |= _compound(rows, k, r, seed, twins, frozen)
+            if seed is not None and _keeps_weight_whole(rows, k, r, seed):
+                if _compound(rows, k, r, seed, twins, frozen, ahead):
+                    moved = True
+                    ahead.clear()
     return moved
+
+
+def _weights(rows: _Rows, i: int) -> list[int]:
+    """The input positions of op i that read a parameter."""
+    tensors, op = rows.graph.tensors, rows.graph.ops[i]
+    return [p for p, t in enumerate(op.inputs) if tensors[t].role is Role.PARAMETER]
+
+
+def _keeps_weight_whole(rows: _Rows, i: int, r: int, strategy: Strategy) -> bool:
+    """Whether op i, cut by `strategy` in round r, reads a parameter that cut leaves whole."""
+    op = rows.graph.ops[i]
+    cut = strategy[r]
+    return any(
+        all(cut not in dims for dims in op.signature.inputs[p]) for p in _weights(rows, i)
+    )
+
+
+def _ahead(rows: _Rows, share: float, known: dict[float, list[float]]) -> list[float]:
+    """Per op index e, what the rows of ops e, e+1, ... pay beyond their compute plus `share`
+    of their compute: the most cuts in one more round can save there (kept in `known` while
+    the plan stands: a walk's own moves shift it only on the rows it reached, which its trial
+    counts apart)."""
+    if share in known:
+        return known[share]
+    graph, n = rows.graph, len(rows.graph.ops)
+    suffix = [0.0] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        compute = rows.compute(j, rows.plan[graph.ops[j].name])
+        suffix[j] = suffix[j + 1] + max(rows.current(j) - compute, 0.0) + share * compute
+    known[share] = suffix
+    return suffix
 
 
 def _walk(
@@ -60,27 +100,24 @@ def _walk(
     seed: Strategy,
     twins: Mapping[int, int],
     frozen: Collection[int],
-) -> tuple[Trial, list[float], list[float]]:
-    """`split_runs`'s walk from op k cutting `seed` in round r, every step applied: the trial,
-    the total's change after each step and the compute each step's op saves."""
+    stop: Stop,
+) -> tuple[Trial, list[float], float]:
+    """`split_runs`'s walk from op k cutting `seed` in round r, until `stop`: the trial (every
+    step applied), the total's change after each step and the compute the walk's ops save."""
     trial = Trial(rows)
     moved: set[str] = set()
     totals: list[float] = []
-    saved: list[float] = []
+    saved = 0.0
     e, strategy = k, seed
     while strategy is not None:
-        before = rows.plan[_name(rows, e)]
-        saved.append(rows.compute(e, before) - rows.compute(e, strategy))
+        saved += rows.compute(e, rows.plan[rows.graph.ops[e].name]) - rows.compute(e, strategy)
         trial.move(e, strategy)
         totals.append(trial.delta)
         moved.update(rows.graph.ops[e].outputs)
         e, strategy = next_follower(rows, e, r, moved, twins, frozen)
+        if strategy is not None and stop(e, trial):
+            break
     return trial, totals, saved
-
-
-def _name(rows: _Rows, i: int) -> str:
-    """Op i's name."""
-    return rows.graph.ops[i].name
 
 
 def _undo(trial: Trial, count: int) -> None:
@@ -97,30 +134,46 @@ def _compound(
     seed: Strategy,
     twins: Mapping[int, int],
     frozen: Collection[int],
+    known: dict[float, list[float]],
 ) -> bool:
     """The walk from op k in round r, when it lowers nothing alone, with another round's walk
     from one of its ops on top (module docstring); whether the pair was kept."""
-    first, totals, saved = _walk(rows, k, r, seed, twins, frozen)
+    rounds = rows.mesh.rounds
+    share = max(1.0 - 1.0 / rnd.q for i, rnd in enumerate(rounds) if i != r)
+    ahead = _ahead(rows, share, known)
+    # no round can pay for the walk once its rise exceeds all the rows ahead could still save
+    first, totals, saved = _walk(
+        rows, k, r, seed, twins, frozen, lambda e, t: t.delta - ahead[e] - t.left >= 0
+    )
     count = min(range(len(totals)), key=lambda m: (totals[m], m)) + 1
     cost = totals[count - 1]
     first.keep(count)
-    if cost <= 0 or sum(saved[:count]) <= 0:  # split_runs' own move, or no compute saved
+    if cost <= 0 or saved <= 0:  # split_runs' own move, or no compute saved
         _undo(first, count)
         return False
-    region = [i for i, _ in first.changed[:count]]
-    for r2 in range(len(rows.mesh.rounds)):
+    below = -1e-12 * max(abs(sum(first.old.values())), 1e-300)
+    for r2, rnd in enumerate(rounds):
         if r2 == r:
             continue
-        for s in region:
-            if rows.plan[_name(rows, s)][r2] is not None:
+        suffix = _ahead(rows, 1.0 - 1.0 / rnd.q, known)
+        for s, _ in first.changed[:count]:
+            if rows.plan[rows.graph.ops[s].name][r2] is not None or not _weights(rows, s):
                 continue
             cuts = [c for c in round_cuts(rows, s, r2) if c[r2] is not None]
             seed2 = own_best(rows, s, cuts)
             if seed2 is None:
                 continue
-            second, after, _ = _walk(rows, s, r2, seed2, twins, frozen)
+            second, after, _ = _walk(
+                rows,
+                s,
+                r2,
+                seed2,
+                twins,
+                frozen,
+                lambda e, t, suffix=suffix: cost + t.delta - suffix[e] - t.left >= below,
+            )
             best = min(range(len(after)), key=lambda m: (after[m], m)) + 1
-            if cost + after[best - 1] < -1e-12 * max(abs(sum(first.old.values())), 1e-300):
+            if cost + after[best - 1] < below:
                 second.keep(best)
                 return True
             second.keep(0)

@@ -148,16 +148,18 @@ def polish(
     twins: Mapping[int, int] | None = None,
     frozen: Collection[int] | None = None,
     pairs: bool = False,
+    compound: bool = False,
 ) -> dict[str, Strategy]:
     """`plan` improved by exact single-op moves (module docstring); `weights` and `twins` (op
     index -> the index that moves with it) for a folded graph; `frozen`: ops that keep their
     strategy (user-fixed); `pairs`: once single moves settle, pair moves and the tail move too
-    (`_pair_pass`: a search's final plan).
+    (`_pair_pass`: a search's final plan); `compound`: the pair passes with compound run moves
+    (`compound.py`, the final plan's polish alone: they walk from every op).
     Never costlier than `plan`."""
     if cache.opts.zero:  # ZeRO's storage collectives are not in the rows (searches price 0)
         return dict(plan)
     rows = _Rows(graph, mesh, {k: tuple(v) for k, v in plan.items()}, cache, weights)
-    _polished(rows, twins or {}, frozen or (), pairs, tied=True, settled=True)
+    _polished(rows, twins or {}, frozen or (), pairs, tied=True, settled=True, compound=compound)
     return rows.plan
 
 
@@ -169,13 +171,14 @@ def _polished(
     tied: bool,
     settled: bool,
     near: Collection[int] | None = None,
+    compound: bool = False,
 ) -> None:
     """`polish` on `rows`: with `pairs`, the pair pass first (`tied`: with tied-parameter
     moves), then single sweeps, the pair pass again once they settle; `settled`: the plan is
     already settled under single moves (a variant's, polished), so no sweep runs when the first
     pair pass moves nothing; `near`: the ops whose moves are tried (None: all)."""
     n = len(rows.graph.ops)
-    if pairs and not _pair_pass(rows, twins, frozen, tied, near) and settled:
+    if pairs and not _pair_pass(rows, twins, frozen, tied, near, compound) and settled:
         return
     ops = range(n) if near is None else sorted(near)
     for sweep in range(SWEEPS):
@@ -186,7 +189,7 @@ def _polished(
             moved |= _best_move(rows, [i, twins[i]] if i in twins else [i])
         if pairs and (not moved or sweep == SWEEPS - 1):
             # settled: moves of an op with its reader, which no single move reaches
-            moved = _pair_pass(rows, twins, frozen, tied, near)
+            moved = _pair_pass(rows, twins, frozen, tied, near, compound)
         if not moved:
             break
 
@@ -229,9 +232,10 @@ def _pair_pass(
     frozen: Collection[int],
     tied: bool = True,
     near: Collection[int] | None = None,
+    compound: bool = False,
 ) -> bool:
     """`_pair_moves` of every op in graph order, then `_tail_move`, `runs.run_moves`,
-    `runs.split_runs`, `compound.compound_runs`, `streams.stream_moves` and (`tied`)
+    `runs.split_runs`, (`compound`) `compound.compound_runs`, `streams.stream_moves` and (`tied`)
     `tied.tied_moves`, each tied move
     settled by the rest of the polish around it; whether one moved. `near`: the ops the moves
     start from (None: all, and the tail move)."""
@@ -241,7 +245,8 @@ def _pair_pass(
     tail = _tail_move(rows, twins, frozen) if near is None else False
     runs = run_moves(rows, twins, frozen, near)
     split = split_runs(rows, twins, frozen, near)
-    split |= compound_runs(rows, twins, frozen, near)
+    if compound:
+        split |= compound_runs(rows, twins, frozen, near)
     split |= stream_moves(rows, twins, frozen, near)
     if not tied:
         return split or runs or tail or paired
@@ -494,6 +499,7 @@ def polished_if_lower(
     candidate: dict[str, Strategy],
     frozen: Collection[int] | None = None,
     pairs: bool = False,
+    compound: bool = False,
 ) -> dict[str, Strategy]:
     """`candidate` (another search's plan, in `mesh`'s rounds) polished on `mesh` (`pairs`: with
     pair and tail moves too) when it then scores lower than `best` (scored `best_score`; None:
@@ -502,7 +508,9 @@ def polished_if_lower(
     variants' best this way, and `pair_polished`'s plan with the plan it started from."""
     weights = fold.round_weights() if fold is not None else None
     twins = fold.twins() if fold is not None else None
-    candidate = polish(graph, mesh, candidate, cache, weights, twins, frozen=frozen, pairs=pairs)
+    candidate = polish(
+        graph, mesh, candidate, cache, weights, twins, frozen, pairs=pairs, compound=compound
+    )
     if candidate == best or (fold is not None and not fold.uniform(candidate)):
         return best
     if best_score is None:
@@ -527,4 +535,4 @@ def pair_polished(
     interior uniform (`polished_if_lower`)."""
     cache = cache if cache is not None else ScoreCache(graph, mesh, opts)
     args = (graph, mesh, opts, memory_lambda, fold, cache, plan, None, plan, frozen)
-    return polished_if_lower(*args, pairs=True)
+    return polished_if_lower(*args, pairs=True, compound=True)
