@@ -9,14 +9,16 @@ a share of the tokens. D-Rec's rounds decide one at a time and each, alone, keep
 whole (a DeepSeek-MoE-style model, 2 layers, on 3x5, replicated but for the language-model
 head, which the optimum cuts along the sequence over 3 and the vocabulary over 5: 1.055 ->
 1.000 of the ILP optimum).
-A walk starts where `split_runs` starts one (an op left unused in round r, its own row's
-cheapest cut there) when that op reads a parameter its cut leaves whole (the gradient it then
-all-reduces is what another round's cut could shrink); its prefix with the least increase,
-when that saves compute, is kept tentatively, and each other round's walk from each of its ops
-that reads a parameter (as `split_runs` walks) is priced on top; the first pair whose total is
-lower is kept, else both are undone. Both walks stop when even dropping every collective of
-the rows still ahead and a round's share of their compute could not pay for them. O(rounds^2 x
-region x walk) per start; run once per search, on its final plan.
+A walk starts where `split_runs` starts one, at an op whole in every round (its own row's
+cheapest cut in round r) that reads a parameter its cut leaves whole (the gradient it then
+all-reduces is what another round's cut could shrink), unless an earlier walk of the round took
+that op and cut (it went on from there alike). Its prefix with the least increase, when that
+saves compute and another round could pay for it (the increase stays below what the rows it
+reached pay beyond their compute plus that round's share of the moved ops' compute), is kept
+tentatively, and each other round's walk from each of its ops that reads a parameter is
+priced on top; the first pair whose total is lower is kept, else both are undone. A walk stops
+when another round could no longer pay for it. O(rounds^2 x region x walk) per start; run in
+the final plan's pair polish only (`polish.pair_polished`).
 """
 
 from __future__ import annotations
@@ -51,14 +53,17 @@ def compound_runs(
     moved = False
     ahead: dict[float, list[float]] = {}  # `_ahead` per share, until a pair is kept
     for r in range(rounds):
+        walked: set[tuple[int, Strategy]] = set()  # (op, cut) a walk of this round took
         for k in starts:
-            if rows.plan[graph.ops[k].name][r] is not None or k in frozen or k in twins:
-                continue
+            if any(rows.plan[graph.ops[k].name]) or k in frozen or k in twins:
+                continue  # a start whole in every round: no round's cut of it paid alone
             seed = own_best(rows, k, [s for s in round_cuts(rows, k, r) if s[r] is not None])
-            if seed is not None and _keeps_weight_whole(rows, k, r, seed):
-                if _compound(rows, k, r, seed, twins, frozen, ahead):
-                    moved = True
-                    ahead.clear()
+            if seed is None or (k, seed) in walked or not _keeps_weight_whole(rows, k, r, seed):
+                continue  # an earlier walk went on from here alike (`runs.split_runs`)
+            if _compound(rows, k, r, seed, twins, frozen, ahead, walked):
+                moved = True
+                ahead.clear()
+                walked.clear()
     return moved
 
 
@@ -101,16 +106,16 @@ def _walk(
     twins: Mapping[int, int],
     frozen: Collection[int],
     stop: Stop,
-) -> tuple[Trial, list[float], float]:
+) -> tuple[Trial, list[float], list[float]]:
     """`split_runs`'s walk from op k cutting `seed` in round r, until `stop`: the trial (every
-    step applied), the total's change after each step and the compute the walk's ops save."""
+    step applied), the total's change after each step and the compute each step's op saves."""
     trial = Trial(rows)
     moved: set[str] = set()
     totals: list[float] = []
-    saved = 0.0
+    saved: list[float] = []
     e, strategy = k, seed
     while strategy is not None:
-        saved += rows.compute(e, rows.plan[rows.graph.ops[e].name]) - rows.compute(e, strategy)
+        saved.append(rows.compute(e, rows.plan[rows.graph.ops[e].name]) - rows.compute(e, strategy))
         trial.move(e, strategy)
         totals.append(trial.delta)
         moved.update(rows.graph.ops[e].outputs)
@@ -118,6 +123,11 @@ def _walk(
         if strategy is not None and stop(e, trial):
             break
     return trial, totals, saved
+
+
+def _name(rows: _Rows, i: int) -> str:
+    """Op i's name."""
+    return rows.graph.ops[i].name
 
 
 def _undo(trial: Trial, count: int) -> None:
@@ -135,20 +145,30 @@ def _compound(
     twins: Mapping[int, int],
     frozen: Collection[int],
     known: dict[float, list[float]],
+    walked: set[tuple[int, Strategy]],
 ) -> bool:
     """The walk from op k in round r, when it lowers nothing alone, with another round's walk
     from one of its ops on top (module docstring); whether the pair was kept."""
     rounds = rows.mesh.rounds
     share = max(1.0 - 1.0 / rnd.q for i, rnd in enumerate(rounds) if i != r)
-    ahead = _ahead(rows, share, known)
-    # no round can pay for the walk once its rise exceeds all the rows ahead could still save
-    first, totals, saved = _walk(
-        rows, k, r, seed, twins, frozen, lambda e, t: t.delta - ahead[e] - t.left >= 0
-    )
+    region: list[float] = []  # the compute of the walk's ops once moved
+
+    def hopeless(e: int, t: Trial) -> bool:
+        """Another round could no longer pay for the walk: its rise reaches what the rows it
+        reached pay beyond their compute plus that round's share of the moved ops' compute."""
+        region.append(rows.compute(t.changed[-1][0], rows.plan[_name(rows, t.changed[-1][0])]))
+        return t.delta - t.left - share * sum(region) >= 0
+
+    first, totals, saved = _walk(rows, k, r, seed, twins, frozen, hopeless)
+    walked.update((i, rows.plan[_name(rows, i)]) for i, _ in first.changed[1:])
     count = min(range(len(totals)), key=lambda m: (totals[m], m)) + 1
     cost = totals[count - 1]
     first.keep(count)
-    if cost <= 0 or saved <= 0:  # split_runs' own move, or no compute saved
+    kept = [i for i, _ in first.changed[:count]]
+    # another round saves at most what the rows reached pay beyond their compute and its share
+    # of the moved ops' compute
+    room = first.left + share * sum(rows.compute(i, rows.plan[_name(rows, i)]) for i in kept)
+    if cost <= 0 or sum(saved[:count]) <= 0 or cost >= room:  # split_runs' own, or hopeless
         _undo(first, count)
         return False
     below = -1e-12 * max(abs(sum(first.old.values())), 1e-300)
@@ -156,7 +176,7 @@ def _compound(
         if r2 == r:
             continue
         suffix = _ahead(rows, 1.0 - 1.0 / rnd.q, known)
-        for s, _ in first.changed[:count]:
+        for s in kept:
             if rows.plan[rows.graph.ops[s].name][r2] is not None or not _weights(rows, s):
                 continue
             cuts = [c for c in round_cuts(rows, s, r2) if c[r2] is not None]
