@@ -37,6 +37,7 @@ from shardplan.cost.presets import CostOptions
 from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.polish import pair_polished, plan_score, polished_if_lower
+from shardplan.search.drec.swaps import cuts_anything
 from shardplan.sharding import Strategy
 
 Search = Callable[..., "dict[str, Strategy] | None"]
@@ -100,7 +101,7 @@ def with_round_orders(
     largest, overall = largest_first(mesh), largest_overall(mesh)
     polished = False
     for order in (largest, overall):
-        if order is None or (order is overall and (order == largest or _cuts(best))):
+        if order is None or (order is overall and (order == largest or cuts_anything(best))):
             continue  # across axes: only when no cut plan beat keeping everything whole
         found = search(graph, reordered(mesh, order), opts, memory_lambda, fold, flex, None)
         if found is None:
@@ -120,11 +121,6 @@ def largest_overall(mesh: Mesh) -> list[int] | None:
     None when that is the mesh's own order."""
     order = [r.index for r in sorted(mesh.rounds, key=lambda r: (-r.q, r.index))]
     return None if order == list(range(len(mesh.rounds))) else order
-
-
-def _cuts(plan: Mapping[str, Strategy]) -> bool:
-    """Whether some op of `plan` is cut in some round."""
-    return any(c is not None for s in plan.values() for c in s)
 
 
 __all__ = ["largest_first", "largest_overall", "reordered", "restored", "with_round_orders"]

@@ -295,4 +295,9 @@ def _best_run(
 
 
 # the walk's parts, shared with the two-round walks of `compound.py`
-own_best, round_cuts, next_follower = _own_best, _round_cuts, _next_follower
+own_best, round_cuts, next_follower, paid_suffix = (
+    _own_best,
+    _round_cuts,
+    _next_follower,
+    _paid_suffix,
+)

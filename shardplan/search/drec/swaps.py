@@ -43,6 +43,11 @@ def swapped_rounds(mesh: Mesh, plan: Mapping[str, Strategy]) -> Iterator[Plan]:
         yield {name: (*s[:r], s[r + 1], s[r], *s[r + 2 :]) for name, s in plan.items()}
 
 
+def cuts_anything(plan: Mapping[str, Strategy]) -> bool:
+    """Whether some op of `plan` is cut in some round (else replication won)."""
+    return any(c is not None for s in plan.values() for c in s)
+
+
 def with_round_swaps(
     mesh: Mesh,
     scored: list[tuple[Plan, float]],
@@ -53,10 +58,10 @@ def with_round_swaps(
     """`best` (scored `best_score`) or, when it cuts nothing, the lowest-scoring of the two best
     cut plans of `scored` with a pair of rounds exchanged (`swapped_rounds`) and `improve`d
     (polished and scored; None: not a valid plan for the search)."""
-    if any(c is not None for s in best.values() for c in s):
+    if cuts_anything(best):
         return best, best_score
     cut = sorted(
-        ((p, s) for p, s in scored if any(c is not None for v in p.values() for c in v)),
+        ((p, s) for p, s in scored if cuts_anything(p)),
         key=lambda item: item[1],
     )
     for plan, _ in cut[:2]:
@@ -67,4 +72,4 @@ def with_round_swaps(
     return best, best_score
 
 
-__all__ = ["swapped_rounds", "with_round_swaps"]
+__all__ = ["cuts_anything", "swapped_rounds", "with_round_swaps"]
