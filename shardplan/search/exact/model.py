@@ -204,6 +204,19 @@ class _Builder:
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise SolverError(f"{self.method} did not finish within {self.limit} ({what})")
 
+    def _count(self, tensor: str, rows: int, columns: int, more: bool = False) -> None:
+        """SolverError when a rows x columns class table for `tensor` would take the tables
+        past `max_entries` (checked before it is built: a table that size takes seconds of
+        numpy no deadline can interrupt, and its memory); `more`: rows is a count so far."""
+        if self.max_entries is not None and self.entries + rows * columns > self.max_entries:
+            raise SolverError(
+                f"{self.method} did not finish: the pairwise cost tables of {self.graph.name!r} on "
+                "mesh "
+                f"{self.mesh.text()} exceed {self.max_entries:,} entries (tensor {tensor!r} alone "
+                f"needs {rows}{' or more' if more else ''} x {columns}); the exact methods grow as "
+                "layouts ** 2 per edge: use drec, a smaller model or fewer devices"
+            )
+
     # -- unary ----------------------------------------------------------------------------------
     def op_unary(self, i: int) -> np.ndarray:
         graph, op = self.graph, self.graph.ops[i]
@@ -302,14 +315,7 @@ class _Builder:
                 result = (None, None, None, split)
                 self.table_cache[key] = result
                 return result
-        if self.max_entries is not None and self.entries + n > self.max_entries:
-            raise SolverError(
-                f"{self.method} did not finish: the pairwise cost tables of {self.graph.name!r} on "
-                "mesh "
-                f"{self.mesh.text()} exceed {self.max_entries:,} entries (tensor {tensor!r} alone "
-                f"needs {len(u_keys)} x {len(v_keys)}); the exact methods grow as layouts ** 2 "
-                "per edge: use drec, a smaller model or fewer devices"
-            )
+        self._count(tensor, len(u_keys), len(v_keys))
         self.entries += n
         table = self._pattern_table(tensor, u_keys, v_keys)  # type: ignore[arg-type]
         result = (*_compress(table, u_class, v_class), split)
@@ -386,25 +392,34 @@ class _Builder:
         by_layout: dict[Layout, list[int]] = {}
         for c, (layout, _) in enumerate(u_keys):  # type: ignore[misc]
             by_layout.setdefault(layout, []).append(c)
-        columns = np.zeros((len(c_strategies), len(u_keys)))
+        width = len(u_keys)
+        rows: dict[bytes, int] = {}  # a row's bytes -> its class (first appearance)
+        kept: list[np.ndarray] = []  # one row per class: the dense table is never built
+        v_class = np.empty(len(c_strategies), dtype=np.int64)
+        zero = np.zeros(width)
         for t, s in enumerate(c_strategies):
             if t % 64 == 0:
                 self._tick(f"pricing the gradient credits of {tensor!r}")
             layout, mask = signature(c_op, s, c_pos, c_dims)
-            if not any(mask):
-                continue
-            done: dict[tuple[bool, ...], float] = {}
-            for c in by_layout.get(layout, ()):
-                both = tuple(a and b for a, b in zip(u_keys[c][1], mask, strict=True))  # type: ignore[index]
-                if not any(both):
-                    continue
-                if both not in done:
-                    done[both] = share_credit(
-                        graph, tensor, (p_op, p_pos, rep[c]), (c_op, c_pos, s), self.mesh, opts
-                    ).total
-                columns[t, c] = done[both]
-        v_class, v_keys = _classes([tuple(row) for row in columns])
-        table = np.array(v_keys, dtype=float).reshape(len(v_keys), len(u_keys)).T
+            row = zero
+            if any(mask):
+                row = np.zeros(width)
+                done: dict[tuple[bool, ...], float] = {}
+                for c in by_layout.get(layout, ()):
+                    both = tuple(a and b for a, b in zip(u_keys[c][1], mask, strict=True))  # type: ignore[index]
+                    if not any(both):
+                        continue
+                    if both not in done:
+                        done[both] = share_credit(
+                            graph, tensor, (p_op, p_pos, rep[c]), (c_op, c_pos, s), self.mesh, opts
+                        ).total
+                    row[c] = done[both]
+            found = rows.setdefault((row + 0.0).tobytes(), len(kept))  # + 0.0: -0.0 is 0.0
+            if found == len(kept):
+                self._count(tensor, len(kept) + 1, width, more=True)
+                kept.append(row)
+            v_class[t] = found
+        table = np.array(kept, dtype=float).reshape(len(kept), width).T
         self.entries += table.size
         result = _compress(table, u_class, v_class)
         self.table_cache[key] = result
