@@ -84,6 +84,7 @@ def misses(model: Any, drec_choice: list[int], ilp_choice: list[int], top: int) 
 
 
 ILP_SOURCES = ("search/exact/ilp.py", "search/exact/space.py", "search/exact/round_split.py")
+ILP_SOURCES += ("search/exact/model.py",)  # the cost tables the ILP solves over
 ILP_SOURCES += ("cost/terms.py",)
 ILP_SOURCES += ("cost/collectives.py", "cost/presets.py", "ir", "mesh.py", "sharding.py")
 # what makes the graph is keyed by the graph itself (`graph_digest`): the catalogue's rules and
