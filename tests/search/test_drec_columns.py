@@ -71,5 +71,5 @@ def test_bert_on_28_polishes_the_lowest_copy_when_none_scores_below_the_plan(mon
     monkeypatch.setattr(columns, "ABOVE", 0)
     assert sp.plan(graph, mesh).cost.total > exact.cost.total * 1.04
     monkeypatch.setattr(columns, "ABOVE", 1)
-    monkeypatch.setattr(runs, "_own_best", lambda rows, k, options: options[0] if options else None)
+    monkeypatch.setattr(runs, "own_best", lambda rows, k, options: options[0] if options else None)
     assert sp.plan(graph, mesh).cost.total > exact.cost.total * 1.04  # the first dim: the batch

@@ -1,4 +1,4 @@
-"""The exact methods' pairwise cost model: gradient-credit ("share") tables within the entry limit."""
+"""The exact methods' pairwise cost model: gradient-credit ("share") tables and the entry limit."""
 
 import numpy as np
 import pytest
@@ -66,11 +66,11 @@ def _builder(graph: Graph, mesh: str, max_entries: int | None) -> _Builder:
 
 
 @pytest.mark.parametrize(
-    ("model", "mesh"), [("gpt2-small", "2x3"), ("moe", "4"), ("resnet50", "2x2")]
+    ("model", "sizes", "mesh"),
+    [("gpt2-small", {"layers": 1}, "2x3"), ("moe", {}, "4"), ("resnet50", {}, "2x2")],
 )
-def test_share_tables_match_the_dense_construction(model, mesh):
-    graph = sp.zoo.build(model, small=True, layers=1) if model == "gpt2-small" else None
-    graph = graph or sp.zoo.build(model, small=True)
+def test_share_tables_match_the_dense_construction(model, sizes, mesh):
+    graph = sp.zoo.build(model, small=True, **sizes)
     builder = _builder(graph, mesh, None)
     pairs = _share_pairs(graph)
     assert pairs, "the model has tensors read by two ops"

@@ -111,13 +111,13 @@ def split_runs(
     graph, n, moved = rows.graph, len(rows.graph.ops), False
     starts = range(n) if near is None else sorted(near)
     for r, rnd in enumerate(rows.mesh.rounds):
-        suffix = _paid_suffix(rows, r, 1.0 - 1.0 / rnd.q)  # a cut saves that much compute
+        suffix = paid_suffix(rows, r, 1.0 - 1.0 / rnd.q)  # a cut saves that much compute
         walked: set[tuple[int, Strategy]] = set()  # (op, strategy) an earlier walk reached
         for k in starts:
             current = rows.plan[graph.ops[k].name]
             if current[r] is not None or k in frozen or k in twins:
                 continue
-            seed = _own_best(rows, k, [s for s in _round_cuts(rows, k, r) if s[r] is not None])
+            seed = own_best(rows, k, [s for s in round_cuts(rows, k, r) if s[r] is not None])
             if seed is None or (k, seed) in walked:
                 continue
             kept = _best_region(rows, k, r, seed, twins, frozen, suffix, walked)
@@ -127,7 +127,7 @@ def split_runs(
     return moved
 
 
-def _own_best(rows: _Rows, k: int, options: list[Strategy]) -> Strategy | None:
+def own_best(rows: _Rows, k: int, options: list[Strategy]) -> Strategy | None:
     """The strategy of `options` op k's own row prices lowest (the first on a tie), or None
     when there is none."""
     if not options:
@@ -141,7 +141,7 @@ def _own_best(rows: _Rows, k: int, options: list[Strategy]) -> Strategy | None:
     return options[costs.index(min(costs))]
 
 
-def _paid_suffix(rows: _Rows, r: int = 0, share: float = 0.0) -> list[float]:
+def paid_suffix(rows: _Rows, r: int = 0, share: float = 0.0) -> list[float]:
     """Per op index e, what the rows of ops e, e+1, ... pay beyond their compute, plus `share`
     of the compute of those left unused in round r: the most a move of those ops can save
     there (cutting an op in round r of q ways saves at most 1 - 1/q of its compute; dropping a
@@ -157,7 +157,7 @@ def _paid_suffix(rows: _Rows, r: int = 0, share: float = 0.0) -> list[float]:
     return suffix
 
 
-def _round_cuts(rows: _Rows, i: int, r: int) -> list[Strategy]:
+def round_cuts(rows: _Rows, i: int, r: int) -> list[Strategy]:
     """Op i's valid strategies that differ from its current one in round r alone."""
     op, current = rows.graph.ops[i], rows.plan[rows.graph.ops[i].name]
     dims = [None, *(d.name for d in op.signature.loop_dims)]
@@ -193,7 +193,7 @@ def _best_region(
         moved.update(rows.graph.ops[e].outputs)
         if trial.beats(best):
             best, best_len = trial.delta, len(trial.changed)
-        e, strategy = _next_follower(rows, e, r, moved, twins, frozen)
+        e, strategy = next_follower(rows, e, r, moved, twins, frozen)
         if strategy is not None and trial.delta - suffix[e] - trial.left >= best:
             break
     lowest = math.inf
@@ -204,7 +204,7 @@ def _best_region(
     return trial.keep(best_len)
 
 
-def _next_follower(
+def next_follower(
     rows: _Rows,
     after: int,
     r: int,
@@ -225,7 +225,7 @@ def _next_follower(
         current = plan[op.name]
         if current[r] is not None:
             continue  # cut in round r already: the region grows over ops the round leaves unused
-        pick = _own_best(rows, e, [current, *_round_cuts(rows, e, r)])
+        pick = own_best(rows, e, [current, *round_cuts(rows, e, r)])
         if pick != current:
             return e, pick
     return len(graph.ops), None
@@ -247,7 +247,7 @@ def run_moves(
     `near`: the ops a run may start at (None: all)."""
     graph, n, moved = rows.graph, len(rows.graph.ops), False
     for r in range(len(rows.mesh.rounds)):
-        suffix = _paid_suffix(rows)  # what the rows from each op on pay: the most a run saves
+        suffix = paid_suffix(rows)  # what the rows from each op on pay: the most a run saves
         k = 1
         while k < n:
             plan, ops = rows.plan, graph.ops
@@ -292,12 +292,3 @@ def _best_run(
             best, best_end, best_len = trial.delta, e + 1, len(trial.changed)
     trial.keep(best_len)
     return best_end
-
-
-# the walk's parts, shared with the two-round walks of `compound.py`
-own_best, round_cuts, next_follower, paid_suffix = (
-    _own_best,
-    _round_cuts,
-    _next_follower,
-    _paid_suffix,
-)

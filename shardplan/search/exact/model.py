@@ -393,27 +393,28 @@ class _Builder:
         for c, (layout, _) in enumerate(u_keys):  # type: ignore[misc]
             by_layout.setdefault(layout, []).append(c)
         width = len(u_keys)
+
+        def credits(s: Strategy) -> np.ndarray:
+            """Strategy s's credit against each class of the previous consumer."""
+            row = np.zeros(width)
+            layout, mask = signature(c_op, s, c_pos, c_dims)
+            done: dict[tuple[bool, ...], float] = {}
+            for c in by_layout.get(layout, ()) if any(mask) else ():
+                both = tuple(a and b for a, b in zip(u_keys[c][1], mask, strict=True))  # type: ignore[index]
+                if any(both) and both not in done:
+                    done[both] = share_credit(
+                        graph, tensor, (p_op, p_pos, rep[c]), (c_op, c_pos, s), self.mesh, opts
+                    ).total
+                row[c] = done.get(both, 0.0)
+            return row
+
         rows: dict[bytes, int] = {}  # a row's bytes -> its class (first appearance)
         kept: list[np.ndarray] = []  # one row per class: the dense table is never built
         v_class = np.empty(len(c_strategies), dtype=np.int64)
-        zero = np.zeros(width)
         for t, s in enumerate(c_strategies):
             if t % 64 == 0:
                 self._tick(f"pricing the gradient credits of {tensor!r}")
-            layout, mask = signature(c_op, s, c_pos, c_dims)
-            row = zero
-            if any(mask):
-                row = np.zeros(width)
-                done: dict[tuple[bool, ...], float] = {}
-                for c in by_layout.get(layout, ()):
-                    both = tuple(a and b for a, b in zip(u_keys[c][1], mask, strict=True))  # type: ignore[index]
-                    if not any(both):
-                        continue
-                    if both not in done:
-                        done[both] = share_credit(
-                            graph, tensor, (p_op, p_pos, rep[c]), (c_op, c_pos, s), self.mesh, opts
-                        ).total
-                    row[c] = done[both]
+            row = credits(s)
             found = rows.setdefault((row + 0.0).tobytes(), len(kept))  # + 0.0: -0.0 is 0.0
             if found == len(kept):
                 self._count(tensor, len(kept) + 1, width, more=True)
