@@ -61,7 +61,7 @@ from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
 from shardplan.search.drec.compound import compound_runs
-from shardplan.search.drec.runs import Trial, run_moves, split_runs, valid
+from shardplan.search.drec.runs import Trial, TriedWalk, run_moves, split_runs, valid
 from shardplan.search.drec.streams import stream_moves
 from shardplan.search.drec.tied import tied_moves
 from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, layout_of_cut
@@ -100,6 +100,12 @@ class _Rows:
         self.streams_tried: dict[tuple[object, ...], tuple[object, ...]] = {}
         """(round, stream) -> what its trial read when it was tried and kept nothing
         (`streams.stream_moves`)."""
+        # (pinned ops, twins) -> (round, start) -> its `runs.split_runs` walk that kept
+        # nothing: shared by every polish of this graph's plans with these row weights
+        context = ("split walks", None if weights is None else tuple(weights))
+        self.splits_tried: dict[object, dict[tuple[int, int], TriedWalk]] = (
+            cache.memo.setdefault(context, {})
+        )
         self.values: dict[int, float] = {}
         """Row -> its value under the current plan (`current`), dropped when an op it reads
         moves."""

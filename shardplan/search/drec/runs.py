@@ -22,7 +22,8 @@ moves (`polish.pair_polished`).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shardplan.errors import ShardplanError
@@ -110,6 +111,8 @@ def split_runs(
     plan every op starts a walk: GPT-2 small, 3 layers, on 24 walked 8,000 and kept 4)."""
     graph, n, moved = rows.graph, len(rows.graph.ops), False
     starts = range(n) if near is None else sorted(near)
+    context = (frozenset(frozen), tuple(sorted(twins.items())))  # where walks stop
+    memo = rows.splits_tried.setdefault(context, {})
     for r, rnd in enumerate(rows.mesh.rounds):
         suffix = paid_suffix(rows, r, 1.0 - 1.0 / rnd.q)  # a cut saves that much compute
         walked: set[tuple[int, Strategy]] = set()  # (op, strategy) an earlier walk reached
@@ -117,14 +120,60 @@ def split_runs(
             current = rows.plan[graph.ops[k].name]
             if current[r] is not None or k in frozen or k in twins:
                 continue
+            tried = memo.get((r, k))
+            if tried is not None and tried.holds(rows, suffix):
+                if (k, tried.seed) not in walked:  # the same walk: the same steps join `walked`
+                    walked.update(tried.walked)
+                continue
             seed = own_best(rows, k, [s for s in round_cuts(rows, k, r) if s[r] is not None])
             if seed is None or (k, seed) in walked:
                 continue
-            kept = _best_region(rows, k, r, seed, twins, frozen, suffix, walked)
+            kept = _best_region(rows, k, r, seed, twins, frozen, suffix, walked, memo)
             if kept:
                 walked.clear()  # the plan changed: walks priced before no longer hold
             moved |= kept
     return moved
+
+
+@dataclass(frozen=True)
+class TriedWalk:
+    """A `split_runs` walk that kept nothing: the ops whose strategies the rows it priced read
+    (`row_reads`), those strategies then, where it stopped on the `paid_suffix` bound (None: at
+    its end) and that bound there, its seed and the steps it added to `walked`. While those
+    strategies hold and the bound there has not grown, walking again takes the same steps and
+    keeps nothing: `split_runs` skips it (the pair passes after a move re-walk only what the
+    move reached: ResNet-152 on 4x8)."""
+
+    ops: tuple[int, ...]
+    strategies: tuple[Strategy, ...]
+    stop: int | None
+    bound: float
+    seed: Strategy
+    walked: tuple[tuple[int, Strategy], ...]
+
+    def holds(self, rows: _Rows, suffix: Sequence[float]) -> bool:
+        plan, ops = rows.plan, rows.graph.ops
+        if self.stop is not None and suffix[self.stop] > self.bound:
+            return False
+        return all(plan[ops[i].name] == s for i, s in zip(self.ops, self.strategies, strict=True))
+
+
+def row_reads(rows: _Rows, row_ops: Iterable[int]) -> list[int]:
+    """The ops whose strategies the rows `row_ops` read, sorted: each row's op, its operands'
+    producers, its parameters' first readers and the earlier readers of its operands (share
+    credits)."""
+    graph, previous = rows.graph, rows.cache.previous
+    ops: set[int] = set()
+    for j in row_ops:
+        ops.add(j)
+        for name, prev in zip(graph.ops[j].inputs, previous[j], strict=True):
+            if (p := graph.producer.get(name)) is not None:
+                ops.add(p)
+            if (f := rows.first_reader.get(name)) is not None:
+                ops.add(f)
+            if prev is not None:
+                ops.add(prev[0])
+    return sorted(ops)
 
 
 def own_best(rows: _Rows, k: int, options: list[Strategy]) -> Strategy | None:
@@ -174,8 +223,10 @@ def _best_region(
     frozen: Collection[int],
     suffix: Sequence[float],
     walked: set[tuple[int, Strategy]],
+    memo: dict[tuple[int, int], TriedWalk],
 ) -> bool:
-    """`split_runs` from op k cutting `seed`; whether the region was kept. The walk stops when
+    """`split_runs` from op k cutting `seed`; whether the region was kept (else it joins
+    `memo`, `TriedWalk`). The walk stops when
     even dropping every later row's collectives (`suffix`) and those of the rows reached could
     not beat the best region. Each (op, strategy) it takes from which the rest of the walk
     never lowered the total (the region from there, priced as this walk's difference) joins
@@ -186,6 +237,8 @@ def _best_region(
     e, strategy = k, seed
     steps: list[tuple[int, Strategy, float]] = []  # (op, strategy, the total's change before)
     totals: list[float] = []  # the total's change after each step
+    priced = [k]  # the rows priced beyond those the moves reach: candidates' own
+    stop = None
     while strategy is not None:
         steps.append((e, strategy, trial.delta))
         trial.move(e, strategy)
@@ -193,15 +246,26 @@ def _best_region(
         moved.update(rows.graph.ops[e].outputs)
         if trial.beats(best):
             best, best_len = trial.delta, len(trial.changed)
-        e, strategy = next_follower(rows, e, r, moved, twins, frozen)
+        e, strategy = next_follower(rows, e, r, moved, twins, frozen, priced)
         if strategy is not None and trial.delta - suffix[e] - trial.left >= best:
+            stop = e
             break
     lowest = math.inf
+    added = []
     for (op, cut, before), after in zip(reversed(steps), reversed(totals), strict=True):
         lowest = min(lowest, after)
         if lowest >= before:  # no region of this walk from this step on lowered the total
-            walked.add((op, cut))
-    return trial.keep(best_len)
+            added.append((op, cut))
+    walked.update(added)
+    if best_len:
+        return trial.keep(best_len)
+    reached = {j for i, _ in trial.changed for j in rows.touched[i]}
+    trial.keep(0)  # undone before the strategies its rows read are noted
+    ops = row_reads(rows, reached.union(priced))
+    strategies = tuple(rows.plan[rows.graph.ops[i].name] for i in ops)
+    bound = suffix[stop] if stop is not None else math.inf
+    memo[r, k] = TriedWalk(tuple(ops), strategies, stop, bound, seed, tuple(added))
+    return False
 
 
 def next_follower(
@@ -211,15 +275,19 @@ def next_follower(
     moved: set[str],
     twins: Mapping[int, int],
     frozen: Collection[int],
+    priced: list[int] | None = None,
 ) -> tuple[int, Strategy | None]:
     """The next op after `after` (graph order) reading a tensor in `moved`, left unused in round
     r, whose own row prices another cut of round r lowest, with that strategy (None: no such
-    op before a pinned op or a folded twin, or the graph's end)."""
+    op before a pinned op or a folded twin, or the graph's end). `priced`: each op that reads
+    a tensor in `moved` is appended (the rows looked at)."""
     graph, plan = rows.graph, rows.plan
     for e in range(after + 1, len(graph.ops)):
         op = graph.ops[e]
         if not moved.intersection(op.inputs):
             continue
+        if priced is not None:
+            priced.append(e)
         if e in frozen or e in twins:
             return e, None
         current = plan[op.name]

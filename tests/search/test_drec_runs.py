@@ -1,0 +1,68 @@
+"""D-Rec's split runs (`search/drec/runs.py`): a walk that kept nothing is not walked again
+while the strategies its rows read hold (`TriedWalk`), and skipping it changes no plan."""
+
+from __future__ import annotations
+
+import pytest
+
+import shardplan as sp
+from shardplan.cost import CostOptions
+from shardplan.cost.evaluate import ScoreCache
+from shardplan.search.drec import polish, runs
+
+CASES = [
+    ("bert-base", "30", dict(layers=1, batch=30, seq=128)),
+    ("alexnet", "3x5", dict(batch=60)),
+    ("moe", "12", dict(batch=6, seq=128)),  # a later pass finds a region where one failed
+    ("resnet50", "12", {}),
+]
+
+
+@pytest.mark.parametrize(("model", "mesh", "sizes"), CASES)
+def test_skipping_tried_walks_changes_no_plan(model, mesh, sizes, monkeypatch):
+    graph = sp.zoo.build(model, **sizes)
+    hits = []
+    holds = runs.TriedWalk.holds
+
+    def counted(self, rows, suffix):
+        found = holds(self, rows, suffix)
+        hits.append(found)
+        return found
+
+    monkeypatch.setattr(runs.TriedWalk, "holds", counted)
+    skipping = sp.plan(graph, mesh)
+    assert any(hits)  # the case skips walks
+    monkeypatch.setattr(runs.TriedWalk, "holds", lambda self, rows, suffix: False)
+    walking = sp.plan(graph, mesh)
+    assert skipping.strategies == walking.strategies
+    assert skipping.cost.total == walking.cost.total
+
+
+def test_a_tried_walk_holds_until_an_op_its_rows_read_moves():
+    graph = sp.zoo.build("bert-base", layers=1, batch=30, seq=128)
+    mesh = sp.parse_mesh("30")
+    cache = ScoreCache(graph, mesh, CostOptions.make())
+    plan = dict(sp.plan(graph, mesh).strategies)  # settled: its walks keep nothing
+    rows = polish._Rows(graph, mesh, plan, cache, None)
+    assert not runs.split_runs(rows, {}, ())
+    memo = rows.splits_tried[frozenset(), ()]
+    assert memo
+    (r, _), tried = max(memo.items(), key=lambda item: len(item[1].ops))
+    suffix = runs.paid_suffix(rows, r, 1.0 - 1.0 / mesh.rounds[r].q)
+    assert tried.holds(rows, suffix)
+    read, name = tried.ops[-1], graph.ops[tried.ops[-1]].name
+    before = rows.plan[name]
+    other = next(s for s in runs.round_cuts(rows, read, r))
+    rows.set(read, other)
+    assert not tried.holds(rows, suffix)
+    rows.set(read, before)
+    assert tried.holds(rows, suffix)
+    unread = next(
+        i for i in range(len(graph.ops)) if i not in tried.ops and runs.round_cuts(rows, i, r)
+    )
+    rows.set(unread, runs.round_cuts(rows, unread, r)[0])
+    assert tried.holds(rows, suffix)  # an op no row of the walk reads
+    if tried.stop is not None:  # the bound where it stopped grew: it may walk further now
+        grown = list(suffix)
+        grown[tried.stop] = tried.bound * 2 + 1.0
+        assert not tried.holds(rows, grown)
