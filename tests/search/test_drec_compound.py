@@ -83,3 +83,18 @@ def test_idle_rounds_take_a_head_cut_in_a_later_round(monkeypatch):
     monkeypatch.setattr(compound, "_idle_rounds", lambda rows: [])  # no idle-round walks
     without = sp.plan(graph, mesh)
     assert without.cost.total > found.cost.total * 1.05
+
+
+def test_two_idle_rounds_cut_a_head_left_whole_in_both(monkeypatch):
+    """benchmarks/quality_random.py, seed 46: the same model, 1 layer, batch 50, sequence 64, on
+    5x5, left replicated; the optimum cuts the head along the vocabulary in both rounds and the
+    loss along the tokens (1.173 -> 1.000)."""
+    graph = sp.zoo.build("deepseek-moe", layers=1, batch=50, seq=64)
+    mesh = sp.parse_mesh("5x5")
+    optimum = sp.plan(graph, mesh, "ilp", time_limit=60)
+    found = sp.plan(graph, mesh)
+    assert found.cost.total <= optimum.cost.total * 1.001
+    assert all(cut is not None for cut in found.strategies["lm_head.linear"])
+    monkeypatch.setattr(compound, "_idle_rounds", lambda rows: [])
+    without = sp.plan(graph, mesh)
+    assert without.cost.total > found.cost.total * 1.1

@@ -19,12 +19,15 @@ ahead pay beyond their compute, and that round's share of the compute of those i
 could not bring the total below the start); the first pair whose total is lower is kept, else
 both are undone.
 Rounds the whole plan leaves idle (no op cut in them), when there are two or more, are searched
-wider: a walk may start at any op that reads a parameter, whatever its cuts in other rounds and
-whether or not its cut leaves the weight whole, with no memo of earlier walks, and pairs with
-walks in the other idle rounds only. A head cut in a late round along the vocabulary can then
-also take the leading idle rounds (a DeepSeek-MoE-style model, 2 layers, batch 30, sequence 96,
-on 2x5x2, whose body the optimum also leaves whole there: 1.070 -> 1.005 of the ILP optimum);
-plans with fewer than two idle rounds, nearly all on larger graphs, pay nothing for it.
+wider: in an idle round r a walk may start at any op that reads a parameter, whatever its cuts in
+other rounds and whether or not its cut splits the weight, and pairs with walks in the idle
+rounds after r only (each pair of rounds once); the memo skips only starts an earlier walk's
+kept region took (their pairs were priced from there). A language-model head can then be cut
+along the vocabulary in two idle rounds at once, the loss re-splitting the logits along the
+tokens: a DeepSeek-MoE-style model, 1 layer, batch 50, sequence 64, on 5x5, left replicated
+(1.173 -> 1.000 of the ILP optimum), and, 2 layers, batch 30, sequence 96, on 2x5x2, whose head
+was cut in the last round only (1.070 -> 1.005). Plans with fewer than two idle rounds, nearly
+all on larger graphs, are searched as before.
 O(rounds^2 x region x walk) per start; run in the final plan's pair polish only
 (`polish.pair_polished`).
 """
@@ -61,25 +64,25 @@ def compound_runs(
     moved = False
     for r in range(rounds):
         idle = _idle_rounds(rows)
-        relaxed = r in idle and len(idle) > 1
+        later = [q for q in idle if q > r] if r in idle else []  # each pair of idle rounds once
         walked: set[tuple[int, Strategy]] = set()  # (op, cut) a walk of this round took
         for k in starts:
-            # a start whole in every round (no round's cut of it paid alone), or, in a round
-            # the plan leaves idle, one cut elsewhere that reads a parameter
-            cut = any(rows.plan[graph.ops[k].name])
-            if k in frozen or k in twins or (cut and not (relaxed and _weights(rows, k))):
+            # a start whole in every round (no round's cut of it paid alone); in a round the
+            # plan leaves idle, any op that reads a parameter
+            wide = bool(later) and bool(_weights(rows, k))
+            if k in frozen or k in twins or (any(rows.plan[graph.ops[k].name]) and not wide):
                 continue
             seed = own_best(rows, k, [s for s in round_cuts(rows, k, r) if s[r] is not None])
-            if seed is None:
-                continue
-            if not cut and ((k, seed) in walked or not _keeps_weight_whole(rows, k, r, seed)):
+            if seed is None or (k, seed) in walked:
                 continue  # an earlier walk went on from here alike (`runs.split_runs`)
-            others = [q for q in idle if q != r] if cut else None
+            if not wide and not _keeps_weight_whole(rows, k, r, seed):
+                continue
+            others = later if wide else None
             if _compound(rows, k, r, seed, twins, frozen, walked, others):
                 moved = True
                 walked.clear()
                 idle = _idle_rounds(rows)  # the pair kept took two of them
-                relaxed = r in idle and len(idle) > 1
+                later = [q for q in idle if q > r] if r in idle else []
     return moved
 
 
@@ -146,8 +149,11 @@ def _compound(
     from one of its ops on top (module docstring); whether the pair was kept."""
     ops = rows.graph.ops
     first, totals, lowest, saved = _walk(rows, k, r, seed, twins, frozen)
-    walked.update((i, rows.plan[ops[i].name]) for i, _ in first.changed[1:])
     count, cost = lowest + 1, totals[lowest]
+    # the ops after the start it took (in idle rounds, `others`: those its region kept, whose
+    # pairs with the other rounds were priced from here)
+    passed = first.changed[1 : count if others is not None else len(first.changed)]
+    walked.update((i, rows.plan[ops[i].name]) for i, _ in passed)
     first.keep(count)
     kept = [i for i, _ in first.changed[:count]]
     if cost <= 0 or sum(saved[:count]) <= 0:  # split_runs' own move, or no compute saved
