@@ -1,5 +1,6 @@
 """D-Rec's split runs (`search/drec/runs.py`): a walk that kept nothing is not walked again
-while the strategies its rows read hold (`TriedWalk`), and skipping it changes no plan."""
+while the strategies its rows read hold (`TriedWalk`), a follower's cut is remembered per the
+strategies its row reads (`round_pick`), and neither changes a plan."""
 
 from __future__ import annotations
 
@@ -66,3 +67,17 @@ def test_a_tried_walk_holds_until_an_op_its_rows_read_moves():
         grown = list(suffix)
         grown[tried.stop] = tried.bound * 2 + 1.0
         assert not tried.holds(rows, grown)
+
+
+@pytest.mark.parametrize(("model", "mesh", "sizes"), CASES)
+def test_remembered_follower_cuts_change_no_plan(model, mesh, sizes, monkeypatch):
+    graph = sp.zoo.build(model, **sizes)
+    remembered = sp.plan(graph, mesh)
+
+    def priced(rows, e, r):  # every follower priced afresh
+        current = rows.plan[rows.graph.ops[e].name]
+        return runs.own_best(rows, e, [current, *runs.round_cuts(rows, e, r)])
+
+    monkeypatch.setattr(runs, "round_pick", priced)
+    afresh = sp.plan(graph, mesh)
+    assert remembered.strategies == afresh.strategies

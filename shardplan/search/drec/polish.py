@@ -106,6 +106,10 @@ class _Rows:
         self.splits_tried: dict[object, dict[tuple[int, int], TriedWalk]] = (
             cache.memo.setdefault(context, {})
         )
+        self.picks: dict[tuple[object, ...], Strategy] = cache.memo.setdefault(
+            ("round picks", context[1]), {}
+        )
+        """(op, round, the strategies its row reads) -> `runs.round_pick`'s pick."""
         self.values: dict[int, float] = {}
         """Row -> its value under the current plan (`current`), dropped when an op it reads
         moves."""

@@ -16,7 +16,10 @@ ops alone adds a redistribution on both of its sides:
     attention and the 8 experts whole: 1.116 -> 1.001.
 Each run is priced exactly and cumulatively by the evaluator's rows (`polish._Rows`), and its
 prefix that lowers the total most is kept. Run once per search, on its final plan, with the pair
-moves (`polish.pair_polished`).
+moves (`polish.pair_polished`). A split walk that kept nothing is remembered with the strategies
+its rows read (`TriedWalk`), and a follower's cut with those its own row reads (`round_pick`),
+for every polish of one search: the passes after a move re-walk only what the move reached, and
+walks through the same region price its followers once (a ResNet's hundreds of walks).
 """
 
 from __future__ import annotations
@@ -293,10 +296,25 @@ def next_follower(
         current = plan[op.name]
         if current[r] is not None:
             continue  # cut in round r already: the region grows over ops the round leaves unused
-        pick = own_best(rows, e, [current, *round_cuts(rows, e, r)])
+        pick = round_pick(rows, e, r)
         if pick != current:
             return e, pick
     return len(graph.ops), None
+
+
+def round_pick(rows: _Rows, e: int, r: int) -> Strategy:
+    """`own_best` of op e among its strategy and its other cuts of round r, remembered per the
+    strategies its row reads (`row_reads`): the same strategies price its row alike."""
+    reads = rows.cache.memo.setdefault("row reads", {})  # the graph's alone
+    mine = reads.get(e)
+    if mine is None:
+        mine = reads[e] = tuple(row_reads(rows, [e]))
+    ops, plan = rows.graph.ops, rows.plan
+    key = (e, r, tuple(plan[ops[d].name] for d in mine))
+    pick = rows.picks.get(key)
+    if pick is None:
+        pick = rows.picks[key] = own_best(rows, e, [plan[ops[e].name], *round_cuts(rows, e, r)])
+    return pick
 
 
 def run_moves(
