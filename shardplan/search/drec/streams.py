@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardplan.search.drec.flex import is_transparent
-from shardplan.search.drec.runs import Trial, valid
+from shardplan.search.drec.runs import Trial, row_reads, valid
 
 if TYPE_CHECKING:
     from shardplan.search.drec.polish import _Rows
@@ -61,22 +61,10 @@ def stream_moves(
 
 
 def _reads(rows: _Rows, stream: list[int], twins: Mapping[int, int]) -> tuple[object, ...]:
-    """The strategies of every op the rows a move of `stream` re-prices read: each row's op,
-    its operands' producers, its parameters' first readers and the earlier readers of its
-    operands (share credits)."""
-    graph, plan, cache = rows.graph, rows.plan, rows.cache
-    ops: set[int] = set()
-    for i in (*stream, *(twins[i] for i in stream if i in twins)):
-        for j in rows.touched[i]:
-            ops.add(j)
-            for name, prev in zip(graph.ops[j].inputs, cache.previous[j], strict=True):
-                if (p := graph.producer.get(name)) is not None:
-                    ops.add(p)
-                if (f := rows.first_reader.get(name)) is not None:
-                    ops.add(f)
-                if prev is not None:
-                    ops.add(prev[0])
-    return tuple(plan[graph.ops[k].name] for k in sorted(ops))
+    """The strategies of every op the rows a move of `stream` re-prices read (`runs.row_reads`)."""
+    moving = (*stream, *(twins[i] for i in stream if i in twins))
+    ops = row_reads(rows, {j for i in moving for j in rows.touched[i]})
+    return tuple(rows.plan[rows.graph.ops[k].name] for k in ops)
 
 
 def _wanted(rows: _Rows) -> list[Any]:
