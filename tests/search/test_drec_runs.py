@@ -81,3 +81,41 @@ def test_remembered_follower_cuts_change_no_plan(model, mesh, sizes, monkeypatch
     monkeypatch.setattr(runs, "round_pick", priced)
     afresh = sp.plan(graph, mesh)
     assert remembered.strategies == afresh.strategies
+
+
+@pytest.mark.parametrize(("model", "mesh", "sizes"), CASES)
+def test_remembered_pair_tries_change_no_plan(model, mesh, sizes, monkeypatch):
+    """`polish._pair_moves` skips a pair whose rows read the strategies they read when it last
+    moved nothing: the plan is the one trying every pair afresh gives."""
+    graph = sp.zoo.build(model, **sizes)
+    remembered = sp.plan(graph, mesh)
+    pair_moves = polish._pair_moves
+
+    def afresh(rows, i, twins, frozen, tried):
+        return pair_moves(rows, i, twins, frozen, {})
+
+    monkeypatch.setattr(polish, "_pair_moves", afresh)
+    assert sp.plan(graph, mesh).strategies == remembered.strategies
+
+
+def test_a_pair_is_tried_again_once_an_op_its_rows_read_moves():
+    graph = sp.zoo.build("bert-base", layers=1, batch=30, seq=128)
+    mesh = sp.parse_mesh("30")
+    cache = ScoreCache(graph, mesh, CostOptions.make())
+    rows = polish._Rows(graph, mesh, dict(sp.plan(graph, mesh).strategies), cache, None)
+    tried: dict = {}
+    assert not any(polish._pair_moves(rows, i, {}, (), tried) for i in range(len(graph.ops)))
+    (i, _, j, _), seen = max(tried.items(), key=lambda item: len(item[1]))
+    reads = polish._pair_reads(rows, i, j, {})
+    assert {i, j} <= set(reads)
+    assert {graph.producer[name] for name in graph.ops[j].inputs if name in graph.producer} <= set(
+        reads
+    )
+
+    def now():
+        return tuple(rows.plan[graph.ops[d].name] for d in reads)
+
+    assert now() == seen
+    other = next(d for d in reads if runs.round_cuts(rows, d, 0))
+    rows.set(other, runs.round_cuts(rows, other, 0)[0])
+    assert now() != seen  # the pair is priced again

@@ -42,7 +42,9 @@ unused on a run of consecutive ops after an op it leaves unused (AlexNet on 3x5,
 following (an MoE layer on 12, batch 6: 1.116 -> 1.001), and such a region cut in two rounds
 at once when neither round alone pays (`compound.py`: a DeepSeek-MoE-style model, 2 layers, on
 3x5 cuts its language-model head along the sequence over 3 and the vocabulary over 5: 1.055 ->
-1.000). After any of them the single sweeps run again.
+1.000). After any of them the single sweeps run again. A pair tried without a move is
+remembered with the strategies of the ops its rows read, for every polish of one search, and
+tried again only once one of them moves (the same rows would price it alike).
 
 Cost: per sweep O(sum over ops of rounds x loop dims x local rows), linear in the graph; a pair
 pass O(edges x tensor axes^2 x local rows).
@@ -61,7 +63,14 @@ from shardplan.ir.dims import DimKind
 from shardplan.ir.graph import Graph, Role
 from shardplan.mesh import Mesh
 from shardplan.search.drec.compound import compound_runs
-from shardplan.search.drec.runs import Trial, TriedWalk, run_moves, split_runs, valid
+from shardplan.search.drec.runs import (
+    Trial,
+    TriedWalk,
+    row_reads,
+    run_moves,
+    split_runs,
+    valid,
+)
 from shardplan.search.drec.streams import stream_moves
 from shardplan.search.drec.tied import tied_moves
 from shardplan.sharding import PARTIAL, REPLICATED, Layout, Strategy, layout_of_cut
@@ -106,6 +115,10 @@ class _Rows:
         self.splits_tried: dict[object, dict[tuple[int, int], TriedWalk]] = (
             cache.memo.setdefault(context, {})
         )
+        self.pairs_tried: dict[object, dict[tuple[int, ...], tuple[Strategy, ...]]] = (
+            cache.memo.setdefault(("pairs tried", context[1]), {})
+        )
+        """(pinned ops, twins) -> (op, output, reader, input) -> `_pair_moves`' memo."""
         self.picks: dict[tuple[object, ...], Strategy] = cache.memo.setdefault(
             ("round picks", context[1]), {}
         )
@@ -250,7 +263,8 @@ def _pair_pass(
     settled by the rest of the polish around it; whether one moved. `near`: the ops the moves
     start from (None: all, and the tail move)."""
     ops = range(len(rows.graph.ops)) if near is None else sorted(near)
-    paired = any([_pair_moves(rows, i, twins, frozen) for i in ops])
+    tried = rows.pairs_tried.setdefault((frozenset(frozen), tuple(sorted(twins.items()))), {})
+    paired = any([_pair_moves(rows, i, twins, frozen, tried) for i in ops])
     paired |= _weight_moves(rows, ops, twins, frozen)
     tail = _tail_move(rows, twins, frozen) if near is None else False
     runs = run_moves(rows, twins, frozen, near)
@@ -315,12 +329,20 @@ def _tail_move(rows: _Rows, twins: Mapping[int, int], frozen: Collection[int]) -
     return trial.keep(best_len)
 
 
-def _pair_moves(rows: _Rows, i: int, twins: Mapping[int, int], frozen: Collection[int]) -> bool:
+def _pair_moves(
+    rows: _Rows,
+    i: int,
+    twins: Mapping[int, int],
+    frozen: Collection[int],
+    tried: dict[tuple[int, ...], tuple[Strategy, ...]],
+) -> bool:
     """Op i with each reader j of its results: where both cut a tensor axis a of the result in
     some rounds, both cut another axis b there instead (`_swapped`), kept when the total falls.
     Single moves miss it when each half alone adds a redistribution the pair removes (an
     embedding lookup and the add reading it leave the batch for the hidden dim together, its
-    table's gradient no longer all-reduced). Twins (`polish`) move with their twins."""
+    table's gradient no longer all-reduced). Twins (`polish`) move with their twins. `tried`:
+    per pair that moved nothing, the strategies of the ops its rows read (`_pair_reads`) then:
+    while they hold, trying it again prices the same rows alike and is skipped."""
     graph, plan = rows.graph, rows.plan
     n = len(graph.ops)
     if twins.get(i, n) < i or i in frozen:
@@ -332,12 +354,30 @@ def _pair_moves(rows: _Rows, i: int, twins: Mapping[int, int], frozen: Collectio
             if j in frozen or (i in twins) != (j in twins) or twins.get(j, n) < j:
                 continue
             reader = graph.ops[j]
-            if not _pays_collectives(rows, (i, j)):
-                continue  # nothing for the pair to save: its rows pay compute alone
-            mine, theirs = op.signature.outputs[pos], reader.signature.inputs[k]
-            for new_i, new_j in _swapped(mine, theirs, plan[op.name], plan[reader.name]):
-                moved |= _try_pair(rows, (i, j), (new_i, new_j), twins)
+            seen = tuple(plan[graph.ops[d].name] for d in _pair_reads(rows, i, j, twins))
+            if tried.get((i, pos, j, k)) == seen:
+                continue
+            here = False
+            if _pays_collectives(rows, (i, j)):  # else nothing for the pair to save
+                mine, theirs = op.signature.outputs[pos], reader.signature.inputs[k]
+                for new_i, new_j in _swapped(mine, theirs, plan[op.name], plan[reader.name]):
+                    here |= _try_pair(rows, (i, j), (new_i, new_j), twins)
+            if here:
+                moved = True
+            else:
+                tried[i, pos, j, k] = seen
     return moved
+
+
+def _pair_reads(rows: _Rows, i: int, j: int, twins: Mapping[int, int]) -> tuple[int, ...]:
+    """The ops whose strategies the rows a move of i and j (and their twins) reaches read
+    (`runs.row_reads`), kept per graph."""
+    units = (i, j, *(twins[u] for u in (i, j) if u in twins))
+    reads = rows.cache.memo.setdefault("pair reads", {})
+    found = reads.get(units)
+    if found is None:
+        found = reads[units] = tuple(row_reads(rows, {t for u in units for t in rows.touched[u]}))
+    return found  # type: ignore[no-any-return]
 
 
 def _pays_collectives(rows: _Rows, pair: tuple[int, int]) -> bool:
