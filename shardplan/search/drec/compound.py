@@ -146,7 +146,8 @@ def _compound(
     others: list[int] | None = None,
 ) -> bool:
     """The walk from op k in round r, when it lowers nothing alone, with another round's walk
-    from one of its ops on top (module docstring); whether the pair was kept."""
+    from one of its ops on top (module docstring); whether the pair was kept. `others`: the
+    rounds paired with it (the idle rounds after r), None: every other round."""
     ops = rows.graph.ops
     first, totals, lowest, saved = _walk(rows, k, r, seed, twins, frozen)
     count, cost = lowest + 1, totals[lowest]
