@@ -8,7 +8,7 @@ from __future__ import annotations
 import shardplan as sp
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import ScoreCache
-from shardplan.search.drec import polish, streams
+from shardplan.search.drec import polish, roundorder, streams
 
 MOE = dict(layers=3, batch=24, seq=64)
 STREAM = ("attn.out.bias_add", "residual_1", "shared_add", "residual_2")
@@ -17,6 +17,7 @@ STREAM = ("attn.out.bias_add", "residual_1", "shared_add", "residual_2")
 def _without_streams(monkeypatch):
     graph, mesh = sp.zoo.build("deepseek-moe", **MOE), sp.parse_mesh("2x2x3")
     monkeypatch.setattr(polish, "stream_moves", lambda *args, **kwargs: False)
+    _one_axis_order(monkeypatch)
     plan = sp.plan(graph, mesh)
     monkeypatch.undo()
     return graph, mesh, plan
@@ -54,3 +55,9 @@ def test_a_pair_polish_never_raises_the_total(monkeypatch):
     before = polish.plan_score(graph, mesh, cache.opts, 0.0, None, cache, without.strategies)
     after = polish.polish(graph, mesh, without.strategies, cache, pairs=True)
     assert polish.plan_score(graph, mesh, cache.opts, 0.0, None, cache, after) <= before
+
+
+def _one_axis_order(monkeypatch):
+    """No rounds tried across axes (`roundorder.py`), which reach this case's plan too."""
+    monkeypatch.setattr(roundorder, "largest_overall", lambda mesh: None)
+    monkeypatch.setattr(roundorder, "innermost_first", lambda mesh: None)
