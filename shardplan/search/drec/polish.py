@@ -69,6 +69,7 @@ from shardplan.search.drec.runs import (
     row_reads,
     run_moves,
     split_runs,
+    stops,
     valid,
 )
 from shardplan.search.drec.streams import stream_moves
@@ -109,18 +110,19 @@ class _Rows:
         self.streams_tried: dict[tuple[object, ...], tuple[object, ...]] = {}
         """(round, stream) -> what its trial read when it was tried and kept nothing
         (`streams.stream_moves`)."""
-        # (pinned ops, twins) -> (round, start) -> its `runs.split_runs` walk that kept
-        # nothing: shared by every polish of this graph's plans with these row weights
-        context = ("split walks", None if weights is None else tuple(weights))
-        self.splits_tried: dict[object, dict[tuple[int, int], TriedWalk]] = (
-            cache.memo.setdefault(context, {})
+        # what the moves tried and found nothing in, shared by every polish of this graph's
+        # plans with these row weights (one search): keyed by `runs.stops` where it matters
+        memo, weighed = cache.memo, None if weights is None else tuple(weights)
+        self.splits_tried: dict[object, dict[tuple[int, int], TriedWalk]] = memo.setdefault(
+            ("split walks", weighed), {}
         )
+        """stops -> (round, start) -> its `runs.split_runs` walk that kept nothing."""
         self.pairs_tried: dict[object, dict[tuple[int, ...], tuple[Strategy, ...]]] = (
-            cache.memo.setdefault(("pairs tried", context[1]), {})
+            memo.setdefault(("pairs tried", weighed), {})
         )
-        """(pinned ops, twins) -> (op, output, reader, input) -> `_pair_moves`' memo."""
-        self.picks: dict[tuple[object, ...], Strategy] = cache.memo.setdefault(
-            ("round picks", context[1]), {}
+        """stops -> (op, output, reader, input) -> `_pair_moves`' memo."""
+        self.picks: dict[tuple[object, ...], Strategy] = memo.setdefault(
+            ("round picks", weighed), {}
         )
         """(op, round, the strategies its row reads) -> `runs.round_pick`'s pick."""
         self.values: dict[int, float] = {}
@@ -263,7 +265,7 @@ def _pair_pass(
     settled by the rest of the polish around it; whether one moved. `near`: the ops the moves
     start from (None: all, and the tail move)."""
     ops = range(len(rows.graph.ops)) if near is None else sorted(near)
-    tried = rows.pairs_tried.setdefault((frozenset(frozen), tuple(sorted(twins.items()))), {})
+    tried = rows.pairs_tried.setdefault(stops(twins, frozen), {})
     paired = any([_pair_moves(rows, i, twins, frozen, tried) for i in ops])
     paired |= _weight_moves(rows, ops, twins, frozen)
     tail = _tail_move(rows, twins, frozen) if near is None else False
@@ -353,15 +355,15 @@ def _pair_moves(
         for j, k in graph.consumers.get(name, ()):
             if j in frozen or (i in twins) != (j in twins) or twins.get(j, n) < j:
                 continue
-            reader = graph.ops[j]
+            if not _pays_collectives(rows, (i, j)):
+                continue  # nothing for the pair to save: its rows pay compute alone
             seen = tuple(plan[graph.ops[d].name] for d in _pair_reads(rows, i, j, twins))
             if tried.get((i, pos, j, k)) == seen:
                 continue
-            here = False
-            if _pays_collectives(rows, (i, j)):  # else nothing for the pair to save
-                mine, theirs = op.signature.outputs[pos], reader.signature.inputs[k]
-                for new_i, new_j in _swapped(mine, theirs, plan[op.name], plan[reader.name]):
-                    here |= _try_pair(rows, (i, j), (new_i, new_j), twins)
+            reader, here = graph.ops[j], False
+            mine, theirs = op.signature.outputs[pos], reader.signature.inputs[k]
+            for new_i, new_j in _swapped(mine, theirs, plan[op.name], plan[reader.name]):
+                here |= _try_pair(rows, (i, j), (new_i, new_j), twins)
             if here:
                 moved = True
             else:

@@ -99,9 +99,9 @@ def with_round_orders(
     cache: ScoreCache | None = None,
 ) -> dict[str, Strategy] | None:
     """`first(graph, mesh, ...)`'s plan (the ascending order, with `submesh.py`'s smaller
-    meshes), or `search`'s plan on the largest-first order, and when the plan so far cuts
-    nothing on the largest-overall and the innermost-first orders, when the mesh scores it
-    lower (module docstring);
+    meshes), or `search`'s plan on the largest-first order, and, when the plan so far cuts
+    nothing or the mesh's axes mix primes, on the largest-overall and the innermost-first
+    orders, when the mesh scores it lower (module docstring);
     None as `first` says. Not tried with pinned ops (their strategies are in the
     mesh's order) nor by the symbolic preset (MindSpore's one pass). `cache`: a `ScoreCache`
     of `graph` on `mesh` the scoring on `mesh` shares (else one of its own)."""

@@ -114,8 +114,7 @@ def split_runs(
     plan every op starts a walk: GPT-2 small, 3 layers, on 24 walked 8,000 and kept 4)."""
     graph, n, moved = rows.graph, len(rows.graph.ops), False
     starts = range(n) if near is None else sorted(near)
-    context = (frozenset(frozen), tuple(sorted(twins.items())))  # where walks stop
-    memo = rows.splits_tried.setdefault(context, {})
+    memo = rows.splits_tried.setdefault(stops(twins, frozen), {})
     for r, rnd in enumerate(rows.mesh.rounds):
         suffix = paid_suffix(rows, r, 1.0 - 1.0 / rnd.q)  # a cut saves that much compute
         walked: set[tuple[int, Strategy]] = set()  # (op, strategy) an earlier walk reached
@@ -136,6 +135,11 @@ def split_runs(
                 walked.clear()  # the plan changed: walks priced before no longer hold
             moved |= kept
     return moved
+
+
+def stops(twins: Mapping[int, int], frozen: Collection[int]) -> tuple[object, ...]:
+    """Where moves stop (pinned ops, folded twins): the key of what a polish remembers."""
+    return frozenset(frozen), tuple(sorted(twins.items()))
 
 
 @dataclass(frozen=True)
