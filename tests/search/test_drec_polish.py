@@ -12,7 +12,7 @@ import pytest
 import shardplan as sp
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import ScoreCache, evaluate_strategies
-from shardplan.search.drec import columns, roundorder
+from shardplan.search.drec import columns, redecide, roundorder
 from shardplan.search.drec import polish as polish_module
 from shardplan.search.drec.polish import polish
 
@@ -100,6 +100,8 @@ def test_polish_cuts_a_weight_its_neighbours_agree_on_splitting_the_batch(monkey
 
 
 def _one_axis_order(monkeypatch):
-    """No rounds tried across axes (`roundorder.py`), which reach this case's plan too."""
+    """No rounds tried across axes (`roundorder.py`) nor round 0 decided again last
+    (`redecide.py`), which reach this case's plan too."""
     monkeypatch.setattr(roundorder, "largest_overall", lambda mesh: None)
     monkeypatch.setattr(roundorder, "innermost_first", lambda mesh: None)
+    monkeypatch.setattr(redecide, "redecided_round", lambda mesh: None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shardplan as sp
 from shardplan.cost import CostOptions
 from shardplan.cost.evaluate import ScoreCache
-from shardplan.search.drec import polish, roundorder, streams
+from shardplan.search.drec import polish, redecide, roundorder, streams
 
 MOE = dict(layers=3, batch=24, seq=64)
 STREAM = ("attn.out.bias_add", "residual_1", "shared_add", "residual_2")
@@ -58,6 +58,8 @@ def test_a_pair_polish_never_raises_the_total(monkeypatch):
 
 
 def _one_axis_order(monkeypatch):
-    """No rounds tried across axes (`roundorder.py`), which reach this case's plan too."""
+    """No rounds tried across axes (`roundorder.py`) nor round 0 decided again last
+    (`redecide.py`), which reach this case's plan too."""
     monkeypatch.setattr(roundorder, "largest_overall", lambda mesh: None)
     monkeypatch.setattr(roundorder, "innermost_first", lambda mesh: None)
+    monkeypatch.setattr(redecide, "redecided_round", lambda mesh: None)

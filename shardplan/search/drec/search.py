@@ -50,6 +50,7 @@ from shardplan.search.drec.fold import Fold, find_fold
 from shardplan.search.drec.gates import without_gc_pauses
 from shardplan.search.drec.overlay import Overlay
 from shardplan.search.drec.polish import pair_polished
+from shardplan.search.drec.redecide import with_round_redecided
 from shardplan.search.drec.roundorder import with_round_orders
 from shardplan.search.drec.submesh import with_smaller_meshes
 from shardplan.search.drec.tiedwhole import with_tied_whole
@@ -67,6 +68,7 @@ class _Search(RoundCosts):
         lightest_cut_order: bool = False,
         fixed: Mapping[int, Strategy] | None = None,
         rounds_seen: dict[tuple[object, ...], tuple[dict[int, str | None], bool]] | None = None,
+        free_round: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)  # RoundCosts' arguments
@@ -76,6 +78,8 @@ class _Search(RoundCosts):
         """Order heavy ops by their cheapest cut (MindSpore 2020) instead of their dearest."""
         self.fixed = dict(fixed or {})
         """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
+        self.free_round = free_round
+        """A round the fixed ops do not bind (`redecide.py`: the round searched again)."""
         self.rounds_seen = rounds_seen if rounds_seen is not None else {}
         """(the round's pricing, the rounds done, the greedy pass's decisions) -> the round's
         decisions and whether pricing them after the greedy pass hit a binding assumption; and
@@ -359,7 +363,7 @@ class _Search(RoundCosts):
                 valid = cut is not None and self._cut_ok(i, cut, rnd.q)
                 previous[i] = cut if valid else None
             out.append(previous)
-            previous.update((i, s[r]) for i, s in self.fixed.items() if i in previous)
+            previous.update((i, c) for i, c in self._fixed_in(r).items() if i in previous)
         leading: dict[int, str | None] = {}
         for i in self.heavy:
             leading[i] = next(
@@ -369,8 +373,12 @@ class _Search(RoundCosts):
         out.append(leading)
         out.append(dict.fromkeys(self.heavy))  # leave the round unused: replicate everything
         for alternative in out[-2:]:
-            alternative.update((i, s[r]) for i, s in self.fixed.items() if i in alternative)
+            alternative.update((i, c) for i, c in self._fixed_in(r).items() if i in alternative)
         return out
+
+    def _fixed_in(self, r: int) -> dict[int, str | None]:
+        """The fixed ops' cuts in round r (none in the free round)."""
+        return {} if r == self.free_round else {i: s[r] for i, s in self.fixed.items()}
 
     def run_round(self, r: int) -> None:
         """Greedy D-Rec assignment, checked against the whole-round alternatives; the cheapest
@@ -452,14 +460,14 @@ class _PinnedSearch(_Search):
 
     def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
         costs = super()._own_costs(i, r, charged)
-        if i in self.fixed:  # a user-fixed op has one candidate: every pass keeps it
+        if i in self.fixed and r != self.free_round:  # one candidate: every pass keeps it
             cut = self.fixed[i][r]
             return {cut: costs[cut]}
         return costs
 
     def _greedy_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
         costs = super()._greedy_costs(i, r, charged)
-        if i in self.fixed:  # as `_own_costs`
+        if i in self.fixed and r != self.free_round:  # as `_own_costs`
             cut = self.fixed[i][r]
             return {cut: costs[cut]}
         return costs
@@ -568,8 +576,12 @@ def _drec_folded(
         if plan is not None:
             plan = pair_polished(repeats.reduced, mesh, opts, memory_lambda, repeats, scoring, plan)
             args = (repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
-            plan = with_tied_whole(_variants, *args, plan, scoring)
-            plan = with_column_moves(*args[:5], scoring, plan)
+
+            def finish(found: dict[str, Strategy]) -> dict[str, Strategy]:
+                found = with_tied_whole(_variants, *args, found, scoring)
+                return with_column_moves(*args[:5], scoring, found)
+
+            plan = with_round_redecided(_PinnedSearch, finish, *args, scoring, plan)
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
     flex = build_flex_graph(graph)
@@ -580,10 +592,14 @@ def _drec_folded(
     plan = pair_polished(graph, mesh, opts, memory_lambda, None, scoring, plan, frozen)
     if not pinned:  # pinned ops stay as the user fixed them
         args = (graph, mesh, opts, memory_lambda, None, flex)
-        scoring = scoring or ScoreCache(graph, mesh, opts)
-        plan = with_tied_whole(_variants, *args, plan, scoring)
-        plan = with_column_moves(graph, mesh, opts, memory_lambda, None, scoring, plan)
-        plan = with_block_copies(graph, mesh, opts, memory_lambda, scoring, plan)
+        scores = scoring or ScoreCache(graph, mesh, opts)
+
+        def later(found: dict[str, Strategy]) -> dict[str, Strategy]:
+            found = with_tied_whole(_variants, *args, found, scores)
+            found = with_column_moves(graph, mesh, opts, memory_lambda, None, scores, found)
+            return with_block_copies(graph, mesh, opts, memory_lambda, scores, found)
+
+        plan = with_round_redecided(_PinnedSearch, later, *args, scores, plan)
     return plan, None
 
 
