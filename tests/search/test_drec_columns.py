@@ -70,7 +70,7 @@ def test_bert_on_28_polishes_the_lowest_copy_when_none_scores_below_the_plan(mon
     found = sp.plan(graph, mesh)
     assert found.cost.total <= exact.cost.total * 1.01
     assert found.strategies["layer.0.mlp.fc.linear"][0] == "b"  # round 0 took the batch
-    monkeypatch.setattr(redecide, "redecided_round", lambda mesh: None)  # which reaches it too
+    monkeypatch.setattr(redecide, "redecided_rounds", lambda mesh: [])  # which reaches it too
     monkeypatch.setattr(columns, "ABOVE", 0)
     assert sp.plan(graph, mesh).cost.total > exact.cost.total * 1.04
     monkeypatch.setattr(columns, "ABOVE", 1)
@@ -83,4 +83,4 @@ def _one_axis_order(monkeypatch):
     (`redecide.py`), which reach this case's plan too."""
     monkeypatch.setattr(roundorder, "largest_overall", lambda mesh: None)
     monkeypatch.setattr(roundorder, "innermost_first", lambda mesh: None)
-    monkeypatch.setattr(redecide, "redecided_round", lambda mesh: None)
+    monkeypatch.setattr(redecide, "redecided_rounds", lambda mesh: [])

@@ -104,4 +104,4 @@ def _one_axis_order(monkeypatch):
     (`redecide.py`), which reach this case's plan too."""
     monkeypatch.setattr(roundorder, "largest_overall", lambda mesh: None)
     monkeypatch.setattr(roundorder, "innermost_first", lambda mesh: None)
-    monkeypatch.setattr(redecide, "redecided_round", lambda mesh: None)
+    monkeypatch.setattr(redecide, "redecided_rounds", lambda mesh: [])

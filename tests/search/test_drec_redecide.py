@@ -14,12 +14,14 @@ from shardplan.sharding import check_strategies
 
 
 @pytest.mark.parametrize(
-    ("mesh", "round_"),
-    [("18", 0), ("4x8", 0), ("12", 0), ("2x4x2", 0), ("8", None), ("1024", None), ("3", None),
-     ("16", None), ("1x1", None), ("1", None)],
+    ("mesh", "rounds"),
+    [("18", [0]), ("4x8", [0]), ("12", [0]), ("2x4x2", [0, 1]), ("2x2x3", [0, 1]),
+     ("3x8", [0]), ("8", []), ("1024", []), ("3", []), ("16", []), ("1x1", []), ("1", [])],
 )  # fmt: skip
-def test_round_0_is_decided_again_only_when_unlike_the_last(mesh, round_):
-    assert redecide.redecided_round(sp.parse_mesh(mesh)) == round_
+def test_the_first_round_of_each_class_but_the_last_rounds_is_decided_again(mesh, rounds):
+    # rounds alike (one axis, one number of ways) are exchangeable: the last round was decided
+    # on what every other round leaves, and one round of each other class is decided so again
+    assert redecide.redecided_rounds(sp.parse_mesh(mesh)) == rounds
 
 
 def test_the_free_round_is_searched_and_the_others_keep_their_pins():
@@ -44,7 +46,7 @@ def moe():
 def test_moe_on_18_gains_from_deciding_the_round_of_2_last(monkeypatch):
     graph, mesh, opts = moe(), sp.parse_mesh("18"), CostOptions.make()
     plan = drec(graph, mesh, opts)
-    monkeypatch.setattr(redecide, "redecided_round", lambda m: None)
+    monkeypatch.setattr(redecide, "redecided_rounds", lambda m: [])
     alone = drec(graph, mesh, opts)
     cost = evaluate_strategies(graph, mesh, plan, opts).total
     assert cost < 0.95 * evaluate_strategies(graph, mesh, alone, opts).total
@@ -59,5 +61,5 @@ def test_moe_on_18_gains_from_deciding_the_round_of_2_last(monkeypatch):
 def test_never_worse_than_without_it(monkeypatch, model, mesh):
     graph, m, opts = sp.zoo.build(model, small=True), sp.parse_mesh(mesh), CostOptions.make()
     both = evaluate_strategies(graph, m, drec(graph, m, opts), opts).total
-    monkeypatch.setattr(redecide, "redecided_round", lambda mesh: None)
+    monkeypatch.setattr(redecide, "redecided_rounds", lambda mesh: [])
     assert both <= evaluate_strategies(graph, m, drec(graph, m, opts), opts).total * (1 + 1e-12)

@@ -1,4 +1,4 @@
-"""The first round decided again, last, with every other round's cuts fixed.
+"""Rounds decided again, last, with every other round's cuts fixed.
 
 D-Rec decides round 0 on whole tensors: each cut's collectives are priced at the sizes before
 any later round shrinks them, and the later rounds then build on it. A cut whose collectives
@@ -10,17 +10,20 @@ optimum), where the optimum splits heads, hidden units and experts over the roun
 batch over the rounds of 3; decided last, on the shapes the rounds of 3 leave, the round of 2
 finds that plan (1.000).
 
-So round 0 is searched once more, as the last round of a copy of the mesh whose rounds are
+So a round is searched once more as the last round of a copy of the mesh whose rounds are
 reordered (`roundorder.reordered`), every op pinned to the plan's cuts in the other rounds
 (`search._PinnedSearch` with its free round): its greedy pass prices every cut on what the other
-rounds leave. The plan found is mapped back and polished with pair and run moves; when the
-mesh's evaluator scores it lower (`polish.polished_if_lower`), both plans get the search's later
-moves (a tied parameter's readers kept whole, column moves, block copies) and the lower one is
-kept: never worse than the plan without it (the later moves may reach a lower plan from either
-start, so only one of them would lose some: BERT-base on 28, 1.023). Only where round 0
-is unlike the last round (another axis or another number of ways): when they are alike, the last
-round already was decided on what every other round leaves. Not with pinned ops nor by the
-symbolic preset. O(1 linear search + 1 polish), and the later moves twice when it wins.
+rounds leave. The plan found is mapped back and polished with pair and run moves, and replaces
+the plan when the mesh's evaluator scores it lower (`polish.polished_if_lower`). Rounds alike
+(one mesh axis, one number of ways) are exchangeable, and the last round already was decided on
+what every other round leaves: so the rounds decided again are the first of each other class,
+in round order (`redecided_rounds`: none on 8 or 1024, round 0 on 18, 12 or 4x8, rounds 0 and 1
+on 2x2x3). When that changed the plan, both plans get the search's later moves (a tied
+parameter's readers kept whole, column moves, block copies) and the lower one is kept: never
+worse than the plan without it (the later moves may reach a lower plan from either start, so
+keeping only one would lose some: BERT-base on 28, 1.023). Not with pinned ops nor by the
+symbolic preset. O(classes of rounds) linear searches and polishes, and the later moves twice
+when a round decided again wins.
 """
 
 from __future__ import annotations
@@ -41,13 +44,17 @@ from shardplan.search.drec.tables import SearchTables
 from shardplan.sharding import Strategy
 
 
-def redecided_round(mesh: Mesh) -> int | None:
-    """The round to decide again (round 0), or None when it is like the last round."""
+def redecided_rounds(mesh: Mesh) -> list[int]:
+    """The rounds to decide again: the first of each class of rounds alike (one mesh axis, one
+    number of ways) but the last round's, in round order."""
     rounds = mesh.rounds
     if len(rounds) < 2:  # a mesh of one device or one round: nothing else to decide on
-        return None
-    first, last = rounds[0], rounds[-1]
-    return None if (first.mesh_axis, first.q) == (last.mesh_axis, last.q) else 0
+        return []
+    last = (rounds[-1].mesh_axis, rounds[-1].q)
+    firsts: dict[tuple[int, int], int] = {}
+    for r in rounds:
+        firsts.setdefault((r.mesh_axis, r.q), r.index)
+    return [r for key, r in firsts.items() if key != last]
 
 
 def with_round_redecided(
@@ -63,13 +70,17 @@ def with_round_redecided(
     plan: dict[str, Strategy],
 ) -> dict[str, Strategy]:
     """`finish(plan)` (the search's later moves), or `finish` of the plan with
-    `redecided_round` searched again last (module docstring) when that plan, polished, scores
-    lower than `plan` and stays lower once finished: each local optimum gets the later moves.
+    `redecided_rounds` searched again last, one after the other (module docstring), when that
+    plan scores lower than `plan` and stays lower once finished: each start gets the later moves.
     `search_class`: the search taking pinned ops and a free round (`search._PinnedSearch`);
     `cache`: a `ScoreCache` of `graph` on `mesh`."""
-    other = _redecided(search_class, graph, mesh, opts, memory_lambda, fold, flex, cache, plan)
+    other = plan
+    if not opts.preset.symbolic:
+        for free in redecided_rounds(mesh):
+            args = (graph, mesh, opts, memory_lambda, fold, flex, cache, other)
+            other = _redecided(search_class, free, *args) or other
     done = finish(plan)
-    if other is None:
+    if other is plan:
         return done
     theirs = finish(other)
     score = partial(plan_score, graph, mesh, opts, memory_lambda, fold, cache)
@@ -78,6 +89,7 @@ def with_round_redecided(
 
 def _redecided(
     search_class: Callable[..., Any],
+    free: int,
     graph: Graph,
     mesh: Mesh,
     opts: CostOptions,
@@ -87,11 +99,8 @@ def _redecided(
     cache: ScoreCache,
     plan: dict[str, Strategy],
 ) -> dict[str, Strategy] | None:
-    """The plan with `redecided_round` searched again last, polished with pair and run moves,
-    when it scores lower than `plan`; else None."""
-    free = redecided_round(mesh)
-    if free is None or opts.preset.symbolic:
-        return None
+    """The plan with round `free` searched again last, polished with pair and run moves, when
+    it scores lower than `plan`; else None."""
     order = [r for r in range(len(mesh.rounds)) if r != free] + [free]
     pinned = {graph.op_index[name]: tuple(cuts[i] for i in order) for name, cuts in plan.items()}
     weights = fold.round_weights() if fold is not None else None
@@ -119,4 +128,4 @@ def _redecided(
     return None if found is plan else found
 
 
-__all__ = ["redecided_round", "with_round_redecided"]
+__all__ = ["redecided_rounds", "with_round_redecided"]
