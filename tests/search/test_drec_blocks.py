@@ -28,11 +28,13 @@ def test_copies_give_every_block_one_blocks_strategies():
 
 def test_an_moe_model_on_2x2x3_keeps_every_layers_attention_alike(monkeypatch):
     """Without stream moves (`streams.py`, which since reach a lower plan on this case by
-    keeping the residual stream whole) nor the rounds tried across axes (`roundorder.py`, which
-    since reach it too), the copies give every layer layer 0's attention."""
-    from shardplan.search.drec import polish, roundorder
+    keeping the residual stream whole) nor the rounds tried across axes (`roundorder.py`) nor
+    decided again (`redecide.py`), which since reach it too, the copies give every layer layer
+    0's attention."""
+    from shardplan.search.drec import polish, redecide, roundorder
 
     monkeypatch.setattr(polish, "stream_moves", lambda *args, **kwargs: False)
+    monkeypatch.setattr(redecide, "redecided_rounds", lambda mesh: [])
     monkeypatch.setattr(roundorder, "largest_overall", lambda mesh: None)
     monkeypatch.setattr(roundorder, "innermost_first", lambda mesh: None)
     graph, mesh = sp.zoo.build("deepseek-moe", **MOE), sp.parse_mesh("2x2x3")
