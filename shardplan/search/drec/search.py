@@ -53,6 +53,7 @@ from shardplan.search.drec.polish import pair_polished
 from shardplan.search.drec.redecide import with_round_redecided
 from shardplan.search.drec.roundorder import with_round_orders
 from shardplan.search.drec.submesh import with_smaller_meshes
+from shardplan.search.drec.swaps import Plan
 from shardplan.search.drec.tiedwhole import with_tied_whole
 from shardplan.search.drec.variants import best_variant
 from shardplan.sharding import Strategy
@@ -78,8 +79,7 @@ class _Search(RoundCosts):
         """Order heavy ops by their cheapest cut (MindSpore 2020) instead of their dearest."""
         self.fixed = dict(fixed or {})
         """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
-        self.free_round = free_round
-        """A round the fixed ops do not bind (`redecide.py`: the round searched again)."""
+        self.free_round = free_round  # a round the fixed ops do not bind (`redecide.py`)
         self.rounds_seen = rounds_seen if rounds_seen is not None else {}
         """(the round's pricing, the rounds done, the greedy pass's decisions) -> the round's
         decisions and whether pricing them after the greedy pass hit a binding assumption; and
@@ -355,6 +355,7 @@ class _Search(RoundCosts):
         result (the first valid candidate), so a uniform split is never missed by greediness."""
         rnd = self.rounds[r]
         out: list[dict[int, str | None]] = []
+        fixed = [] if r == self.free_round else list(self.fixed.items())  # `redecide.py`
         if r > 0:
             previous: dict[int, str | None] = {}
             for i in self.heavy:
@@ -363,7 +364,7 @@ class _Search(RoundCosts):
                 valid = cut is not None and self._cut_ok(i, cut, rnd.q)
                 previous[i] = cut if valid else None
             out.append(previous)
-            previous.update((i, c) for i, c in self._fixed_in(r).items() if i in previous)
+            previous.update((i, s[r]) for i, s in fixed if i in previous)
         leading: dict[int, str | None] = {}
         for i in self.heavy:
             leading[i] = next(
@@ -373,12 +374,8 @@ class _Search(RoundCosts):
         out.append(leading)
         out.append(dict.fromkeys(self.heavy))  # leave the round unused: replicate everything
         for alternative in out[-2:]:
-            alternative.update((i, c) for i, c in self._fixed_in(r).items() if i in alternative)
+            alternative.update((i, s[r]) for i, s in fixed if i in alternative)
         return out
-
-    def _fixed_in(self, r: int) -> dict[int, str | None]:
-        """The fixed ops' cuts in round r (none in the free round)."""
-        return {} if r == self.free_round else {i: s[r] for i, s in self.fixed.items()}
 
     def run_round(self, r: int) -> None:
         """Greedy D-Rec assignment, checked against the whole-round alternatives; the cheapest
@@ -494,61 +491,55 @@ def drec_folded(
     fixed: Mapping[str, Strategy] | None = None,
     cache: Any = None,
 ) -> tuple[dict[str, Strategy], Fold | None]:
-    """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the
-    full graph was searched; `cache`, a `ScoreCache` of `graph`, labels `find_fold`'s ops);
-    `memory_lambda` (cost units per byte) penalises cuts that keep tensors replicated, used by
-    the memory-aware driver (`driver.py`). `fixed` (op name ->
-    strategy, checked by the caller) pins ops: they are their own only candidate in every pass,
-    so their neighbours plan around them; variants that would override them are skipped and the
-    graph is not folded (a pinned op makes its layer unlike the others).
+    """Strategies of every op by D-Rec, and the fold of repeated blocks it searched (None: the full
+    graph was searched; `cache`, a `ScoreCache` of `graph`, labels `find_fold`'s ops);
+    `memory_lambda` (cost units per byte) penalises cuts that keep tensors replicated, used by the
+    memory-aware driver (`driver.py`). `fixed` (op name -> strategy, checked by the caller) pins
+    ops: they are their own only candidate in every pass, so their neighbours plan around them;
+    variants that would override them are skipped and the graph is not folded (a pinned op makes its
+    layer unlike the others).
 
     A few variants of the search run and the plan the evaluator scores lower (cost + lambda *
     memory) is kept, each variant correcting a myopia of the round-by-round greedy:
-      * "no cut" priced by this round's local compute (pessimistic: later rounds may still cut)
-        and by its exact share of the final compute (optimistic: assumes they do) — the second
-        also lets a heavy op whose best cuts tie (a batched matmul free to cut batch or heads)
-        decide after the others, following them;
-      * the leading mesh axes left unused (every op replicated across them): a slow inter-node
-        axis often costs more than it saves for small batches, which no single round sees,
-        down to the fully replicated plan — not searched when `gates.unused_floor` reaches
-        the best score found (it cannot win);
+      * "no cut" priced by this round's local compute (pessimistic: later rounds may still cut) and
+        by its exact share of the final compute (optimistic: assumes they do) — the second also lets
+        a heavy op whose best cuts tie (a batched matmul free to cut batch or heads) decide after
+        the others, following them;
+      * the leading mesh axes left unused (every op replicated across them): a slow inter-node axis
+        often costs more than it saves for small batches, which no single round sees, down to the
+        fully replicated plan — not searched when `gates.unused_floor` reaches the best score found
+        (it cannot win);
       * heavy ops taken by their dearest cut first (MindSpore since 2022) and by their cheapest
         (MindSpore 2020): an op with one terrible cut (attention scores along their contraction)
         otherwise decides before the ops it should follow;
-      * all-reduces priced assuming the faster later rounds shrink them only where they can cut
-        the op, and (rerun when that changed a price) that they all do, as MindSpore does;
-      * when some round cuts another number of ways than the next (mesh 12 = 2 x 2 x 3), heavy
-        ops' cuts also priced by their cheapest own price in that next round (`nextround.py`;
-        GPT-3's tied output layer on mesh 12: 1.121 -> 1.014 of the ILP optimum); a variant,
-        not the pricing: it over-weighs the next round where edges decide (an MoE layer on 12).
-    Each variant's plan is then polished exactly (`polish.py`: single-op moves across rounds,
-    priced by the evaluator's rows), which repairs a round's cut made under assumptions the
-    later rounds broke (an MoE layer on mesh 12: 1.158 -> 1.000 of the ILP optimum). When the
-    innermost axis mixes primes, the variants also run on the mesh without its trailing rounds
-    of the largest prime (`submesh.py`; qwen3, 2 layers, on 18: 1.276 -> 1.005), and once
-    more with each axis's largest prime rounds first (`roundorder.py`; BERT-base, one layer, on
-    24: 1.185 -> 1.096). The best plan then gets pair moves and the tail move
-    (`polish.pair_polished`: an op and its reader leave one axis of their tensor together,
-    BERT-base on 18: 1.052 -> 1.000; the last ops replicated, ResNet-50 on 12: 1.088 -> 1.000;
-    a run of ops left unused in one round, AlexNet on 3x5: 1.042 -> 1.006, or cut in a round
-    that left them unused, an MoE layer on 12: 1.116 -> 1.001; `runs.py`; or in two rounds at
-    once, `compound.py`; a tied parameter's
-    readers re-cut together in one round, GPT-2 small on 2x2: 1.155 -> 1.000, `tied.py`), and
-    the variants run once more with a costly tied parameter's readers kept whole (GPT-3, 2
-    layers, on 12: 1.048 -> 1.010; `tiedwhole.py`); when replication beats every variant, the
-    two best cut plans are tried with two same-axis rounds exchanged (Llama, 3 layers, on 4x3:
-    1.090 -> 1.034; `swaps.py`). Last, the final plan's column moves: one round's cuts exchanged
-    with another axis's round of equal ways, or copied from another round (ViT-B/16 on 2x5x2:
-    1.125 -> 1.004, on 2x2x7: 1.115 -> 1.000; `columns.py`), and on an unfolded graph every
-    repeated block given one block's strategies (an MoE model, 3 layers, on 2x2x3: 1.181 ->
-    1.121; `blocks.py`), each candidate scored and the best below the plan polished. That
-    is at most 3 * (3 + mesh axes) + 1 linear searches; the
-    unused-axis ones are shorter. With
-    the symbolic "mindspore" preset only the first runs, as MindSpore's own search does.
+      * all-reduces priced assuming the faster later rounds shrink them only where they can cut the
+        op, and (rerun when that changed a price) that they all do, as MindSpore does;
+      * when some round cuts another number of ways than the next (mesh 12 = 2 x 2 x 3), heavy ops'
+        cuts also priced by their cheapest own price in that next round (`nextround.py`; a variant,
+        not the pricing: it over-weighs the next round where edges decide).
+    Each variant's plan is then polished exactly (`polish.py`: single-op moves across rounds, priced
+    by the evaluator's rows), which repairs a round's cut made under assumptions the later rounds
+    broke. When the innermost axis mixes primes, the variants also run on the mesh without its
+    trailing rounds of the largest prime (`submesh.py`), and once more with each axis's largest
+    prime rounds first (`roundorder.py`). The best plan then gets pair moves and the tail move
+    (`polish.pair_polished`: an op and its reader leave one axis of their tensor together; the last
+    ops replicated; a run of ops left unused in one round, or cut in a round that left them unused,
+    `runs.py`; or in two rounds at once, `compound.py`; a tied parameter's readers re-cut together
+    in one round, `tied.py`); when replication beats every variant, the two best cut plans are tried
+    with two same-axis rounds exchanged (`swaps.py`); the first round of each class of rounds but
+    the last one's is searched again, last, on what the other rounds leave (`redecide.py`). Then the
+    later moves: the variants run once more with a costly tied parameter's readers kept whole
+    (`tiedwhole.py`), the column moves (one round's cuts exchanged with another axis's round of
+    equal ways, or copied from another round, `columns.py`) and, on an unfolded graph, every
+    repeated block given one block's strategies (`blocks.py`), each candidate scored and the best
+    below the plan polished. Each module's docstring and docs/search.md give the case each one fixed
+    and by how much. That is at most 3 * (3 + mesh axes) + 1 linear searches, and one per class of
+    rounds; the unused-axis ones are shorter. With the symbolic "mindspore" preset only the first
+    runs, as MindSpore's own search does.
 
-    A run of >= 6 identical blocks is folded (`fold.py`): the variants search blocks 0, 1, 2 and
-    the last; when blocks 1 and 2 decide alike every interior block takes that decision, else
-    (or with `fold=False`) the full graph is searched."""
+    A run of >= 6 identical blocks is folded (`fold.py`): the variants search blocks 0, 1, 2 and the
+    last; when blocks 1 and 2 decide alike every interior block takes that decision, else (or with
+    `fold=False`) the full graph is searched."""
     with without_gc_pauses():
         return _drec_folded(graph, mesh, opts, memory_lambda, fold, fixed, cache)
 
@@ -576,11 +567,7 @@ def _drec_folded(
         if plan is not None:
             plan = pair_polished(repeats.reduced, mesh, opts, memory_lambda, repeats, scoring, plan)
             args = (repeats.reduced, mesh, opts, memory_lambda, repeats, flex)
-
-            def finish(found: dict[str, Strategy]) -> dict[str, Strategy]:
-                found = with_tied_whole(_variants, *args, found, scoring)
-                return with_column_moves(*args[:5], scoring, found)
-
+            finish = partial(_later_moves, args, scoring, False)
             plan = with_round_redecided(_PinnedSearch, finish, *args, scoring, plan)
             return repeats.expand(plan), repeats
     pinned = {graph.op_index[name]: tuple(s) for name, s in (fixed or {}).items()}
@@ -593,14 +580,17 @@ def _drec_folded(
     if not pinned:  # pinned ops stay as the user fixed them
         args = (graph, mesh, opts, memory_lambda, None, flex)
         scores = scoring or ScoreCache(graph, mesh, opts)
-
-        def later(found: dict[str, Strategy]) -> dict[str, Strategy]:
-            found = with_tied_whole(_variants, *args, found, scores)
-            found = with_column_moves(graph, mesh, opts, memory_lambda, None, scores, found)
-            return with_block_copies(graph, mesh, opts, memory_lambda, scores, found)
-
+        later = partial(_later_moves, args, scores, True)
         plan = with_round_redecided(_PinnedSearch, later, *args, scores, plan)
     return plan, None
+
+
+def _later_moves(args: tuple[Any, ...], scores: ScoreCache, blocks: bool, plan: Plan) -> Plan:
+    """The later moves (`drec_folded`): tied readers kept whole, column moves, with `blocks` block
+    copies; `args`: (graph, mesh, opts, lambda, fold, flex)."""
+    plan = with_tied_whole(_variants, *args, plan, scores)
+    plan = with_column_moves(*args[:5], scores, plan)
+    return with_block_copies(*args[:4], scores, plan) if blocks else plan
 
 
 # the variants' best plan of a graph (None: a variant broke the fold's uniform interior), each
