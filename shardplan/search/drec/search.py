@@ -77,9 +77,8 @@ class _Search(RoundCosts):
         """Whether a heavy op with tied best cuts decides after the others."""
         self.lightest_cut_order = lightest_cut_order
         """Order heavy ops by their cheapest cut (MindSpore 2020) instead of their dearest."""
-        self.fixed = dict(fixed or {})
-        """Op index -> the strategy the user fixed (`--force`): its only candidate per round."""
-        self.free_round = free_round  # a round the fixed ops do not bind (`redecide.py`)
+        self.fixed, self.free_round = dict(fixed or {}), free_round
+        """Op index -> its pinned strategy (`--force`, `redecide.py`): one candidate per round."""
         self.rounds_seen = rounds_seen if rounds_seen is not None else {}
         """(the round's pricing, the rounds done, the greedy pass's decisions) -> the round's
         decisions and whether pricing them after the greedy pass hit a binding assumption; and
@@ -455,19 +454,21 @@ class _Search(RoundCosts):
 class _PinnedSearch(_Search):
     """D-Rec with user-fixed ops (`--force`), each its own only candidate in every pass."""
 
-    def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
-        costs = super()._own_costs(i, r, charged)
+    def _pinned(self, i: int, r: int, costs: dict[str | None, float]) -> dict[str | None, float]:
         if i in self.fixed and r != self.free_round:  # one candidate: every pass keeps it
-            cut = self.fixed[i][r]
-            return {cut: costs[cut]}
+            return {self.fixed[i][r]: costs[self.fixed[i][r]]}
         return costs
 
+    def _own_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
+        return self._pinned(i, r, super()._own_costs(i, r, charged))
+
     def _greedy_costs(self, i: int, r: int, charged: Any) -> dict[str | None, float]:
-        costs = super()._greedy_costs(i, r, charged)
-        if i in self.fixed and r != self.free_round:  # as `_own_costs`
-            cut = self.fixed[i][r]
-            return {cut: costs[cut]}
-        return costs
+        return self._pinned(i, r, super()._greedy_costs(i, r, charged))
+
+    def run_round(self, r: int) -> None:
+        if self.free_round is None or r == self.free_round or len(self.fixed) < len(self.states):
+            return super().run_round(r)
+        self._done(r, {i: s[r] for i, s in self.fixed.items()})  # all pinned (`redecide.py`)
 
 
 def drec(
@@ -532,10 +533,10 @@ def drec_folded(
     (`tiedwhole.py`), the column moves (one round's cuts exchanged with another axis's round of
     equal ways, or copied from another round, `columns.py`) and, on an unfolded graph, every
     repeated block given one block's strategies (`blocks.py`), each candidate scored and the best
-    below the plan polished. Each module's docstring and docs/search.md give the case each one fixed
-    and by how much. That is at most 3 * (3 + mesh axes) + 1 linear searches, and one per class of
-    rounds; the unused-axis ones are shorter. With the symbolic "mindspore" preset only the first
-    runs, as MindSpore's own search does.
+    below the plan polished. Each module names the case it fixed (docs/search.md). That is at most 3
+    * (3 + mesh axes) + 1 linear searches, and one per class of rounds; the unused-axis ones are
+    shorter. With the symbolic "mindspore" preset only the first runs, as MindSpore's own search
+    does.
 
     A run of >= 6 identical blocks is folded (`fold.py`): the variants search blocks 0, 1, 2 and the
     last; when blocks 1 and 2 decide alike every interior block takes that decision, else (or with
@@ -586,8 +587,7 @@ def _drec_folded(
 
 
 def _later_moves(args: tuple[Any, ...], scores: ScoreCache, blocks: bool, plan: Plan) -> Plan:
-    """The later moves (`drec_folded`): tied readers kept whole, column moves, with `blocks` block
-    copies; `args`: (graph, mesh, opts, lambda, fold, flex)."""
+    """Tied readers kept whole, column moves, block copies (`blocks`); `args`: the search's."""
     plan = with_tied_whole(_variants, *args, plan, scores)
     plan = with_column_moves(*args[:5], scores, plan)
     return with_block_copies(*args[:4], scores, plan) if blocks else plan
