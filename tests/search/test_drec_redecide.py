@@ -63,3 +63,20 @@ def test_never_worse_than_without_it(monkeypatch, model, mesh):
     both = evaluate_strategies(graph, m, drec(graph, m, opts), opts).total
     monkeypatch.setattr(redecide, "redecided_rounds", lambda mesh: [])
     assert both <= evaluate_strategies(graph, m, drec(graph, m, opts), opts).total * (1 + 1e-12)
+
+
+def test_a_replicated_plan_tries_the_data_parallel_seeds(monkeypatch):
+    """GPT-3 (3 layers, batch 10) on 2x5: data parallelism over the 5 alone all-reduces every
+    weight's gradient, tensor parallelism over the 2 alone all-reduces whole activations, and
+    each loses to replication; seeded with the data-parallel expert's cuts over the 5, the round
+    of 2 searched again splits heads and hidden units (the tied embedding and head kept whole),
+    the ILP optimum (`benchmarks/quality_random.py --seed 57`)."""
+    graph = sp.zoo.build("gpt3", layers=3, batch=10, seq=512)
+    mesh, opts = sp.parse_mesh("2x5"), CostOptions.make()
+    seeded = drec(graph, mesh, opts)
+    monkeypatch.setattr(redecide, "_seeded", lambda *args: None)
+    alone = drec(graph, mesh, opts)
+    assert all(c is None for s in alone.values() for c in s)  # replication won
+    cost = evaluate_strategies(graph, mesh, seeded, opts).total
+    assert cost < 0.95 * evaluate_strategies(graph, mesh, alone, opts).total
+    assert seeded["h.0.attn.q.linear"] == ("n", "b") and seeded["h.0.mlp.proj.linear"] == ("k", "b")

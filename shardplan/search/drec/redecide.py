@@ -21,9 +21,18 @@ in round order (`redecided_rounds`: none on 8 or 1024, round 0 on 18, 12 or 4x8,
 on 2x2x3). When that changed the plan, both plans get the search's later moves (a tied
 parameter's readers kept whole, column moves, block copies) and the lower one is kept: never
 worse than the plan without it (the later moves may reach a lower plan from either start, so
-keeping only one would lose some: BERT-base on 28, 1.023). Not with pinned ops nor by the
-symbolic preset. O(classes of rounds) linear searches and polishes, and the later moves twice
-when a round decided again wins.
+keeping only one would lose some: BERT-base on 28, 1.023).
+
+When replication beat every search (the plan cuts nothing), each round alone may lose to it
+while two together win: GPT-3, 3 layers, batch 10, on 2x5 stayed replicated (1.081 of the ILP
+optimum): data parallelism over the 5 all-reduces every weight's whole gradient, tensor
+parallelism over the 2 all-reduces whole activations. So each class of rounds is seeded with
+the data-parallel expert's cuts in its rounds alone, every other round is then searched again
+on them in turn, and the plan is polished, also from its tied parameters' readers kept whole
+(frozen, then free); the lowest, when below the plan, goes on as the plan decided again: there
+the round of 2 splits heads and hidden units on the 5's batch cut, the optimum (1.000).
+Not with pinned ops nor by the symbolic preset. O(classes of rounds) linear searches and
+polishes (O(classes^2) on a plan that cuts nothing), and the later moves twice when it wins.
 """
 
 from __future__ import annotations
@@ -38,9 +47,12 @@ from shardplan.ir.graph import Graph
 from shardplan.mesh import Mesh
 from shardplan.search.drec.flex import FlexGraph
 from shardplan.search.drec.fold import Fold, op_labels
-from shardplan.search.drec.polish import plan_score, polished_if_lower
+from shardplan.search.drec.polish import plan_score, polish, polished_if_lower
 from shardplan.search.drec.roundorder import reordered, restored
+from shardplan.search.drec.swaps import cuts_anything
 from shardplan.search.drec.tables import SearchTables
+from shardplan.search.drec.tied import tied_parameters
+from shardplan.search.experts import data_parallel
 from shardplan.sharding import Strategy
 
 
@@ -76,6 +88,8 @@ def with_round_redecided(
     `cache`: a `ScoreCache` of `graph` on `mesh`."""
     other = plan
     if not opts.preset.symbolic:
+        context = (graph, mesh, opts, memory_lambda, fold, flex, cache)
+        other = _seeded(search_class, *context, plan) or plan
         for free in redecided_rounds(mesh):
             args = (graph, mesh, opts, memory_lambda, fold, flex, cache, other)
             other = _redecided(search_class, free, *args) or other
@@ -101,10 +115,30 @@ def _redecided(
 ) -> dict[str, Strategy] | None:
     """The plan with round `free` searched again last, polished with pair and run moves, when
     it scores lower than `plan`; else None."""
+    context = (graph, mesh, opts, memory_lambda, fold, flex)
+    candidate = _searched_again(search_class, free, *context, plan)
+    if candidate == plan:
+        return None
+    score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, plan)
+    args = (graph, mesh, opts, memory_lambda, fold, cache, plan, score, candidate)
+    found = polished_if_lower(*args, pairs=True)
+    return None if found is plan else found
+
+
+def _searched_again(
+    search_class: Callable[..., Any],
+    free: int,
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Fold | None,
+    flex: FlexGraph,
+    plan: dict[str, Strategy],
+) -> dict[str, Strategy]:
+    """`plan` with round `free` searched last, every op pinned to its cuts in the other rounds."""
     order = [r for r in range(len(mesh.rounds)) if r != free] + [free]
     pinned = {graph.op_index[name]: tuple(cuts[i] for i in order) for name, cuts in plan.items()}
-    weights = fold.round_weights() if fold is not None else None
-    labels = fold.labels if fold is not None else op_labels(graph)
     search = search_class(
         graph,
         reordered(mesh, order),
@@ -113,19 +147,67 @@ def _redecided(
         0,
         False,
         flex,
-        weights,
-        labels,
+        fold.round_weights() if fold is not None else None,
+        fold.labels if fold is not None else op_labels(graph),
         tables=SearchTables.of(graph, flex),
         fixed=pinned,
         free_round=len(order) - 1,
     )
-    candidate = restored(search.run(), order)
-    if candidate == plan:
+    return restored(search.run(), order)
+
+
+def _seeded(
+    search_class: Callable[..., Any],
+    graph: Graph,
+    mesh: Mesh,
+    opts: CostOptions,
+    memory_lambda: float,
+    fold: Fold | None,
+    flex: FlexGraph,
+    cache: ScoreCache,
+    plan: dict[str, Strategy],
+) -> dict[str, Strategy] | None:
+    """When `plan` cuts nothing (replication beat every search): for each class of rounds, the
+    data-parallel expert's cuts in that class's rounds alone, every other round then searched
+    again in turn on them, polished (also from its tied parameters' readers kept whole, frozen,
+    then free); the lowest such plan when it scores below `plan`, else None."""
+    if cuts_anything(plan):
         return None
-    score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, plan)
-    args = (graph, mesh, opts, memory_lambda, fold, cache, plan, score, candidate)
-    found = polished_if_lower(*args, pairs=True)
-    return None if found is plan else found
+    classes: dict[tuple[int, int], list[int]] = {}
+    for rnd in mesh.rounds:
+        classes.setdefault((rnd.mesh_axis, rnd.q), []).append(rnd.index)
+    if len(classes) < 2:
+        return None
+    data = data_parallel(graph, mesh)
+    whole = (None,) * len(mesh.rounds)
+    tied = sorted(i for readers in tied_parameters(graph).values() for i in readers)
+    weights = fold.round_weights() if fold is not None else None
+    twins = fold.twins() if fold is not None else None
+    best, best_score = None, plan_score(graph, mesh, opts, memory_lambda, fold, cache, plan)
+    for mine in classes.values():
+        candidate = {
+            name: tuple(c if r in mine else None for r, c in enumerate(cuts))
+            for name, cuts in data.items()
+        }
+        if not cuts_anything(candidate):
+            continue  # the expert cuts nothing in these rounds
+        for free in (r for r in range(len(mesh.rounds)) if r not in mine):
+            args = (graph, mesh, opts, memory_lambda, fold, flex, candidate)
+            candidate = _searched_again(search_class, free, *args)
+        starts = [(candidate, None)]
+        if tied:
+            kept_whole = {**candidate, **{graph.ops[i].name: whole for i in tied}}
+            starts.append((kept_whole, tied))
+        for start, frozen in starts:
+            found = polish(graph, mesh, start, cache, weights, twins, frozen, pairs=True)
+            if frozen:
+                found = polish(graph, mesh, found, cache, weights, twins, pairs=True)
+            if fold is not None and not fold.uniform(found):
+                continue
+            score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, found)
+            if score < best_score * (1 - 1e-12):
+                best, best_score = found, score
+    return best
 
 
 __all__ = ["redecided_rounds", "with_round_redecided"]
