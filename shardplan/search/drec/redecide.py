@@ -38,7 +38,7 @@ polishes (O(classes^2) on a plan that cuts nothing), and the later moves twice w
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 from shardplan.cost.evaluate import ScoreCache
@@ -49,11 +49,10 @@ from shardplan.search.drec.flex import FlexGraph
 from shardplan.search.drec.fold import Fold, op_labels
 from shardplan.search.drec.polish import plan_score, polish, polished_if_lower
 from shardplan.search.drec.roundorder import reordered, restored
-from shardplan.search.drec.swaps import cuts_anything
+from shardplan.search.drec.swaps import Plan, cuts_anything
 from shardplan.search.drec.tables import SearchTables
 from shardplan.search.drec.tied import tied_parameters
 from shardplan.search.experts import data_parallel
-from shardplan.sharding import Strategy
 
 
 def redecided_rounds(mesh: Mesh) -> list[int]:
@@ -69,9 +68,33 @@ def redecided_rounds(mesh: Mesh) -> list[int]:
     return [r for key, r in firsts.items() if key != last]
 
 
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every search and score of one D-Rec call's re-decisions reads."""
+
+    search_class: Callable[..., Any]
+    graph: Graph
+    mesh: Mesh
+    opts: CostOptions
+    memory_lambda: float
+    fold: Fold | None
+    flex: FlexGraph
+    cache: ScoreCache
+
+    def score(self, plan: Plan) -> float:
+        g, mesh, opts, fold = self.graph, self.mesh, self.opts, self.fold
+        return plan_score(g, mesh, opts, self.memory_lambda, fold, self.cache, plan)
+
+    def polished(self, plan: Plan, frozen: list[int] | None = None) -> Plan:
+        """`plan` polished with pair and run moves (`frozen`: ops kept)."""
+        fold = self.fold
+        weights, twins = (None, None) if fold is None else (fold.round_weights(), fold.twins())
+        return polish(self.graph, self.mesh, plan, self.cache, weights, twins, frozen, pairs=True)
+
+
 def with_round_redecided(
     search_class: Callable[..., Any],
-    finish: Callable[[dict[str, Strategy]], dict[str, Strategy]],
+    finish: Callable[[Plan], Plan],
     graph: Graph,
     mesh: Mesh,
     opts: CostOptions,
@@ -79,98 +102,65 @@ def with_round_redecided(
     fold: Fold | None,
     flex: FlexGraph,
     cache: ScoreCache,
-    plan: dict[str, Strategy],
-) -> dict[str, Strategy]:
+    plan: Plan,
+) -> Plan:
     """`finish(plan)` (the search's later moves), or `finish` of the plan with
     `redecided_rounds` searched again last, one after the other (module docstring), when that
     plan scores lower than `plan` and stays lower once finished: each start gets the later moves.
     `search_class`: the search taking pinned ops and a free round (`search._PinnedSearch`);
     `cache`: a `ScoreCache` of `graph` on `mesh`."""
     other = plan
+    ctx = _Context(search_class, graph, mesh, opts, memory_lambda, fold, flex, cache)
     if not opts.preset.symbolic:
-        context = (graph, mesh, opts, memory_lambda, fold, flex, cache)
-        other = _seeded(search_class, *context, plan) or plan
+        other = _seeded(ctx, plan) or plan
         for free in redecided_rounds(mesh):
-            args = (graph, mesh, opts, memory_lambda, fold, flex, cache, other)
-            other = _redecided(search_class, free, *args) or other
+            other = _redecided(ctx, free, other) or other
     done = finish(plan)
     if other is plan:
         return done
     theirs = finish(other)
-    score = partial(plan_score, graph, mesh, opts, memory_lambda, fold, cache)
-    return theirs if score(theirs) < score(done) * (1 - 1e-12) else done
+    return theirs if ctx.score(theirs) < ctx.score(done) * (1 - 1e-12) else done
 
 
-def _redecided(
-    search_class: Callable[..., Any],
-    free: int,
-    graph: Graph,
-    mesh: Mesh,
-    opts: CostOptions,
-    memory_lambda: float,
-    fold: Fold | None,
-    flex: FlexGraph,
-    cache: ScoreCache,
-    plan: dict[str, Strategy],
-) -> dict[str, Strategy] | None:
+def _redecided(ctx: _Context, free: int, plan: Plan) -> Plan | None:
     """The plan with round `free` searched again last, polished with pair and run moves, when
     it scores lower than `plan`; else None."""
-    context = (graph, mesh, opts, memory_lambda, fold, flex)
-    candidate = _searched_again(search_class, free, *context, plan)
+    candidate = _searched_again(ctx, free, plan)
     if candidate == plan:
         return None
-    score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, plan)
-    args = (graph, mesh, opts, memory_lambda, fold, cache, plan, score, candidate)
-    found = polished_if_lower(*args, pairs=True)
+    args = (ctx.graph, ctx.mesh, ctx.opts, ctx.memory_lambda, ctx.fold, ctx.cache, plan)
+    found = polished_if_lower(*args, ctx.score(plan), candidate, pairs=True)
     return None if found is plan else found
 
 
-def _searched_again(
-    search_class: Callable[..., Any],
-    free: int,
-    graph: Graph,
-    mesh: Mesh,
-    opts: CostOptions,
-    memory_lambda: float,
-    fold: Fold | None,
-    flex: FlexGraph,
-    plan: dict[str, Strategy],
-) -> dict[str, Strategy]:
+def _searched_again(ctx: _Context, free: int, plan: Plan) -> Plan:
     """`plan` with round `free` searched last, every op pinned to its cuts in the other rounds."""
-    order = [r for r in range(len(mesh.rounds)) if r != free] + [free]
+    graph, fold = ctx.graph, ctx.fold
+    order = [r for r in range(len(ctx.mesh.rounds)) if r != free] + [free]
     pinned = {graph.op_index[name]: tuple(cuts[i] for i in order) for name, cuts in plan.items()}
-    search = search_class(
+    search = ctx.search_class(
         graph,
-        reordered(mesh, order),
-        opts,
-        memory_lambda,
+        reordered(ctx.mesh, order),
+        ctx.opts,
+        ctx.memory_lambda,
         0,
         False,
-        flex,
+        ctx.flex,
         fold.round_weights() if fold is not None else None,
         fold.labels if fold is not None else op_labels(graph),
-        tables=SearchTables.of(graph, flex),
+        tables=SearchTables.of(graph, ctx.flex),
         fixed=pinned,
         free_round=len(order) - 1,
     )
     return restored(search.run(), order)
 
 
-def _seeded(
-    search_class: Callable[..., Any],
-    graph: Graph,
-    mesh: Mesh,
-    opts: CostOptions,
-    memory_lambda: float,
-    fold: Fold | None,
-    flex: FlexGraph,
-    cache: ScoreCache,
-    plan: dict[str, Strategy],
-) -> dict[str, Strategy] | None:
+def _seeded(ctx: _Context, plan: Plan) -> Plan | None:
     """When `plan` cuts nothing (replication beat every search): for each class of rounds, the
     data-parallel expert's cuts in that class's rounds alone, every other round then searched
     again in turn on them, polished (also from its tied parameters' readers kept whole, frozen,
     then free); the lowest such plan when it scores below `plan`, else None."""
+    graph, mesh = ctx.graph, ctx.mesh
     if cuts_anything(plan):
         return None
     classes: dict[tuple[int, int], list[int]] = {}
@@ -181,9 +171,7 @@ def _seeded(
     data = data_parallel(graph, mesh)
     whole = (None,) * len(mesh.rounds)
     tied = sorted(i for readers in tied_parameters(graph).values() for i in readers)
-    weights = fold.round_weights() if fold is not None else None
-    twins = fold.twins() if fold is not None else None
-    best, best_score = None, plan_score(graph, mesh, opts, memory_lambda, fold, cache, plan)
+    best, best_score = None, ctx.score(plan)
     for mine in classes.values():
         candidate = {
             name: tuple(c if r in mine else None for r, c in enumerate(cuts))
@@ -192,19 +180,18 @@ def _seeded(
         if not cuts_anything(candidate):
             continue  # the expert cuts nothing in these rounds
         for free in (r for r in range(len(mesh.rounds)) if r not in mine):
-            args = (graph, mesh, opts, memory_lambda, fold, flex, candidate)
-            candidate = _searched_again(search_class, free, *args)
-        starts = [(candidate, None)]
+            candidate = _searched_again(ctx, free, candidate)
+        starts: list[tuple[Plan, list[int] | None]] = [(candidate, None)]
         if tied:
             kept_whole = {**candidate, **{graph.ops[i].name: whole for i in tied}}
             starts.append((kept_whole, tied))
         for start, frozen in starts:
-            found = polish(graph, mesh, start, cache, weights, twins, frozen, pairs=True)
+            found = ctx.polished(start, frozen)
             if frozen:
-                found = polish(graph, mesh, found, cache, weights, twins, pairs=True)
-            if fold is not None and not fold.uniform(found):
+                found = ctx.polished(found)
+            if ctx.fold is not None and not ctx.fold.uniform(found):
                 continue
-            score = plan_score(graph, mesh, opts, memory_lambda, fold, cache, found)
+            score = ctx.score(found)
             if score < best_score * (1 - 1e-12):
                 best, best_score = found, score
     return best
