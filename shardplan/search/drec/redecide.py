@@ -21,7 +21,7 @@ in round order (`redecided_rounds`: none on 8 or 1024, round 0 on 18, 12 or 4x8,
 on 2x2x3). When that changed the plan, both plans get the search's later moves (a tied
 parameter's readers kept whole, column moves, block copies) and the lower one is kept: never
 worse than the plan without it (the later moves may reach a lower plan from either start, so
-keeping only one would lose some: BERT-base on 28, 1.023).
+keeping only one would lose some: BERT-base, one layer, batch 56, on 28 would).
 
 When replication beat every search (the plan cuts nothing), each round alone may lose to it
 while two together win: GPT-3, 3 layers, batch 10, on 2x5 stayed replicated (1.081 of the ILP
